@@ -1,0 +1,37 @@
+"""`python -m training <command>`: dispatch to the trainer modules, imported lazily so `--help` is fast."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "reward": ("training.reward_model", "train a Bradley–Terry reward model on a pairs export"),
+    "grpo": ("training.grpo", "train a policy with GRPO or GSPO on a prompts export"),
+    "ppo": ("training.ppo", "train a policy with PPO (value model, reference, reward model)"),
+    "evaluate": ("training.evaluate", "compare a policy with its reference on held-out prompts"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: python -m training <command> [options]", "", "commands:"]
+    lines += [f"  {name:<10} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "Run `python -m training <command> --help` for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in {"-h", "--help"}:
+        print(usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
