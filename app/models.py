@@ -1,0 +1,450 @@
+"""The whole preflab schema in one place: typed SQLAlchemy 2 models and the constraints that keep data honest."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+# Stable constraint names, so Alembic batch mode on SQLite can find and alter them.
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+ROLES = ("admin", "lead", "annotator", "engineer")
+MEMBER_ROLES = ("lead", "annotator", "engineer")
+SPLITS = ("train", "heldout")
+LABEL_SOURCES = ("human", "ai", "imported")
+ASSIGNMENT_STATES = ("leased", "submitted", "skipped", "expired", "released")
+JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
+RUN_KINDS = ("reward", "ppo", "grpo")
+RUN_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on both backends (SQLite hands back naive ones otherwise)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("naive datetime given; use timezone-aware UTC datetimes")
+        return value.astimezone(UTC) if value is not None else None
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
+
+
+# JSONB on Postgres (indexable, compact), JSON text on SQLite.
+JSONType = JSON().with_variant(JSONB(), "postgresql")
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class User(Base):
+    __tablename__ = "users"
+    __table_args__ = (CheckConstraint(_in("role", ROLES), name="role"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    email: Mapped[str] = mapped_column(String(320), unique=True)
+    name: Mapped[str] = mapped_column(String(200), default="")
+    password_hash: Mapped[str] = mapped_column(String(255))
+    role: Mapped[str] = mapped_column(String(20))
+    active: Mapped[bool] = mapped_column(Boolean, default=True)
+    failed_logins: Mapped[int] = mapped_column(Integer, default=0)
+    last_failed_login_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    password_changed_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+    memberships: Mapped[list[ProjectMember]] = relationship(back_populates="user", cascade="all, delete-orphan")
+
+
+class UserSession(Base):
+    """A browser login. The cookie carries a random token; only its sha256 is stored."""
+
+    __tablename__ = "user_sessions"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    ip: Mapped[str] = mapped_column(String(64), default="")
+    user_agent: Mapped[str] = mapped_column(String(300), default="")
+
+    user: Mapped[User] = relationship()
+
+
+class ApiToken(Base):
+    """A personal API token for scripts (`Authorization: Bearer …`); stored as sha256, shown once."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(100), default="")
+    prefix: Mapped[str] = mapped_column(String(16))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+    user: Mapped[User] = relationship()
+
+
+class Project(Base):
+    __tablename__ = "projects"
+    __table_args__ = (
+        CheckConstraint("completions_per_prompt >= 2 AND completions_per_prompt <= 16", name="k_range"),
+        CheckConstraint("overlap >= 1 AND overlap <= 50", name="overlap_range"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    completions_per_prompt: Mapped[int] = mapped_column(Integer)
+    overlap: Mapped[int] = mapped_column(Integer, default=1)
+    current_round: Mapped[int] = mapped_column(Integer, default=1)
+    allow_ties: Mapped[bool] = mapped_column(Boolean, default=True)
+    allow_partial: Mapped[bool] = mapped_column(Boolean, default=False)
+    flags: Mapped[list[str]] = mapped_column(JSONType, default=lambda: ["unsafe", "factually wrong", "off-topic"])
+    skip_reasons: Mapped[list[str]] = mapped_column(
+        JSONType, default=lambda: ["cannot judge", "prompt is broken", "all answers identical"]
+    )
+    settings: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    current_rubric_id: Mapped[int | None] = mapped_column(
+        ForeignKey("rubrics.id", use_alter=True, ondelete="SET NULL")
+    )
+    current_constitution_id: Mapped[int | None] = mapped_column(
+        ForeignKey("constitutions.id", use_alter=True, ondelete="SET NULL")
+    )
+    created_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+    members: Mapped[list[ProjectMember]] = relationship(back_populates="project", cascade="all, delete-orphan")
+    current_rubric: Mapped[Rubric | None] = relationship(foreign_keys=[current_rubric_id], post_update=True)
+    current_constitution: Mapped[Constitution | None] = relationship(
+        foreign_keys=[current_constitution_id], post_update=True
+    )
+
+
+class ProjectMember(Base):
+    __tablename__ = "project_members"
+    __table_args__ = (
+        UniqueConstraint("project_id", "user_id"),
+        CheckConstraint(_in("role", MEMBER_ROLES), name="role"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), index=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    role: Mapped[str] = mapped_column(String(20))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+    project: Mapped[Project] = relationship(back_populates="members")
+    user: Mapped[User] = relationship(back_populates="memberships")
+
+
+class Rubric(Base):
+    """One immutable rubric version; editing creates version n+1."""
+
+    __tablename__ = "rubrics"
+    __table_args__ = (UniqueConstraint("project_id", "version"), CheckConstraint("version >= 1", name="version"))
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    text: Mapped[str] = mapped_column(Text)
+    criteria: Mapped[list[str]] = mapped_column(JSONType, default=list)
+    note: Mapped[str] = mapped_column(String(500), default="")
+    author_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+    author: Mapped[User | None] = relationship()
+
+
+class Constitution(Base):
+    """One immutable constitution version: an ordered list of principles (name, rationale, priority, prompts)."""
+
+    __tablename__ = "constitutions"
+    __table_args__ = (UniqueConstraint("project_id", "version"), CheckConstraint("version >= 1", name="version"))
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    principles: Mapped[list[dict[str, Any]]] = mapped_column(JSONType, default=list)
+    note: Mapped[str] = mapped_column(String(500), default="")
+    author_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class Prompt(Base):
+    __tablename__ = "prompts"
+    __table_args__ = (
+        UniqueConstraint("project_id", "text_hash"),
+        CheckConstraint(_in("split", SPLITS), name="split"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), index=True)
+    text: Mapped[str] = mapped_column(Text)
+    """The prompt as plain text; for chats, the messages rendered as `role: content` lines."""
+    messages: Mapped[list[dict[str, str]] | None] = mapped_column(JSONType)
+    text_hash: Mapped[str] = mapped_column(String(64))
+    """sha256 of the prompt's canonical form: the same prompt twice in one project is refused."""
+    split: Mapped[str] = mapped_column(String(10), default="train")
+    reference: Mapped[str | None] = mapped_column(Text)
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSONType, default=dict)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+    completions: Mapped[list[Completion]] = relationship(
+        back_populates="prompt", cascade="all, delete-orphan", order_by="Completion.id"
+    )
+
+
+class Completion(Base):
+    __tablename__ = "completions"
+    __table_args__ = (
+        CheckConstraint(
+            "source IN ('imported', 'sampled', 'revision') OR source LIKE 'policy:%'", name="source"
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    prompt_id: Mapped[int] = mapped_column(ForeignKey("prompts.id", ondelete="CASCADE"), index=True)
+    text: Mapped[str] = mapped_column(Text)
+    source: Mapped[str] = mapped_column(String(80), default="imported")
+    generator_name: Mapped[str | None] = mapped_column(String(200))
+    generator_params: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    seed: Mapped[int | None] = mapped_column(Integer)
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSONType, default=dict)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+    prompt: Mapped[Prompt] = relationship(back_populates="completions")
+
+
+class Assignment(Base):
+    """The queue: one annotator holding one prompt for one round, until the lease runs out."""
+
+    __tablename__ = "assignments"
+    __table_args__ = (
+        UniqueConstraint("prompt_id", "annotator_id", "round"),
+        CheckConstraint(_in("state", ASSIGNMENT_STATES), name="state"),
+        Index("ix_assignments_state_leased_until", "state", "leased_until"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), index=True)
+    prompt_id: Mapped[int] = mapped_column(ForeignKey("prompts.id", ondelete="CASCADE"), index=True)
+    annotator_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    round: Mapped[int] = mapped_column(Integer, default=1)
+    state: Mapped[str] = mapped_column(String(12), default="leased")
+    leased_until: Mapped[datetime] = mapped_column(UTCDateTime())
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class JudgeRun(Base):
+    """One pass of an AI judge over prompts, under one constitution version."""
+
+    __tablename__ = "judge_runs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), index=True)
+    constitution_id: Mapped[int | None] = mapped_column(ForeignKey("constitutions.id", ondelete="SET NULL"))
+    name: Mapped[str] = mapped_column(String(200), default="")
+    params: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    state: Mapped[str] = mapped_column(String(12), default="queued")
+    created_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class Ranking(Base):
+    """One ordering of a prompt's completions into tiers (ties allowed), by a person, a judge or an import."""
+
+    __tablename__ = "rankings"
+    __table_args__ = (
+        UniqueConstraint("prompt_id", "annotator_id", "round"),
+        UniqueConstraint("prompt_id", "judge_run_id", "round"),
+        UniqueConstraint("annotator_id", "client_submission_id"),
+        CheckConstraint(_in("source", LABEL_SOURCES), name="source"),
+        CheckConstraint(
+            "(source = 'human' AND annotator_id IS NOT NULL AND judge_run_id IS NULL)"
+            " OR (source = 'ai' AND judge_run_id IS NOT NULL AND annotator_id IS NULL)"
+            " OR (source = 'imported' AND annotator_id IS NULL AND judge_run_id IS NULL)",
+            name="labeller",
+        ),
+        CheckConstraint("seconds_spent IS NULL OR seconds_spent >= 0", name="seconds"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), index=True)
+    prompt_id: Mapped[int] = mapped_column(ForeignKey("prompts.id", ondelete="CASCADE"), index=True)
+    round: Mapped[int] = mapped_column(Integer, default=1)
+    source: Mapped[str] = mapped_column(String(10))
+    annotator_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="RESTRICT"), index=True)
+    judge_run_id: Mapped[int | None] = mapped_column(ForeignKey("judge_runs.id", ondelete="RESTRICT"))
+    rubric_id: Mapped[int | None] = mapped_column(ForeignKey("rubrics.id", ondelete="RESTRICT"))
+    constitution_id: Mapped[int | None] = mapped_column(ForeignKey("constitutions.id", ondelete="RESTRICT"))
+    tiers: Mapped[list[list[int]]] = mapped_column(JSONType)
+    """Completion ids, best tier first; ids in one tier are tied."""
+    display_order: Mapped[list[int]] = mapped_column(JSONType, default=list)
+    """Completion ids in the order the annotator saw them, for position-bias analysis."""
+    flags: Mapped[dict[str, list[str]]] = mapped_column(JSONType, default=dict)
+    skipped: Mapped[bool] = mapped_column(Boolean, default=False)
+    skip_reason: Mapped[str | None] = mapped_column(String(200))
+    seconds_spent: Mapped[float | None] = mapped_column(Float)
+    client_submission_id: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+    pairs: Mapped[list[Pair]] = relationship(back_populates="ranking", cascade="all, delete-orphan")
+
+
+class Pair(Base):
+    """chosen ≻ rejected, expanded from a ranking; `p` is the soft label p(chosen ≻ rejected)."""
+
+    __tablename__ = "pairs"
+    __table_args__ = (
+        UniqueConstraint("ranking_id", "chosen_id", "rejected_id"),
+        CheckConstraint("chosen_id <> rejected_id", name="distinct"),
+        CheckConstraint(_in("source", LABEL_SOURCES), name="source"),
+        CheckConstraint("margin >= 1", name="margin"),
+        CheckConstraint("p >= 0 AND p <= 1", name="p_range"),
+        CheckConstraint("weight >= 0", name="weight"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    ranking_id: Mapped[int] = mapped_column(ForeignKey("rankings.id", ondelete="CASCADE"), index=True)
+    prompt_id: Mapped[int] = mapped_column(ForeignKey("prompts.id", ondelete="CASCADE"), index=True)
+    chosen_id: Mapped[int] = mapped_column(ForeignKey("completions.id", ondelete="CASCADE"))
+    rejected_id: Mapped[int] = mapped_column(ForeignKey("completions.id", ondelete="CASCADE"))
+    margin: Mapped[int] = mapped_column(Integer, default=1)
+    """How many tiers apart chosen and rejected were."""
+    source: Mapped[str] = mapped_column(String(10))
+    weight: Mapped[float] = mapped_column(Float, default=1.0)
+    p: Mapped[float] = mapped_column(Float, default=1.0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+    ranking: Mapped[Ranking] = relationship(back_populates="pairs")
+
+
+class Job(Base):
+    """Durable background work, claimed by workers with SELECT … FOR UPDATE SKIP LOCKED."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (
+        CheckConstraint(_in("state", JOB_STATES), name="state"),
+        CheckConstraint("progress >= 0 AND progress <= 1", name="progress"),
+        Index("ix_jobs_state_created_at", "state", "created_at"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kind: Mapped[str] = mapped_column(String(40))
+    project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), index=True)
+    payload: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    state: Mapped[str] = mapped_column(String(12), default="queued")
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    max_attempts: Mapped[int] = mapped_column(Integer, default=3)
+    claimed_by: Mapped[str | None] = mapped_column(String(200))
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    log_path: Mapped[str | None] = mapped_column(String(500))
+    error: Mapped[str | None] = mapped_column(Text)
+    result: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    created_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class Export(Base):
+    """An immutable dataset snapshot: filters, format, counts and the sha256 of its files."""
+
+    __tablename__ = "exports"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), index=True)
+    kind: Mapped[str] = mapped_column(String(20), default="pairs")
+    format: Mapped[str] = mapped_column(String(20))
+    filters: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    row_count: Mapped[int] = mapped_column(Integer, default=0)
+    row_counts: Mapped[dict[str, int]] = mapped_column(JSONType, default=dict)
+    sha256: Mapped[str | None] = mapped_column(String(64))
+    files: Mapped[dict[str, str]] = mapped_column(JSONType, default=dict)
+    path: Mapped[str | None] = mapped_column(String(500))
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"))
+    created_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class TrainingRun(Base):
+    __tablename__ = "training_runs"
+    __table_args__ = (
+        CheckConstraint(_in("kind", RUN_KINDS), name="kind"),
+        CheckConstraint(_in("state", RUN_STATES), name="state"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), index=True)
+    kind: Mapped[str] = mapped_column(String(10))
+    config: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    export_id: Mapped[int | None] = mapped_column(ForeignKey("exports.id", ondelete="SET NULL"))
+    parent_run_id: Mapped[int | None] = mapped_column(ForeignKey("training_runs.id", ondelete="SET NULL"))
+    base_model: Mapped[str | None] = mapped_column(String(500))
+    metrics_path: Mapped[str | None] = mapped_column(String(500))
+    model_dir: Mapped[str | None] = mapped_column(String(500))
+    state: Mapped[str] = mapped_column(String(12), default="queued")
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"))
+    created_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class AuditEvent(Base):
+    __tablename__ = "audit_events"
+    __table_args__ = (Index("ix_audit_events_project_id_created_at", "project_id", "created_at"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    actor_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    action: Mapped[str] = mapped_column(String(60))
+    object_type: Mapped[str] = mapped_column(String(40), default="")
+    object_id: Mapped[int | None] = mapped_column(Integer)
+    data: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    ip: Mapped[str] = mapped_column(String(64), default="")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

@@ -1,0 +1,111 @@
+"""Typed settings read from `PREFLAB_*` environment variables, validated once at start-up."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# Values that mean "nobody chose a secret": refused in production.
+PLACEHOLDER_SECRETS = {"", "changeme", "change-me", "secret", "dev", "development", "placeholder", "xxx"}
+DEFAULT_DATABASE_URL = "sqlite:///./data/preflab.db"
+
+
+class SettingsError(ValueError):
+    """Raised with a human-readable message when the configuration cannot start the app."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="PREFLAB_", extra="ignore")
+
+    env: Literal["dev", "demo", "production"] = "dev"
+    """dev: local work; demo: the bundled demo; production: secure cookies, a real secret required."""
+    database_url: str = DEFAULT_DATABASE_URL
+    """SQLAlchemy URL. `postgresql://` is mapped to the psycopg 3 driver."""
+    secret_key: str | None = None
+    """Signs cookies and CSRF tokens. Required in production; generated into DATA_DIR otherwise."""
+    data_dir: Path = Path("./data")
+    """Where exports, job logs, model outputs and the generated dev secret live."""
+    max_upload_mb: int = Field(default=50, ge=1, le=10_000)
+    """Largest import file accepted, in MiB."""
+    max_import_rows: int = Field(default=200_000, ge=1)
+    """Most rows one import file may hold."""
+    session_hours: int = Field(default=12, ge=1, le=24 * 30)
+    """Browser sessions expire after this many hours."""
+    trust_proxy_headers: bool = False
+    """Read the client address from X-Forwarded-For (only behind a proxy you control)."""
+    secure_cookies: bool | None = None
+    """Mark cookies Secure; defaults to true outside dev/demo."""
+
+    @field_validator("database_url")
+    @classmethod
+    def _normalise_url(cls, value: str) -> str:
+        value = value.strip()
+        if value.startswith("postgres://"):
+            value = "postgresql://" + value[len("postgres://"):]
+        if value.startswith("postgresql://"):
+            value = "postgresql+psycopg://" + value[len("postgresql://"):]
+        if not (value.startswith("sqlite") or value.startswith("postgresql+psycopg")):
+            raise ValueError("PREFLAB_DATABASE_URL must be a sqlite:/// or postgresql:// URL")
+        return value
+
+    @model_validator(mode="after")
+    def _require_secret_in_production(self) -> Settings:
+        if self.env == "production":
+            if self.secret_key is None or self.secret_key.strip().lower() in PLACEHOLDER_SECRETS:
+                raise ValueError(
+                    "PREFLAB_SECRET_KEY must be set to a long random value in production "
+                    "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(48))'`)"
+                )
+            if len(self.secret_key) < 32:
+                raise ValueError("PREFLAB_SECRET_KEY must be at least 32 characters in production")
+        return self
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+    @property
+    def cookies_secure(self) -> bool:
+        return self.secure_cookies if self.secure_cookies is not None else self.env == "production"
+
+    def resolved_secret(self) -> str:
+        """The secret key; outside production a random one is generated once into DATA_DIR (mode 0600)."""
+        if self.secret_key and self.secret_key.strip().lower() not in PLACEHOLDER_SECRETS:
+            return self.secret_key
+        if self.env == "production":
+            raise SettingsError("PREFLAB_SECRET_KEY is required in production")
+        import os
+        import secrets
+
+        path = self.data_dir / "secret_key"
+        if path.exists():
+            return path.read_text().strip()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_urlsafe(48))
+        return path.read_text().strip()
+
+
+def load_settings() -> Settings:
+    """Settings from the environment, or a SettingsError whose message names the bad variable."""
+    from pydantic import ValidationError
+
+    try:
+        return Settings()
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            field = ".".join(str(p) for p in err["loc"]) or "settings"
+            name = f"PREFLAB_{field.upper()}" if field != "settings" else "settings"
+            problems.append(f"{name}: {err['msg'].removeprefix('Value error, ')}")
+        raise SettingsError("invalid configuration:\n  " + "\n  ".join(problems)) from None
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return load_settings()
