@@ -1,0 +1,314 @@
+"""Pure tensor functions for reward modelling, PPO and GRPO/GSPO: one function per formula.
+
+Conventions: `B` responses, `T` tokens, `V` vocabulary. `mask` is 1.0 on response tokens and 0.0 on
+padding (right padding unless a function says otherwise). Log-probs are per token, already gathered
+at the sampled token. Every loss is returned as a scalar to minimise. `old_logp` and `ref_logp` are
+detached inside the losses: they are data from rollout time, never something to differentiate.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+# ----------------------------------------------------------------------------------------------
+# masked reductions
+
+
+def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Σ x·m over `dim` (all elements when None): the sum over unmasked positions only."""
+    return (x * mask).sum() if dim is None else (x * mask).sum(dim=dim)
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Σ x·m / Σ m over `dim` (all elements when None); 0 where the mask is empty, never NaN."""
+    # clamp rather than +eps so a fractional mask still divides exactly; an empty mask has numerator 0
+    return masked_sum(x, mask, dim) / (mask.sum() if dim is None else mask.sum(dim=dim)).clamp(min=1e-8)
+
+
+def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
+    """Var over unmasked positions, Σ m·(x − μ)² / (Σ m − 1) with Bessel's correction when `unbiased`."""
+    mean = masked_mean(x, mask)
+    n = mask.sum()
+    var = masked_sum((x - mean) ** 2, mask) / n.clamp(min=1e-8)
+    if unbiased:
+        var = var * n / (n - 1).clamp(min=1e-8) if n > 1 else var
+    return var
+
+
+def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True) -> Tensor:
+    """x̂ = (x − μ) / √(σ² + 1e-8) over unmasked positions (μ added back when not `shift_mean`); padding → 0."""
+    mean, var = masked_mean(x, mask), masked_var(x, mask)
+    whitened = (x - mean) * torch.rsqrt(var + 1e-8)
+    if not shift_mean:
+        whitened = whitened + mean
+    return whitened * mask
+
+
+# ----------------------------------------------------------------------------------------------
+# reward model (Bradley–Terry)
+
+
+def _weighted_mean(loss: Tensor, weight: Tensor | None) -> Tensor:
+    if weight is None:
+        return loss.mean()
+    return (loss * weight).sum() / weight.sum().clamp(min=1e-8)
+
+
+def bradley_terry_loss(r_c: Tensor, r_r: Tensor, margin: Tensor | None = None, weight: Tensor | None = None) -> Tensor:
+    """L = −log σ(r_c − r_r − m), weighted mean over pairs (Bradley & Terry 1952; margin m: Llama 2)."""
+    delta = r_c - r_r  # (B,)
+    if margin is not None:
+        delta = delta - margin
+    return _weighted_mean(-F.logsigmoid(delta), weight)
+
+
+def soft_bradley_terry_loss(r_c: Tensor, r_r: Tensor, p: Tensor, weight: Tensor | None = None) -> Tensor:
+    """L = −[p·log σ(Δ) + (1−p)·log σ(−Δ)], Δ = r_c − r_r: BT cross-entropy against a soft label p(c ≻ r)."""
+    delta = r_c - r_r  # (B,)
+    loss = -(p * F.logsigmoid(delta) + (1 - p) * F.logsigmoid(-delta))
+    return _weighted_mean(loss, weight)
+
+
+def reward_centering_loss(r_c: Tensor, r_r: Tensor, coef: float) -> Tensor:
+    """L = c·mean((r_c + r_r)²): pulls rewards towards zero mean (Eisenstein et al. 2023, "Helping or Herding")."""
+    return coef * ((r_c + r_r) ** 2).mean()
+
+
+# ----------------------------------------------------------------------------------------------
+# PPO
+
+
+def _per_token(adv: Tensor) -> Tensor:
+    """A sequence advantage (B,) becomes (B, 1) so it broadcasts over tokens; (B, T) is left as is."""
+    return adv.unsqueeze(-1) if adv.dim() == 1 else adv
+
+
+def _clipped_surrogate(ratio: Tensor, adv: Tensor, clip_eps: float, clip_eps_high: float | None) -> Tensor:
+    """min(r·A, clip(r, 1−ε, 1+ε_high)·A), elementwise."""
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    return torch.min(ratio * adv, ratio.clamp(1 - clip_eps, 1 + high) * adv)
+
+
+def ppo_clip_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, clip_eps: float,
+                  clip_eps_high: float | None = None) -> Tensor:
+    """PPO clipped surrogate, L = mean(min(r·A, clip(r, 1−ε, 1+ε_high)·A)) (Schulman et al. 2017), as a loss.
+
+    ε_high defaults to ε; a larger one is DAPO's "clip-higher" (Yu et al. 2025).
+    """
+    ratio = torch.exp(logp - old_logp.detach())  # (B, T)
+    surrogate = _clipped_surrogate(ratio, _per_token(adv), clip_eps, clip_eps_high)  # (B, T)
+    return -masked_mean(surrogate, mask)
+
+
+def clip_fraction(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, clip_eps: float,
+                  clip_eps_high: float | None = None) -> Tensor:
+    """Fraction of tokens where min(·) picks the clipped term, i.e. where the PPO gradient is zero."""
+    with torch.no_grad():
+        ratio = torch.exp(logp - old_logp)  # (B, T)
+        adv = _per_token(adv)
+        clipped = _clipped_surrogate(ratio, adv, clip_eps, clip_eps_high) < ratio * adv  # (B, T)
+        return masked_mean(clipped.to(mask.dtype if mask.is_floating_point() else torch.float32), mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# KL between policy and reference, estimated from samples of the policy (Schulman 2020, "Approximating KL")
+
+
+def kl_k1(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """k1 = log π(x) − log π_ref(x) per token: unbiased, high variance, can be negative."""
+    return logp - ref_logp
+
+
+def kl_k2(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """k2 = ½·(log π(x) − log π_ref(x))² per token: biased, low variance, ≥ 0."""
+    return 0.5 * (logp - ref_logp) ** 2
+
+
+def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """k3 = exp(log π_ref − log π) − (log π_ref − log π) − 1 per token: unbiased, ≥ 0 (used by GRPO)."""
+    log_ratio = ref_logp - logp
+    return torch.exp(log_ratio) - log_ratio - 1
+
+
+def kl_penalized_reward(score: Tensor, logp: Tensor, ref_logp: Tensor, mask: Tensor, beta: float) -> Tensor:
+    """R = r_RM − β·Σ_t (log π − log π_ref) per sequence (Ziegler et al. 2019; Ouyang et al. 2022)."""
+    return score - beta * masked_sum(kl_k1(logp, ref_logp), mask, dim=-1)  # (B,)
+
+
+def last_token_index(mask: Tensor) -> Tensor:
+    """Index of the last unmasked token of each row (B,); 0 for an empty row."""
+    positions = torch.arange(mask.shape[-1], device=mask.device)  # (T,)
+    return ((mask > 0).long() * positions).argmax(dim=-1)
+
+
+def per_token_rewards(score: Tensor, logp: Tensor, ref_logp: Tensor, mask: Tensor, beta: float) -> Tensor:
+    """r_t = −β·(log π − log π_ref)_t on every token, plus r_RM on the last one (Ziegler et al. 2019); (B, T)."""
+    rewards = -beta * kl_k1(logp, ref_logp) * mask  # (B, T)
+    last = last_token_index(mask)  # (B,)
+    rewards = rewards.scatter_add(-1, last.unsqueeze(-1), score.to(rewards.dtype).unsqueeze(-1))
+    return rewards
+
+
+# ----------------------------------------------------------------------------------------------
+# advantages and values
+
+
+def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
+    """Â_t = Σ_l (γλ)^l δ_{t+l}, δ_t = r_t + γ·V_{t+1} − V_t (Schulman et al. 2016); returns (Â, Â + V), both (B, T).
+
+    Sequences are right-padded: the step after the last unmasked token is terminal (V = 0), and
+    padding positions get advantage and return 0.
+    """
+    B, T = rewards.shape
+    mask = mask.to(values.dtype)
+    advantages = torch.zeros_like(values)  # (B, T)
+    next_adv = torch.zeros(B, dtype=values.dtype, device=values.device)
+    next_value = torch.zeros_like(next_adv)
+    next_mask = torch.zeros_like(next_adv)
+    for t in reversed(range(T)):
+        # next_mask zeroes the bootstrap past the end of a sequence, which makes the end terminal
+        delta = rewards[:, t] + gamma * next_value * next_mask - values[:, t]
+        next_adv = (delta + gamma * lam * next_mask * next_adv) * mask[:, t]
+        advantages[:, t] = next_adv
+        next_value, next_mask = values[:, t], mask[:, t]
+    returns = (advantages + values) * mask
+    return advantages.detach(), returns.detach()
+
+
+def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor,
+               clip_eps: float | None = None) -> Tensor:
+    """L_V = ½·mean(max((V − R)², (V_clip − R)²)), V_clip = V_old + clip(V − V_old, ±ε) (OpenAI baselines PPO2).
+
+    Without `clip_eps` it is ½·mean((V − R)²).
+    """
+    loss = (values - returns) ** 2  # (B, T)
+    if clip_eps is not None:
+        old_values = old_values.detach()
+        v_clipped = old_values + (values - old_values).clamp(-clip_eps, clip_eps)
+        loss = torch.max(loss, (v_clipped - returns) ** 2)
+    return 0.5 * masked_mean(loss, mask)
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """H = logsumexp(z) − Σ softmax(z)·z: entropy of the next-token distribution; (B, T, V) → (B, T)."""
+    return torch.logsumexp(logits, dim=-1) - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
+
+
+def logprobs_from_logits(logits: Tensor, labels: Tensor) -> Tensor:
+    """log softmax(z)[y] per position: the log-probability of each label token; (B, T, V), (B, T) → (B, T)."""
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+
+
+# ----------------------------------------------------------------------------------------------
+# GRPO / GSPO
+
+AdvantageScale = Literal["group", "batch", "none"]
+
+
+def group_advantages(rewards: Tensor, group_size: int, scale: AdvantageScale = "group",
+                     eps: float = 1e-4) -> tuple[Tensor, float]:
+    """A_i = (r_i − mean(r_group)) / (std + eps) (Shao et al. 2024, DeepSeekMath); returns (A, zero-std fraction).
+
+    `rewards` holds N contiguous groups of G. `scale`: "group" divides by each group's std,
+    "batch" by the std of the whole batch, "none" does not divide (Dr. GRPO, Liu et al. 2025).
+    Standard deviations are unbiased (Bessel), as torch.std and the DeepSeekMath/TRL code compute them.
+    """
+    if rewards.dim() != 1 or rewards.numel() % group_size != 0:
+        raise ValueError(f"rewards must be a flat tensor of N·{group_size} values, got shape {tuple(rewards.shape)}")
+    rewards = rewards if rewards.is_floating_point() else rewards.float()
+    grouped = rewards.view(-1, group_size)  # (N, G)
+    mean = grouped.mean(dim=1, keepdim=True)  # (N, 1)
+    std = grouped.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(mean)  # (N, 1)
+    zero_std_fraction = (std.squeeze(1) < 1e-8).float().mean().item()
+    centred = grouped - mean
+    if scale == "group":
+        adv = centred / (std + eps)
+    elif scale == "batch":
+        adv = centred / (rewards.std() + eps)
+    elif scale == "none":
+        adv = centred
+    else:
+        raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}")
+    return adv.reshape(-1), zero_std_fraction
+
+
+def process_advantages(step_rewards: list[list[float]], group_size: int, eps: float = 1e-4) -> list[list[float]]:
+    """A_j = Σ_{k ≥ j} r̃_k, r̃ = (r − mean) / (std + eps) over the group's steps (DeepSeekMath §4.1.3, process RL).
+
+    `step_rewards[i]` holds the per-step rewards of completion i; completions come in contiguous groups
+    of `group_size`. The result has the same ragged shape: the advantage of step j of each completion,
+    which every token of that step receives.
+    """
+    if len(step_rewards) % group_size != 0:
+        raise ValueError(f"got {len(step_rewards)} completions, not a multiple of group_size={group_size}")
+    out: list[list[float]] = []
+    for start in range(0, len(step_rewards), group_size):
+        group = step_rewards[start:start + group_size]
+        flat = torch.tensor([r for steps in group for r in steps], dtype=torch.float64)
+        mean = flat.mean() if flat.numel() else torch.tensor(0.0, dtype=torch.float64)
+        std = flat.std() if flat.numel() > 1 else torch.tensor(0.0, dtype=torch.float64)
+        for steps in group:
+            normed = (torch.tensor(steps, dtype=torch.float64) - mean) / (std + eps)
+            # reverse cumulative sum: each step is credited with every normalised reward from it onwards
+            out.append(normed.flip(0).cumsum(0).flip(0).tolist())
+    return out
+
+
+Aggregation = Literal["sequence", "token", "dr_grpo"]
+
+
+def grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, adv: Tensor, mask: Tensor, clip_eps: float,
+              beta: float, aggregation: Aggregation = "sequence", clip_eps_high: float | None = None,
+              max_tokens: int | None = None) -> Tensor:
+    """L = −agg_t[min(r_t·A, clip(r_t, 1−ε, 1+ε_high)·A) − β·k3_t], r_t = π/π_old (Shao et al. 2024, DeepSeekMath).
+
+    `adv` is (B,) for outcome rewards or (B, T) for process rewards. `aggregation`: "sequence" averages
+    each response's tokens, then responses (DeepSeekMath); "token" averages all tokens of the batch
+    (DAPO, Yu et al. 2025); "dr_grpo" sums and divides by B·max_tokens, a constant (Liu et al. 2025),
+    where `max_tokens` defaults to T. `ref_logp` may be None when beta is 0.
+    """
+    ratio = torch.exp(logp - old_logp.detach())  # (B, T)
+    per_token = -_clipped_surrogate(ratio, _per_token(adv), clip_eps, clip_eps_high)  # (B, T)
+    if beta != 0.0:
+        if ref_logp is None:
+            raise ValueError("ref_logp is required when beta != 0")
+        per_token = per_token + beta * kl_k3(logp, ref_logp.detach())
+    if aggregation == "sequence":
+        return masked_mean(per_token, mask, dim=-1).mean()
+    if aggregation == "token":
+        return masked_mean(per_token, mask)
+    if aggregation == "dr_grpo":
+        normaliser = mask.shape[0] * (mask.shape[-1] if max_tokens is None else max_tokens)
+        return masked_sum(per_token, mask) / normaliser
+    raise ValueError(f"aggregation must be 'sequence', 'token' or 'dr_grpo', got {aggregation!r}")
+
+
+def gspo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, adv: Tensor, mask: Tensor, clip_eps: float,
+              beta: float, clip_eps_high: float | None = None) -> Tensor:
+    """L = −mean_i[min(s_i·A_i, clip(s_i, 1−ε, 1+ε_high)·A_i)], s_i = exp(mean_t(log π − log π_old)) (GSPO, Zheng 2025).
+
+    The ratio and the clipping are per sequence: a response is kept or dropped whole. `adv` is (B,).
+    The KL term, when beta > 0, is each response's mean k3, averaged over responses.
+    """
+    if adv.dim() != 1:
+        raise ValueError(f"GSPO takes one advantage per sequence, shape (B,); got {tuple(adv.shape)}")
+    log_s = masked_mean(logp - old_logp.detach(), mask, dim=-1)  # (B,) length-normalised log-ratio
+    s = torch.exp(log_s)  # (B,)
+    loss = -_clipped_surrogate(s, adv, clip_eps, clip_eps_high).mean()
+    if beta != 0.0:
+        if ref_logp is None:
+            raise ValueError("ref_logp is required when beta != 0")
+        loss = loss + beta * masked_mean(kl_k3(logp, ref_logp.detach()), mask, dim=-1).mean()
+    return loss
+
+
+def gspo_clip_fraction(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, clip_eps: float,
+                       clip_eps_high: float | None = None) -> Tensor:
+    """Fraction of sequences whose GSPO term is clipped (zero gradient)."""
+    with torch.no_grad():
+        s = torch.exp(masked_mean(logp - old_logp, mask, dim=-1))  # (B,)
+        return (_clipped_surrogate(s, adv, clip_eps, clip_eps_high) < s * adv).float().mean()
