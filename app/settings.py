@@ -37,6 +37,8 @@ class Settings(BaseSettings):
     """Browser sessions expire after this many hours."""
     trust_proxy_headers: bool = False
     """Read the client address from X-Forwarded-For (only behind a proxy you control)."""
+    public_origin: str | None = None
+    """The site's external origin (e.g. https://preflab.example.org) when behind a TLS-terminating proxy."""
     secure_cookies: bool | None = None
     """Mark cookies Secure; defaults to true outside dev/demo."""
 

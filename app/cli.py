@@ -1,0 +1,197 @@
+"""The `preflab` command: serve, demo, migrate, user, token, import, train."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from app.settings import Settings, SettingsError, load_settings
+
+cli = typer.Typer(help="preflab: a workbench for RLHF and RLAIF preference data.", no_args_is_help=True,
+                  add_completion=False, pretty_exceptions_enable=False)
+user_cli = typer.Typer(help="Manage accounts.", no_args_is_help=True)
+token_cli = typer.Typer(help="Manage personal API tokens.", no_args_is_help=True)
+cli.add_typer(user_cli, name="user")
+cli.add_typer(token_cli, name="token")
+
+
+def _settings() -> Settings:
+    try:
+        return load_settings()
+    except SettingsError as exc:
+        typer.echo(f"preflab: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"preflab: {message}", err=True)
+    raise typer.Exit(1)
+
+
+def _session_factory(settings: Settings):  # type: ignore[no-untyped-def]
+    from app.db import make_engine, make_session_factory
+
+    return make_session_factory(make_engine(settings.database_url))
+
+
+def _at_head(settings: Settings) -> bool:
+    from alembic.runtime.migration import MigrationContext
+
+    from app.db import make_engine
+    from app.migrate import current_head
+
+    with make_engine(settings.database_url).connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision() == current_head()
+
+
+@cli.command()
+def migrate(revision: Annotated[str, typer.Argument(help="Target revision")] = "head") -> None:
+    """Upgrade the database named by PREFLAB_DATABASE_URL to the latest schema (or REVISION)."""
+    from app.migrate import upgrade
+
+    settings = _settings()
+    upgrade(settings.database_url, revision)
+    typer.echo(f"database at {revision}: {_redact(settings.database_url)}")
+
+
+@cli.command()
+def serve(host: Annotated[str, typer.Option(help="Interface to bind")] = "127.0.0.1",
+          port: Annotated[int, typer.Option(help="Port to listen on")] = 8000,
+          workers: Annotated[int, typer.Option(help="uvicorn worker processes (Postgres only)")] = 1) -> None:
+    """Serve the web app and API with uvicorn. SQLite databases in dev/demo are migrated first."""
+    import uvicorn
+
+    settings = _settings()
+    if not _at_head(settings):
+        if settings.is_sqlite and settings.env != "production":
+            from app.migrate import upgrade
+
+            upgrade(settings.database_url)
+        else:
+            _fail("the database schema is not current; run `preflab migrate` first")
+    if workers > 1 and settings.is_sqlite:
+        _fail("--workers > 1 needs Postgres; SQLite is the single-process embedded mode")
+    if workers > 1:
+        uvicorn.run("app.asgi:app", host=host, port=port, workers=workers, proxy_headers=settings.trust_proxy_headers)
+        return
+    from app.main import create_app
+
+    typer.echo(f"preflab serving on http://{host}:{port}  (API docs: http://{host}:{port}/docs)")
+    uvicorn.run(create_app(settings), host=host, port=port, proxy_headers=settings.trust_proxy_headers,
+                log_level="info")
+
+
+@cli.command()
+def demo(host: Annotated[str, typer.Option(help="Interface to bind")] = "127.0.0.1",
+         port: Annotated[int, typer.Option(help="Port to listen on")] = 8000,
+         no_serve: Annotated[bool, typer.Option("--no-serve", help="Set up the demo and exit")] = False) -> None:
+    """Create (or refresh) the demo: SQLite database, four accounts, a GSM8K project; then serve it."""
+    os.environ.setdefault("PREFLAB_ENV", "demo")
+    settings = _settings()
+    from app.demo_setup import setup_demo
+
+    accounts, project_id = setup_demo(settings)
+    typer.echo("\npreflab demo is ready.\n")
+    typer.echo(f"  Log in at http://{host}:{port}/login  with one of these accounts (passwords are new each run):\n")
+    for role, email, password in accounts:
+        typer.echo(f"    {role:<10} {email:<28} {password}")
+    typer.echo(f"\n  Demo project: http://{host}:{port}/projects/{project_id}\n")
+    if not no_serve:
+        serve(host=host, port=port, workers=1)
+
+
+@user_cli.command("add")
+def user_add(email: str, role: Annotated[str, typer.Option(help="admin | lead | annotator | engineer")],
+             name: Annotated[str, typer.Option(help="Display name")] = "",
+             password_stdin: Annotated[bool, typer.Option("--password-stdin", help="Read the password from stdin")]
+             = False) -> None:
+    """Create an account. The password is asked for (twice), or read from stdin with --password-stdin."""
+    from app.db import session_scope
+    from app.errors import DomainError
+    from app.services import users
+
+    settings = _settings()
+    if password_stdin:
+        password = sys.stdin.readline().rstrip("\n")
+    else:
+        password = typer.prompt("Password", hide_input=True, confirmation_prompt=True)
+    try:
+        with session_scope(_session_factory(settings)) as db:
+            user = users.create_user(db, email, password, role, name=name)
+            user_id = user.id
+    except DomainError as exc:
+        _fail(f"{exc.field}: {exc.message}" if exc.field else exc.message)
+    typer.echo(f"created user {user_id} {email.strip().lower()} ({role})")
+
+
+@token_cli.command("create")
+def token_create(email: str, name: Annotated[str, typer.Option(help="A label for the token")] = "cli") -> None:
+    """Create a personal API token for EMAIL and print it once (only its hash is stored)."""
+    from app.db import session_scope
+    from app.services import users
+
+    settings = _settings()
+    with session_scope(_session_factory(settings)) as db:
+        user = users.get_by_email(db, email)
+        if user is None:
+            _fail(f"no user with email {email}")
+        _, token = users.create_token(db, user, name)
+    typer.echo(token)
+
+
+@cli.command("import")
+def import_cmd(project_id: Annotated[int, typer.Argument(help="Project id")],
+               file: Annotated[Path, typer.Argument(help="JSONL, CSV or Parquet file", exists=True, dir_okay=False)],
+               skip_duplicates: Annotated[bool, typer.Option(help="Skip prompts already in the project")]
+               = False) -> None:
+    """Import prompts with completions, or preference pairs, into a project (all or nothing)."""
+    from app.db import session_scope
+    from app.models import Project
+    from app.services import imports
+
+    settings = _settings()
+    data = file.read_bytes()
+    if len(data) > settings.max_upload_mb * 1024 * 1024:
+        _fail(f"{file}: larger than the {settings.max_upload_mb} MiB limit (PREFLAB_MAX_UPLOAD_MB)")
+    try:
+        with session_scope(_session_factory(settings)) as db:
+            project = db.get(Project, project_id)
+            if project is None:
+                _fail(f"no project with id {project_id}")
+            result = imports.import_file(db, project, file.name, data, actor=None, max_rows=settings.max_import_rows,
+                                         on_duplicate="skip" if skip_duplicates else "error")
+    except imports.ImportRejected as exc:
+        typer.echo(f"preflab: {file} was not imported; nothing was written:", err=True)
+        for err in exc.errors:
+            typer.echo(f"  line {err.line}: {err.field}: {err.message}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"imported {result.prompts} prompts, {result.completions} completions, {result.pairs} pairs")
+    if result.skipped_duplicates:
+        typer.echo(f"skipped duplicate lines: {', '.join(map(str, result.skipped_duplicates))}")
+
+
+@cli.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def train(ctx: typer.Context) -> None:
+    """Run a trainer: `preflab train reward|grpo|ppo|evaluate …` (the same as `python -m training …`)."""
+    from training.__main__ import main as training_main
+
+    raise typer.Exit(training_main(list(ctx.args)))
+
+
+def _redact(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()
+

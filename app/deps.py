@@ -1,0 +1,123 @@
+"""Request dependencies: the transaction, the caller, and the CSRF guard, as `Annotated` aliases."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+from urllib.parse import quote, urlsplit
+
+from fastapi import Depends, HTTPException, Request
+from sqlalchemy.orm import Session
+
+from app import security
+from app.models import User
+from app.services import users
+from app.web import CSRF_FIELD, CSRF_HEADER, SESSION_COOKIE, browser_id
+
+UNSAFE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
+
+
+def get_db(request: Request) -> Iterator[Session]:
+    """The request's transaction: committed when the handler returns, rolled back on any exception."""
+    session: Session = request.app.state.session_factory()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+# scope="function": commit before the response is sent, so a failed commit is never reported as success.
+SessionDep = Annotated[Session, Depends(get_db, scope="function")]
+
+
+class LoginRequired(Exception):
+    """Raised for pages; the app turns it into a redirect to /login?next=…"""
+
+    def __init__(self, next_url: str) -> None:
+        self.next_url = next_url
+
+
+def _bearer(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
+
+
+def optional_user(request: Request, db: SessionDep) -> User | None:
+    token = _bearer(request)
+    if token is not None:
+        user = users.user_for_token(db, token)
+        if user is None:
+            raise HTTPException(401, "invalid or revoked API token", headers={"WWW-Authenticate": "Bearer"})
+        request.state.auth = "token"
+    else:
+        user = users.user_for_session(db, request.cookies.get(SESSION_COOKIE))
+        request.state.auth = "session" if user else None
+    request.state.user = user
+    return user
+
+
+def api_user(user: Annotated[User | None, Depends(optional_user)]) -> User:
+    if user is None:
+        raise HTTPException(401, "authentication required: log in or send `Authorization: Bearer <token>`",
+                            headers={"WWW-Authenticate": "Bearer"})
+    return user
+
+
+def page_user(request: Request, user: Annotated[User | None, Depends(optional_user)]) -> User:
+    if user is None:
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        raise LoginRequired(quote(target, safe="/?=&"))
+    return user
+
+
+def _require_role(*roles: str):  # type: ignore[no-untyped-def]
+    def check(user: Annotated[User, Depends(api_user)]) -> User:
+        if user.role not in roles:
+            raise HTTPException(403, f"this needs the {' or '.join(roles)} role")
+        return user
+
+    return check
+
+
+def _require_page_role(*roles: str):  # type: ignore[no-untyped-def]
+    def check(user: Annotated[User, Depends(page_user)]) -> User:
+        if user.role not in roles:
+            raise HTTPException(403, f"this page needs the {' or '.join(roles)} role")
+        return user
+
+    return check
+
+
+async def csrf_guard(request: Request) -> None:
+    """Every state-changing request from a browser must carry the CSRF token and, if sent, a same-site Origin.
+
+    Requests authenticated by a Bearer token are exempt: browsers never attach those on their own.
+    """
+    if request.method not in UNSAFE_METHODS or _bearer(request) is not None:
+        return
+    origin = request.headers.get("origin")
+    if origin and origin != "null":
+        expected = request.app.state.settings.public_origin or f"{request.url.scheme}://{request.url.netloc}"
+        if urlsplit(origin).netloc != urlsplit(expected).netloc:
+            raise HTTPException(403, "cross-site request refused (Origin does not match)")
+    submitted = request.headers.get(CSRF_HEADER)
+    if submitted is None and request.headers.get("content-type", "").startswith(
+        ("application/x-www-form-urlencoded", "multipart/form-data")
+    ):
+        form = await request.form()
+        value = form.get(CSRF_FIELD)
+        submitted = value if isinstance(value, str) else None
+    if not security.csrf_valid(request.app.state.secret, browser_id(request), submitted):
+        raise HTTPException(403, "missing or invalid CSRF token; reload the page and try again")
+
+
+CurrentUser = Annotated[User, Depends(api_user)]
+OptionalUser = Annotated[User | None, Depends(optional_user)]
+PageUser = Annotated[User, Depends(page_user)]
+AdminUser = Annotated[User, Depends(_require_role("admin"))]
+AdminPageUser = Annotated[User, Depends(_require_page_role("admin"))]

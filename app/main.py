@@ -1,0 +1,89 @@
+"""The FastAPI application factory: settings, database, middleware, routers and error pages."""
+
+from __future__ import annotations
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException
+
+from app import __version__
+from app.db import make_engine, make_session_factory
+from app.deps import LoginRequired, csrf_guard
+from app.errors import DomainError, TooManyAttempts
+from app.security import LoginThrottle
+from app.services.import_formats import ImportRejected
+from app.settings import Settings, get_settings
+from app.web import STATIC_DIR, BodyLimitMiddleware, BrowserIdAndHeadersMiddleware, render
+
+DESCRIPTION = """preflab: rank sampled completions under a versioned rubric, let a constitutional AI judge
+stand in when human labels run out, export immutable pair datasets, and train reward models and policies.
+
+Authenticate scripts with a personal token (`preflab token create EMAIL`) sent as `Authorization: Bearer …`.
+Browser sessions must send the CSRF token (`X-CSRF-Token`) on every state-changing request."""
+
+
+def _wants_json(request: Request) -> bool:
+    return request.url.path.startswith("/api") or request.url.path == "/healthz" or (
+        "application/json" in request.headers.get("accept", "") and "text/html" not in request.headers.get("accept", "")
+    )
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    app = FastAPI(title="preflab", version=__version__, description=DESCRIPTION,
+                  dependencies=[Depends(csrf_guard)], docs_url="/docs", redoc_url=None)
+    app.state.settings = settings
+    app.state.secret = settings.resolved_secret()
+    app.state.engine = make_engine(settings.database_url)
+    app.state.session_factory = make_session_factory(app.state.engine)
+    app.state.login_throttle = LoginThrottle()
+
+    app.add_middleware(BodyLimitMiddleware, max_bytes=(settings.max_upload_mb + 1) * 1024 * 1024)
+    app.add_middleware(BrowserIdAndHeadersMiddleware, secure_cookies=settings.cookies_secure,
+                       hsts=settings.env == "production")
+
+    from app.routes import api_projects, api_users, health, pages_admin, pages_auth, pages_projects
+
+    for module in (health, api_projects, api_users, pages_auth, pages_projects, pages_admin):
+        app.include_router(module.router)
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+
+    @app.exception_handler(DomainError)
+    async def domain_error(request: Request, exc: DomainError) -> Response:
+        headers = {}
+        if isinstance(exc, TooManyAttempts):
+            headers["Retry-After"] = str(int(exc.retry_after) + 1)
+        if _wants_json(request):
+            return JSONResponse({"detail": exc.detail()}, status_code=exc.status_code, headers=headers)
+        return render(request, "error.html", {"status": exc.status_code, "message": exc.message},
+                      status_code=exc.status_code)
+
+    @app.exception_handler(ImportRejected)
+    async def import_rejected(request: Request, exc: ImportRejected) -> Response:
+        return JSONResponse({"detail": exc.detail()}, status_code=422)
+
+    @app.exception_handler(LoginRequired)
+    async def login_required(request: Request, exc: LoginRequired) -> Response:
+        if request.headers.get("hx-request") == "true":
+            return Response(status_code=401, headers={"HX-Redirect": f"/login?next={exc.next_url}"})
+        return RedirectResponse(f"/login?next={exc.next_url}", status_code=303)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        if _wants_json(request):
+            return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+        return render(request, "error.html", {"status": exc.status_code, "message": exc.detail},
+                      status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        detail = [{"field": ".".join(str(p) for p in err["loc"] if p != "body"), "message": err["msg"]}
+                  for err in exc.errors()]
+        if _wants_json(request):
+            return JSONResponse({"detail": detail}, status_code=422)
+        message = "; ".join(f"{d['field']}: {d['message']}" for d in detail)
+        return render(request, "error.html", {"status": 422, "message": message}, status_code=422)
+
+    return app

@@ -1,0 +1,117 @@
+"""JSON API request and response models. Requests forbid unknown fields (no mass assignment)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.models import Project, Rubric, User
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RubricIn(Strict):
+    text: str = Field(min_length=1, max_length=100_000, description="The rubric in Markdown.")
+    criteria: list[str] = Field(default_factory=list, max_length=30, description="Short named criteria.")
+
+
+class ProjectIn(Strict):
+    name: str = Field(min_length=1, max_length=200)
+    completions_per_prompt: int = Field(ge=2, le=16, description="K: completions ranked per prompt.")
+    overlap: int = Field(default=1, ge=1, le=50, description="Independent rankings wanted per prompt.")
+    description: str = Field(default="", max_length=5000)
+    rubric: RubricIn
+
+
+class ProjectOut(BaseModel):
+    id: int
+    name: str
+    description: str
+    completions_per_prompt: int
+    overlap: int
+    rubric_version: int | None
+    created_at: datetime
+
+    @classmethod
+    def from_model(cls, project: Project, rubric_version: int | None) -> ProjectOut:
+        return cls(id=project.id, name=project.name, description=project.description,
+                   completions_per_prompt=project.completions_per_prompt, overlap=project.overlap,
+                   rubric_version=rubric_version, created_at=project.created_at)
+
+
+class RubricVersionIn(Strict):
+    text: str = Field(min_length=1, max_length=100_000)
+    criteria: list[str] = Field(default_factory=list, max_length=30)
+    base_version: int = Field(ge=1, description="The version you edited; 409 if it is no longer current.")
+    note: str = Field(default="", max_length=500, description="What changed, for the history page.")
+
+
+class RubricOut(BaseModel):
+    version: int
+    text: str
+    criteria: list[str]
+    note: str
+    author: str | None
+    created_at: datetime
+    current: bool
+
+    @classmethod
+    def from_model(cls, rubric: Rubric, current_id: int | None) -> RubricOut:
+        return cls(version=rubric.version, text=rubric.text, criteria=rubric.criteria, note=rubric.note,
+                   author=rubric.author.email if rubric.author else None, created_at=rubric.created_at,
+                   current=rubric.id == current_id)
+
+
+class MemberIn(Strict):
+    email: str = Field(min_length=3, max_length=320)
+    role: Literal["lead", "annotator", "engineer"]
+
+
+class MemberOut(BaseModel):
+    user_id: int
+    email: str
+    name: str
+    role: str
+
+
+class ImportOut(BaseModel):
+    prompts: int
+    completions: int
+    pairs: int
+    skipped_duplicates: list[int] = Field(default_factory=list, description="Lines skipped as duplicates.")
+
+
+class UserIn(Strict):
+    email: str = Field(min_length=3, max_length=320)
+    password: str = Field(min_length=10, max_length=1024)
+    role: Literal["admin", "lead", "annotator", "engineer"]
+    name: str = Field(default="", max_length=200)
+
+
+class UserPatch(Strict):
+    name: str | None = Field(default=None, max_length=200)
+    role: Literal["admin", "lead", "annotator", "engineer"] | None = None
+    active: bool | None = None
+
+
+class UserOut(BaseModel):
+    id: int
+    email: str
+    name: str
+    role: str
+    active: bool
+    created_at: datetime
+
+    @classmethod
+    def from_model(cls, user: User) -> UserOut:
+        return cls(id=user.id, email=user.email, name=user.name, role=user.role, active=user.active,
+                   created_at=user.created_at)
+
+
+class Health(BaseModel):
+    status: str
+    database: str

@@ -1,0 +1,138 @@
+"""Projects, their members, and who may see or change what inside them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.errors import Conflict, Forbidden, Invalid, NotFound
+from app.models import MEMBER_ROLES, Completion, Pair, Project, ProjectMember, Prompt, Ranking, Rubric, User
+from app.services import audit, users
+
+# What each project role may do; admins may do everything everywhere.
+CAN_MANAGE = {"lead"}  # rubric, members, settings
+CAN_IMPORT = {"lead", "engineer"}
+
+
+def visible_query(user: User):  # type: ignore[no-untyped-def]
+    query = select(Project).order_by(Project.name)
+    if user.role != "admin":
+        query = query.join(ProjectMember).where(ProjectMember.user_id == user.id)
+    return query
+
+
+def list_visible(db: Session, user: User) -> list[Project]:
+    return list(db.scalars(visible_query(user)))
+
+
+def member_role(db: Session, project: Project, user: User) -> str | None:
+    return db.scalar(select(ProjectMember.role).where(ProjectMember.project_id == project.id,
+                                                      ProjectMember.user_id == user.id))
+
+
+def get_visible(db: Session, project_id: int, user: User) -> Project:
+    """The project, or NotFound when it does not exist or the user is not a member (admins see all)."""
+    project = db.get(Project, project_id)
+    if project is None or (user.role != "admin" and member_role(db, project, user) is None):
+        raise NotFound("no such project")
+    return project
+
+
+def require_project_role(db: Session, project: Project, user: User, allowed: set[str], action: str) -> None:
+    if user.role == "admin":
+        return
+    if member_role(db, project, user) not in allowed:
+        raise Forbidden(f"you may not {action} in this project")
+
+
+def may(db: Session, project: Project, user: User, allowed: set[str]) -> bool:
+    return user.role == "admin" or member_role(db, project, user) in allowed
+
+
+def create_project(db: Session, creator: User, *, name: str, completions_per_prompt: int, overlap: int,
+                   rubric_text: str, criteria: list[str], description: str = "") -> Project:
+    from app.services import rubrics
+
+    if creator.role not in {"admin", "lead"}:
+        raise Forbidden("only admins and leads create projects")
+    name = name.strip()
+    if not name:
+        raise Invalid("must not be empty", field="name")
+    if len(name) > 200:
+        raise Invalid("must be at most 200 characters", field="name")
+    if not 2 <= completions_per_prompt <= 16:
+        raise Invalid("must be between 2 and 16", field="completions_per_prompt")
+    if not 1 <= overlap <= 50:
+        raise Invalid("must be between 1 and 50", field="overlap")
+    if db.scalar(select(Project.id).where(Project.name == name)) is not None:
+        raise Conflict(f"a project named {name!r} already exists", field="name")
+    project = Project(name=name, description=description.strip(), completions_per_prompt=completions_per_prompt,
+                      overlap=overlap, created_by_id=creator.id)
+    db.add(project)
+    db.flush()
+    if creator.role != "admin":
+        db.add(ProjectMember(project_id=project.id, user_id=creator.id, role="lead"))
+    rubrics.create_version(db, project, creator, text=rubric_text, criteria=criteria, base_version=None,
+                           check_permission=False)
+    audit.record(db, creator, "project.create", project_id=project.id, object_type="project",
+                 object_id=project.id, name=name)
+    return project
+
+
+def add_member(db: Session, project: Project, actor: User, *, email: str, role: str) -> ProjectMember:
+    require_project_role(db, project, actor, CAN_MANAGE, "add members")
+    if role not in MEMBER_ROLES:
+        raise Invalid(f"role must be one of {', '.join(MEMBER_ROLES)}", field="role")
+    user = users.get_by_email(db, email)
+    if user is None:
+        raise Invalid(f"no user with email {email.strip().lower()}", field="email")
+    member = db.scalar(select(ProjectMember).where(ProjectMember.project_id == project.id,
+                                                   ProjectMember.user_id == user.id))
+    if member is None:
+        member = ProjectMember(project_id=project.id, user_id=user.id, role=role)
+        db.add(member)
+    else:
+        member.role = role
+    db.flush()
+    audit.record(db, actor, "member.add", project_id=project.id, object_type="user", object_id=user.id, role=role)
+    return member
+
+
+def remove_member(db: Session, project: Project, actor: User, user_id: int) -> None:
+    require_project_role(db, project, actor, CAN_MANAGE, "remove members")
+    member = db.scalar(select(ProjectMember).where(ProjectMember.project_id == project.id,
+                                                   ProjectMember.user_id == user_id))
+    if member is None:
+        raise NotFound("no such member")
+    db.delete(member)
+    audit.record(db, actor, "member.remove", project_id=project.id, object_type="user", object_id=user_id)
+
+
+def list_members(db: Session, project: Project) -> list[ProjectMember]:
+    return list(db.scalars(select(ProjectMember).where(ProjectMember.project_id == project.id)
+                           .join(User).order_by(User.email)))
+
+
+@dataclass(frozen=True)
+class ProjectCounts:
+    prompts: int
+    completions: int
+    rankings: int
+    pairs: int
+    rubric_versions: int
+
+
+def counts(db: Session, project: Project) -> ProjectCounts:
+    def n(stmt) -> int:  # type: ignore[no-untyped-def]
+        return int(db.scalar(stmt) or 0)
+
+    return ProjectCounts(
+        prompts=n(select(func.count(Prompt.id)).where(Prompt.project_id == project.id)),
+        completions=n(select(func.count(Completion.id)).join(Prompt).where(Prompt.project_id == project.id)),
+        rankings=n(select(func.count(Ranking.id)).where(Ranking.project_id == project.id)),
+        pairs=n(select(func.count(Pair.id)).join(Prompt, Pair.prompt_id == Prompt.id)
+                .where(Prompt.project_id == project.id)),
+        rubric_versions=n(select(func.count(Rubric.id)).where(Rubric.project_id == project.id)),
+    )
