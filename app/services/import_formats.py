@@ -1,0 +1,789 @@
+"""Reading import files (JSON Lines, CSV, Parquet) into validated prompt rows or pair rows; no database here.
+
+Every problem is reported with the line (JSONL: physical line; CSV: physical line, header = 1; Parquet:
+row index + 1; 0 for the file as a whole) and the field, so a person can fix the file in one pass.
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import hashlib
+import io
+import json
+import math
+import os.path
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from app.models import SPLITS
+
+MAX_ERRORS = 100
+"""Problems listed in one rejection; the rest are only counted (a broken file can have 200k)."""
+MAX_TEXT_CHARS = 100_000
+"""Longest prompt, completion, reference or message content accepted, in characters."""
+MAX_METADATA_CHARS = 20_000
+"""Longest metadata object, as compact JSON."""
+MAX_DEPTH = 16
+"""Deepest nesting of objects and arrays inside metadata."""
+MAX_MESSAGES = 200
+HH_ASSISTANT = "\n\nAssistant:"
+CHAT_ROLES = ("system", "user", "assistant")
+
+Format = Literal["jsonl", "csv", "parquet"]
+Kind = Literal["prompts", "pairs"]
+
+EXTENSIONS: dict[str, Format] = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
+FORMAT_NAMES = {"jsonl": "JSON Lines", "csv": "CSV", "parquet": "Parquet"}
+PROMPT_FIELDS = ("prompt", "messages", "completions", "reference", "split", "metadata")
+PAIR_FIELDS = ("prompt", "messages", "chosen", "rejected", "p", "margin", "weight", "split")
+COMPLETION_COLUMN = re.compile(r"completion_(\d+)")
+
+# CSV cells may hold a JSON array of several long completions; the stdlib default (128 KiB) is too small.
+# The limit is process-wide, so it is only ever raised.
+csv.field_size_limit(max(csv.field_size_limit(), 64 * 1024 * 1024))
+
+
+# --- errors -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RowError:
+    line: int
+    """JSONL/CSV: 1-based physical line (CSV header = 1); Parquet: row index + 1; 0: the whole file."""
+    field: str
+    message: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"line": self.line, "field": self.field, "message": self.message}
+
+    def __str__(self) -> str:
+        where = f"line {self.line}, " if self.line else ""
+        return f"{where}{self.field}: {self.message}"
+
+
+class ImportRejected(Exception):
+    """The file was refused; nothing was written. `errors` holds at most MAX_ERRORS, `omitted` counts the rest."""
+
+    def __init__(self, errors: list[RowError], omitted: int = 0) -> None:
+        self.errors = errors
+        self.omitted = omitted
+        more = f" (and {omitted} more)" if omitted else ""
+        super().__init__(f"import rejected, {len(errors) + omitted} problem(s){more}; first: {errors[0]}")
+
+    @property
+    def more(self) -> int:
+        """Alias of `omitted` (problems beyond the MAX_ERRORS listed)."""
+        return self.omitted
+
+    def detail(self) -> list[dict[str, Any]]:
+        """The API's 422 body: one {line, field, message} per problem, then one line counting the rest."""
+        items = [e.as_dict() for e in self.errors]
+        if self.omitted:
+            items.append({"line": 0, "field": "file", "message": f"{self.omitted} more problem(s) not listed"})
+        return items
+
+
+class _Problems:
+    """Collects row errors up to MAX_ERRORS; `fatal` stops reading at once (the rest of the file is unreadable)."""
+
+    def __init__(self, unit: str = "line") -> None:
+        self.errors: list[RowError] = []
+        self.omitted = 0
+        self.unit = unit
+
+    def add(self, line: int, field: str, message: str) -> None:
+        if self.unit != "line" and line:
+            message = f"{self.unit} {line}: {message}"
+        if len(self.errors) < MAX_ERRORS:
+            self.errors.append(RowError(line, field, message))
+        else:
+            self.omitted += 1
+
+    def fatal(self, line: int, field: str, message: str) -> ImportRejected:
+        self.add(line, field, message)
+        return ImportRejected(self.errors, self.omitted)
+
+    def raise_if_any(self) -> None:
+        if self.errors:
+            raise ImportRejected(self.errors, self.omitted)
+
+    def __len__(self) -> int:
+        return len(self.errors) + self.omitted
+
+
+def _reject(line: int, field: str, message: str) -> ImportRejected:
+    return ImportRejected([RowError(line, field, message)])
+
+
+# --- canonical prompt form ----------------------------------------------------------------------
+
+
+def render_messages(messages: list[dict[str, str]]) -> str:
+    """A chat as plain text, one `role: content` block per message (what Prompt.text holds for chats)."""
+    return "\n".join(f"{m['role']}: {m['content']}" for m in messages)
+
+
+def canonical_prompt(text: str | None = None, messages: list[dict[str, str]] | None = None) -> str:
+    """The form two prompts are compared in: stripped text, or the messages as compact, key-sorted JSON."""
+    if (text is None) == (messages is None):
+        raise ValueError("give exactly one of text or messages")
+    if messages is not None:
+        plain = [{"role": m["role"], "content": m["content"]} for m in messages]
+        return json.dumps(plain, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    assert text is not None
+    return text.strip()
+
+
+def prompt_text_hash(text: str | None = None, messages: list[dict[str, str]] | None = None) -> str:
+    """sha256 (hex) of the prompt's canonical form: the value of Prompt.text_hash, unique per project."""
+    return hashlib.sha256(canonical_prompt(text, messages).encode("utf-8")).hexdigest()
+
+
+# --- parsed rows --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PromptRow:
+    line: int
+    text: str
+    """Stripped prompt text; for chats, render_messages(messages)."""
+    messages: list[dict[str, str]] | None
+    text_hash: str
+    completions: list[str]
+    reference: str | None
+    split: str
+    metadata: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PairRow:
+    line: int
+    text: str
+    messages: list[dict[str, str]] | None
+    text_hash: str
+    chosen: str
+    rejected: str
+    p: float
+    """Soft label p(chosen ≻ rejected)."""
+    margin: int
+    weight: float
+    split: str | None
+    """None when the row did not say; a prompt created by the import then goes to "train"."""
+
+
+@dataclass
+class ParsedImport:
+    filename: str
+    format: Format
+    kind: Kind
+    sha256: str
+    """Of the uploaded bytes, for the audit log."""
+    size: int
+    prompts: list[PromptRow] = field(default_factory=list)
+    pairs: list[PairRow] = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        return len(self.prompts) + len(self.pairs)
+
+
+# --- entry point --------------------------------------------------------------------------------
+
+
+def parse_import(filename: str, data: bytes, *, max_rows: int = 200_000) -> ParsedImport:
+    """Read and validate a whole file; raise ImportRejected listing every bad row, or return all rows."""
+    fmt = detect_format(filename, data)
+    problems = _Problems("row" if fmt == "parquet" else "line")
+    if fmt == "parquet":
+        records = _parquet_records(data, max_rows, problems)
+    else:
+        text = _decode(data)
+        records = _jsonl_records(text, max_rows, problems) if fmt == "jsonl" else _csv_records(text, max_rows, problems)
+    kind, prompts, pairs = _validate_records(records, problems)
+    problems.raise_if_any()
+    return ParsedImport(
+        filename=filename,
+        format=fmt,
+        kind=kind,
+        sha256=hashlib.sha256(data).hexdigest(),
+        size=len(data),
+        prompts=prompts,
+        pairs=pairs,
+    )
+
+
+def detect_format(filename: str, data: bytes) -> Format:
+    """The format named by the extension, checked against what the bytes look like."""
+    ext = os.path.splitext(filename.lower())[1]
+    if ext not in EXTENSIONS:
+        raise _reject(0, "file", f"unsupported file type '{ext or filename}'; use .jsonl, .csv or .parquet")
+    by_name = EXTENSIONS[ext]
+    if not data.strip():
+        raise _reject(0, "file", "the file is empty")
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise _reject(1, "encoding", "the file is UTF-16; save it as UTF-8")
+    looks: str
+    if data[:4] == b"PAR1":
+        looks = "parquet"
+    elif data[:2] == b"\x1f\x8b":
+        raise _reject(0, "file", "the file is gzip-compressed; decompress it first")
+    elif data[:4] == b"PK\x03\x04":
+        raise _reject(0, "file", "the file is a ZIP archive (an Excel workbook?); export it as CSV")
+    else:
+        head = data.removeprefix(codecs.BOM_UTF8).lstrip()[:1]
+        looks = "jsonl" if head in (b"{", b"[") else "csv"
+    if looks != by_name:
+        raise _reject(
+            0, "file", f"the file is named {ext} but its content looks like {FORMAT_NAMES[looks]}; "
+            "rename it or check how it was exported"
+        )
+    return by_name
+
+
+def _decode(data: bytes) -> str:
+    data = data.removeprefix(codecs.BOM_UTF8)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        bad = f"0x{data[exc.start]:02x}"
+        raise _reject(line, "encoding", f"not valid UTF-8 (byte {bad}); save the file as UTF-8") from None
+
+
+# --- readers: each yields (line, record-or-None) with cells already turned into JSON-like values ------
+
+
+def _too_many_rows(max_rows: int) -> str:
+    return f"the file has more than {max_rows} rows, the limit for one import; split it"
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a valid JSON number")
+
+
+def _jsonl_records(text: str, max_rows: int, problems: _Problems) -> Iterator[tuple[int, dict[str, Any] | None]]:
+    if text.lstrip().startswith("["):
+        raise problems.fatal(
+            1, "json", "the file holds a JSON array; preflab reads JSON Lines, one object per line "
+            "(convert with: jq -c '.[]' in.json > out.jsonl)"
+        )
+    rows = 0
+    for line, raw in enumerate(text.split("\n"), start=1):
+        if not raw.strip():
+            continue
+        rows += 1
+        if rows > max_rows:
+            raise problems.fatal(line, "file", _too_many_rows(max_rows))
+        try:
+            obj = json.loads(raw, parse_constant=_reject_constant)
+        except json.JSONDecodeError as exc:
+            problems.add(line, "json", f"invalid JSON: {exc.msg} (column {exc.colno})")
+            yield line, None
+            continue
+        except RecursionError:
+            problems.add(line, "json", "JSON nested too deeply")
+            yield line, None
+            continue
+        except ValueError as exc:  # NaN / Infinity, refused by _reject_constant
+            problems.add(line, "json", f"invalid JSON: {exc}")
+            yield line, None
+            continue
+        if not isinstance(obj, dict):
+            problems.add(line, "json", f"each line must be a JSON object, got {_type_name(obj)}")
+            yield line, None
+            continue
+        yield line, obj
+
+
+def _check_columns(columns: list[str], problems: _Problems, line: int) -> None:
+    """Header names must be known, unique, and of one kind (prompt rows or pair rows)."""
+    seen: set[str] = set()
+    for name in columns:
+        if name in seen:
+            problems.add(line, name, "column appears twice in the header")
+        seen.add(name)
+    is_pairs = "chosen" in seen or "rejected" in seen
+    allowed = PAIR_FIELDS if is_pairs else PROMPT_FIELDS
+    for name in columns:
+        if name in allowed or (not is_pairs and COMPLETION_COLUMN.fullmatch(name)):
+            continue
+        if not name:
+            problems.add(line, "header", "a column has no name")
+        elif is_pairs and (name in PROMPT_FIELDS or COMPLETION_COLUMN.fullmatch(name)):
+            problems.add(
+                line, name, "prompt-row column in a file of pairs (it has chosen/rejected); a file holds one kind"
+            )
+        else:
+            known = ", ".join(allowed) + ("" if is_pairs else ", completion_1..completion_N")
+            problems.add(line, name, f"unknown column; expected {known}")
+    if "completions" in seen and any(COMPLETION_COLUMN.fullmatch(n) for n in seen):
+        problems.add(line, "completions", "use either a completions column or completion_1..N columns, not both")
+
+
+def _completion_columns(columns: list[str]) -> list[str]:
+    numbered = [(int(m.group(1)), n) for n in columns if (m := COMPLETION_COLUMN.fullmatch(n))]
+    return [n for _, n in sorted(numbered)]
+
+
+def _json_cell(value: Any, field: str, line: int, problems: _Problems) -> Any:
+    """CSV and Parquet carry arrays and objects as JSON text in a string cell."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value, parse_constant=_reject_constant)
+    except RecursionError:
+        problems.add(line, field, "JSON nested too deeply")
+    except ValueError as exc:
+        problems.add(line, field, f"cell is not valid JSON: {exc}")
+    return _INVALID
+
+
+_LABELS: Any = object()
+"""Key under which a CSV/Parquet record keeps its completion_N column names, for error messages (an object,
+so no JSON key can collide with it)."""
+
+_INVALID = object()
+"""A cell whose problem has already been reported; the row is dropped without a second message."""
+
+
+def _number_cell(value: str, field: str, line: int, problems: _Problems) -> Any:
+    try:
+        return float(value)
+    except ValueError:
+        problems.add(line, field, f"must be a number, got {value!r}")
+        return _INVALID
+
+
+def _cells_to_record(
+    cells: dict[str, Any], columns: list[str], line: int, problems: _Problems
+) -> dict[Any, Any] | None:
+    """One CSV or Parquet row (empty cells already dropped) as the same dict a JSONL line would give."""
+    record: dict[Any, Any] = {}
+    for name in ("prompt", "chosen", "rejected", "reference", "split", "p", "margin", "weight"):
+        if name in cells:
+            record[name] = cells[name]
+    for name in ("messages", "completions", "metadata"):
+        if name in cells:
+            record[name] = _json_cell(cells[name], name, line, problems)
+    if isinstance(record.get("metadata"), list) and all(
+        isinstance(item, tuple) and len(item) == 2 for item in record["metadata"]
+    ):
+        record["metadata"] = dict(record["metadata"])  # a Parquet map column arrives as (key, value) pairs
+    numbered = [n for n in _completion_columns(columns) if n in cells]
+    if numbered:
+        record["completions"] = [cells[n] for n in numbered]
+        record[_LABELS] = numbered
+    if any(v is _INVALID for v in record.values()):
+        return None
+    return record
+
+
+
+def _csv_records(text: str, max_rows: int, problems: _Problems) -> Iterator[tuple[int, dict[str, Any] | None]]:
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    try:
+        header = next(reader)
+    except csv.Error as exc:
+        raise problems.fatal(1, "csv", f"unreadable header: {exc}") from None
+    columns = [name.strip() for name in header]
+    _check_columns(columns, problems, 1)
+    problems.raise_if_any()
+    is_pairs = "chosen" in columns or "rejected" in columns
+    rows = 0
+    line = reader.line_num + 1
+    while True:
+        try:
+            cells = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as exc:
+            # The reader cannot resynchronise after a broken quote; report where the record started.
+            raise problems.fatal(line, "csv", f"malformed CSV: {exc}") from None
+        start, line = line, reader.line_num + 1
+        if not any(cell.strip() for cell in cells):
+            continue
+        rows += 1
+        if rows > max_rows:
+            raise problems.fatal(start, "file", _too_many_rows(max_rows))
+        if len(cells) != len(columns):
+            problems.add(start, "csv", f"{len(cells)} cells but the header has {len(columns)} columns")
+            yield start, None
+            continue
+        present: dict[str, Any] = {}
+        for name, cell in zip(columns, cells, strict=True):
+            if cell.strip() == "":
+                continue  # an empty cell means "not given"
+            if name in ("p", "margin", "weight"):
+                present[name] = _number_cell(cell.strip(), name, start, problems)
+            elif name == "split":
+                present[name] = cell.strip()
+            else:
+                present[name] = cell
+        record = _cells_to_record(present, columns, start, problems)
+        if record is not None and is_pairs:
+            record.setdefault("chosen", _MISSING)
+            record.setdefault("rejected", _MISSING)
+        yield start, record
+
+
+def _parquet_records(data: bytes, max_rows: int, problems: _Problems) -> Iterator[tuple[int, dict[str, Any] | None]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(io.BytesIO(data))
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise _reject(0, "file", f"not a readable Parquet file: {exc}") from None
+    if parquet.metadata.num_rows > max_rows:
+        raise _reject(0, "file", _too_many_rows(max_rows))
+    columns = list(parquet.schema_arrow.names)
+    _check_columns(columns, problems, 0)
+    problems.raise_if_any()
+    is_pairs = "chosen" in columns or "rejected" in columns
+    row = 0
+    try:
+        for batch in parquet.iter_batches(batch_size=4096):
+            for values in batch.to_pylist():
+                row += 1
+                present = {k: v for k, v in values.items() if v is not None}
+                record = _cells_to_record(present, columns, row, problems)
+                if record is not None and is_pairs:
+                    record.setdefault("chosen", _MISSING)
+                    record.setdefault("rejected", _MISSING)
+                yield row, record
+    except (pa.ArrowException, OSError) as exc:
+        raise problems.fatal(row + 1, "file", f"unreadable Parquet data: {exc}") from None
+
+
+# --- validation shared by all formats -----------------------------------------------------------
+
+_MISSING: Any = object()
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list | tuple):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def _unstorable(text: str) -> str | None:
+    """Why Postgres would refuse this string, if it would: NUL bytes and unpaired surrogates."""
+    if "\x00" in text:
+        return "contains a NUL character"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "contains an unpaired UTF-16 surrogate"
+    return None
+
+
+class _RowCheck:
+    """Validation of one record; every problem is added to `problems`, and `ok` says whether any was found."""
+
+    def __init__(self, record: dict[str, Any], line: int, problems: _Problems) -> None:
+        self.record = record
+        self.line = line
+        self.problems = problems
+        self.ok = True
+
+    def fail(self, field: str, message: str) -> None:
+        self.ok = False
+        self.problems.add(self.line, field, message)
+
+    def text(self, value: Any, field: str, *, required: bool = True) -> str | None:
+        if value is _MISSING or value is None:
+            if required:
+                self.fail(field, "missing" if value is _MISSING else "must be a string, got null")
+            return None
+        if not isinstance(value, str):
+            self.fail(field, f"must be a string, got {_type_name(value)}")
+            return None
+        if not value.strip():
+            self.fail(field, "must not be empty")
+            return None
+        if len(value) > MAX_TEXT_CHARS:
+            self.fail(field, f"{len(value)} characters; the limit is {MAX_TEXT_CHARS}")
+            return None
+        if (why := _unstorable(value)) is not None:
+            self.fail(field, why)
+            return None
+        return value
+
+    def number(self, name: str, default: float, low: float, high: float | None, *, integer: bool = False) -> float:
+        value = self.record.get(name)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            self.fail(name, f"must be a number, got {_type_name(value)}")
+            return default
+        if integer and value != int(value):
+            self.fail(name, f"must be a whole number, got {value}")
+            return default
+        if value < low or (high is not None and value > high):
+            bounds = f"between {low:g} and {high:g}" if high is not None else f"at least {low:g}"
+            self.fail(name, f"must be {bounds}, got {value:g}")
+            return default
+        return int(value) if integer else float(value)
+
+    def split(self) -> str | None:
+        value = self.record.get("split")
+        if value is None:
+            return None
+        if value not in SPLITS:
+            self.fail("split", f"must be one of {', '.join(SPLITS)}, got {value!r}")
+            return None
+        return str(value)
+
+    def messages(self, value: Any) -> list[dict[str, str]] | None:
+        if not isinstance(value, list):
+            self.fail("messages", f"must be an array of {{role, content}} objects, got {_type_name(value)}")
+            return None
+        if not value:
+            self.fail("messages", "must hold at least one message")
+            return None
+        if len(value) > MAX_MESSAGES:
+            self.fail("messages", f"{len(value)} messages; the limit is {MAX_MESSAGES}")
+            return None
+        out: list[dict[str, str]] = []
+        for i, message in enumerate(value):
+            where = f"messages[{i}]"
+            if not isinstance(message, dict):
+                self.fail(where, f"must be an object with role and content, got {_type_name(message)}")
+                continue
+            for key in message:
+                if key not in ("role", "content"):
+                    self.fail(f"{where}.{key}", "unknown field; a message has role and content")
+            role = message.get("role", _MISSING)
+            if role is _MISSING:
+                self.fail(f"{where}.role", "missing")
+            elif role not in CHAT_ROLES:
+                self.fail(f"{where}.role", f"must be one of {', '.join(CHAT_ROLES)}, got {role!r}")
+            content = self.text(message.get("content", _MISSING), f"{where}.content")
+            if role in CHAT_ROLES and content is not None:
+                out.append({"role": role, "content": content})
+        if len(out) == len(value) and not any(m["role"] == "user" for m in out):
+            self.fail("messages", "needs at least one user message")
+        return out if len(out) == len(value) else None
+
+    def prompt(self, *, required: bool) -> tuple[str, list[dict[str, str]] | None] | None:
+        """(text, messages) from `prompt` or `messages`; None when absent (and not required) or invalid."""
+        has_text = self.record.get("prompt") is not None
+        has_messages = self.record.get("messages") is not None
+        if has_text and has_messages:
+            self.fail("messages", "give either prompt or messages, not both")
+            return None
+        if has_messages:
+            messages = self.messages(self.record["messages"])
+            return (render_messages(messages), messages) if messages is not None else None
+        if required and "prompt" not in self.record and "messages" not in self.record:
+            self.fail("prompt", "missing; give prompt (text) or messages (a chat)")
+            return None
+        if has_text or required:
+            text = self.text(self.record.get("prompt", _MISSING), "prompt")
+            return (text.strip(), None) if text is not None else None
+        return None
+
+    def metadata(self) -> dict[str, Any]:
+        value = self.record.get("metadata")
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            self.fail("metadata", f"must be an object, got {_type_name(value)}")
+            return {}
+        if (why := _json_problem(value)) is not None:
+            self.fail("metadata", why)
+            return {}
+        if len(json.dumps(value, ensure_ascii=False, separators=(",", ":"))) > MAX_METADATA_CHARS:
+            self.fail("metadata", f"longer than {MAX_METADATA_CHARS} characters as JSON")
+            return {}
+        return value
+
+    def unknown_fields(self, allowed: tuple[str, ...], kind: Kind) -> None:
+        for key in self.record:
+            if key in allowed or key == _LABELS:
+                continue
+            other = PAIR_FIELDS if kind == "prompts" else PROMPT_FIELDS
+            hint = " (it belongs to the other kind of row)" if key in other else ""
+            self.fail(key, f"unknown field for {'a prompt' if kind == 'prompts' else 'a pair'} row{hint}; "
+                      f"expected {', '.join(allowed)}")
+
+
+def _json_problem(value: Any) -> str | None:
+    """Why `value` cannot be stored as JSON on both databases (depth, key types, NaN, NUL), if it cannot."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return f"nested more than {MAX_DEPTH} levels deep"
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    return f"object keys must be strings, got {_type_name(key)}"
+                if (why := _unstorable(key)) is not None:
+                    return f"key {key[:40]!r} {why}"
+                stack.append((child, depth + 1))
+        elif isinstance(item, list | tuple):
+            stack.extend((child, depth + 1) for child in item)
+        elif isinstance(item, str):
+            if (why := _unstorable(item)) is not None:
+                return f"a string value {why}"
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return "NaN and Infinity are not JSON"
+        elif not (item is None or isinstance(item, bool | int)):
+            return f"values must be JSON (string, number, boolean, null, array, object), got {_type_name(item)}"
+    return None
+
+
+def _prompt_row(check: _RowCheck) -> PromptRow | None:
+    record, line = check.record, check.line
+    check.unknown_fields(PROMPT_FIELDS, "prompts")
+    prompt = check.prompt(required=True)
+    completions: list[str] = []
+    raw = record.get("completions")
+    labels: list[str] | None = record.get(_LABELS)
+    if raw is not None and not isinstance(raw, list):
+        check.fail("completions", f"must be an array of strings, got {_type_name(raw)}")
+    elif raw is not None:
+        first_seen: dict[str, str] = {}
+        for i, value in enumerate(raw):
+            name = labels[i] if labels else f"completions[{i}]"
+            text = check.text(value, name)
+            if text is None:
+                continue
+            if text in first_seen:
+                check.fail(name, f"same text as {first_seen[text]}; each completion must differ")
+                continue
+            first_seen[text] = name
+            completions.append(text)
+    reference = check.text(record.get("reference"), "reference", required=False)
+    split = check.split()
+    metadata = check.metadata()
+    if not check.ok or prompt is None:
+        return None
+    text, messages = prompt
+    return PromptRow(
+        line=line,
+        text=text,
+        messages=messages,
+        text_hash=prompt_text_hash(text=text if messages is None else None, messages=messages),
+        completions=completions,
+        reference=reference,
+        split=split or "train",
+        metadata=metadata,
+    )
+
+
+def split_hh(chosen: str, rejected: str) -> tuple[str, str, str] | None:
+    """HH-RLHF layout: (prompt, chosen response, rejected response), the prompt being the shared text up to
+    and including the last "\\n\\nAssistant:"; None when the two share no such prefix."""
+    shared = os.path.commonprefix([chosen, rejected])
+    cut = shared.rfind(HH_ASSISTANT)
+    if cut < 0:
+        return None
+    cut += len(HH_ASSISTANT)
+    return chosen[:cut].strip(), chosen[cut:].strip(), rejected[cut:].strip()
+
+
+def _pair_row(check: _RowCheck) -> PairRow | None:
+    record = check.record
+    check.unknown_fields(PAIR_FIELDS, "pairs")
+    prompt = check.prompt(required=False)
+    chosen = check.text(record.get("chosen", _MISSING), "chosen")
+    rejected = check.text(record.get("rejected", _MISSING), "rejected")
+    p = check.number("p", 1.0, 0.0, 1.0)
+    margin = int(check.number("margin", 1, 1, None, integer=True))
+    weight = check.number("weight", 1.0, 0.0, None)
+    split = check.split()
+    if chosen is None or rejected is None:
+        return None
+    has_prompt = record.get("prompt") is not None or record.get("messages") is not None
+    if not has_prompt:
+        parts = split_hh(chosen, rejected)
+        if parts is None:
+            check.fail("prompt", "missing, and chosen and rejected share no prefix ending in '\\n\\nAssistant:' "
+                       "(the HH-RLHF layout) to take the prompt from; add a prompt field")
+            return None
+        text, chosen, rejected = parts
+        prompt = (text, None)
+        if not chosen:
+            check.fail("chosen", "no response after the prompt")
+        if not rejected:
+            check.fail("rejected", "no response after the prompt")
+    if chosen.strip() == rejected.strip() and chosen and rejected:
+        check.fail("rejected", "same text as chosen; a pair needs two different responses")
+    if not check.ok or prompt is None:
+        return None
+    text, messages = prompt
+    return PairRow(
+        line=check.line,
+        text=text,
+        messages=messages,
+        text_hash=prompt_text_hash(text=text if messages is None else None, messages=messages),
+        chosen=chosen,
+        rejected=rejected,
+        p=p,
+        margin=margin,
+        weight=weight,
+        split=split,
+    )
+
+
+def _row_kind(record: dict[str, Any]) -> Kind:
+    return "pairs" if ("chosen" in record or "rejected" in record) else "prompts"
+
+
+def _validate_records(
+    records: Iterator[tuple[int, dict[str, Any] | None]], problems: _Problems
+) -> tuple[Kind, list[PromptRow], list[PairRow]]:
+    kind: Kind | None = None
+    first_line = 0
+    mixed_reported = False
+    prompts: list[PromptRow] = []
+    pairs: list[PairRow] = []
+    seen_any = False
+    for line, record in records:
+        seen_any = True
+        if record is None:
+            continue
+        row_kind = _row_kind(record)
+        if kind is None:
+            kind, first_line = row_kind, line
+        elif row_kind != kind:
+            if not mixed_reported:
+                what = "a pair row (it has chosen/rejected)" if row_kind == "pairs" else "a prompt row"
+                first = "prompt rows" if kind == "prompts" else "pair rows"
+                problems.add(line, "chosen", f"{what} in a file of {first} (from line {first_line}); "
+                             "a file holds one kind")
+                mixed_reported = True
+            continue
+        check = _RowCheck(record, line, problems)
+        if kind == "prompts":
+            if (prompt_row := _prompt_row(check)) is not None:
+                prompts.append(prompt_row)
+        elif (pair_row := _pair_row(check)) is not None:
+            pairs.append(pair_row)
+    if not seen_any:
+        raise problems.fatal(0, "file", "the file holds no rows")
+    return kind or "prompts", prompts, pairs
+
