@@ -154,22 +154,23 @@ def _prompt_values(project_id: int, row: PromptRow | PairRow, split: str) -> dic
 
 
 def _insert_prompts(db: Session, values: list[dict[str, Any]]) -> list[int]:
-    """Insert prompts, returning their ids in the order given.
+    """Insert prompts in the order given (ids follow file order), returning their ids.
 
-    Chats and plain prompts go in separate statements: leaving `messages` out for plain prompts stores SQL
-    NULL, where an explicit None would store the JSON value null, and one executemany needs one key set.
+    Plain prompts leave `messages` out, which stores SQL NULL (an explicit None would store the JSON value
+    null); one executemany needs one key set, so each run of consecutive rows with the same keys is one
+    statement.
     """
-    ids: list[int | None] = [None] * len(values)
-    for with_messages in (True, False):
-        positions = [i for i, v in enumerate(values) if ("messages" in v) is with_messages]
-        if not positions:
-            continue
-        new_ids = db.scalars(
-            insert(Prompt).returning(Prompt.id, sort_by_parameter_order=True), [values[i] for i in positions]
-        ).all()
-        for i, new_id in zip(positions, new_ids, strict=True):
-            ids[i] = new_id
-    return [i for i in ids if i is not None]
+    ids: list[int] = []
+    start = 0
+    while start < len(values):
+        end = start
+        while end < len(values) and ("messages" in values[end]) == ("messages" in values[start]):
+            end += 1
+        ids.extend(
+            db.scalars(insert(Prompt).returning(Prompt.id, sort_by_parameter_order=True), values[start:end]).all()
+        )
+        start = end
+    return ids
 
 
 # --- prompt rows --------------------------------------------------------------------------------
