@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Annotated
 from urllib.parse import quote, urlsplit
 
@@ -15,6 +16,14 @@ from app.services import users
 from app.web import CSRF_FIELD, CSRF_HEADER, SESSION_COOKIE, browser_id
 
 UNSAFE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
+
+
+@dataclass(frozen=True)
+class UserView:
+    id: int
+    email: str
+    name: str
+    role: str
 
 
 def get_db(request: Request) -> Iterator[Session]:
@@ -57,7 +66,8 @@ def optional_user(request: Request, db: SessionDep) -> User | None:
     else:
         user = users.user_for_session(db, request.cookies.get(SESSION_COOKIE))
         request.state.auth = "session" if user else None
-    request.state.user = user
+    # Templates get a plain snapshot: error pages render after the session rolled back and closed.
+    request.state.user = UserView(id=user.id, email=user.email, name=user.name, role=user.role) if user else None
     return user
 
 

@@ -225,3 +225,16 @@ def token_for() -> Callable[[Session, object], str]:
 
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _fast_password_hashing() -> Iterator[None]:
+    """argon2id with minimal cost in tests: the same algorithm and format, a fraction of the CPU."""
+    from argon2 import PasswordHasher
+
+    from app import security
+
+    original = security._hasher
+    security._hasher = PasswordHasher(time_cost=1, memory_cost=8 * 1024, parallelism=1)
+    yield
+    security._hasher = original

@@ -1,0 +1,53 @@
+"""Start-up configuration: production refuses a missing or placeholder secret; URLs are normalised."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from app.settings import Settings, SettingsError, load_settings
+
+
+def test_production_without_secret_refuses_to_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PREFLAB_ENV", "production")
+    monkeypatch.delenv("PREFLAB_SECRET_KEY", raising=False)
+    with pytest.raises(SettingsError, match="PREFLAB_SECRET_KEY"):
+        load_settings()
+
+
+@pytest.mark.parametrize("secret", ["changeme", "secret", "short-but-not-placeholder"])
+def test_production_with_placeholder_or_short_secret_refuses(monkeypatch: pytest.MonkeyPatch, secret: str) -> None:
+    monkeypatch.setenv("PREFLAB_ENV", "production")
+    monkeypatch.setenv("PREFLAB_SECRET_KEY", secret)
+    with pytest.raises(SettingsError, match="PREFLAB_SECRET_KEY"):
+        load_settings()
+
+
+def test_bad_value_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PREFLAB_ENV", "staging")
+    with pytest.raises(SettingsError, match="PREFLAB_ENV"):
+        load_settings()
+    monkeypatch.setenv("PREFLAB_ENV", "dev")
+    monkeypatch.setenv("PREFLAB_DATABASE_URL", "mysql://x@y/z")
+    with pytest.raises(SettingsError, match="PREFLAB_DATABASE_URL"):
+        load_settings()
+
+
+def test_plain_postgres_url_is_mapped_to_psycopg3() -> None:
+    assert Settings(database_url="postgresql://u@h:5432/db").database_url == "postgresql+psycopg://u@h:5432/db"
+    assert Settings(database_url="postgres://u@h/db").database_url == "postgresql+psycopg://u@h/db"
+
+
+def test_dev_secret_is_generated_once_with_owner_only_permissions(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    settings = Settings(env="dev", data_dir=tmp_path)
+    first = settings.resolved_secret()
+    assert len(first) >= 40 and first == settings.resolved_secret()
+    mode = stat.S_IMODE(os.stat(tmp_path / "secret_key").st_mode)
+    assert mode == 0o600
+
+
+def test_production_cookies_are_secure() -> None:
+    assert Settings(env="production", secret_key="x" * 40).cookies_secure
+    assert not Settings(env="dev").cookies_secure
