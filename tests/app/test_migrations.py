@@ -16,14 +16,16 @@ from tests.conftest import _reset_postgres, pg_url
 def empty_url(request: pytest.FixtureRequest, tmp_path) -> str:  # type: ignore[no-untyped-def]
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/roundtrip.db"
-    url = pg_url().rsplit("/", 1)[0] + "/preflab_migrations"
+    base, _, name = pg_url().rpartition("/")
+    scratch = f"{name.split('?')[0]}_migrations"  # beside the test database, so parallel CI runs don't collide
+    url = f"{base}/{scratch}"
     admin = create_engine(pg_url(), isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         from sqlalchemy import text
 
-        exists = conn.execute(text("SELECT 1 FROM pg_database WHERE datname = 'preflab_migrations'")).scalar()
+        exists = conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": scratch}).scalar()
         if not exists:
-            conn.execute(text("CREATE DATABASE preflab_migrations"))
+            conn.execute(text(f'CREATE DATABASE "{scratch}"'))
     admin.dispose()
     _reset_postgres(url)
     return url

@@ -1,0 +1,31 @@
+# preflab web app and worker image: migrations on start, then uvicorn. Build: `docker build -t preflab .`
+# Run:  docker run -p 8000:8000 -e PREFLAB_SECRET_KEY=... -e PREFLAB_DATABASE_URL=postgresql://... preflab
+
+FROM node:20-slim AS vendor
+WORKDIR /build
+COPY package.json .npmrc ./
+RUN npm install --no-audit --no-fund --loglevel=error \
+ && mkdir -p vendor \
+ && cp node_modules/htmx.org/dist/htmx.min.js node_modules/sortablejs/Sortable.min.js vendor/ \
+ && cp node_modules/htmx.org/LICENSE vendor/LICENSE-htmx && cp node_modules/sortablejs/LICENSE vendor/LICENSE-sortablejs
+
+FROM python:3.11-slim
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
+    PREFLAB_ENV=production PREFLAB_DATA_DIR=/data HF_HUB_OFFLINE=1
+# CPU wheels keep the image small; pass --build-arg TORCH_INDEX=... for a CUDA build.
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+RUN pip install "torch==2.13.0" --index-url "$TORCH_INDEX"
+WORKDIR /srv/preflab
+COPY pyproject.toml README.md ./
+COPY app app
+COPY training training
+COPY migrations migrations
+COPY templates templates
+COPY --from=vendor /build/vendor app/static/vendor
+RUN pip install -e . && useradd --system --uid 10001 --home-dir /data preflab \
+ && mkdir -p /data && chown preflab /data
+USER preflab
+VOLUME /data
+EXPOSE 8000
+HEALTHCHECK --interval=30s --timeout=5s CMD python -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/healthz').status != 200)"
+CMD ["sh", "-c", "preflab migrate && exec preflab serve --host 0.0.0.0 --port 8000"]

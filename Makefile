@@ -1,0 +1,54 @@
+# preflab: `make demo` runs the product on SQLite; `make test` runs the test suite.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: demo test lint setup setup-dev vendor serve bench clean
+
+$(BIN)/python:
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' \
+	  || { echo "preflab needs Python 3.11 or newer (set PYTHON=python3.11)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# torch is installed first and pinned, so `torch>=2.6` in pyproject is already met (a CPU build where one is at hand).
+$(BIN)/.torch: $(BIN)/python
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "torch==2.13.0"
+	@touch $@
+
+vendor: app/static/vendor/htmx.min.js
+
+app/static/vendor/htmx.min.js: package.json
+	@command -v npm >/dev/null || { echo "npm is needed once to fetch the pinned front-end libraries"; exit 1; }
+	npm install --no-audit --no-fund --loglevel=error
+	mkdir -p app/static/vendor
+	cp node_modules/htmx.org/dist/htmx.min.js node_modules/sortablejs/Sortable.min.js app/static/vendor/
+	cp node_modules/htmx.org/LICENSE app/static/vendor/LICENSE-htmx
+	cp node_modules/sortablejs/LICENSE app/static/vendor/LICENSE-sortablejs
+
+setup: $(BIN)/.torch vendor
+	$(BIN)/pip install -q -e .
+
+setup-dev: $(BIN)/.torch vendor
+	$(BIN)/pip install -q -e ".[dev]"
+
+demo: setup
+	$(BIN)/preflab demo --host $(HOST) --port $(PORT)
+
+serve: setup
+	$(BIN)/preflab serve --host $(HOST) --port $(PORT)
+
+test: setup-dev
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+lint: setup-dev
+	$(BIN)/ruff check .
+
+bench: setup-dev
+	$(BIN)/pip install -q -e ".[bench]"
+	$(BIN)/python benchmarks/bench_training.py
+
+clean:
+	rm -rf $(VENV) node_modules app/static/vendor

@@ -1,0 +1,90 @@
+"""`preflab demo` end to end: a real server on a free port, real HTTP, the accounts it prints."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+CSRF_RE = re.compile(r'name="csrf_token" value="([0-9a-f]{64})"')
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def demo_server(tmp_path: Path):  # type: ignore[no-untyped-def]
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFLAB_")}
+    env.update(PREFLAB_DATA_DIR=str(tmp_path / "data"), PREFLAB_DATABASE_URL=f"sqlite:///{tmp_path}/data/demo.db")
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "demo", "--port", str(port)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = ""
+    deadline = time.monotonic() + 90
+    try:
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()  # type: ignore[union-attr]
+            if not line and proc.poll() is not None:
+                pytest.fail(f"demo exited early:\n{output}")
+            output += line
+            if "Uvicorn running" in line or "Application startup complete" in line:
+                break
+        accounts = {m.group(1): (m.group(2), m.group(3)) for m in
+                    re.finditer(r"^\s+(\w+)\s+(\S+@example\.org)\s+(\S+)$", output, re.M) if m.group(1) != "annotator"}
+        accounts["annotator"] = next((m.group(1), m.group(2)) for m in
+                                     re.finditer(r"^\s+annotator\s+(\S+)\s+(\S+)$", output, re.M))
+        yield f"http://127.0.0.1:{port}", accounts, output
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _login(base: str, email: str, password: str) -> tuple[httpx.Client, str]:
+    client = httpx.Client(base_url=base, follow_redirects=True, timeout=10)
+    csrf = CSRF_RE.search(client.get("/login").text).group(1)  # type: ignore[union-attr]
+    page = client.post("/login", data={"email": email, "password": password, "csrf_token": csrf})
+    assert page.status_code == 200 and "Log out" in page.text, page.text[:500]
+    return client, CSRF_RE.search(page.text).group(1)  # type: ignore[union-attr]
+
+
+@pytest.mark.slow
+def test_demo_serves_a_working_project(demo_server) -> None:  # type: ignore[no-untyped-def]
+    base, accounts, output = demo_server
+    assert "Log in at" in output and set(accounts) == {"admin", "lead", "annotator"}
+    assert httpx.get(f"{base}/healthz").json() == {"status": "ok", "database": "ok"}
+
+    annotator, _ = _login(base, *accounts["annotator"])
+    projects = annotator.get("/projects").text
+    assert "GSM8K solutions (demo)" in projects
+    project_path = re.search(r'href="(/projects/\d+)"', projects).group(1)  # type: ignore[union-attr]
+    page = annotator.get(project_path).text
+    assert '<dd id="count-prompts">100</dd>' in page and '<dd id="count-completions">400</dd>' in page
+    assert "Correct first" in page
+
+    # The lead edits the rubric (a new version shows in the history) and imports a file.
+    lead, csrf = _login(base, *accounts["lead"])
+    editor = lead.get(f"{project_path}/rubric").text
+    csrf = CSRF_RE.search(editor).group(1)  # type: ignore[union-attr]
+    saved = lead.post(f"{project_path}/rubric", data={"text": "Correct answers first, always.", "criteria": "Correct",
+                                                      "base_version": "1", "csrf_token": csrf, "note": "shorter"})
+    assert saved.status_code == 200 and 'id="v2"' in saved.text and "shorter" in saved.text
+    rows = "\n".join(json.dumps({"prompt": f"What is {i}+{i}?", "completions": [str(2 * i), str(2 * i + 1)]})
+                     for i in range(3))
+    imported = lead.post(f"{project_path}/import", data={"csrf_token": csrf, "on_duplicate": "error"},
+                         files={"file": ("extra.jsonl", rows.encode())})
+    assert imported.status_code == 201 and "Imported 3 prompts, 6 completions" in imported.text, imported.text[-1500:]
+    assert '<dd id="count-prompts">103</dd>' in lead.get(project_path).text
