@@ -132,6 +132,7 @@ class Project(Base):
     __table_args__ = (
         CheckConstraint("completions_per_prompt >= 2 AND completions_per_prompt <= 16", name="k_range"),
         CheckConstraint("overlap >= 1 AND overlap <= 50", name="overlap_range"),
+        CheckConstraint("lease_minutes >= 1 AND lease_minutes <= 1440", name="lease_range"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -140,6 +141,8 @@ class Project(Base):
     completions_per_prompt: Mapped[int] = mapped_column(Integer)
     overlap: Mapped[int] = mapped_column(Integer, default=1)
     current_round: Mapped[int] = mapped_column(Integer, default=1)
+    lease_minutes: Mapped[int] = mapped_column(Integer, default=30, server_default="30")
+    """How long a task stays reserved for the annotator who opened it."""
     allow_ties: Mapped[bool] = mapped_column(Boolean, default=True)
     allow_partial: Mapped[bool] = mapped_column(Boolean, default=False)
     flags: Mapped[list[str]] = mapped_column(JSONType, default=lambda: ["unsafe", "factually wrong", "off-topic"])
@@ -230,6 +233,8 @@ class Prompt(Base):
     split: Mapped[str] = mapped_column(String(10), default="train")
     reference: Mapped[str | None] = mapped_column(Text)
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSONType, default=dict)
+    gold_tiers: Mapped[list[list[int]] | None] = mapped_column(JSONType)
+    """A known correct order (completion ids, best tier first): a gold task mixed into the queue."""
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
     completions: Mapped[list[Completion]] = relationship(
