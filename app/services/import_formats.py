@@ -724,13 +724,11 @@ def _pair_row(check: _RowCheck) -> PairRow | None:
             check.fail("prompt", "missing, and chosen and rejected share no prefix ending in '\\n\\nAssistant:' "
                        "(the HH-RLHF layout) to take the prompt from; add a prompt field")
             return None
+        # An empty response stays: HH-RLHF has a few (an empty reply preferred to, say, leaking an
+        # address), and they are real labels.
         text, chosen, rejected = parts
         prompt = (text, None)
-        if not chosen:
-            check.fail("chosen", "no response after the prompt")
-        if not rejected:
-            check.fail("rejected", "no response after the prompt")
-    if chosen.strip() == rejected.strip() and chosen and rejected:
+    if chosen.strip() == rejected.strip():
         check.fail("rejected", "same text as chosen; a pair needs two different responses")
     if not check.ok or prompt is None:
         return None

@@ -7,14 +7,16 @@ and, for pairs, one imported Ranking with its Pair per row, plus one AuditEvent.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sqlalchemy import insert, select
+from sqlalchemy import JSON, insert, select, text
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.orm import Session
 
-from app.models import Completion, Pair, Project, Prompt, Ranking, User
+from app.models import Base, Completion, Pair, Project, Prompt, Ranking, User
 from app.services import audit
 from app.services.import_formats import (
     MAX_ERRORS,
@@ -153,24 +155,80 @@ def _prompt_values(project_id: int, row: PromptRow | PairRow, split: str) -> dic
     return values
 
 
-def _insert_prompts(db: Session, values: list[dict[str, Any]]) -> list[int]:
-    """Insert prompts in the order given (ids follow file order), returning their ids.
+def _bulk_insert(db: Session, model: type[Base], rows: list[dict[str, Any]], *, ids: bool = False) -> list[int]:
+    """Insert many rows (keys are attribute names; a missing key means SQL NULL or the column's default),
+    in the order given, returning their new ids when `ids` is set.
 
-    Plain prompts leave `messages` out, which stores SQL NULL (an explicit None would store the JSON value
-    null); one executemany needs one key set, so each run of consecutive rows with the same keys is one
-    statement.
+    Postgres gets COPY, several times faster than batched INSERTs for tens of thousands of rows, with ids
+    drawn from the table's sequence first. Elsewhere each run of rows with the same keys is one executemany
+    (leaving `messages` out stores SQL NULL, where an explicit None would store the JSON value null).
     """
-    ids: list[int] = []
+    if not rows:
+        return []
+    db.flush()
+    if db.get_bind().dialect.name == "postgresql":
+        return _copy_rows(db, model, rows, ids=ids)
+    new_ids: list[int] = []
     start = 0
-    while start < len(values):
+    while start < len(rows):
         end = start
-        while end < len(values) and ("messages" in values[end]) == ("messages" in values[start]):
+        while end < len(rows) and rows[end].keys() == rows[start].keys():
             end += 1
-        ids.extend(
-            db.scalars(insert(Prompt).returning(Prompt.id, sort_by_parameter_order=True), values[start:end]).all()
-        )
+        statement = insert(model)
+        if ids:
+            id_column = sa_inspect(model).primary_key[0]
+            new_ids.extend(
+                db.scalars(statement.returning(id_column, sort_by_parameter_order=True), rows[start:end]).all()
+            )
+        else:
+            db.execute(statement, rows[start:end])
         start = end
-    return ids
+    return new_ids
+
+
+def _copy_rows(db: Session, model: type[Base], rows: list[dict[str, Any]], *, ids: bool) -> list[int]:
+    from psycopg import sql
+
+    mapper = sa_inspect(model)
+    table = mapper.local_table
+    id_column = mapper.primary_key[0]
+    given = {key for row in rows for key in row}
+    columns: list[tuple[str, Any]] = []  # (column name, attribute key or a fixed default value)
+    fixed: dict[str, Any] = {}
+    for attr in mapper.column_attrs:
+        column = attr.columns[0]
+        if column is id_column:
+            continue
+        if attr.key in given:
+            columns.append((column.name, attr.key))
+        elif column.default is not None and column.default.is_scalar:
+            fixed[column.name] = column.default.arg
+        elif column.default is not None and column.default.is_callable:
+            fixed[column.name] = column.default.arg(None)  # utcnow, dict, list: one value for the whole import
+    json_columns = {c.name for c in table.columns if isinstance(c.type, JSON)}
+
+    def cell(name: str, value: Any) -> Any:
+        # COPY's text format takes JSON as its text; serialising here skips psycopg's per-value adapter.
+        return json.dumps(value, ensure_ascii=False) if name in json_columns and value is not None else value
+
+    new_ids: list[int] = []
+    if ids:
+        new_ids = sorted(db.scalars(
+            text("SELECT nextval(pg_get_serial_sequence(:table, :column)) FROM generate_series(1, :n)"),
+            {"table": table.name, "column": id_column.name, "n": len(rows)},
+        ).all())
+    names = ([id_column.name] if ids else []) + [name for name, _ in columns] + list(fixed)
+    statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
+        sql.Identifier(table.name), sql.SQL(", ").join(map(sql.Identifier, names))
+    )
+    fixed_cells = [cell(name, value) for name, value in fixed.items()]
+    driver = db.connection().connection.driver_connection
+    assert driver is not None
+    with driver.cursor() as cursor, cursor.copy(statement) as copy:
+        for i, row in enumerate(rows):
+            values = [cell(name, row.get(key)) for name, key in columns]
+            copy.write_row(([new_ids[i]] if ids else []) + values + fixed_cells)
+    return new_ids
 
 
 # --- prompt rows --------------------------------------------------------------------------------
@@ -214,14 +272,13 @@ def _import_prompts(
         if row.messages is not None:
             item["messages"] = row.messages
         values.append(item)
-    prompt_ids = _insert_prompts(db, values) if values else []
+    prompt_ids = _bulk_insert(db, Prompt, values, ids=True)
     completion_values = [
-        {"prompt_id": prompt_id, "text": text, "source": SOURCE}
+        {"prompt_id": prompt_id, "text": body, "source": SOURCE}
         for prompt_id, row in zip(prompt_ids, keep, strict=True)
-        for text in row.completions
+        for body in row.completions
     ]
-    if completion_values:
-        db.execute(insert(Completion), completion_values)
+    _bulk_insert(db, Completion, completion_values)
     return ImportResult(
         prompts=len(prompt_ids), completions=len(completion_values), pairs=0, skipped_duplicates=skipped
     )
@@ -300,57 +357,47 @@ def _import_pairs(
         if row.messages is not None:
             item["messages"] = row.messages
         values.append(item)
-    if values:
-        prompt_id.update(zip(new_rows, _insert_prompts(db, values), strict=True))
+    prompt_id.update(zip(new_rows, _bulk_insert(db, Prompt, values, ids=True), strict=True))
 
     new_completions: dict[tuple[int, str], None] = {}
     for row in keep:
         pid = prompt_id[row.text_hash]
-        for text in (row.chosen, row.rejected):
-            if (pid, text) not in completion_id:
-                new_completions[(pid, text)] = None
-    if new_completions:
-        ids = db.scalars(
-            insert(Completion).returning(Completion.id, sort_by_parameter_order=True),
-            [{"prompt_id": pid, "text": text, "source": SOURCE} for pid, text in new_completions],
-        ).all()
-        completion_id.update(zip(new_completions, ids, strict=True))
+        for response in (row.chosen, row.rejected):
+            if (pid, response) not in completion_id:
+                new_completions[(pid, response)] = None
+    completion_id.update(zip(new_completions, _bulk_insert(
+        db, Completion, [{"prompt_id": pid, "text": body, "source": SOURCE} for pid, body in new_completions], ids=True
+    ), strict=True))
 
-    ranking_ids: list[int] = []
-    if keep:
-        ranking_ids = list(db.scalars(
-            insert(Ranking).returning(Ranking.id, sort_by_parameter_order=True),
-            [
-                {
-                    "project_id": project.id,
-                    "prompt_id": prompt_id[row.text_hash],
-                    "round": project.current_round,
-                    "source": SOURCE,
-                    "rubric_id": project.current_rubric_id,
-                    "tiers": [
-                        [completion_id[(prompt_id[row.text_hash], row.chosen)]],
-                        [completion_id[(prompt_id[row.text_hash], row.rejected)]],
-                    ],
-                }
-                for row in keep
-            ],
-        ).all())
-        db.execute(
-            insert(Pair),
-            [
-                {
-                    "ranking_id": ranking_id,
-                    "prompt_id": prompt_id[row.text_hash],
-                    "chosen_id": completion_id[(prompt_id[row.text_hash], row.chosen)],
-                    "rejected_id": completion_id[(prompt_id[row.text_hash], row.rejected)],
-                    "margin": row.margin,
-                    "source": SOURCE,
-                    "weight": row.weight,
-                    "p": row.p,
-                }
-                for ranking_id, row in zip(ranking_ids, keep, strict=True)
-            ],
-        )
+    def ids_of(row: PairRow) -> tuple[int, int, int]:
+        pid = prompt_id[row.text_hash]
+        return pid, completion_id[(pid, row.chosen)], completion_id[(pid, row.rejected)]
+
+    labelled = [(row, *ids_of(row)) for row in keep]
+    ranking_ids = _bulk_insert(db, Ranking, [
+        {
+            "project_id": project.id,
+            "prompt_id": pid,
+            "round": project.current_round,
+            "source": SOURCE,
+            "rubric_id": project.current_rubric_id,
+            "tiers": [[chosen], [rejected]],
+        }
+        for _, pid, chosen, rejected in labelled
+    ], ids=True)
+    _bulk_insert(db, Pair, [
+        {
+            "ranking_id": ranking_id,
+            "prompt_id": pid,
+            "chosen_id": chosen,
+            "rejected_id": rejected,
+            "margin": row.margin,
+            "source": SOURCE,
+            "weight": row.weight,
+            "p": row.p,
+        }
+        for ranking_id, (row, pid, chosen, rejected) in zip(ranking_ids, labelled, strict=True)
+    ])
     return ImportResult(
         prompts=len(values),
         completions=len(new_completions),

@@ -122,6 +122,13 @@ def test_hh_split_uses_the_last_assistant_turn_inside_the_shared_prefix():
     assert (pair.chosen, pair.rejected) == ("Why did the chicken", "No.")
 
 
+def test_hh_empty_response_is_a_real_label():
+    # HH-RLHF harmless-base test line 87: the empty reply was preferred to one that leaks an address.
+    data = jsonl({"chosen": "\n\nHuman: address?\n\nAssistant: ", "rejected": "\n\nHuman: address?\n\nAssistant: 12 Elm St"})
+    (pair,) = parse_import("hh.jsonl", data).pairs
+    assert (pair.text, pair.chosen, pair.rejected) == ("Human: address?\n\nAssistant:", "", "12 Elm St")
+
+
 def test_csv_prompt_rows_with_a_completions_json_column():
     data = (
         b"prompt,completions,reference,split,metadata\n"
@@ -271,7 +278,7 @@ def test_bad_prompt_row_names_line_and_field(row: dict, field: str, message: str
         ({"prompt": "q", "chosen": "a", "rejected": "b", "margin": 1.5}, "margin", "must be a whole number, got 1.5"),
         ({"prompt": "q", "chosen": "a", "rejected": "b", "weight": -1}, "weight", "must be at least 0, got -1"),
         ({"chosen": "Human: a", "rejected": "Human: b"}, "prompt", "missing, and chosen and rejected share no prefix ending in '\\n\\nAssistant:' (the HH-RLHF layout) to take the prompt from; add a prompt field"),
-        ({"chosen": "\n\nHuman: a\n\nAssistant: yes", "rejected": "\n\nHuman: a\n\nAssistant:"}, "rejected", "no response after the prompt"),
+        ({"chosen": "\n\nHuman: a\n\nAssistant:", "rejected": "\n\nHuman: a\n\nAssistant: "}, "rejected", "same text as chosen; a pair needs two different responses"),
         ({"prompt": "q", "chosen": "a", "rejected": "b", "completions": ["c"]}, "completions", "unknown field for a pair row (it belongs to the other kind of row); expected prompt, messages, chosen, rejected, p, margin, weight, split"),
     ],
 )

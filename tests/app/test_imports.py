@@ -114,6 +114,22 @@ def test_many_rows_keep_each_prompt_with_its_own_completions(db: Session, projec
     assert mismatched == 0
 
 
+def test_awkward_text_round_trips_exactly(db: Session, project: Project, lead: Any):
+    # Postgres loads through COPY, whose text format gives tabs, newlines, backslashes and \\N meaning.
+    awkward = 'tab\there\nnewline \\N back\\slash "quotes" \r\n é 中文 🙂 \\.'
+    data = jsonl({"prompt": awkward, "completions": [awkward, awkward + "!"], "reference": awkward,
+                  "metadata": {"note": awkward, "nested": {"list": [1, 2.5, None, True]}}})
+    import_file(db, project, "p.jsonl", data, actor=lead)
+    db.commit()
+    db.expire_all()
+    prompt = db.scalar(select(Prompt))
+    assert prompt is not None
+    assert (prompt.text, prompt.reference) == (awkward.strip(), awkward)
+    assert prompt.meta == {"note": awkward, "nested": {"list": [1, 2.5, None, True]}}
+    assert [c.text for c in prompt.completions] == [awkward, awkward + "!"]
+    assert prompt.completions[0].generator_params == {} and prompt.completions[0].seed is None
+
+
 def test_more_completions_than_k_is_refused(db: Session, project: Project, lead: Any):
     data = jsonl({"prompt": "ok", "completions": ["a"]}, {"prompt": "too many", "completions": list("abcde")})
     assert rejection(lambda: import_file(db, project, "p.jsonl", data, actor=lead)) == [
