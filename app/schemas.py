@@ -115,3 +115,51 @@ class UserOut(BaseModel):
 class Health(BaseModel):
     status: str
     database: str
+
+
+class PromptView(BaseModel):
+    id: int
+    text: str | None = None
+    messages: list[dict[str, str]] | None = None
+
+
+class CompletionView(BaseModel):
+    id: int
+    text: str
+
+
+class RubricView(BaseModel):
+    version: int
+    text: str
+    criteria: list[str]
+
+
+class TaskOut(BaseModel):
+    assignment_id: int
+    prompt: PromptView
+    completions: list[CompletionView] = Field(description="In the display order chosen for this annotator.")
+    rubric: RubricView | None
+    lease_expires_at: datetime
+    flags: list[str] = Field(description="Flags this project allows per completion.")
+    skip_reasons: list[str]
+    allow_ties: bool
+    allow_partial: bool
+
+
+class RankingIn(Strict):
+    assignment_id: int | None = Field(default=None, description="The task from /tasks/next (or give prompt_id).")
+    prompt_id: int | None = None
+    tiers: list[list[int]] = Field(default_factory=list,
+                                   description="Completion ids, best tier first; ties share a tier.")
+    rubric_version: int = Field(ge=1, description="The rubric version shown while ranking; 422 if no longer current.")
+    submission_id: str = Field(min_length=1, max_length=64, description="Client id: a retry with it is idempotent.")
+    flags: dict[str, list[str]] = Field(default_factory=dict, description="Completion id → flags.")
+    skipped: bool = False
+    skip_reason: str | None = Field(default=None, max_length=200)
+    seconds_spent: float | None = Field(default=None, ge=0)
+
+
+class RankingOut(BaseModel):
+    ranking_id: int
+    pairs_created: int
+    created: bool

@@ -14,6 +14,7 @@ from app.services import audit, users
 # What each project role may do; admins may do everything everywhere.
 CAN_MANAGE = {"lead"}  # rubric, members, settings
 CAN_IMPORT = {"lead", "engineer"}
+CAN_ANNOTATE = {"annotator", "lead"}
 
 
 def visible_query(user: User):  # type: ignore[no-untyped-def]

@@ -1,0 +1,140 @@
+"""Annotation: the task queue and ranking submission, as JSON API and as the ranking page (same services)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, RedirectResponse, Response
+
+from app.deps import CurrentUser, PageUser, SessionDep
+from app.errors import DomainError, Invalid
+from app.models import Assignment, Completion, Project, Prompt, User
+from app.schemas import CompletionView, PromptView, RankingIn, RankingOut, RubricView, TaskOut
+from app.services import projects, queue, rankings, rubrics
+from app.web import render
+
+router = APIRouter()
+
+RESPONSE_LETTERS = "ABCDEFGHIJKLMNOP"
+
+
+def _annotator_project(db, project_id: int, user: User) -> Project:  # type: ignore[no-untyped-def]
+    project = projects.get_visible(db, project_id, user)
+    projects.require_project_role(db, project, user, projects.CAN_ANNOTATE, "annotate")
+    return project
+
+
+def _task_view(db, project: Project, assignment: Assignment) -> TaskOut:  # type: ignore[no-untyped-def]
+    prompt = db.get(Prompt, assignment.prompt_id)
+    completions = {c.id: c for c in prompt.completions}
+    order = queue.display_order(list(completions), assignment.annotator_id, prompt.id, assignment.round)
+    rubric = rubrics.current(db, project)
+    return TaskOut(
+        assignment_id=assignment.id,
+        prompt=PromptView(id=prompt.id, text=None if prompt.messages else prompt.text, messages=prompt.messages),
+        completions=[CompletionView(id=cid, text=completions[cid].text) for cid in order],
+        rubric=RubricView(version=rubric.version, text=rubric.text, criteria=rubric.criteria) if rubric else None,
+        lease_expires_at=assignment.leased_until, flags=list(project.flags or []),
+        skip_reasons=list(project.skip_reasons or []), allow_ties=project.allow_ties,
+        allow_partial=project.allow_partial,
+    )
+
+
+@router.get("/api/projects/{project_id}/tasks/next", tags=["annotation"], response_model=TaskOut,
+            summary="Lease the next prompt to rank (204 when nothing is left for you)",
+            responses={204: {"description": "Nothing left for this annotator"}})
+def next_task(project_id: int, db: SessionDep, user: CurrentUser) -> Response | TaskOut:
+    project = _annotator_project(db, project_id, user)
+    assignment = queue.next_task(db, project, user)
+    if assignment is None:
+        return Response(status_code=204)
+    return _task_view(db, project, assignment)
+
+
+@router.post("/api/projects/{project_id}/rankings", tags=["annotation"], status_code=201, response_model=RankingOut,
+             summary="Submit a ranking (idempotent per submission_id: a retry answers 200 with the first result)",
+             responses={200: {"model": RankingOut, "description": "This submission_id was already recorded"}})
+def submit_ranking(project_id: int, body: RankingIn, db: SessionDep, user: CurrentUser) -> Response:
+    project = _annotator_project(db, project_id, user)
+    ranking, created = rankings.submit(db, project, user, rankings.RankingInput(**body.model_dump()))
+    out = RankingOut(ranking_id=ranking.id, pairs_created=rankings.pair_count(db, ranking), created=created)
+    return JSONResponse(out.model_dump(), status_code=201 if created else 200)
+
+
+# --- the ranking page ----------------------------------------------------------------------------
+
+def _page_context(db, project: Project, user: User, assignment: Assignment | None, **extra) -> dict:  # type: ignore[no-untyped-def]
+    ctx = {"project": project, "rubric": rubrics.current(db, project),
+           "progress": queue.progress(db, project, user), "letters": RESPONSE_LETTERS,
+           "k": project.completions_per_prompt, "task": None}
+    if assignment is not None:
+        task = _task_view(db, project, assignment)
+        ctx.update(task=task, prompt=db.get(Prompt, assignment.prompt_id), submission_id=uuid.uuid4().hex,
+                   started_at=datetime.now(UTC).timestamp())
+    ctx.update(extra)
+    return ctx
+
+
+@router.get("/projects/{project_id}/annotate", include_in_schema=False)
+def annotate_page(request: Request, project_id: int, db: SessionDep, user: PageUser) -> Response:
+    project = _annotator_project(db, project_id, user)
+    assignment = queue.next_task(db, project, user)
+    return render(request, "annotate.html", _page_context(db, project, user, assignment), block="task")
+
+
+def _tiers_from_form(form, completion_ids: list[int]) -> list[list[int]]:  # type: ignore[no-untyped-def]
+    """`rank_<id>` fields (1..K, equal numbers tie, blank = unranked) → tiers, best first."""
+    by_rank: dict[int, list[int]] = {}
+    for cid in completion_ids:
+        raw = str(form.get(f"rank_{cid}", "")).strip()
+        if not raw:
+            continue
+        if not raw.isdigit() or not 1 <= int(raw) <= len(completion_ids):
+            raise Invalid(f"rank must be a number from 1 to {len(completion_ids)}", field=f"rank_{cid}")
+        by_rank.setdefault(int(raw), []).append(cid)
+    return [by_rank[r] for r in sorted(by_rank)]
+
+
+@router.post("/projects/{project_id}/annotate", include_in_schema=False)
+async def annotate_submit(request: Request, project_id: int, db: SessionDep, user: PageUser) -> Response:
+    project = _annotator_project(db, project_id, user)
+    form = await request.form()
+    try:
+        assignment_id = int(str(form.get("assignment_id", "")))
+    except ValueError:
+        raise Invalid("missing task", field="assignment_id") from None
+    assignment = queue.get_own_assignment(db, project, user, assignment_id)
+    completion_ids = list(db.scalars(Completion.__table__.select().with_only_columns(Completion.id)
+                                     .where(Completion.prompt_id == assignment.prompt_id)))
+    skipped = form.get("action") == "skip"
+    flags: dict[str, list[str]] = {}
+    for cid in completion_ids:
+        names = [str(v) for v in form.getlist(f"flag_{cid}")]
+        if names:
+            flags[str(cid)] = names
+    try:
+        seconds = float(str(form.get("seconds_spent") or "nan"))
+    except ValueError:
+        seconds = None
+    try:
+        with db.begin_nested():
+            body = rankings.RankingInput(
+                assignment_id=assignment.id, tiers=[] if skipped else _tiers_from_form(form, completion_ids),
+                rubric_version=int(str(form.get("rubric_version") or 0)),
+                submission_id=str(form.get("submission_id", ""))[:64], flags=flags, skipped=skipped,
+                skip_reason=str(form.get("skip_reason") or "") if skipped else None, seconds_spent=seconds)
+            ranking, _ = rankings.submit(db, project, user, body)
+    except DomainError as exc:
+        # The ranking stays on screen: HTMX shows this message and keeps the form; a plain POST re-renders it.
+        if request.headers.get("hx-request") == "true":
+            return JSONResponse({"detail": exc.detail()}, status_code=exc.status_code)
+        prev = {cid: str(form.get(f"rank_{cid}", "")) for cid in completion_ids}
+        ctx = _page_context(db, project, user, assignment, error=exc, prev_ranks=prev, prev_flags=flags)
+        return render(request, "annotate.html", ctx, status_code=exc.status_code)
+    if request.headers.get("hx-request") != "true":
+        return RedirectResponse(f"/projects/{project.id}/annotate", status_code=303)
+    following = queue.next_task(db, project, user)
+    ctx = _page_context(db, project, user, following, just_submitted=ranking.id)
+    return render(request, "annotate.html", ctx, block="task")

@@ -1,0 +1,189 @@
+"""Submitting a ranking: validate it against the task, write it and its pairs in one transaction, idempotently."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.errors import Conflict, Invalid
+from app.models import Assignment, Completion, Pair, Project, Prompt, Ranking, User, utcnow
+from app.services import queue, rubrics
+from app.services.pairs import expand_tiers
+
+MAX_SECONDS = 24 * 3600.0
+
+
+@dataclass
+class RankingInput:
+    tiers: list[list[int]]
+    rubric_version: int
+    submission_id: str
+    assignment_id: int | None = None
+    prompt_id: int | None = None
+    flags: dict[str, list[str]] = field(default_factory=dict)
+    skipped: bool = False
+    skip_reason: str | None = None
+    seconds_spent: float | None = None
+
+
+def existing_submission(db: Session, annotator: User, submission_id: str) -> Ranking | None:
+    return db.scalar(select(Ranking).where(Ranking.annotator_id == annotator.id,
+                                           Ranking.client_submission_id == submission_id))
+
+
+def submit(db: Session, project: Project, annotator: User, body: RankingInput) -> tuple[Ranking, bool]:
+    """(ranking, created). The same submission_id again returns the first ranking and writes nothing."""
+    if not body.submission_id or len(body.submission_id) > 64:
+        raise Invalid("must be 1 to 64 characters", field="submission_id")
+    earlier = existing_submission(db, annotator, body.submission_id)
+    if earlier is not None:
+        if earlier.project_id != project.id:
+            raise Invalid("this submission_id was already used for another project", field="submission_id")
+        return earlier, False
+
+    assignment, prompt = _resolve_task(db, project, annotator, body)
+    current = rubrics.current(db, project)
+    if current is None or body.rubric_version != current.version:
+        raise Invalid(f"the rubric changed: you ranked under version {body.rubric_version}, the current version is "
+                      f"{current.version if current else 'none'}; reload the task", field="rubric_version")
+    completion_ids = list(db.scalars(select(Completion.id).where(Completion.prompt_id == prompt.id)))
+    if body.skipped:
+        reason = (body.skip_reason or "").strip()
+        if not reason:
+            raise Invalid("say why you skip", field="skip_reason")
+        if len(reason) > 200:
+            raise Invalid("must be at most 200 characters", field="skip_reason")
+        tiers: list[list[int]] = []
+    else:
+        tiers = validate_tiers(body.tiers, set(completion_ids), allow_ties=project.allow_ties,
+                               allow_partial=project.allow_partial)
+    flags = _validate_flags(body.flags, set(completion_ids), set(project.flags or []))
+    seconds = _seconds(body.seconds_spent, assignment)
+
+    ranking = Ranking(
+        project_id=project.id, prompt_id=prompt.id, round=project.current_round, source="human",
+        annotator_id=annotator.id, rubric_id=current.id, tiers=tiers,
+        display_order=queue.display_order(completion_ids, annotator.id, prompt.id, project.current_round),
+        flags=flags, skipped=body.skipped, skip_reason=(body.skip_reason or "").strip() if body.skipped else None,
+        seconds_spent=seconds, client_submission_id=body.submission_id,
+    )
+    try:
+        with db.begin_nested():
+            db.add(ranking)
+            db.flush()
+            db.add_all(Pair(ranking_id=ranking.id, prompt_id=prompt.id, chosen_id=p.chosen, rejected_id=p.rejected,
+                            margin=p.margin, source="human", weight=1.0, p=1.0) for p in expand_tiers(tiers))
+            assignment.state = "skipped" if body.skipped else "submitted"
+            assignment.completed_at = utcnow()
+            db.flush()
+    except IntegrityError:
+        # A concurrent request with the same submission_id won the race: answer with its ranking.
+        earlier = existing_submission(db, annotator, body.submission_id)
+        if earlier is not None:
+            return earlier, False
+        raise Conflict("you have already ranked this prompt in this round", field="prompt_id") from None
+    return ranking, True
+
+
+def _resolve_task(db: Session, project: Project, annotator: User, body: RankingInput) -> tuple[Assignment, Prompt]:
+    now = utcnow()
+    if body.assignment_id is not None:
+        assignment = db.get(Assignment, body.assignment_id)
+        if assignment is None or assignment.project_id != project.id or assignment.annotator_id != annotator.id:
+            raise Invalid("no such task for you in this project", field="assignment_id")
+        if assignment.state in ("submitted", "skipped"):
+            raise Conflict("this task was already submitted", field="assignment_id")
+        if assignment.state != "leased" or assignment.leased_until <= now:
+            raise Invalid("the lease on this task expired; open the next task to get it again", field="assignment_id")
+        if body.prompt_id is not None and body.prompt_id != assignment.prompt_id:
+            raise Invalid("does not match the task's prompt", field="prompt_id")
+        prompt = db.get(Prompt, assignment.prompt_id)
+        assert prompt is not None
+        return assignment, prompt
+    if body.prompt_id is None:
+        raise Invalid("give assignment_id or prompt_id", field="assignment_id")
+    prompt = db.get(Prompt, body.prompt_id)
+    if prompt is None or prompt.project_id != project.id:
+        raise Invalid("no such prompt in this project", field="prompt_id")
+    # Without a lease: take the prompt's row lock and check there is room left under the overlap.
+    db.execute(select(Prompt.id).where(Prompt.id == prompt.id).with_for_update())
+    assignment = db.scalar(select(Assignment).where(Assignment.prompt_id == prompt.id,
+                                                    Assignment.annotator_id == annotator.id,
+                                                    Assignment.round == project.current_round))
+    if assignment is not None and assignment.state in ("submitted", "skipped"):
+        raise Conflict("you have already ranked this prompt in this round", field="prompt_id")
+    own_active = assignment is not None and assignment.state == "leased" and assignment.leased_until > now
+    if not own_active and prompt.gold_tiers is None:
+        load = db.scalar(select(queue._active_load(prompt.id, project.current_round, now)))
+        if load >= project.overlap:
+            raise Conflict("this prompt already has all the rankings it needs", field="prompt_id")
+    if assignment is None:
+        assignment = Assignment(project_id=project.id, prompt_id=prompt.id, annotator_id=annotator.id,
+                                round=project.current_round, state="leased", leased_until=now)
+        db.add(assignment)
+        db.flush()
+    return assignment, prompt
+
+
+def validate_tiers(tiers: object, allowed: set[int], *, allow_ties: bool, allow_partial: bool) -> list[list[int]]:
+    """Tiers as a clean list of lists of completion ids, or Invalid naming the problem."""
+    if not isinstance(tiers, list) or not all(isinstance(t, list) for t in tiers):
+        raise Invalid("must be a list of tiers, each a list of completion ids", field="tiers")
+    seen: set[int] = set()
+    clean: list[list[int]] = []
+    for i, tier in enumerate(tiers):
+        if not tier:
+            raise Invalid("a tier must not be empty", field=f"tiers[{i}]")
+        if len(tier) > 1 and not allow_ties:
+            raise Invalid("this project does not allow ties", field=f"tiers[{i}]")
+        for j, cid in enumerate(tier):
+            if not isinstance(cid, int) or isinstance(cid, bool):
+                raise Invalid("must be a completion id", field=f"tiers[{i}][{j}]")
+            if cid not in allowed:
+                raise Invalid(f"completion {cid} is not one of this prompt's completions", field=f"tiers[{i}][{j}]")
+            if cid in seen:
+                raise Invalid(f"completion {cid} appears more than once", field=f"tiers[{i}][{j}]")
+            seen.add(cid)
+        clean.append(list(tier))
+    if len(clean) < 2:
+        raise Invalid("rank at least two tiers (all tied says nothing)", field="tiers")
+    if not allow_partial and seen != allowed:
+        missing = sorted(allowed - seen)
+        raise Invalid(f"rank every completion; missing {', '.join(map(str, missing))}", field="tiers")
+    return clean
+
+
+def _validate_flags(flags: object, allowed_ids: set[int], allowed_flags: set[str]) -> dict[str, list[str]]:
+    if not flags:
+        return {}
+    if not isinstance(flags, dict):
+        raise Invalid("must map completion ids to lists of flags", field="flags")
+    out: dict[str, list[str]] = {}
+    for key, names in flags.items():
+        try:
+            cid = int(key)
+        except (TypeError, ValueError):
+            raise Invalid("keys must be completion ids", field=f"flags.{key}") from None
+        if cid not in allowed_ids:
+            raise Invalid(f"completion {cid} is not one of this prompt's completions", field=f"flags.{key}")
+        if not isinstance(names, list) or any(n not in allowed_flags for n in names):
+            raise Invalid(f"flags must be among: {', '.join(sorted(allowed_flags))}", field=f"flags.{key}")
+        if names:
+            out[str(cid)] = sorted(set(names))
+    return out
+
+
+def _seconds(client: float | None, assignment: Assignment) -> float:
+    """The client's measured time, capped by the time since the task was leased (server clock)."""
+    elapsed = max(0.0, (utcnow() - assignment.created_at).total_seconds())
+    if client is None or not math.isfinite(client) or client < 0:
+        return min(elapsed, MAX_SECONDS)
+    return min(float(client), max(elapsed, 1.0), MAX_SECONDS)
+
+
+def pair_count(db: Session, ranking: Ranking) -> int:
+    return int(db.scalar(select(func.count(Pair.id)).where(Pair.ranking_id == ranking.id)) or 0)
