@@ -1,0 +1,138 @@
+"""Agreement and annotator quality: the JSON report, gold tasks, and the lead's dashboard page."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Annotated
+
+from fastapi import APIRouter, Form, Query, Request, Response
+from fastapi.responses import RedirectResponse
+from pydantic import BaseModel, Field
+
+from app.deps import CurrentUser, PageUser, SessionDep
+from app.errors import DomainError
+from app.schemas import Strict
+from app.services import agreement, gold, projects
+from app.web import render
+
+router = APIRouter()
+
+# Who may read the figures: annotators may not (their own numbers would change how they rank).
+CAN_SEE_AGREEMENT = {"lead", "engineer"}
+
+RubricVersionQuery = Annotated[int | None, Query(ge=1, description="Only rankings made under this rubric version.")]
+
+
+class AnnotatorOut(BaseModel):
+    user_id: int
+    email: str
+    name: str
+    rankings: int = Field(description="Human rankings submitted, skips included.")
+    skipped: int
+    skip_share: float | None = Field(description="skipped / rankings.")
+    median_seconds: float | None = Field(description="Median seconds per ranking that was not a skip.")
+    agreement: float | None = Field(
+        description="Mean pairwise agreement with other annotators' rankings of the same prompts: the share of "
+                    "item pairs ranked by both that both order the same way (a tie is a relation of its own).")
+    comparisons: int = Field(description="Ranking pairs behind `agreement`.")
+    kendall_tau: float | None = Field(description="Mean Kendall τ_b over the same comparisons, where defined.")
+    tie_share: float | None = Field(description="Share of non-skipped rankings with a tier of two or more items.")
+    position_rate: float | None = Field(description="Share of rankings whose first-shown item is in the top tier.")
+    position_expected: float | None = Field(
+        description="The rate without position bias: mean |top tier| / items shown, i.e. 1/K without ties.")
+    gold_seen: int = Field(description="Non-skipped rankings of gold prompts.")
+    gold_pairs: int = Field(description="Gold pairs (from the gold tiers) whose two completions were shown.")
+    gold_agreed: int = Field(description="Gold pairs ordered the same way (a tie or an unranked item is a miss).")
+    gold_accuracy: float | None = Field(description="gold_agreed / gold_pairs.")
+
+
+class AgreementOut(BaseModel):
+    project_id: int
+    rubric_version: int | None = Field(description="The rubric version filtered to; null for all versions.")
+    rubric_versions: list[int]
+    overlap: int = Field(description="Rankings wanted per prompt.")
+    total_prompts: int
+    prompts_at_overlap: int = Field(
+        description="Prompts with at least `overlap` non-skipped human rankings in the current round.")
+    human_rankings: int
+    skipped: int
+    shared_prompts: int = Field(description="Prompts ranked by two or more annotators.")
+    comparisons: int = Field(description="Pairs of rankings of one prompt by two different annotators.")
+    mean_agreement: float | None
+    mean_kendall_tau: float | None
+    krippendorff_alpha: float | None = Field(
+        description="Ordinal α over mid-ranks; units are the ranked completions, coders the annotators.")
+    gold_prompts: int
+    annotators: list[AnnotatorOut]
+
+
+class GoldIn(Strict):
+    tiers: list[list[int]] = Field(
+        max_length=16, description="The known correct order: completion ids, best tier first; ties share a tier.")
+
+
+class GoldOut(BaseModel):
+    prompt_id: int
+    gold_tiers: list[list[int]] | None
+
+
+def _readable_project(db, project_id: int, user):  # type: ignore[no-untyped-def]
+    project = projects.get_visible(db, project_id, user)  # 404 for non-members
+    projects.require_project_role(db, project, user, CAN_SEE_AGREEMENT, "see agreement figures")
+    return project
+
+
+@router.get("/api/projects/{project_id}/agreement", tags=["agreement"],
+            summary="Agreement between annotators and per-annotator quality (leads, engineers, admins)",
+            responses={403: {"description": "Annotators may not see the figures"},
+                       404: {"description": "No such project, or not a member"},
+                       422: {"description": "No such rubric version"}})
+def get_agreement(project_id: int, db: SessionDep, user: CurrentUser,
+                  rubric_version: RubricVersionQuery = None) -> AgreementOut:
+    project = _readable_project(db, project_id, user)
+    report = agreement.project_report(db, project, rubric_version=rubric_version)
+    return AgreementOut.model_validate(asdict(report))
+
+
+@router.put("/api/projects/{project_id}/prompts/{prompt_id}/gold", tags=["agreement"],
+            summary="Mark a prompt as a gold task with its known correct order (leads and admins)",
+            responses={422: {"description": "Bad tiers: `detail` names the field"}})
+def put_gold(project_id: int, prompt_id: int, body: GoldIn, db: SessionDep, user: CurrentUser) -> GoldOut:
+    project = projects.get_visible(db, project_id, user)
+    prompt = gold.set_gold(db, project, prompt_id, body.tiers, user)
+    return GoldOut(prompt_id=prompt.id, gold_tiers=prompt.gold_tiers)
+
+
+@router.delete("/api/projects/{project_id}/prompts/{prompt_id}/gold", tags=["agreement"], status_code=204,
+               summary="Turn a gold task back into an ordinary prompt (leads and admins)")
+def delete_gold(project_id: int, prompt_id: int, db: SessionDep, user: CurrentUser) -> Response:
+    project = projects.get_visible(db, project_id, user)
+    gold.clear_gold(db, project, prompt_id, user)
+    return Response(status_code=204)
+
+
+@router.get("/projects/{project_id}/agreement", include_in_schema=False)
+def agreement_page(request: Request, project_id: int, db: SessionDep, user: PageUser,
+                   rubric_version: Annotated[str | None, Query()] = None,
+                   marked: Annotated[int | None, Query()] = None) -> Response:
+    project = _readable_project(db, project_id, user)
+    # The selector submits "" for "all versions"; anything else that is not a number is treated the same.
+    version = int(rubric_version) if rubric_version and rubric_version.isdigit() else None
+    ctx: dict = {"project": project, "marked": marked,
+                 "can_set_gold": projects.may(db, project, user, gold.CAN_SET_GOLD)}
+    try:
+        ctx["report"] = agreement.project_report(db, project, rubric_version=version)
+    except DomainError as exc:
+        ctx["error"] = exc
+        ctx["report"] = agreement.project_report(db, project)
+        return render(request, "agreement.html", ctx, status_code=exc.status_code)
+    return render(request, "agreement.html", ctx)
+
+
+@router.post("/projects/{project_id}/agreement/gold-from-metadata", include_in_schema=False)
+def mark_gold_from_metadata(project_id: int, db: SessionDep, user: PageUser,
+                            limit: Annotated[str, Form(max_length=10)] = "") -> Response:
+    project = projects.get_visible(db, project_id, user)
+    count = gold.gold_from_metadata(db, project, limit=int(limit) if limit.strip().isdigit() else None,
+                                    actor=user)
+    return RedirectResponse(f"/projects/{project.id}/agreement?marked={count}", status_code=303)
