@@ -193,7 +193,7 @@ def _copy_rows(db: Session, model: type[Base], rows: list[dict[str, Any]], *, id
     table = mapper.local_table
     id_column = mapper.primary_key[0]
     given = {key for row in rows for key in row}
-    columns: list[tuple[str, Any]] = []  # (column name, attribute key or a fixed default value)
+    columns: list[tuple[str, str]] = []  # (column name, attribute key) of the values the rows give
     fixed: dict[str, Any] = {}
     for attr in mapper.column_attrs:
         column = attr.columns[0]

@@ -295,3 +295,33 @@ def test_a_bad_file_changes_nothing_even_if_the_caller_commits(db: Session, proj
 def test_unknown_on_duplicate_value_is_a_programming_error(db: Session, project: Project, lead: Any):
     with pytest.raises(ValueError, match="on_duplicate"):
         import_file(db, project, "p.jsonl", jsonl({"prompt": "a"}), actor=lead, on_duplicate="merge")  # type: ignore[arg-type]
+
+
+# --- the API contract -------------------------------------------------------------------------
+
+
+def test_api_import_answers_201_with_counts_and_422_with_line_field_message(
+    db: Session, app: Any, api: Callable[..., Any], token_for: Callable[..., str], project: Project, lead: Any
+):
+    client = api(token_for(db, lead))
+    db.commit()
+    url = f"/api/projects/{project.id}/imports"
+    good = jsonl({"prompt": "Q1", "completions": ["a", "b"]}, {"prompt": "Q2"})
+    response = client.post(url, files={"file": ("prompts.jsonl", good, "application/x-ndjson")})
+    assert response.status_code == 201, response.text
+    assert {k: response.json()[k] for k in ("prompts", "completions", "pairs")} == {"prompts": 2, "completions": 2, "pairs": 0}
+
+    before = table_counts(db)
+    db.rollback()  # end the read: on SQLite every transaction holds the write lock the request needs
+    bad = jsonl({"prompt": "Q3"}, {"prompt": "Q4", "completions": ["x", 2]})
+    response = client.post(url, files={"file": ("prompts.jsonl", bad, "application/x-ndjson")})
+    assert response.status_code == 422
+    assert response.json() == {"detail": [{"line": 2, "field": "completions[1]", "message": "must be a string, got number"}]}
+    assert table_counts(db) == before
+    db.rollback()
+
+    response = client.post(url, files={"file": ("prompts.jsonl", good, "application/x-ndjson")})
+    assert response.status_code == 422
+    assert [(d["line"], d["field"]) for d in response.json()["detail"]] == [(1, "prompt"), (2, "prompt")]
+    response = client.post(url + "?on_duplicate=skip", files={"file": ("prompts.jsonl", good, "application/x-ndjson")})
+    assert response.status_code == 201 and response.json()["skipped_duplicates"] == [1, 2]
