@@ -101,3 +101,14 @@ def write_prompts(path: str | Path, pairs: list[tuple[str, str]], split: str = "
         for prompt, answer in pairs:
             fh.write(json.dumps({"prompt": prompt, "reference": answer, "split": split}) + "\n")
     return path
+
+
+def careless_sft_set(pairs: list[tuple[str, str]], wrong: int = 3, right: int = 2) -> list[tuple[str, str]]:
+    """SFT targets with a systematic slip: per problem `right` copies of the answer and `wrong` copies of answer + 1.
+
+    A model fitted to this samples the right answer only ~right/(right+wrong) of the time, on every
+    prompt alike. RL against exact match has a global habit to unlearn, so what it learns on its
+    training prompts shows on prompts it never trained on (the DeepSeekMath picture: Maj@K rises).
+    """
+    return [(p, a) for p, a in pairs for _ in range(right)] + [(p, str(int(a) + 1)) for p, a in pairs
+                                                               for _ in range(wrong)]

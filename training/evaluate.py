@@ -1,0 +1,294 @@
+"""Held-out evaluation of a policy against its reference: reward, KL, win rate, Pass@K and Maj@K.
+
+`evaluate(...)` is called by the trainers during and after training; `main(argv)` is
+`python -m training evaluate`, which compares two model directories and writes OUT/eval.json
+and OUT/samples.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from training.data import PromptRow
+from training.policy import Reference, Rollouts, batched_logprobs, generate_rollouts
+from training.rewards import RewardFunction, compute_rewards, extract_final_number, parse_reference
+
+
+@dataclass
+class EvalConfig:
+    """Settings of one held-out evaluation."""
+
+    k: int = 4
+    """Samples per prompt: Pass@K, Maj@K and the sampled accuracy are computed from these K."""
+    temperature: float = 1.0
+    """Sampling temperature for the K samples."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold for the K samples."""
+    max_new_tokens: int = 256
+    """Longest response sampled."""
+    max_prompts: int = 0
+    """Evaluate at most this many prompts (0: all)."""
+    stop: list[str] = field(default_factory=list)
+    """Strings that end a response."""
+    seed: int = 1234
+    """Sampling seed, so policy and reference are compared on the same random stream."""
+    batch_size: int = 64
+    """Prompts per generation call."""
+    greedy: bool = True
+    """Also decode greedily once per prompt and report `greedy_accuracy`."""
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise ValueError(f"k must be at least 1, got {self.k}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be positive, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if self.max_prompts < 0:
+            raise ValueError(f"max_prompts must be >= 0, got {self.max_prompts}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {self.batch_size}")
+
+
+def answer_key(text: str) -> Any:
+    """What two answers must share to count as the same vote: the final number, else the stripped text."""
+    number = extract_final_number(text)
+    return number if number is not None else " ".join(text.split()).lower()
+
+
+def reference_key(reference: str) -> Any:
+    number = parse_reference(reference)
+    return number if number is not None else " ".join(reference.split()).lower()
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased Pass@k from n samples with c correct: 1 − C(n−c, k) / C(n, k) (Chen et al. 2021)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def majority_correct(answers: Sequence[str], reference: str) -> bool:
+    """Maj@K: the most common answer (first seen wins a tie) equals the reference."""
+    votes = Counter(answer_key(a) for a in answers)
+    top, _ = votes.most_common(1)[0]
+    return top == reference_key(reference)
+
+
+def _columns(rows: Sequence[PromptRow], repeat: int) -> dict[str, list[Any]]:
+    keys = sorted({k for r in rows for k in r.extra})
+    columns: dict[str, list[Any]] = {"reference": [r.reference for r in rows for _ in range(repeat)]}
+    for key in keys:
+        columns[key] = [r.extra.get(key) for r in rows for _ in range(repeat)]
+    return columns
+
+
+def reward_columns(rows: Sequence[PromptRow], repeat: int) -> dict[str, list[Any]]:
+    """Row fields as reward-function keyword arguments, each repeated for the `repeat` samples of its prompt."""
+    return _columns(rows, repeat)
+
+
+def _side(model: torch.nn.Module, tokenizer: Any, rows: Sequence[PromptRow], functions: Sequence[RewardFunction],
+          config: EvalConfig) -> tuple[dict[str, Any], Rollouts, torch.Tensor, list[str]]:
+    """Sample K answers per prompt from one model and score them."""
+    k = config.k
+    parts = []
+    for start in range(0, len(rows), config.batch_size):
+        chunk = rows[start:start + config.batch_size]
+        parts.append(generate_rollouts(model, tokenizer, [r.prompt for r in chunk], n=k,
+                                       temperature=config.temperature, top_p=config.top_p,
+                                       max_new_tokens=config.max_new_tokens, stop=config.stop or None,
+                                       seed=config.seed + start))
+    texts = [t for p in parts for t in p.texts]
+    rewards = compute_rewards(functions, [r.prompt for r in rows for _ in range(k)], texts, reward_columns(rows, k))
+    lengths = torch.cat([p.lengths.float().cpu() for p in parts])
+    summary: dict[str, Any] = {
+        "reward_mean": rewards.total.mean().item(),
+        "reward_std": rewards.total.std().item() if len(texts) > 1 else 0.0,
+        "response_length": lengths.mean().item(),
+        "ended_fraction": torch.cat([p.ended.float().cpu() for p in parts]).mean().item(),
+    }
+    for name, scores in rewards.per_function.items():
+        if len(functions) > 1:
+            summary[f"reward/{name}"] = torch.nanmean(scores).item()
+    graded = [i for i, r in enumerate(rows) if r.reference is not None]
+    if graded:
+        correct = [[answer_key(texts[i * k + j]) == reference_key(rows[i].reference) for j in range(k)]
+                   for i in graded]
+        summary["accuracy"] = sum(map(sum, correct)) / (len(graded) * k)
+        summary["pass_at_k"] = sum(pass_at_k(k, sum(c), k) for c in correct) / len(graded)
+        summary["maj_at_k"] = sum(majority_correct(texts[i * k:(i + 1) * k], rows[i].reference)
+                                  for i in graded) / len(graded)
+        if config.greedy:
+            greedy = generate_rollouts(model, tokenizer, [rows[i].prompt for i in graded], n=1, greedy=True,
+                                       max_new_tokens=config.max_new_tokens, stop=config.stop or None)
+            summary["greedy_accuracy"] = sum(answer_key(t) == reference_key(rows[i].reference)
+                                             for t, i in zip(greedy.texts, graded, strict=True)) / len(graded)
+    rollouts = parts[0] if len(parts) == 1 else _concat(parts)
+    return summary, rollouts, rewards.total, texts
+
+
+def _concat(parts: list[Rollouts]) -> Rollouts:
+    from torch.nn.functional import pad
+
+    pw = max(p.prompt_ids.shape[1] for p in parts)
+    rw = max(p.response_ids.shape[1] for p in parts)
+    offset, index = 0, []
+    for p in parts:
+        index.append(p.prompt_index + offset)
+        offset += int(p.prompt_index.max().item()) + 1
+    return Rollouts(
+        prompt_ids=torch.cat([pad(p.prompt_ids, (pw - p.prompt_ids.shape[1], 0)) for p in parts]),
+        prompt_mask=torch.cat([pad(p.prompt_mask, (pw - p.prompt_mask.shape[1], 0)) for p in parts]),
+        response_ids=torch.cat([pad(p.response_ids, (0, rw - p.response_ids.shape[1])) for p in parts]),
+        response_mask=torch.cat([pad(p.response_mask, (0, rw - p.response_mask.shape[1])) for p in parts]),
+        old_logp=torch.cat([pad(p.old_logp, (0, rw - p.old_logp.shape[1])) for p in parts]),
+        ended=torch.cat([p.ended for p in parts]), prompt_index=torch.cat(index),
+        prompts=[x for p in parts for x in p.prompts], texts=[x for p in parts for x in p.texts],
+    )
+
+
+@torch.no_grad()
+def evaluate(policy: torch.nn.Module, tokenizer: Any, rows: Sequence[PromptRow], functions: Sequence[RewardFunction],
+             reference: Reference | None = None, config: EvalConfig | None = None,
+             samples_path: str | Path | None = None, reference_summary: dict[str, Any] | None = None
+             ) -> dict[str, Any]:
+    """Sample K answers per held-out prompt from the policy (and the reference), score them, compare.
+
+    Returns {"prompts", "k", "policy": {...}, "reference": {...}, "reward_mean": {policy, reference},
+    "kl", "kl_k3", "win_rate", "pass_at_k", "maj_at_k", "seconds"}. KL is the sequence-level
+    estimate E_y~π[Σ_t log π − log π_ref] on the policy's own samples. The win rate counts, sample
+    by sample, how often the policy's answer out-scores the reference's answer on the same prompt
+    (ties count half). Passing `reference_summary` reuses a reference evaluation already made.
+    """
+    config = config or EvalConfig()
+    rows = list(rows)[: config.max_prompts or None]
+    if not rows:
+        raise ValueError("evaluate: no prompts to evaluate")
+    started = time.perf_counter()
+    was_training = policy.training
+    policy.eval()
+    policy_summary, rollouts, policy_rewards, policy_texts = _side(policy, tokenizer, rows, functions, config)
+    result: dict[str, Any] = {"prompts": len(rows), "k": config.k, "policy": policy_summary}
+    ref_texts: list[str] | None = None
+    if reference is not None:
+        args = (rollouts.input_ids, rollouts.attention_mask, rollouts.response_mask)
+        logp = batched_logprobs(policy, *args, temperature=config.temperature, batch_size=config.batch_size * config.k)
+        ref_logp = reference.logprobs(*args, temperature=config.temperature, batch_size=config.batch_size * config.k)
+        mask = rollouts.response_mask.float()
+        from training.losses import kl_k1, kl_k3, masked_mean, masked_sum
+
+        result["kl"] = masked_sum(kl_k1(logp, ref_logp), mask, dim=-1).mean().item()
+        result["kl_k3"] = masked_mean(kl_k3(logp, ref_logp), mask).item()
+        if reference_summary is None:
+            with reference.active() as ref_model:
+                ref_summary, _, ref_rewards, ref_texts = _side(ref_model, tokenizer, rows, functions, config)
+            ref_summary["_rewards"] = ref_rewards.tolist()
+        else:
+            ref_summary = reference_summary
+        ref_rewards = torch.tensor(ref_summary["_rewards"])
+        wins = (policy_rewards > ref_rewards).float() + 0.5 * (policy_rewards == ref_rewards).float()
+        result["win_rate"] = wins.mean().item()
+        result["reference"] = ref_summary
+    result["reward_mean"] = {"policy": policy_summary["reward_mean"]}
+    for key in ("pass_at_k", "maj_at_k", "accuracy"):
+        if key in policy_summary:
+            result[key] = {"policy": policy_summary[key]}
+    if "reference" in result:
+        for key in ("reward_mean", "pass_at_k", "maj_at_k", "accuracy"):
+            if key in result and key in result["reference"]:
+                result[key]["reference"] = result["reference"][key]
+    result["seconds"] = time.perf_counter() - started
+    if samples_path is not None:
+        _write_samples(samples_path, rows, config.k, policy_texts, policy_rewards, ref_texts,
+                       torch.tensor(result["reference"]["_rewards"]) if "reference" in result else None)
+    if was_training:
+        policy.train()
+    return result
+
+
+def public(result: dict[str, Any]) -> dict[str, Any]:
+    """The result without the private per-sample reward list kept for reuse."""
+    out = dict(result)
+    if "reference" in out:
+        out["reference"] = {k: v for k, v in out["reference"].items() if not k.startswith("_")}
+    return out
+
+
+def _write_samples(path: str | Path, rows: Sequence[PromptRow], k: int, texts: list[str], rewards: torch.Tensor,
+                   ref_texts: list[str] | None, ref_rewards: torch.Tensor | None) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as fh:
+        for i, row in enumerate(rows):
+            for j in range(k):
+                n = i * k + j
+                record = {"prompt": row.prompt, "reference": row.reference, "model": "policy", "sample": j,
+                          "answer": texts[n], "reward": rewards[n].item()}
+                if row.reference is not None:
+                    record["correct"] = answer_key(texts[n]) == reference_key(row.reference)
+                fh.write(json.dumps(record) + "\n")
+                if ref_texts is not None and ref_rewards is not None:
+                    record = {**record, "model": "reference", "answer": ref_texts[n], "reward": ref_rewards[n].item()}
+                    if row.reference is not None:
+                        record["correct"] = answer_key(ref_texts[n]) == reference_key(row.reference)
+                    fh.write(json.dumps(record) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m training evaluate --policy DIR --reference DIR --prompts PATH (--reward-fn F ... | --reward-model DIR)
+    --k K --out DIR [--config run.toml] [--set key=value ...]`."""
+    from training.config import field_docs, load_config
+    from training.data import load_prompts, split_train_heldout
+    from training.policy import load_policy
+    from training.rewards import build_reward_functions
+    from training.run_info import write_json, write_run_config
+
+    docs = field_docs(EvalConfig)
+    parser = argparse.ArgumentParser(prog="python -m training evaluate", description=__doc__.splitlines()[0],
+                                     epilog="config fields: " + "; ".join(f"{k}: {v}" for k, v in docs.items()))
+    parser.add_argument("--policy", required=True, help="model directory of the trained policy")
+    parser.add_argument("--reference", help="model directory of the reference (the policy's starting point)")
+    parser.add_argument("--prompts", required=True, help="prompts export; its held-out split when it has one")
+    parser.add_argument("--reward-fn", action="append", default=[], help="module:function or a built-in name")
+    parser.add_argument("--reward-model", help="preflab reward model directory")
+    parser.add_argument("--k", type=int, help="samples per prompt")
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--config", help="TOML file with EvalConfig fields")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(EvalConfig, args.config, args.set, k=args.k)
+        functions = build_reward_functions(args.reward_fn, reward_model=args.reward_model)
+        rows = load_prompts(args.prompts)
+    except ValueError as exc:
+        parser.error(str(exc))
+    _, heldout = split_train_heldout(rows)
+    rows = heldout or rows
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    policy, tokenizer = load_policy(args.policy, device=device)
+    reference = None
+    if args.reference:
+        ref_model, _ = load_policy(args.reference, device=device)
+        reference = Reference(policy, model=ref_model)
+    out = Path(args.out)
+    result = evaluate(policy, tokenizer, rows, functions, reference, config, samples_path=out / "samples.jsonl")
+    write_json(out / "eval.json", public(result))
+    write_run_config(out, config, data={"prompts": args.prompts},
+                     extra={"policy": args.policy, "reference": args.reference, "reward_fn": args.reward_fn,
+                            "reward_model": args.reward_model})
+    summary = {k: result[k] for k in ("reward_mean", "kl", "win_rate", "pass_at_k", "maj_at_k") if k in result}
+    print(json.dumps(summary))
+    return 0

@@ -1,0 +1,621 @@
+"""GRPO and GSPO: group-relative policy optimisation of a causal LM against reward functions or a reward model.
+
+One step: sample G responses for each of a batch of prompts → score them → group-relative
+advantages (outcome or process) → μ optimisation passes of `grpo_loss` / `gspo_loss`. The math
+lives in `training/losses.py`; this module moves tensors between those functions, logs, evaluates
+and saves. `accelerate launch -m training grpo ...` runs it data-parallel: each process samples
+its own prompts, DDP averages the gradients.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from training.data import PromptRow
+from training.evaluate import EvalConfig, evaluate, public, reward_columns
+from training.losses import (
+    clip_fraction,
+    group_advantages,
+    grpo_loss,
+    gspo_clip_fraction,
+    gspo_loss,
+    kl_k1,
+    kl_k3,
+    masked_mean,
+    masked_sum,
+    process_advantages,
+)
+from training.policy import (
+    LoraSettings,
+    Reference,
+    Rollouts,
+    ServerGenerator,
+    generate_rollouts,
+    token_logprobs,
+    unwrap,
+)
+from training.rewards import RewardFunction, RewardResult, compute_rewards
+
+
+@dataclass
+class GRPOConfig:
+    """Everything a GRPO/GSPO run needs; `python -m training grpo --help` lists these fields."""
+
+    prompts: str = ""
+    """Prompts export (JSONL, Parquet or a datasets directory); rows with a held-out split are evaluation only."""
+    model: str = ""
+    """Local directory of the starting policy (any AutoModelForCausalLM)."""
+    out: str = ""
+    """Output directory: model/, metrics.jsonl, eval.json, config.json, checkpoint/."""
+    reward_fn: list[str] = field(default_factory=list)
+    """Reward functions, `module:function` or built-in names (gsm8k_exact_match, format_regex, length_penalty)."""
+    reward_weights: list[float] | None = None
+    """One weight per reward function (default 1 each)."""
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments bound to reward functions by name, e.g. {format_regex = {pattern = "..."}}."""
+    reward_model: str | None = None
+    """A preflab reward model directory scoring (prompt, response), added to the reward functions."""
+    reward_model_weight: float = 1.0
+    """Weight of the reward model's score in the total reward."""
+
+    loss_type: Literal["grpo", "gspo"] = "grpo"
+    """"grpo": token-level ratio and clipping (DeepSeekMath); "gspo": sequence-level ratio and clipping (Qwen)."""
+    group_size: int = 8
+    """G: completions sampled per prompt; advantages are normalised within each group."""
+    prompts_per_step: int = 8
+    """Prompts per step across all processes; the rollout batch is prompts_per_step × group_size."""
+    mu: int = 1
+    """μ: optimisation passes over each rollout batch (1 = on-policy, the ratio is then exactly 1)."""
+    micro_batch_size: int = 0
+    """Rows per forward/backward (gradient accumulation inside a pass); 0 = the whole batch at once."""
+    beta: float = 0.04
+    """Weight of the k3 KL term against the reference policy (DeepSeekMath used 0.04; 0 drops the term)."""
+    clip_eps: float | None = None
+    """ε of the clipped ratio; default 0.2 for grpo, 3e-4 for gspo (GSPO's sequence ratios are near 1)."""
+    clip_eps_high: float | None = None
+    """Upper clip ε_high ("clip-higher", DAPO); default ε for grpo, 4e-4 for gspo."""
+    aggregation: Literal["sequence", "token", "dr_grpo"] = "sequence"
+    """GRPO loss aggregation: per-response mean then batch mean, token mean (DAPO), or constant normaliser."""
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """Advantage scaling: divide by the group std, by the batch std, or not at all (Dr. GRPO)."""
+    advantage_eps: float = 1e-4
+    """Added to the std before dividing advantages."""
+    mask_truncated: bool = False
+    """Leave responses that hit max_new_tokens without ending out of the loss (DAPO's overlong filtering)."""
+
+    lr: float = 1e-6
+    """AdamW learning rate."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Decay after warm-up: none, linear to 0, or cosine to 0 at the last step."""
+    warmup_steps: int = 0
+    """Linear warm-up steps."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float = 1.0
+    """Gradient-norm clip (0 disables)."""
+    steps: int = 100
+    """Optimisation steps (rollout batches)."""
+
+    temperature: float = 1.0
+    """Sampling temperature of the rollouts (log-probs are taken under the same temperature)."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold of the rollouts."""
+    max_new_tokens: int = 256
+    """Longest response sampled."""
+    max_prompt_length: int = 0
+    """Truncate prompts to this many tokens (0: no limit)."""
+    stop: list[str] = field(default_factory=list)
+    """Strings that end a response (the text is cut there; the mask ends on the token completing it)."""
+    generation_batch_size: int = 0
+    """Prompts per generate call (0: all prompts of the step at once)."""
+    server_base_url: str | None = None
+    """Sample from an OpenAI-compatible server (vLLM, TGI) at this URL instead of the local model."""
+    server_model: str | None = None
+    """Model name on that server."""
+
+    ref_reset_steps: int = 0
+    """Iterative GRPO: set π_ref ← π_θ every this many steps (0: the reference stays the starting model)."""
+    kl_metric: bool = True
+    """Compute reference log-probs for the logged KL even when beta is 0."""
+
+    lora: bool = False
+    """Train a LoRA adapter instead of all weights; the reference is then the adapter-disabled base."""
+    lora_r: int = 16
+    """LoRA rank."""
+    lora_alpha: int = 32
+    """LoRA alpha (scale alpha / r)."""
+    lora_dropout: float = 0.0
+    """LoRA dropout (keep 0 for RL)."""
+    lora_target_modules: list[str] | str = "all-linear"
+    """Modules to adapt."""
+
+    eval_every: int = 0
+    """Evaluate on the held-out prompts every this many steps (0: only at the end)."""
+    eval_k: int = 4
+    """Samples per held-out prompt for Pass@K / Maj@K."""
+    eval_max_prompts: int = 200
+    """Held-out prompts evaluated (0: all)."""
+    eval_temperature: float | None = None
+    """Sampling temperature of the evaluation (default: the rollout temperature)."""
+
+    seed: int = 0
+    """Seed of the prompt order and of the sampling; a CPU run with the same seed repeats exactly."""
+    save_every: int = 0
+    """Write OUT/checkpoint/ every this many steps (0: never) for resume."""
+    resume: bool = False
+    """Continue from OUT/checkpoint/ when it exists."""
+    log_every: int = 1
+    """Print a progress line every this many steps (metrics.jsonl gets every step)."""
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
+    """accelerate mixed precision; "auto" is bf16 on a CUDA device that supports it, else none."""
+    tensorboard: bool = False
+    """Mirror metrics to OUT/tensorboard when TensorBoard is installed."""
+
+    def __post_init__(self) -> None:
+        if self.loss_type not in ("grpo", "gspo"):
+            raise ValueError(f"loss_type must be 'grpo' or 'gspo', got {self.loss_type!r}")
+        if self.group_size < 2:
+            raise ValueError(f"group_size must be at least 2 to compare answers, got {self.group_size}")
+        for name in ("prompts_per_step", "mu", "steps", "max_new_tokens", "eval_k", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("micro_batch_size", "warmup_steps", "max_prompt_length", "generation_batch_size",
+                     "ref_reset_steps", "eval_every", "eval_max_prompts", "save_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.beta < 0:
+            raise ValueError(f"beta must be >= 0, got {self.beta}")
+        if self.clip_eps is None:
+            self.clip_eps = 0.2 if self.loss_type == "grpo" else 3e-4
+        if self.clip_eps_high is None and self.loss_type == "gspo":
+            self.clip_eps_high = 4e-4
+        if not 0 < self.clip_eps < 1:
+            raise ValueError(f"clip_eps must be in (0, 1), got {self.clip_eps}")
+        if self.clip_eps_high is not None and self.clip_eps_high <= 0:
+            raise ValueError(f"clip_eps_high must be positive, got {self.clip_eps_high}")
+        if self.aggregation not in ("sequence", "token", "dr_grpo"):
+            raise ValueError(f"aggregation must be 'sequence', 'token' or 'dr_grpo', got {self.aggregation!r}")
+        if self.scale_rewards not in ("group", "batch", "none"):
+            raise ValueError(f"scale_rewards must be 'group', 'batch' or 'none', got {self.scale_rewards!r}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be positive, got {self.lr}")
+        if self.lr_schedule not in ("constant", "linear", "cosine"):
+            raise ValueError(f"lr_schedule must be 'constant', 'linear' or 'cosine', got {self.lr_schedule!r}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be positive, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.eval_temperature is not None and self.eval_temperature <= 0:
+            raise ValueError(f"eval_temperature must be positive, got {self.eval_temperature}")
+        if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_fn):
+            raise ValueError(f"reward_weights: {len(self.reward_weights)} weights for "
+                             f"{len(self.reward_fn)} reward functions")
+        if (self.server_base_url is None) != (self.server_model is None):
+            raise ValueError("server_model must be given together with server_base_url")
+        if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
+            raise ValueError(f"mixed_precision must be auto, no, bf16 or fp16, got {self.mixed_precision!r}")
+
+    @property
+    def lora_settings(self) -> LoraSettings | None:
+        if not self.lora:
+            return None
+        return LoraSettings(r=self.lora_r, alpha=self.lora_alpha, dropout=self.lora_dropout,
+                            target_modules=self.lora_target_modules)
+
+
+# ---------------------------------------------------------------------------------------------
+# pieces of a step, each usable on its own (PPO reuses the rollout/reward plumbing)
+
+
+def token_step_index(tokenizer: Any, response_ids: Tensor, response_mask: Tensor, step_ends: list[list[int]]
+                     ) -> Tensor:
+    """(N, R) index of the newline-separated step each response token belongs to (EOS joins the last step)."""
+    n, width = response_ids.shape
+    index = torch.zeros(n, width, dtype=torch.long)
+    for i in range(n):
+        length = int(response_mask[i].sum())
+        ids = response_ids[i, :length].tolist()
+        ends = step_ends[i]
+        token = 0
+        for j, end in enumerate(ends[:-1]):
+            # first token count whose decoded text reaches this step's end
+            lo, hi = token, length
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if len(tokenizer.decode(ids[:mid + 1], skip_special_tokens=True)) >= end:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            index[i, token:lo + 1] = j
+            token = lo + 1
+        index[i, token:] = len(ends) - 1
+    return index
+
+
+def compute_advantages(rewards: RewardResult, group_size: int, scale: str, eps: float, tokenizer: Any = None,
+                       rollouts: Rollouts | None = None) -> tuple[Tensor, float]:
+    """Outcome advantages (N,) from the total reward, or process advantages (N, R) when per-step rewards exist."""
+    if rewards.steps is None:
+        return group_advantages(rewards.total, group_size, scale=scale, eps=eps)  # type: ignore[arg-type]
+    if tokenizer is None or rollouts is None or rewards.step_ends is None:
+        raise ValueError("process rewards need the tokenizer and rollouts to map steps to tokens")
+    step_adv = process_advantages(rewards.steps, group_size, eps=eps)
+    index = token_step_index(tokenizer, rollouts.response_ids.cpu(), rollouts.response_mask.cpu(), rewards.step_ends)
+    adv = torch.zeros(index.shape)
+    for i, values in enumerate(step_adv):
+        adv[i] = torch.tensor(values, dtype=torch.float32)[index[i].clamp(max=len(values) - 1)]
+    zero_std = sum(len(set(sum(rewards.steps[g:g + group_size], []))) <= 1
+                   for g in range(0, len(rewards.steps), group_size)) / (len(rewards.steps) // group_size)
+    return adv.to(rollouts.response_ids.device) * rollouts.response_mask, zero_std
+
+
+def _lr_lambda(config: GRPOConfig):
+    def factor(step: int) -> float:
+        if config.warmup_steps and step < config.warmup_steps:
+            return (step + 1) / config.warmup_steps
+        if config.lr_schedule == "constant":
+            return 1.0
+        progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+        if config.lr_schedule == "linear":
+            return max(0.0, 1.0 - progress)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    return factor
+
+
+class GRPOTrainer:
+    """Holds the policy, reference, optimiser and data order of one run; `step()` does one GRPO update."""
+
+    def __init__(self, config: GRPOConfig, model: torch.nn.Module, tokenizer: Any, functions: Sequence[RewardFunction],
+                 train_rows: Sequence[PromptRow], eval_rows: Sequence[PromptRow] = (), accelerator: Any = None,
+                 server: ServerGenerator | None = None) -> None:
+        from accelerate import Accelerator
+
+        if not train_rows:
+            raise ValueError("prompts: no training prompts")
+        self.config = config
+        self.accelerator = accelerator or Accelerator(mixed_precision=_mixed_precision(config.mixed_precision))
+        if config.prompts_per_step % self.accelerator.num_processes:
+            raise ValueError(f"prompts_per_step={config.prompts_per_step} must be divisible by the "
+                             f"{self.accelerator.num_processes} processes")
+        self.tokenizer = tokenizer
+        self.functions = list(functions)
+        self.train_rows = list(train_rows)
+        self.eval_rows = list(eval_rows)
+        self.server = server
+        torch.manual_seed(config.seed)
+        model.eval()  # no dropout: π_θ and π_old must be the same function for the ratio
+        self.reference = Reference(model)
+        if not self.reference._lora:
+            self.reference.model.to(self.accelerator.device)
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(config))
+        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
+        self.step_count = 0
+        self._order: list[int] = []
+        self._epoch = 0
+        self._ref_eval: dict[str, Any] | None = None
+
+    # -- data -------------------------------------------------------------------------------------
+
+    def next_prompts(self) -> list[PromptRow]:
+        """This process's share of the next prompts_per_step prompts, in a seeded per-epoch shuffle."""
+        need = self.config.prompts_per_step
+        while len(self._order) < need:
+            order = list(range(len(self.train_rows)))
+            random.Random(self.config.seed * 1_000_003 + self._epoch).shuffle(order)
+            self._order += order
+            self._epoch += 1
+        batch, self._order = self._order[:need], self._order[need:]
+        share = need // self.accelerator.num_processes
+        mine = batch[self.accelerator.process_index * share:(self.accelerator.process_index + 1) * share]
+        return [self.train_rows[i] for i in mine]
+
+    # -- one step ---------------------------------------------------------------------------------
+
+    def rollouts(self, rows: Sequence[PromptRow]) -> Rollouts:
+        c = self.config
+        seed = c.seed * 1_000_003 + self.step_count * 101 + self.accelerator.process_index
+        return generate_rollouts(
+            unwrap(self.model), self.tokenizer, [r.prompt for r in rows], n=c.group_size, temperature=c.temperature,
+            top_p=c.top_p, max_new_tokens=c.max_new_tokens, stop=c.stop or None, seed=seed,
+            max_prompt_length=c.max_prompt_length or None, server=self.server,
+            batch_size=c.generation_batch_size or None,
+        )
+
+    def step(self) -> dict[str, Any]:
+        """Sample, score, compute advantages, run μ passes; returns the step's metrics."""
+        c = self.config
+        started = time.perf_counter()
+        rows = self.next_prompts()
+        rollouts = self.rollouts(rows)
+        gen_seconds = time.perf_counter() - started
+        rewards = compute_rewards(self.functions, [r.prompt for r in rows for _ in range(c.group_size)],
+                                  rollouts.texts, reward_columns(rows, c.group_size))
+        if c.scale_rewards == "batch" and self.accelerator.num_processes > 1 and rewards.steps is None:
+            # the batch std must be the global one: scale by hand with the gathered rewards
+            everyone = self.accelerator.gather(rewards.total.to(self.accelerator.device)).float().cpu()
+            adv, zero_std = group_advantages(rewards.total, c.group_size, scale="none", eps=c.advantage_eps)
+            adv = adv / (everyone.std() + c.advantage_eps)
+        else:
+            adv, zero_std = compute_advantages(rewards, c.group_size, c.scale_rewards, c.advantage_eps,
+                                               self.tokenizer, rollouts)
+        device = self.accelerator.device
+        adv = adv.to(device)
+        mask = rollouts.response_mask.float()
+        loss_mask = mask * rollouts.ended.float().unsqueeze(1) if c.mask_truncated else mask
+        args = (rollouts.input_ids, rollouts.attention_mask, rollouts.response_mask)
+        ref_logp = None
+        if c.beta > 0 or c.kl_metric:
+            ref_logp = self.reference.logprobs(*args, temperature=c.temperature,
+                                               batch_size=c.micro_batch_size or None)
+        metrics = self._optimise(rollouts, adv, ref_logp, loss_mask)
+        elapsed = time.perf_counter() - started
+        tokens = int(mask.sum().item())
+        self.step_count += 1
+        if c.ref_reset_steps and self.step_count % c.ref_reset_steps == 0:
+            self.reference.reset(self.model)
+            self._ref_eval = None
+        metrics.update(
+            step=self.step_count,
+            reward_mean=rewards.total.mean().item(),
+            reward_std=rewards.total.std().item(),
+            zero_std_frac=zero_std,
+            response_length=rollouts.lengths.float().mean().item(),
+            truncated_frac=1.0 - rollouts.ended.float().mean().item(),
+            lr=self.scheduler.get_last_lr()[0],
+            tokens_per_s=tokens / elapsed,
+            generation_s=gen_seconds,
+            step_s=elapsed,
+        )
+        if len(self.functions) > 1:
+            for name, scores in rewards.per_function.items():
+                metrics[f"reward/{name}"] = torch.nanmean(scores).item()
+        return metrics
+
+    def _optimise(self, rollouts: Rollouts, adv: Tensor, ref_logp: Tensor | None, loss_mask: Tensor
+                  ) -> dict[str, Any]:
+        c = self.config
+        n = len(rollouts)
+        size = c.micro_batch_size or n
+        total_tokens = loss_mask.sum().clamp(min=1.0)
+        stats: dict[str, float] = {"loss": 0.0, "kl": 0.0, "kl_seq": 0.0, "entropy": 0.0, "clipfrac": 0.0}
+        for _pass in range(c.mu):
+            self.optimizer.zero_grad(set_to_none=True)
+            for start in range(0, n, size):
+                rows = slice(start, start + size)
+                mb_mask = loss_mask[rows]
+                first = _pass == 0
+                logp, entropy = token_logprobs(self.model, rollouts.input_ids[rows], rollouts.attention_mask[rows],
+                                               rollouts.response_mask[rows], temperature=c.temperature,
+                                               with_entropy=first)
+                # μ = 1 is exactly on-policy: π_old is π_θ itself, so the ratio is 1 with the right gradient
+                old_logp = logp.detach() if c.mu == 1 else rollouts.old_logp[rows]
+                mb_ref = ref_logp[rows] if ref_logp is not None else None
+                mb_adv = adv[rows]
+                if c.loss_type == "gspo":
+                    loss = gspo_loss(logp, old_logp, mb_ref if c.beta > 0 else None, mb_adv, mb_mask, c.clip_eps,
+                                     c.beta, c.clip_eps_high)
+                    weight = mb_mask.shape[0] / n
+                    clipped = gspo_clip_fraction(logp, old_logp, mb_adv, mb_mask, c.clip_eps, c.clip_eps_high)
+                else:
+                    loss = grpo_loss(logp, old_logp, mb_ref if c.beta > 0 else None, mb_adv, mb_mask, c.clip_eps,
+                                     c.beta, c.aggregation, c.clip_eps_high, max_tokens=c.max_new_tokens)
+                    # re-weight micro-batch losses so their sum is the full-batch aggregation
+                    weight = (mb_mask.sum() / total_tokens).item() if c.aggregation == "token" \
+                        else mb_mask.shape[0] / n
+                    clipped = clip_fraction(logp, old_logp, mb_adv, mb_mask, c.clip_eps, c.clip_eps_high)
+                self.accelerator.backward(loss * weight)
+                if first:
+                    stats["loss"] += loss.item() * weight
+                    stats["clipfrac"] += clipped.item() * mb_mask.shape[0] / n
+                    mb_full = rollouts.response_mask[rows].float()
+                    if entropy is not None:
+                        stats["entropy"] += masked_sum(entropy.detach(), mb_full).item()
+                    if mb_ref is not None:
+                        stats["kl"] += masked_sum(kl_k3(logp.detach(), mb_ref), mb_full).item()
+                        stats["kl_seq"] += masked_sum(kl_k1(logp.detach(), mb_ref), mb_full).item()
+            if c.max_grad_norm > 0:
+                grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), c.max_grad_norm)
+                stats.setdefault("grad_norm", float(grad_norm))
+            self.optimizer.step()
+        self.scheduler.step()
+        tokens = rollouts.response_mask.float().sum().clamp(min=1.0).item()
+        stats["entropy"] /= tokens
+        stats["kl"] /= tokens  # token-mean k3, the quantity β multiplies
+        stats["kl_seq"] /= n  # sequence-level KL estimate Σ_t log π/π_ref, mean over responses
+        if ref_logp is None:
+            stats.pop("kl")
+            stats.pop("kl_seq")
+        stats["adv_abs_mean"] = masked_mean(adv.abs() if adv.dim() == 2 else adv.abs().unsqueeze(1).expand_as(
+            loss_mask), rollouts.response_mask.float()).item()
+        return stats
+
+    # -- evaluation, saving -----------------------------------------------------------------------
+
+    def evaluate(self, samples_path: str | Path | None = None) -> dict[str, Any] | None:
+        if not self.eval_rows or not self.functions:
+            return None
+        c = self.config
+        config = EvalConfig(k=c.eval_k, temperature=c.eval_temperature or c.temperature, top_p=c.top_p,
+                            max_new_tokens=c.max_new_tokens, max_prompts=c.eval_max_prompts, stop=c.stop,
+                            seed=c.seed + 4242)
+        result = evaluate(unwrap(self.model), self.tokenizer, self.eval_rows, self.functions, self.reference, config,
+                          samples_path=samples_path, reference_summary=self._ref_eval)
+        self._ref_eval = result.get("reference")
+        return result
+
+    def save(self, path: str | Path) -> None:
+        """save_pretrained (safetensors) of the policy; under LoRA the merged model, plus the adapter."""
+        path = Path(path)
+        self.accelerator.wait_for_everyone()
+        if not self.accelerator.is_main_process:
+            return
+        model = unwrap(self.accelerator.unwrap_model(self.model))
+        if hasattr(model, "merge_and_unload"):
+            import copy
+
+            model.save_pretrained(path.parent / (path.name + "-adapter"))
+            model = copy.deepcopy(model).merge_and_unload()
+        model.save_pretrained(path, safe_serialization=True)
+        self.tokenizer.save_pretrained(path)
+
+    def save_checkpoint(self, path: str | Path) -> None:
+        path = Path(path)
+        self.save(path / "model")
+        if self.accelerator.is_main_process:
+            state = {"step": self.step_count, "order": self._order, "epoch": self._epoch,
+                     "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                     "rng": torch.get_rng_state()}
+            if self.config.ref_reset_steps:
+                state["reference"] = self._reference_state()
+            torch.save(state, path / "trainer.pt")
+
+    def _reference_state(self) -> dict[str, Tensor]:
+        if self.reference._lora:
+            return dict(self.reference._snapshot or {})
+        return {k: v.detach().cpu() for k, v in self.reference.model.state_dict().items()}
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        model = unwrap(self.accelerator.unwrap_model(self.model))
+        if hasattr(model, "merge_and_unload"):
+            from peft import set_peft_model_state_dict
+
+            set_peft_model_state_dict(model, load_file(str(path / "model-adapter" / "adapter_model.safetensors")))
+        else:
+            weights = load_file(str(path / "model" / "model.safetensors"))
+            missing, _ = model.load_state_dict(weights, strict=False)
+            if [m for m in missing if not m.endswith("lm_head.weight")]:
+                raise ValueError(f"checkpoint {path} lacks weights: {missing[:5]}")
+            if hasattr(model, "tie_weights"):
+                model.tie_weights()
+        state = torch.load(path / "trainer.pt", map_location="cpu", weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step_count, self._order, self._epoch = state["step"], state["order"], state["epoch"]
+        torch.set_rng_state(state["rng"])
+        if "reference" in state:
+            if self.reference._lora:
+                self.reference._snapshot = state["reference"] or None
+            else:
+                self.reference.model.load_state_dict(state["reference"])
+
+
+def _mixed_precision(choice: str) -> str:
+    if choice != "auto":
+        return choice
+    return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+
+
+def train(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
+    """Run GRPO/GSPO end to end from `config` (paths in it); returns the final evaluation (or {})."""
+    from tqdm.auto import tqdm
+
+    from training.data import load_prompts, split_train_heldout
+    from training.policy import load_policy
+    from training.rewards import build_reward_functions
+    from training.run_info import MetricsWriter, write_json, write_run_config
+
+    for name in ("prompts", "model", "out"):
+        if not getattr(config, name):
+            raise ValueError(f"{name} is required")
+    functions = build_reward_functions(config.reward_fn, config.reward_weights, config.reward_kwargs,
+                                       config.reward_model, config.reward_model_weight)
+    train_rows, eval_rows = split_train_heldout(load_prompts(config.prompts))
+    model, tokenizer = load_policy(config.model, lora=config.lora_settings)
+    server = ServerGenerator(config.server_base_url, config.server_model) if config.server_base_url else None
+    trainer = GRPOTrainer(config, model, tokenizer, functions, train_rows, eval_rows, server=server)
+    out = Path(config.out)
+    checkpoint = out / "checkpoint"
+    resumed = config.resume and (checkpoint / "trainer.pt").exists()
+    if resumed:
+        trainer.load_checkpoint(checkpoint)
+    main_process = trainer.accelerator.is_main_process
+    if main_process:
+        write_run_config(out, config, data={"prompts": config.prompts},
+                         extra={"processes": trainer.accelerator.num_processes,
+                                "resumed_from_step": trainer.step_count})
+    writer = MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if config.tensorboard else None,
+                           append=resumed) if main_process else None
+    bar = tqdm(total=config.steps, initial=trainer.step_count, disable=not (progress and main_process), desc="grpo")
+    try:
+        while trainer.step_count < config.steps:
+            metrics = trainer.step()
+            if config.eval_every and trainer.step_count % config.eval_every == 0 and trainer.step_count < config.steps:
+                result = trainer.evaluate()
+                if result is not None:
+                    metrics.update(_eval_metrics(result))
+            if writer is not None:
+                writer.log(**metrics)
+            bar.update(1)
+            if trainer.step_count % config.log_every == 0:
+                bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", kl=f"{metrics.get('kl', 0.0):.4f}")
+            if config.save_every and trainer.step_count % config.save_every == 0:
+                trainer.save_checkpoint(checkpoint)
+    finally:
+        bar.close()
+        if writer is not None:
+            writer.close()
+    trainer.save(out / "model")
+    result = trainer.evaluate(samples_path=out / "samples.jsonl" if main_process else None)
+    final = public(result) if result is not None else {}
+    if main_process:
+        write_json(out / "eval.json", final)
+    return final
+
+
+def _eval_metrics(result: dict[str, Any]) -> dict[str, float]:
+    out = {"eval_reward_mean": result["policy"]["reward_mean"]}
+    for key in ("accuracy", "pass_at_k", "maj_at_k"):
+        if key in result["policy"]:
+            out[f"eval_{key}"] = result["policy"][key]
+    for key in ("kl", "win_rate"):
+        if key in result:
+            out[f"eval_{key}"] = result[key]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m training grpo --prompts PATH --model DIR --out DIR (--reward-fn F ... | --reward-model DIR)
+    [--config run.toml] [--set key=value ...]`."""
+    from training.config import field_docs, load_config
+
+    docs = field_docs(GRPOConfig)
+    parser = argparse.ArgumentParser(
+        prog="python -m training grpo", description="GRPO / GSPO on a prompts export.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="config fields (--set key=value or a TOML file):\n" + "\n".join(f"  {k}: {v}" for k, v in docs.items()))
+    parser.add_argument("--prompts", help="prompts export (JSONL, Parquet or datasets directory)")
+    parser.add_argument("--model", help="starting policy directory")
+    parser.add_argument("--out", help="output directory")
+    parser.add_argument("--reward-fn", action="append", default=None, help="module:function or a built-in name")
+    parser.add_argument("--reward-model", help="preflab reward model directory")
+    parser.add_argument("--config", help="TOML file with GRPOConfig fields")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(GRPOConfig, args.config, args.set, prompts=args.prompts, model=args.model, out=args.out,
+                             reward_fn=args.reward_fn, reward_model=args.reward_model)
+        if not config.reward_fn and not config.reward_model:
+            raise ValueError("give --reward-fn and/or --reward-model")
+        result = train(config, progress=not args.quiet)
+    except ValueError as exc:
+        parser.error(str(exc))
+    print(json.dumps({k: result[k] for k in ("reward_mean", "kl", "win_rate", "pass_at_k", "maj_at_k")
+                      if k in result}))
+    return 0
