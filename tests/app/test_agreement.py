@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from sqlalchemy import select
 
 from app.errors import Forbidden, Invalid, NotFound
 from app.models import Completion, Prompt, Ranking
@@ -288,6 +289,8 @@ def test_set_gold_validates_and_names_the_field(db, make_user, make_project) -> 
 
     gold.clear_gold(db, project, p1, lead)
     assert prompts[1].gold_tiers is None
+    # Cleared to SQL NULL (not JSON null), so the queue's `gold_tiers IS NULL` sees an ordinary prompt again.
+    assert db.scalar(select(Prompt.id).where(Prompt.id == p1, Prompt.gold_tiers.is_(None))) == p1
     assert agreement.project_report(db, project).gold_prompts == 1  # the cleared prompt is no longer gold
 
 
@@ -428,7 +431,7 @@ def test_dashboard_page_for_a_lead(db, make_user, make_project, browser) -> None
     assert "41.7%" in html  # B's agreement
     assert 'role="img"' in html and 'aria-label="gold accuracy: 80.0%"' in html
     assert "<script>alert(1)</script>" not in html and "&lt;script&gt;" in html
-    assert '<th scope="col">' in html and '<th scope="row">' in html
+    assert '<th scope="col"' in html and '<th scope="row"' in html
 
     filtered = page.get(f"/projects/{project.id}/agreement", params={"rubric_version": "1"})
     assert filtered.status_code == 200 and "rubric version 1" in filtered.text
@@ -456,3 +459,42 @@ def test_mark_gold_from_metadata_page_action(db, make_user, make_project, browse
     done = page.get(r.headers["location"])
     assert "Marked 1 prompt as gold." in done.text
     assert 'id="gold-prompts">1<' in done.text
+
+
+def test_rankings_submitted_through_the_queue_show_up_in_the_report(db, make_user, make_project, token_for,
+                                                                    api) -> None:
+    # Two annotators rank two K=2 prompts in opposite orders: X by ascending completion id, Y descending.
+    # Prompt 0 is gold from metadata (is_correct [False, True] → gold [[second], [first]]): Y is right, X wrong.
+    lead = make_user(db, "lead")
+    project = make_project(db, k=2, overlap=2, lead=lead)
+    x, y = make_user(db, "annotator"), make_user(db, "annotator")
+    for person in (x, y):
+        projects.add_member(db, project, lead, email=person.email, role="annotator")
+    for i in range(2):
+        db.add(Prompt(project_id=project.id, text=f"q{i}", text_hash=f"{i:064d}",
+                      meta={"is_correct": [False, True]} if i == 0 else {},
+                      completions=[Completion(text=f"a{i}.{j}") for j in range(2)]))
+    db.flush()
+    assert gold.gold_from_metadata(db, project, actor=lead) == 1
+    tokens = {x.id: token_for(db, x), y.id: token_for(db, y)}
+    lead_token = token_for(db, lead)
+    db.commit()
+
+    for person, reverse in ((x, False), (y, True)):
+        client = api(tokens[person.id])
+        while (task := client.get(f"/api/projects/{project.id}/tasks/next")).status_code == 200:
+            t = task.json()
+            ids = sorted((c["id"] for c in t["completions"]), reverse=reverse)
+            r = client.post(f"/api/projects/{project.id}/rankings",
+                            json={"assignment_id": t["assignment_id"], "tiers": [[i] for i in ids],
+                                  "rubric_version": t["rubric"]["version"], "seconds_spent": 7,
+                                  "submission_id": f"{person.id}-{t['assignment_id']}"})
+            assert r.status_code == 201, r.text
+
+    body = api(lead_token).get(f"/api/projects/{project.id}/agreement").json()
+    assert (body["human_rankings"], body["comparisons"], body["prompts_at_overlap"]) == (4, 2, 2)
+    assert body["mean_agreement"] == 0.0 and body["mean_kendall_tau"] == -1.0
+    by = {a["user_id"]: a for a in body["annotators"]}
+    assert (by[x.id]["gold_seen"], by[x.id]["gold_accuracy"]) == (1, 0.0)
+    assert (by[y.id]["gold_seen"], by[y.id]["gold_accuracy"]) == (1, 1.0)
+    assert by[x.id]["median_seconds"] is not None and by[x.id]["position_expected"] == 0.5
