@@ -17,9 +17,6 @@ from app.web import render
 
 router = APIRouter()
 
-# Who may read the figures: annotators may not (their own numbers would change how they rank).
-CAN_SEE_AGREEMENT = {"lead", "engineer"}
-
 RubricVersionQuery = Annotated[int | None, Query(ge=1, description="Only rankings made under this rubric version.")]
 
 
@@ -78,7 +75,7 @@ class GoldOut(BaseModel):
 
 def _readable_project(db, project_id: int, user):  # type: ignore[no-untyped-def]
     project = projects.get_visible(db, project_id, user)  # 404 for non-members
-    projects.require_project_role(db, project, user, CAN_SEE_AGREEMENT, "see agreement figures")
+    projects.require_project_role(db, project, user, agreement.CAN_SEE, "see agreement figures")
     return project
 
 
