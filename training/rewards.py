@@ -151,16 +151,10 @@ def reward_model_fn(path: str | Path, batch_size: int = 32, device: str | torch.
     """A reward function scoring (prompt, completion) with a preflab reward model directory."""
     from training.reward_model import RewardModel
 
-    model = RewardModel.load(path)
-    if device is not None and hasattr(model, "to"):
-        model.to(device)
+    model = RewardModel.load(path, device=device)
 
-    def score(prompts: Sequence[str], completions: Sequence[str], **row: Any) -> list[float]:
-        out: list[float] = []
-        for i in range(0, len(completions), batch_size):
-            scores = model.score(list(prompts[i:i + batch_size]), list(completions[i:i + batch_size]))
-            out.extend(float(s) for s in scores)
-        return out
+    def score(prompts: Sequence[Any], completions: Sequence[str], **row: Any) -> list[float]:
+        return [float(s) for s in model.score(list(prompts), list(completions), batch_size=batch_size)]
 
     score.__name__ = "reward_model"
     return score
