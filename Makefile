@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: demo test lint setup setup-dev vendor serve bench clean
+.PHONY: demo test lint setup setup-dev vendor browser serve bench clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' \
@@ -40,7 +40,13 @@ demo: setup
 serve: setup
 	$(BIN)/preflab serve --host $(HOST) --port $(PORT)
 
-test: setup-dev
+# Browser tests drive Debian's Chromium through Playwright (never a downloaded browser).
+browser:
+	@command -v chromium >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "note: install chromium (apt-get install chromium) to run the browser tests"; fi; }
+
+test: setup-dev browser
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 lint: setup-dev

@@ -185,7 +185,9 @@
     });
 
     if (window.Sortable) {
+      // forceFallback: pointer events instead of native HTML5 drag, the same on mouse, pen and touch.
       var opts = { group: "responses", animation: 120, draggable: ".resp", filter: "select, input, summary, label",
+                   forceFallback: true, fallbackTolerance: 3,
                    preventOnFilter: false, onEnd: function (evt) { evt.item.dataset.tie = "false"; sync(); } };
       window.Sortable.create(ranked, opts);
       window.Sortable.create(unranked, opts);

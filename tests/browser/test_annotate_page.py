@@ -1,0 +1,145 @@
+"""An annotator ranks in real headless Chromium: keyboard only (with a tie), and by dragging with the mouse."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select
+
+from app.models import Completion, Pair, Prompt, Ranking
+from app.services import projects, users
+
+PASSWORD = "correct horse battery staple"
+pytestmark = pytest.mark.slow
+
+
+def _seed(server, n_prompts: int = 2) -> tuple[int, str]:  # type: ignore[no-untyped-def]
+    with server.session() as db:
+        lead = users.create_user(db, "lead@example.org", PASSWORD, "lead")
+        ann = users.create_user(db, "ann@example.org", PASSWORD, "annotator")
+        project = projects.create_project(db, lead, name="Browser", completions_per_prompt=4, overlap=1,
+                                          rubric_text="Rank **correct** answers first.", criteria=["Correct"])
+        projects.add_member(db, project, lead, email=ann.email, role="annotator")
+        for i in range(n_prompts):
+            prompt = Prompt(project_id=project.id, text=f"What is {i} + {i}? <script>alert(1)</script>",
+                            text_hash=f"h{i}", split="train")
+            db.add(prompt)
+            db.flush()
+            db.add_all(Completion(prompt_id=prompt.id, text=f"Answer {i}.{j}: " + "long text " * 150)
+                       for j in range(4))
+        db.commit()
+        return project.id, ann.email
+
+
+def _login(page, base: str, email: str) -> None:  # type: ignore[no-untyped-def]
+    page.goto(f"{base}/login")
+    page.keyboard.type(email)  # the email field has autofocus
+    page.keyboard.press("Tab")
+    page.keyboard.type(PASSWORD)
+    page.keyboard.press("Enter")
+    page.wait_for_url(f"{base}/projects")
+
+
+def _tab_to_unranked_card(page, limit: int = 80) -> str:  # type: ignore[no-untyped-def]
+    """Press Tab until a response card that is not ranked yet has the focus; its completion id."""
+    for _ in range(limit):
+        page.keyboard.press("Tab")
+        cid = page.evaluate("() => { const a = document.activeElement;"
+                            " return a && a.classList.contains('resp') && a.parentNode.id === 'unranked'"
+                            " ? a.dataset.cid : null; }")
+        if cid:
+            return cid
+    raise AssertionError("no unranked response card reachable with Tab")
+
+
+def test_keyboard_only_ranking_with_a_tie(live_server, page) -> None:  # type: ignore[no-untyped-def]
+    project_id, email = _seed(live_server)
+    base = live_server.base
+    _login(page, base, email)
+    page.goto(f"{base}/projects/{project_id}/annotate")
+    assert page.locator("#prompt-h").is_visible()
+    assert page.locator("script", has_text="alert(1)").count() == 0  # the prompt's markup stayed text
+    first_prompt = page.locator(".prompt .text").inner_text()
+
+    order = []
+    for key in ["1", "2", "3", "4"]:
+        cid = _tab_to_unranked_card(page)
+        page.keyboard.press(key)
+        order.append(int(cid))
+    page.keyboard.press("=")  # the fourth card ties with the third
+    assert page.locator("#rank-status").inner_text().startswith("4 of 4 ranked")
+    page.keyboard.press("Control+Enter")
+    page.wait_for_selector("#flash")
+    assert page.locator(".prompt .text").inner_text() != first_prompt  # the next task, without a reload
+    assert page.url.endswith(f"/projects/{project_id}/annotate")
+    assert page.locator("#done-total").inner_text() == "1"
+
+    with live_server.session() as db:
+        ranking = db.scalar(select(Ranking))
+        assert ranking.tiers == [[order[0]], [order[1]], [order[2], order[3]]]
+        assert ranking.seconds_spent is not None and ranking.seconds_spent >= 0
+        pairs = {(p.chosen_id, p.rejected_id, p.margin) for p in db.scalars(select(Pair))}
+        a, b, c, d = order
+        assert pairs == {(a, b, 1), (a, c, 2), (a, d, 2), (b, c, 1), (b, d, 1)}
+    assert page.console_errors == []  # type: ignore[attr-defined]
+
+
+def test_drag_with_the_mouse_and_a_draft_survives_reload(live_server, page) -> None:  # type: ignore[no-untyped-def]
+    project_id, email = _seed(live_server, n_prompts=1)
+    base = live_server.base
+    page.set_viewport_size({"width": 1366, "height": 2400})  # every card on screen, so the mouse can reach it
+    _login(page, base, email)
+    page.goto(f"{base}/projects/{project_id}/annotate")
+
+    def drag_first_unranked_to_end_of_ranked() -> int:
+        card = page.locator("#unranked > .resp").first
+        cid = int(card.get_attribute("data-cid"))
+        box = card.locator(".letter").bounding_box()
+        target = page.locator("#ranked").bounding_box()
+        x, y = target["x"] + target["width"] / 2, target["y"] + target["height"] - 12  # the drop room at the end
+        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        page.mouse.down()
+        page.mouse.move(box["x"] + 10, box["y"] + 10, steps=5)
+        page.mouse.move(x, y, steps=20)
+        page.mouse.up()
+        page.wait_for_function(f"() => document.querySelector('#ranked .resp[data-cid=\"{cid}\"]') !== null")
+        return cid
+
+    order = [drag_first_unranked_to_end_of_ranked() for _ in range(2)]
+    page.reload()  # the draft is kept in this browser
+    assert [int(x) for x in page.locator("#ranked > .resp").evaluate_all("els => els.map(e => e.dataset.cid)")] \
+        == order
+    order += [drag_first_unranked_to_end_of_ranked() for _ in range(2)]
+    page.get_by_role("button", name="Submit ranking").click()
+    page.wait_for_selector("#queue-empty")
+
+    with live_server.session() as db:
+        ranking = db.scalar(select(Ranking))
+        assert ranking.tiers == [[c] for c in order]
+        assert db.scalar(select(Pair).where(Pair.chosen_id == order[0], Pair.rejected_id == order[3])).margin == 3
+    assert page.console_errors == []  # type: ignore[attr-defined]
+
+
+def test_a_refused_submit_keeps_the_ranking_on_screen(live_server, page) -> None:  # type: ignore[no-untyped-def]
+    project_id, email = _seed(live_server, n_prompts=1)
+    base = live_server.base
+    _login(page, base, email)
+    page.goto(f"{base}/projects/{project_id}/annotate")
+    for key in ["1", "2", "3", "4"]:
+        _tab_to_unranked_card(page)
+        page.keyboard.press(key)
+    # Meanwhile the lead saves a new rubric version: the submit is refused as stale.
+    with live_server.session() as db:
+        from app.models import Project, User
+        from app.services import rubrics
+
+        project = db.get(Project, project_id)
+        lead = db.scalar(select(User).where(User.email == "lead@example.org"))
+        rubrics.create_version(db, project, lead, text="New rules", criteria=[], base_version=1)
+        db.commit()
+    page.get_by_role("button", name="Submit ranking").click()
+    error = page.locator("#submit-error")
+    error.wait_for(state="visible")
+    assert "rubric" in error.inner_text() and "kept" in error.inner_text()
+    assert page.locator("#ranked > .resp").count() == 4
+    with live_server.session() as db:
+        assert db.scalar(select(Ranking)) is None
