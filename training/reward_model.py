@@ -63,6 +63,8 @@ class RewardConfig:
     """Clip the global gradient norm to this value; 0 disables clipping."""
     seed: int = 0
     """Seeds model-head initialisation, shuffling and dropout, so CPU runs repeat exactly."""
+    disable_dropout: bool = True
+    """Set every dropout probability to 0: the BT loss compares two forward passes, and dropout makes them noisy."""
     group_by_length: bool = True
     """Batch pairs of similar length together (within shuffled mega-batches) to cut padding."""
     megabatch_factor: int = 50
@@ -405,6 +407,10 @@ def train_reward_model(config: RewardConfig, train_rows: Sequence[PairRow], eval
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=1)
     prepare_tokenizer_and_model(tokenizer, model)
+    if config.disable_dropout:
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
     encoder = PairEncoder(tokenizer, config.max_length)
     pad_id = tokenizer.pad_token_id
 
