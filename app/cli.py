@@ -101,7 +101,33 @@ def demo(host: Annotated[str, typer.Option(help="Interface to bind")] = "127.0.0
         typer.echo(f"    {role:<10} {email:<28} {password}")
     typer.echo(f"\n  Demo project: http://{host}:{port}/projects/{project_id}\n")
     if not no_serve:
-        serve(host=host, port=port, workers=1)
+        # One process group: the worker runs beside the server and stops with it.
+        import subprocess
+
+        worker_proc = subprocess.Popen([sys.executable, "-m", "app.cli", "worker"], env=os.environ.copy())
+        typer.echo(f"  A job worker is running beside the server (pid {worker_proc.pid}).\n")
+        try:
+            serve(host=host, port=port, workers=1)
+        finally:
+            worker_proc.terminate()
+            try:
+                worker_proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                worker_proc.kill()
+
+
+@cli.command()
+def worker(kinds: Annotated[str, typer.Option(help="Comma-separated job kinds to run (default: all)")] = "",
+           poll: Annotated[float, typer.Option(help="Seconds between queue polls when idle")] = 1.0,
+           once: Annotated[bool, typer.Option("--once", help="Run the queued jobs, then exit")] = False) -> None:
+    """Run background jobs (sampling, judging, exports, training). Run several against one Postgres."""
+    from app.worker import run_worker
+
+    settings = _settings()
+    if not _at_head(settings):
+        _fail("the database schema is not current; run `preflab migrate` first")
+    selected = tuple(k.strip() for k in kinds.split(",") if k.strip()) or None
+    run_worker(settings, kinds=selected, poll_s=poll, exit_when_idle=once)
 
 
 @user_cli.command("add")

@@ -44,9 +44,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BrowserIdAndHeadersMiddleware, secure_cookies=settings.cookies_secure,
                        hsts=settings.env == "production")
 
-    from app.routes import agreement, annotate, api_projects, api_users, health, pages_admin, pages_auth, pages_projects
+    from app.routes import (
+        agreement,
+        annotate,
+        api_projects,
+        api_users,
+        health,
+        jobs,
+        pages_admin,
+        pages_auth,
+        pages_projects,
+    )
 
-    for module in (health, api_projects, annotate, api_users, pages_auth, pages_projects, pages_admin, agreement):
+    for module in (health, api_projects, annotate, api_users, pages_auth, pages_projects, pages_admin, agreement, jobs):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 

@@ -163,3 +163,62 @@ class RankingOut(BaseModel):
     ranking_id: int
     pairs_created: int
     created: bool
+
+
+class HFGeneratorIn(Strict):
+    backend: Literal["hf"]
+    model: str = Field(min_length=1, max_length=1000, description="Path of a local model directory (no hub).")
+    temperature: float = Field(default=1.0, ge=0, le=5)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    max_new_tokens: int = Field(default=256, ge=1, le=32_768)
+    stop: list[str] = Field(default_factory=list, max_length=16)
+    batch_size: int = Field(default=8, ge=1, le=512)
+
+
+class OpenAIGeneratorIn(Strict):
+    backend: Literal["openai"]
+    base_url: str = Field(min_length=8, max_length=1000, description="e.g. http://vllm:8000/v1")
+    model: str = Field(min_length=1, max_length=300)
+    api_key: str | None = Field(default=None, max_length=500, description="Sent as a Bearer token; never shown again.")
+    api: Literal["chat", "completions"] = "chat"
+    temperature: float = Field(default=1.0, ge=0, le=5)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    max_new_tokens: int = Field(default=256, ge=1, le=32_768)
+    stop: list[str] = Field(default_factory=list, max_length=16)
+    timeout_s: float = Field(default=60, gt=0, le=3600)
+    max_retries: int = Field(default=4, ge=0, le=20)
+    concurrency: int = Field(default=8, ge=1, le=256)
+    max_n: int = Field(default=16, ge=1, le=128)
+
+
+class SamplingJobIn(Strict):
+    generator: HFGeneratorIn | OpenAIGeneratorIn = Field(discriminator="backend")
+    k: int | None = Field(default=None, ge=1, le=16,
+                          description="Completions wanted per prompt (default: the project's K).")
+    prompt_ids: list[int] | None = Field(default=None, max_length=100_000, description="Only these prompts.")
+    seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    resample_duplicates: int = Field(default=0, ge=0, le=5, description="Tries to replace near-duplicate answers.")
+
+
+class JobAccepted(BaseModel):
+    job_id: int
+
+
+class JobProgress(BaseModel):
+    done: int
+    total: int
+
+
+class JobOut(BaseModel):
+    id: int
+    kind: str
+    state: Literal["queued", "running", "succeeded", "failed", "cancelled"]
+    progress: JobProgress
+    message: str | None = None
+    error: str | None = None
+    attempts: int
+    project_id: int | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    result: dict | None = Field(default=None, description="The job's summary once it succeeded.")

@@ -11,7 +11,7 @@ from app.deps import PageUser, SessionDep
 from app.errors import DomainError
 from app.models import MEMBER_ROLES
 from app.routes.api_projects import read_upload
-from app.services import agreement, imports, projects, rubrics
+from app.services import agreement, imports, jobs, projects, rubrics
 from app.web import render
 
 router = APIRouter(include_in_schema=False)
@@ -63,6 +63,7 @@ def _project_context(db, project, user) -> dict:  # type: ignore[no-untyped-def]
         "can_annotate": projects.may(db, project, user, projects.CAN_ANNOTATE),
         "can_see_agreement": projects.may(db, project, user, agreement.CAN_SEE),
         "member_roles": MEMBER_ROLES,
+        "running_jobs": sum(1 for j in jobs.list_for_project(db, project) if j.state in ("queued", "running")),
     }
 
 

@@ -1,0 +1,18 @@
+"""Job handlers by kind: each is `run(ctx: JobContext) -> dict` in its own module, imported when first needed."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+HANDLERS: dict[str, str] = {
+    "sample_completions": "app.jobs.sample_completions:run",
+}
+
+
+def handler_for(kind: str) -> Callable[[Any], dict[str, Any]]:
+    if kind not in HANDLERS:
+        raise KeyError(f"no handler for job kind {kind!r}")
+    module, _, name = HANDLERS[kind].partition(":")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,142 @@
+"""The `sample_completions` job: fill every prompt up to K completions from a generator, batch by batch.
+
+Each batch is written in its own transaction after re-counting, so a job killed at any point and run
+again (or resumed by another worker) never writes more than K completions for a prompt and loses nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, select
+
+from app.models import Completion, Prompt
+
+BATCH_PROMPTS = 8
+
+
+def run(ctx: Any) -> dict[str, Any]:
+    from training.generation import GenerationError, GenerationParams, diversity, make_generator, near_duplicates
+
+    from app.worker import JobError
+
+    payload = ctx.payload
+    spec = dict(payload["generator"])
+    k = int(payload["k"])
+    tries = int(payload.get("resample_duplicates", 0))
+    base_seed = payload.get("seed")
+    try:
+        params = GenerationParams(temperature=float(spec.get("temperature", 1.0)), top_p=float(spec.get("top_p", 1.0)),
+                                  max_new_tokens=int(spec.get("max_new_tokens", 256)), seed=base_seed,
+                                  stop=list(spec.get("stop") or []))
+        generator = make_generator(spec)
+        generator.check()
+    except (GenerationError, ValueError, TypeError) as exc:
+        raise JobError(f"generator: {exc}") from None
+
+    todo, already_complete = _prompts_needing(ctx, k, payload.get("prompt_ids"))
+    total = len(todo) + already_complete
+    done = already_complete
+    ctx.progress(done, total, f"sampling {len(todo)} prompts with {generator.name}")
+    ctx.log(f"{len(todo)} prompts need completions (K={k}); generator {generator.describe()}")
+    created = 0
+    reports: list[dict[str, Any]] = []
+    try:
+        for start in range(0, len(todo), BATCH_PROMPTS):
+            ctx.check()
+            batch = todo[start:start + BATCH_PROMPTS]
+            n = max(need for _, _, need, _ in batch)
+            seed = None if base_seed is None else int(base_seed) + batch[0][0]  # stable per first prompt of a batch
+            samples = generator.generate([p for _, p, _, _ in batch], n,
+                                         _with_seed(GenerationParams, params, seed), should_stop=ctx.should_stop)
+            ctx.check()
+            per_prompt = []
+            for (prompt_id, prompt, need, existing), outs in zip(batch, samples, strict=True):
+                chosen = list(outs[:need])
+                for attempt in range(tries):
+                    texts = existing + [s.text for s in chosen]
+                    dupes = [i - len(existing) for i in near_duplicates(texts) if i >= len(existing)]
+                    if not dupes:
+                        break
+                    retry_seed = None if seed is None else seed + 7919 * (attempt + 1)
+                    again = generator.generate([prompt], len(dupes),
+                                               _with_seed(GenerationParams, params, retry_seed))[0]
+                    for slot, sample in zip(dupes, again, strict=False):
+                        chosen[slot] = sample
+                per_prompt.append((prompt_id, chosen))
+            created += _write(ctx, k, generator, params, per_prompt)
+            for prompt_id, _ in per_prompt:
+                texts = _texts(ctx, prompt_id)
+                reports.append({"prompt_id": prompt_id} | diversity(texts))
+            done += len(batch)
+            ctx.progress(done, total, f"{done}/{total} prompts")
+            ctx.log(f"batch of {len(batch)} prompts written ({created} completions so far)")
+    finally:
+        generator.close()
+    with_dupes = sum(1 for r in reports if r["distinct"] < k)
+    summary = {
+        "prompts": total, "completions_created": created, "generator": generator.describe(),
+        "prompts_with_duplicates": with_dupes,
+        "mean_jaccard": round(sum(r["mean_jaccard"] for r in reports) / len(reports), 4) if reports else None,
+        "diversity": reports[:500],
+        "message": f"{created} completions for {len(reports)} prompts" + (
+            f"; {with_dupes} prompts still have duplicate answers" if with_dupes else ""),
+    }
+    return summary
+
+
+def _with_seed(cls: Any, params: Any, seed: int | None) -> Any:
+    return cls(temperature=params.temperature, top_p=params.top_p, max_new_tokens=params.max_new_tokens, seed=seed,
+               stop=list(params.stop))
+
+
+Todo = list[tuple[int, Any, int, list[str]]]
+
+
+def _prompts_needing(ctx: Any, k: int, prompt_ids: list[int] | None) -> tuple[Todo, int]:
+    """[(prompt id, text or messages, completions still needed, existing texts)] oldest first, and how many are full."""
+    with ctx.session_factory() as db:
+        count = select(func.count(Completion.id)).where(Completion.prompt_id == Prompt.id).scalar_subquery()
+        query = select(Prompt.id, Prompt.text, Prompt.messages, count).where(Prompt.project_id == ctx.project_id)
+        if prompt_ids:
+            query = query.where(Prompt.id.in_(prompt_ids))
+        rows = db.execute(query.order_by(Prompt.id)).all()
+        out = []
+        complete = 0
+        for prompt_id, text, messages, have in rows:
+            if have >= k:
+                complete += 1
+                continue
+            out.append((prompt_id, messages or text, k - have, _texts_in(db, prompt_id)))
+        return out, complete
+
+
+def _texts_in(db: Any, prompt_id: int) -> list[str]:
+    return list(db.scalars(select(Completion.text).where(Completion.prompt_id == prompt_id).order_by(Completion.id)))
+
+
+def _texts(ctx: Any, prompt_id: int) -> list[str]:
+    with ctx.session_factory() as db:
+        return _texts_in(db, prompt_id)
+
+
+def _write(ctx: Any, k: int, generator: Any, params: Any, per_prompt: list[tuple[int, list[Any]]]) -> int:
+    """Insert the batch in one transaction, never more than K per prompt (re-counted under the write lock)."""
+    from app.db import session_scope
+
+    described = generator.describe() | {"temperature": params.temperature, "top_p": params.top_p,
+                                        "max_new_tokens": params.max_new_tokens, "stop": list(params.stop)}
+    created = 0
+    with session_scope(ctx.session_factory) as db:
+        postgres = db.get_bind().dialect.name == "postgresql"
+        for prompt_id, samples in per_prompt:
+            lock = select(Prompt.id).where(Prompt.id == prompt_id)
+            db.execute(lock.with_for_update() if postgres else lock)
+            have = db.scalar(select(func.count(Completion.id)).where(Completion.prompt_id == prompt_id)) or 0
+            for sample in samples[: max(0, k - have)]:
+                db.add(Completion(prompt_id=prompt_id, text=sample.text, source="sampled",
+                                  generator_name=generator.name, generator_params=described, seed=sample.seed,
+                                  meta={"finish_reason": sample.finish_reason,
+                                        "completion_tokens": sample.completion_tokens, "job_id": ctx.job_id}))
+                created += 1
+    return created

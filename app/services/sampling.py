@@ -1,0 +1,43 @@
+"""Asking for completions: validate the generator and the prompts up front, then enqueue a sampling job."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.errors import Invalid
+from app.models import Job, Project, Prompt, User
+from app.services import jobs, outbound, projects
+
+CAN_SAMPLE = {"lead", "engineer"}
+
+
+def request_sampling(db: Session, project: Project, actor: User, *, generator: dict[str, Any], k: int | None,
+                     prompt_ids: list[int] | None, seed: int | None, resample_duplicates: int) -> Job:
+    """A queued `sample_completions` job, or Invalid naming the field when something can be checked now."""
+    from training.generation import GenerationError, make_generator
+
+    projects.require_project_role(db, project, actor, CAN_SAMPLE, "sample completions")
+    k = k or project.completions_per_prompt
+    if k > project.completions_per_prompt:
+        raise Invalid(f"must be at most the project's K ({project.completions_per_prompt})", field="k")
+    if generator.get("backend") == "openai":
+        generator["base_url"] = outbound.check_base_url(generator["base_url"], field="generator.base_url")
+    try:
+        make_generator(dict(generator)).check()
+    except (GenerationError, ValueError) as exc:
+        field = "generator.model" if generator.get("backend") == "hf" else "generator"
+        raise Invalid(str(exc), field=field) from None
+    if prompt_ids:
+        found = set(db.scalars(select(Prompt.id).where(Prompt.project_id == project.id,
+                                                       Prompt.id.in_(set(prompt_ids)))))
+        missing = sorted(set(prompt_ids) - found)
+        if missing:
+            raise Invalid(f"not prompts of this project: {', '.join(map(str, missing[:10]))}", field="prompt_ids")
+    elif not db.scalar(select(func.count(Prompt.id)).where(Prompt.project_id == project.id)):
+        raise Invalid("the project has no prompts yet; import some first", field="prompt_ids")
+    payload = {"generator": generator, "k": k, "prompt_ids": prompt_ids, "seed": seed,
+               "resample_duplicates": resample_duplicates}
+    return jobs.enqueue(db, "sample_completions", payload, project=project, actor=actor)

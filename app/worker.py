@@ -1,0 +1,190 @@
+"""The job worker: claims jobs from the database, runs them with a heartbeat, and never runs one twice.
+
+Run several (`preflab worker`) against one Postgres; on SQLite run one. SIGTERM lets the current item
+finish, gives the job back to the queue and exits; a SIGKILLed worker's job is taken over by another
+worker once its heartbeat is stale.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import traceback
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.db import make_engine, make_session_factory, session_scope
+from app.jobs import handler_for
+from app.services import jobs
+from app.settings import Settings
+
+log = logging.getLogger("preflab.worker")
+
+
+class JobError(Exception):
+    """A failure that retrying cannot fix (bad input, missing model): the job fails at once with this message."""
+
+
+class JobStopped(Exception):
+    """Raised by `JobContext.check()` when the job must stop (cancelled, shutting down, or taken over)."""
+
+
+class JobContext:
+    """What a handler gets: the job's payload, a session factory, progress and log reporting, and stop checks."""
+
+    def __init__(self, worker: Worker, job_id: int, kind: str, payload: dict[str, Any], project_id: int | None,
+                 attempts: int) -> None:
+        self.worker = worker
+        self.job_id = job_id
+        self.kind = kind
+        self.payload = payload
+        self.project_id = project_id
+        self.attempts = attempts
+        self.settings = worker.settings
+        self.session_factory: sessionmaker[Session] = worker.session_factory
+        self.stop_reason: str | None = None
+        self._progress: tuple[int | None, int | None, str | None] = (None, None, None)
+        self._lock = threading.Lock()
+        self.log_path = jobs.log_path(worker.settings.data_dir, job_id)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def log(self, message: str) -> None:
+        stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S")
+        with self._lock, self.log_path.open("a", encoding="utf-8") as fh:
+            fh.write(f"{stamp} {message}\n")
+
+    def progress(self, done: int, total: int, message: str | None = None) -> None:
+        with self._lock:
+            self._progress = (done, total, message)
+
+    def should_stop(self) -> bool:
+        if self.worker.terminating and self.stop_reason is None:
+            self.stop_reason = "terminating"
+        return self.stop_reason is not None
+
+    def check(self) -> None:
+        if self.should_stop():
+            raise JobStopped(self.stop_reason)
+
+    def take_progress(self) -> tuple[int | None, int | None, str | None]:
+        with self._lock:
+            return self._progress
+
+
+class Worker:
+    def __init__(self, settings: Settings, *, worker_id: str | None = None, kinds: tuple[str, ...] | None = None,
+                 poll_s: float = 1.0, heartbeat_s: float = 2.0, stale_after_s: float = 30.0,
+                 session_factory: sessionmaker[Session] | None = None) -> None:
+        self.settings = settings
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.kinds = kinds
+        self.poll_s = poll_s
+        self.heartbeat_s = heartbeat_s
+        self.stale_after = timedelta(seconds=stale_after_s)
+        self.session_factory = session_factory or make_session_factory(make_engine(settings.database_url))
+        self.terminating = False
+
+    def install_signal_handlers(self) -> None:
+        def on_term(signum: int, _frame: Any) -> None:
+            log.info("worker %s: signal %s, finishing the current item", self.worker_id, signum)
+            self.terminating = True
+
+        signal.signal(signal.SIGTERM, on_term)
+        signal.signal(signal.SIGINT, on_term)
+
+    def run(self, *, max_jobs: int | None = None, exit_when_idle: bool = False) -> int:
+        """Claim and run jobs until terminated (or `max_jobs` ran, or the queue is empty with exit_when_idle)."""
+        ran = 0
+        while not self.terminating and (max_jobs is None or ran < max_jobs):
+            if self.run_one():
+                ran += 1
+                continue
+            if exit_when_idle:
+                break
+            deadline = time.monotonic() + self.poll_s
+            while time.monotonic() < deadline and not self.terminating:
+                time.sleep(min(0.1, self.poll_s))
+        return ran
+
+    def run_one(self) -> bool:
+        """Claim one job and run it to an end state; False when there was nothing to claim."""
+        with session_scope(self.session_factory) as db:
+            job = jobs.claim(db, self.worker_id, kinds=self.kinds, stale_after=self.stale_after)
+            if job is None:
+                return False
+            ctx = JobContext(self, job.id, job.kind, dict(job.payload or {}), job.project_id, job.attempts)
+            if job.log_path is None:
+                job.log_path = str(ctx.log_path)
+        ctx.log(f"claimed by {self.worker_id} (attempt {ctx.attempts})")
+        stop_beating = threading.Event()
+        beat = threading.Thread(target=self._heartbeat_loop, args=(ctx, stop_beating), daemon=True)
+        beat.start()
+        outcome: tuple[str, Any]
+        try:
+            result = handler_for(ctx.kind)(ctx)
+            outcome = ("stopped", None) if ctx.should_stop() else ("ok", result or {})
+        except JobStopped:
+            outcome = ("stopped", None)
+        except JobError as exc:
+            outcome = ("error", str(exc))
+        except Exception as exc:  # an unexpected crash: log the traceback, retry while attempts remain
+            ctx.log(traceback.format_exc())
+            outcome = ("crash", f"{exc.__class__.__name__}: {exc}")
+        finally:
+            stop_beating.set()
+            beat.join()
+        self._settle(ctx, outcome)
+        return True
+
+    def _settle(self, ctx: JobContext, outcome: tuple[str, Any]) -> None:
+        kind, value = outcome
+        done, total, message = ctx.take_progress()
+        with session_scope(self.session_factory) as db:
+            jobs.heartbeat(db, ctx.job_id, self.worker_id, done=done, total=total, message=message)
+            if kind == "ok":
+                jobs.succeed(db, ctx.job_id, self.worker_id, value)
+                ctx.log("succeeded")
+            elif kind == "stopped":
+                if ctx.stop_reason == "terminating":
+                    jobs.requeue(db, ctx.job_id, self.worker_id, "the worker shut down; the job will resume")
+                    ctx.log("worker shutting down: job given back to the queue")
+                else:
+                    ctx.log(f"stopped: {ctx.stop_reason}")
+            elif kind == "error":
+                jobs.fail(db, ctx.job_id, self.worker_id, value, retry=False)
+                ctx.log(f"failed: {value}")
+            else:
+                jobs.fail(db, ctx.job_id, self.worker_id, value, retry=True)
+                ctx.log(f"crashed: {value}")
+
+    def _heartbeat_loop(self, ctx: JobContext, stop: threading.Event) -> None:
+        while not stop.wait(self.heartbeat_s):
+            done, total, message = ctx.take_progress()
+            try:
+                with session_scope(self.session_factory) as db:
+                    state = jobs.heartbeat(db, ctx.job_id, self.worker_id, done=done, total=total, message=message)
+            except Exception:  # a database hiccup: try again at the next beat
+                log.exception("heartbeat failed for job %s", ctx.job_id)
+                continue
+            if state in ("cancelled", "lost") and ctx.stop_reason is None:
+                ctx.stop_reason = state
+                ctx.log(f"stop requested ({state})")
+
+
+def run_worker(settings: Settings, *, kinds: tuple[str, ...] | None = None, poll_s: float = 1.0,
+               max_jobs: int | None = None, exit_when_idle: bool = False) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    worker = Worker(settings, kinds=kinds, poll_s=poll_s)
+    worker.install_signal_handlers()
+    log.info("worker %s started on %s", worker.worker_id, Path(settings.data_dir).resolve())
+    ran = worker.run(max_jobs=max_jobs, exit_when_idle=exit_when_idle)
+    log.info("worker %s stopped after %d job(s)", worker.worker_id, ran)
+    return ran
