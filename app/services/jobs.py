@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.errors import Conflict, Invalid, NotFound
@@ -41,40 +41,33 @@ def claim(db: Session, worker_id: str, *, kinds: tuple[str, ...] | None = None, 
           stale_after: timedelta = STALE_AFTER) -> Job | None:
     """Take the oldest runnable job (queued, or running with a stale heartbeat) for this worker, or None.
 
-    The caller commits right away so the claim is visible; on Postgres concurrent workers skip each
-    other's locked rows, on SQLite the transaction already holds the write lock.
+    One statement: `UPDATE … WHERE id = (SELECT … FOR UPDATE SKIP LOCKED) RETURNING`, so concurrent
+    workers on Postgres skip each other's rows; on SQLite the transaction already holds the write lock.
+    The caller commits right away so the claim is visible.
     """
     now = now or utcnow()
-    query = (select(Job)
-             .where(or_(Job.state == "queued",
-                        (Job.state == "running") & (Job.heartbeat_at < now - stale_after)))
-             .order_by(Job.created_at, Job.id).limit(1))
+    runnable = or_(Job.state == "queued", (Job.state == "running") & (Job.heartbeat_at < now - stale_after))
+    pick = select(Job.id).where(runnable, Job.attempts < Job.max_attempts).order_by(Job.created_at, Job.id).limit(1)
     if kinds:
-        query = query.where(Job.kind.in_(kinds))
+        pick = pick.where(Job.kind.in_(kinds))
     if db.get_bind().dialect.name == "postgresql":
-        query = query.with_for_update(skip_locked=True)
-    while True:
-        job = db.scalar(query)
-        if job is None:
-            return None
-        reclaimed = job.state == "running"
-        if job.attempts >= job.max_attempts:
-            # Every attempt so far died or failed: stop retrying and say why.
-            job.state = "failed"
-            job.finished_at = now
-            job.error = (job.error or "") + (
-                f"\ngave up after {job.attempts} attempts" + (" (the worker stopped responding)" if reclaimed else ""))
-            db.flush()
-            continue
-        job.state = "running"
-        job.attempts += 1
-        job.claimed_by = worker_id
-        job.heartbeat_at = now
-        job.started_at = job.started_at or now
-        if reclaimed:
-            job.result = dict(job.result or {}) | {"message": "resumed after the previous worker stopped responding"}
-        db.flush()
-        return job
+        pick = pick.with_for_update(skip_locked=True)
+    stmt = (update(Job).where(Job.id == pick.scalar_subquery())
+            .values(state="running", attempts=Job.attempts + 1, claimed_by=worker_id, heartbeat_at=now,
+                    started_at=func.coalesce(Job.started_at, now))
+            .returning(Job))
+    job = db.scalars(stmt, execution_options={"synchronize_session": False, "populate_existing": True}).first()
+    if job is None:
+        _fail_exhausted(db, now, stale_after)
+    return job
+
+
+def _fail_exhausted(db: Session, now: datetime, stale_after: timedelta) -> None:
+    """Jobs whose every attempt died (stale heartbeat, no attempts left) fail with the reason instead of hanging."""
+    db.execute(update(Job)
+               .where(Job.state == "running", Job.heartbeat_at < now - stale_after, Job.attempts >= Job.max_attempts)
+               .values(state="failed", finished_at=now,
+                       error=func.coalesce(Job.error, "") + "gave up: the worker stopped responding on every attempt"))
 
 
 def heartbeat(db: Session, job_id: int, worker_id: str, *, done: int | None = None, total: int | None = None,
