@@ -193,7 +193,8 @@ def import_cmd(project_id: Annotated[int, typer.Argument(help="Project id")],
     except imports.ImportRejected as exc:
         typer.echo(f"preflab: {file} was not imported; nothing was written:", err=True)
         for err in exc.errors:
-            typer.echo(f"  line {err.line}: {err.field}: {err.message}", err=True)
+            where = f"line {err.line}: " if err.line else ""
+            typer.echo(f"  {where}{err.field}: {err.message}", err=True)
         raise typer.Exit(1) from None
     typer.echo(f"imported {result.prompts} prompts, {result.completions} completions, {result.pairs} pairs")
     if result.skipped_duplicates:

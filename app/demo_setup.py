@@ -10,7 +10,7 @@ from sqlalchemy import select
 from app.db import make_engine, make_session_factory, session_scope
 from app.migrate import upgrade
 from app.models import Project
-from app.services import imports, projects, users
+from app.services import gold, imports, projects, users
 from app.settings import Settings
 
 DEMO_DATA = Path(__file__).resolve().parent / "demo" / "gsm8k_demo.jsonl"
@@ -65,5 +65,7 @@ def setup_demo(settings: Settings) -> tuple[list[tuple[str, str, str]], int]:
                 projects.add_member(db, project, lead, email=email, role="annotator")
             imports.import_file(db, project, DEMO_DATA.name, DEMO_DATA.read_bytes(), actor=lead,
                                 max_rows=settings.max_import_rows)
+            # Ten questions with a known answer (correct solutions above wrong ones) become gold tasks.
+            gold.gold_from_metadata(db, project, limit=10, actor=lead)
         project_id = project.id
     return printed, project_id

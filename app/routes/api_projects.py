@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, File, Query, Request, UploadFile
+from sqlalchemy.exc import IntegrityError
 
 from app.deps import CurrentUser, SessionDep
-from app.errors import Invalid
+from app.errors import Conflict, Invalid
 from app.schemas import (
     ImportOut,
     MemberIn,
@@ -97,8 +98,13 @@ async def import_file(
     projects.require_project_role(db, project, user, projects.CAN_IMPORT, "import data")
     settings = request.app.state.settings
     data = await read_upload(file, settings.max_upload_mb)
-    result = imports.import_file(db, project, file.filename or "upload", data, actor=user,
-                                 max_rows=settings.max_import_rows, on_duplicate=on_duplicate)
+    try:
+        with db.begin_nested():
+            result = imports.import_file(db, project, file.filename or "upload", data, actor=user,
+                                         max_rows=settings.max_import_rows, on_duplicate=on_duplicate)
+    except IntegrityError:
+        # Another import added the same prompt between our duplicate check and our insert.
+        raise Conflict("another import changed this project at the same moment; upload again", field="file") from None
     return ImportOut(prompts=result.prompts, completions=result.completions, pairs=result.pairs,
                      skipped_duplicates=list(result.skipped_duplicates))
 
