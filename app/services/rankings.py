@@ -45,7 +45,14 @@ def submit(db: Session, project: Project, annotator: User, body: RankingInput) -
             raise Invalid("this submission_id was already used for another project", field="submission_id")
         return earlier, False
 
-    assignment, prompt = _resolve_task(db, project, annotator, body)
+    try:
+        assignment, prompt = _resolve_task(db, project, annotator, body)
+    except Conflict:
+        # A twin request with this submission_id committed while we waited on the task's row lock.
+        earlier = existing_submission(db, annotator, body.submission_id)
+        if earlier is None or earlier.project_id != project.id:
+            raise
+        return earlier, False
     current = rubrics.current(db, project)
     if current is None or body.rubric_version != current.version:
         raise Invalid(f"the rubric changed: you ranked under version {body.rubric_version}, the current version is "
@@ -92,7 +99,8 @@ def submit(db: Session, project: Project, annotator: User, body: RankingInput) -
 def _resolve_task(db: Session, project: Project, annotator: User, body: RankingInput) -> tuple[Assignment, Prompt]:
     now = utcnow()
     if body.assignment_id is not None:
-        assignment = db.get(Assignment, body.assignment_id)
+        # Lock the task: double-clicked submits of it queue here instead of racing to the unique constraints.
+        assignment = db.get(Assignment, body.assignment_id, with_for_update=True)
         if assignment is None or assignment.project_id != project.id or assignment.annotator_id != annotator.id:
             raise Invalid("no such task for you in this project", field="assignment_id")
         if assignment.state in ("submitted", "skipped"):
