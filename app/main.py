@@ -49,6 +49,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         annotate,
         api_projects,
         api_users,
+        constitutions,
         health,
         jobs,
         pages_admin,
@@ -56,7 +57,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         pages_projects,
     )
 
-    for module in (health, api_projects, annotate, api_users, pages_auth, pages_projects, pages_admin, agreement, jobs):
+    routers = (
+        health,
+        api_projects,
+        annotate,
+        api_users,
+        pages_auth,
+        pages_projects,
+        pages_admin,
+        agreement,
+        jobs,
+        constitutions,
+    )
+    for module in routers:
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 

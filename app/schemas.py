@@ -222,3 +222,26 @@ class JobOut(BaseModel):
     started_at: datetime | None
     finished_at: datetime | None
     result: dict | None = Field(default=None, description="The job's summary once it succeeded.")
+
+
+class PrincipleIn(Strict):
+    name: str = Field(min_length=1, max_length=200)
+    rationale: str = Field(default="", max_length=4000)
+    priority: int = Field(default=1, ge=0, le=1000, description="Lower comes first.")
+    comparison: str = Field(min_length=1, max_length=4000, description="e.g. 'Which response is less harmful?'")
+    critique: str = Field(default="", max_length=4000, description="The critique request (supervised CAI stage).")
+    revision: str = Field(default="", max_length=4000, description="The revision request (supervised CAI stage).")
+
+
+class ConstitutionIn(Strict):
+    principles: list[PrincipleIn] = Field(min_length=1, max_length=50)
+    base_version: int | None = Field(default=None, ge=1, description="The version you edited (omit for the first).")
+    note: str = Field(default="", max_length=500)
+
+
+class ConstitutionOut(BaseModel):
+    version: int
+    principles: list[dict]
+    note: str
+    created_at: datetime
+    current: bool
