@@ -19,6 +19,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -221,6 +222,9 @@ class Prompt(Base):
     __table_args__ = (
         UniqueConstraint("project_id", "text_hash"),
         CheckConstraint(_in("split", SPLITS), name="split"),
+        # The queue's gold lookup: without it, "any gold prompt left?" scans every prompt of the project.
+        Index("ix_prompts_project_id_gold", "project_id", "id", postgresql_where=text("gold_tiers IS NOT NULL"),
+              sqlite_where=text("gold_tiers IS NOT NULL")),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -271,6 +275,9 @@ class Assignment(Base):
         UniqueConstraint("prompt_id", "annotator_id", "round"),
         CheckConstraint(_in("state", ASSIGNMENT_STATES), name="state"),
         Index("ix_assignments_state_leased_until", "state", "leased_until"),
+        # A prompt's load (queue overlap check) and an annotator's own tasks, each one index range.
+        Index("ix_assignments_prompt_id_round_state", "prompt_id", "round", "state"),
+        Index("ix_assignments_annotator_id_round_state", "annotator_id", "round", "state"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)

@@ -13,9 +13,10 @@ from sqlalchemy.orm import Session
 
 from app.deps import PageUser, SessionDep, api_user, get_db, optional_user
 from app.errors import DomainError, Forbidden, Invalid, NotFound
-from app.models import Assignment, Completion, Project, ProjectMember, Prompt, User
+from app.models import Assignment, Completion, Project, ProjectMember, Prompt, Rubric, User
 from app.schemas import CompletionView, PromptView, RankingIn, RankingOut, RubricView, TaskOut
 from app.services import projects, queue, rankings, rubrics
+from app.services.pairs import expand_tiers
 from app.web import render
 
 router = APIRouter()
@@ -24,10 +25,14 @@ RESPONSE_LETTERS = "ABCDEFGHIJKLMNOP"
 
 
 def _annotator_project(db: Session, project_id: int, user: User) -> Project:
-    """The project, 404 unless the caller may see it and 403 unless they may annotate: one query, not three."""
-    row = db.execute(select(Project, ProjectMember.role)
+    """The project, 404 unless the caller may see it and 403 unless they may annotate: one query, not four.
+
+    The current rubric comes in the same query, so `rubrics.current` later finds it in the session's identity map.
+    """
+    row = db.execute(select(Project, ProjectMember.role, Rubric)
                      .outerjoin(ProjectMember, and_(ProjectMember.project_id == Project.id,
                                                     ProjectMember.user_id == user.id))
+                     .outerjoin(Rubric, Rubric.id == Project.current_rubric_id)
                      .where(Project.id == project_id)).first()
     if row is None or (user.role != "admin" and row.role is None):
         raise NotFound("no such project")
@@ -85,7 +90,9 @@ def submit_ranking(project_id: int, body: RankingIn, request: Request) -> Respon
         user = _api_caller(request, db)
         project = _annotator_project(db, project_id, user)
         ranking, created = rankings.submit(db, project, user, rankings.RankingInput(**body.model_dump()))
-        out = RankingOut(ranking_id=ranking.id, pairs_created=rankings.pair_count(db, ranking), created=created)
+        # A new ranking's pairs are exactly its expanded tiers; only a repeat needs to count what was stored.
+        pairs_created = len(expand_tiers(ranking.tiers)) if created else rankings.pair_count(db, ranking)
+        out = RankingOut(ranking_id=ranking.id, pairs_created=pairs_created, created=created)
     return Response(out.model_dump_json(), status_code=201 if created else 200, media_type="application/json")
 
 

@@ -9,6 +9,8 @@ writers are serialised.
 from __future__ import annotations
 
 import random
+import threading
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -65,6 +67,37 @@ def _own_active(db: Session, project: Project, annotator: User, now: datetime) -
     )
 
 
+# Where the scan for a non-gold prompt starts, per (project, round, overlap): a prompt id below which every prompt
+# was found full. Only a starting point, never a correctness rule: when the scan from it finds nothing, the whole
+# project is scanned again, and the floor is recomputed from the start every FLOOR_FULL_S seconds, so prompts that
+# reopen below it (expired leases, skips) come back. Without it every request walks over all filled prompts.
+FLOOR_STEP_S = 0.5
+FLOOR_FULL_S = 5.0
+_floors: dict[tuple[int, int, int], tuple[int, float, float]] = {}
+_floors_lock = threading.Lock()
+
+
+def _scan_floor(db: Session, project: Project, now: datetime) -> int:
+    key = (project.id, project.current_round, project.overlap)
+    clock = time.monotonic()
+    with _floors_lock:
+        floor, full_at, step_at = _floors.get(key, (0, -FLOOR_FULL_S, -FLOOR_STEP_S))
+    if clock - full_at >= FLOOR_FULL_S:
+        start, full_at = 0, clock
+    elif clock - step_at >= FLOOR_STEP_S:
+        start = floor
+    else:
+        return floor
+    open_prompt = db.scalar(
+        select(Prompt.id).where(Prompt.project_id == project.id, Prompt.id >= start, Prompt.gold_tiers.is_(None),
+                                _active_load(Prompt.id, project.current_round, now) < project.overlap)
+        .order_by(Prompt.id).limit(1))
+    floor = open_prompt if open_prompt is not None else start
+    with _floors_lock:
+        _floors[key] = (floor, full_at, clock)
+    return floor
+
+
 def next_task(db: Session, project: Project, annotator: User, *, now: datetime | None = None,
               rng: random.Random | None = None) -> Assignment | None:
     """The caller's current lease, or a new one on a prompt that still needs rankings; None when nothing is left."""
@@ -78,31 +111,40 @@ def next_task(db: Session, project: Project, annotator: User, *, now: datetime |
     prefer_gold = (rng or random).random() < gold_rate
     order = [True, False] if prefer_gold else [False, True]
     postgres = db.get_bind().dialect.name == "postgresql"
+    round_ = project.current_round
+    # The caller's own expired or released lease on the candidate, fetched with it (evaluated for one row only).
+    mine = (select(Assignment.id).where(Assignment.prompt_id == Prompt.id, Assignment.annotator_id == annotator.id,
+                                        Assignment.round == round_).scalar_subquery())
     for gold in order:
-        skip: list[int] = []
-        while True:
-            query = _candidates(project, annotator, now, gold=gold)
-            if skip:
-                query = query.where(Prompt.id.not_in(skip))
-            query = query.order_by(Prompt.id).limit(1)
-            if postgres:
-                query = query.with_for_update(of=Prompt, skip_locked=True)
-            prompt_id = db.scalar(query)
-            if prompt_id is None:
-                break
-            # Re-count under the row lock: a lease committed after our snapshot may have filled the prompt.
-            if not gold and db.scalar(select(_active_load(prompt_id, project.current_round, now))) >= project.overlap:
-                skip.append(prompt_id)
-                continue
-            return _lease(db, project, annotator, prompt_id, now + lease)
+        floors = [0] if gold else [_scan_floor(db, project, now), 0]
+        for floor in dict.fromkeys(floors):
+            skip: list[int] = []
+            while True:
+                query = _candidates(project, annotator, now, gold=gold).with_only_columns(Prompt.id, mine)
+                if floor:
+                    query = query.where(Prompt.id >= floor)
+                if skip:
+                    query = query.where(Prompt.id.not_in(skip))
+                query = query.order_by(Prompt.id).limit(1)
+                if postgres:
+                    query = query.with_for_update(of=Prompt, skip_locked=True)
+                row = db.execute(query).first()
+                if row is None:
+                    break
+                prompt_id, existing_id = row
+                # Re-count under the row lock: a lease committed after our snapshot may have filled the prompt.
+                if not gold and db.scalar(select(_active_load(prompt_id, round_, now))) >= project.overlap:
+                    skip.append(prompt_id)
+                    continue
+                return _lease(db, project, annotator, prompt_id, now + lease, existing_id)
     return None
 
 
-def _lease(db: Session, project: Project, annotator: User, prompt_id: int, until: datetime) -> Assignment:
-    existing = db.scalar(select(Assignment).where(Assignment.prompt_id == prompt_id,
-                                                  Assignment.annotator_id == annotator.id,
-                                                  Assignment.round == project.current_round))
-    if existing is not None:  # the annotator's own expired or released lease on this prompt comes back
+def _lease(db: Session, project: Project, annotator: User, prompt_id: int, until: datetime,
+           existing_id: int | None) -> Assignment:
+    if existing_id is not None:  # the annotator's own expired or released lease on this prompt comes back
+        existing = db.get(Assignment, existing_id)
+        assert existing is not None
         existing.state = "leased"
         existing.leased_until = until
         db.flush()
