@@ -50,6 +50,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         api_projects,
         api_users,
         constitutions,
+        exports,
         health,
         jobs,
         pages_admin,
@@ -68,6 +69,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         agreement,
         jobs,
         constitutions,
+        exports,
     )
     for module in routers:
         app.include_router(module.router)

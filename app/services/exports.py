@@ -1,0 +1,239 @@
+"""Export requests: validate kind, format and an allowlist of filters, then record the Export and enqueue its job.
+
+The writing itself is `app.services.export_writer`, run by the `export` job (or the CLI, synchronously).
+"""
+
+from __future__ import annotations
+
+import shutil
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.errors import DomainError, Invalid, NotFound
+from app.models import LABEL_SOURCES, SPLITS, Constitution, Export, Job, Project, Rubric, User, utcnow
+from app.services import audit, jobs, projects
+from app.services.export_writer import ExportSpec
+
+KINDS = ("pairs", "rankings", "prompts", "sft")
+FORMATS = ("jsonl", "parquet", "hf")
+AGGREGATIONS = ("raw", "aggregated")
+CONFLICTS = ("keep", "drop")
+FLAGGED = ("include", "exclude", "only")
+CAN_EXPORT = {"lead", "engineer"}
+CAN_DELETE = {"lead"}
+
+# Which filters each kind understands; anything else is refused by name.
+_LABEL_FILTERS = ("source", "rubric_versions", "constitution_versions", "flagged", "created_after", "created_before",
+                  "split")
+FILTERS: dict[str, tuple[str, ...]] = {
+    "pairs": _LABEL_FILTERS + ("min_agreement", "min_confidence"),
+    "rankings": _LABEL_FILTERS,
+    "sft": _LABEL_FILTERS,
+    "prompts": ("split",),
+}
+
+
+class Gone(DomainError):
+    """The export existed and was deleted: its row is a tombstone, its files are gone."""
+
+    status_code = 410
+
+
+def _as_list(name: str, value: Any) -> list[Any]:
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    if isinstance(value, list | tuple):
+        return list(value)
+    raise Invalid("must be a list (or a comma-separated string)", field=f"filters.{name}")
+
+
+def _versions(db: Session, project: Project, name: str, value: Any, model: type[Rubric] | type[Constitution]
+              ) -> list[int]:
+    try:
+        versions = sorted({int(v) for v in _as_list(name, value)})
+    except (TypeError, ValueError):
+        raise Invalid("must be whole version numbers", field=f"filters.{name}") from None
+    if not versions:
+        raise Invalid("must name at least one version", field=f"filters.{name}")
+    known = set(db.scalars(select(model.version).where(model.project_id == project.id)))
+    missing = [v for v in versions if v not in known]
+    if missing:
+        raise Invalid(f"this project has no such version: {', '.join(map(str, missing))}", field=f"filters.{name}")
+    return versions
+
+
+def _fraction(name: str, value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise Invalid("must be a number between 0 and 1", field=f"filters.{name}") from None
+    if isinstance(value, bool) or not 0.0 <= number <= 1.0:
+        raise Invalid("must be a number between 0 and 1", field=f"filters.{name}")
+    return number
+
+
+def _instant(name: str, value: Any) -> str:
+    try:
+        moment = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        raise Invalid("must be an ISO 8601 date or date-time", field=f"filters.{name}") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)  # a bare date or time means UTC
+    return moment.astimezone(UTC).isoformat()
+
+
+def validate_filters(db: Session, project: Project, kind: str, filters: dict[str, Any] | None) -> dict[str, Any]:
+    """The filters normalised (sorted lists, UTC instants, numbers), or Invalid naming the first bad one."""
+    if filters is None:
+        return {}
+    if not isinstance(filters, dict):
+        raise Invalid("must be an object", field="filters")
+    allowed = FILTERS[kind]
+    out: dict[str, Any] = {}
+    for name in sorted(filters):
+        value = filters[name]
+        if name not in allowed:
+            known = ", ".join(allowed)
+            raise Invalid(f"unknown filter {name!r} for {kind} exports; known: {known}", field=f"filters.{name}")
+        if value is None or value == "" or value == []:
+            continue  # an empty form field means "no filter"
+        if name == "source":
+            sources = sorted(set(map(str, _as_list(name, value))))
+            bad = [s for s in sources if s not in LABEL_SOURCES]
+            if bad or not sources:
+                raise Invalid(f"must be among {', '.join(LABEL_SOURCES)}", field="filters.source")
+            out[name] = sources
+        elif name == "rubric_versions":
+            out[name] = _versions(db, project, name, value, Rubric)
+        elif name == "constitution_versions":
+            out[name] = _versions(db, project, name, value, Constitution)
+        elif name in ("min_agreement", "min_confidence"):
+            out[name] = _fraction(name, value)
+        elif name == "flagged":
+            if value not in FLAGGED:
+                raise Invalid(f"must be one of {', '.join(FLAGGED)}", field="filters.flagged")
+            out[name] = value
+        elif name in ("created_after", "created_before"):
+            out[name] = _instant(name, value)
+        elif name == "split":
+            if value not in SPLITS:
+                raise Invalid(f"must be one of {', '.join(SPLITS)}", field="filters.split")
+            out[name] = value
+    if "created_after" in out and "created_before" in out and out["created_after"] >= out["created_before"]:
+        raise Invalid("must be later than created_after", field="filters.created_before")
+    return out
+
+
+def _choice(name: str, value: str, options: tuple[str, ...]) -> str:
+    if value not in options:
+        raise Invalid(f"unknown {name} {value!r}; one of {', '.join(options)}", field=name)
+    return value
+
+
+def create_export(db: Session, project: Project, actor: User | None, *, kind: str, format: str,
+                  filters: dict[str, Any] | None = None, aggregation: str = "raw", conflicts: str = "keep") -> Export:
+    """A validated Export row (no job): the caller writes it, the job or the CLI. Filters are stored normalised,
+    with the aggregation options beside them, so the row alone says how to reproduce the export."""
+    kind = _choice("kind", kind, KINDS)
+    fmt = _choice("format", format, FORMATS)
+    aggregation = _choice("aggregation", aggregation, AGGREGATIONS)
+    conflicts = _choice("conflicts", conflicts, CONFLICTS)
+    if kind != "pairs" and aggregation != "raw":
+        raise Invalid("only pairs exports can be aggregated", field="aggregation")
+    stored = validate_filters(db, project, kind, filters)
+    if kind == "pairs":
+        stored = stored | {"aggregation": aggregation, "conflicts": conflicts}
+    export = Export(project_id=project.id, kind=kind, format=fmt, filters=stored,
+                    created_by_id=actor.id if actor else None)
+    db.add(export)
+    db.flush()
+    return export
+
+
+def request_export(db: Session, project: Project, actor: User, kind: str, format: str,
+                   filters: dict[str, Any] | None = None, aggregation: str = "raw", conflicts: str = "keep") -> Export:
+    """Record the Export and enqueue its `export` job in the caller's transaction (leads, engineers, admins)."""
+    projects.require_project_role(db, project, actor, CAN_EXPORT, "export data")
+    export = create_export(db, project, actor, kind=kind, format=format, filters=filters, aggregation=aggregation,
+                           conflicts=conflicts)
+    job = jobs.enqueue(db, "export", {"export_id": export.id}, project=project, actor=actor, max_attempts=2)
+    export.job_id = job.id
+    audit.record(db, actor, "export.request", project_id=project.id, object_type="export", object_id=export.id,
+                 kind=export.kind, format=export.format, filters=export.filters)
+    return export
+
+
+def spec_of(export: Export) -> ExportSpec:
+    filters = dict(export.filters or {})
+    aggregation = filters.pop("aggregation", "raw")
+    conflicts = filters.pop("conflicts", "keep")
+    return ExportSpec(project_id=export.project_id, kind=export.kind, format=export.format, filters=filters,
+                      aggregation=aggregation, conflicts=conflicts)
+
+
+def export_dir(data_dir: Path, export_id: int) -> Path:
+    return Path(data_dir) / "exports" / str(export_id)
+
+
+def get_visible(db: Session, export_id: int, user: User) -> Export:
+    """The export, or NotFound when it does not exist or its project is not the user's."""
+    export = db.get(Export, export_id)
+    if export is None:
+        raise NotFound("no such export")
+    try:
+        projects.get_visible(db, export.project_id, user)
+    except NotFound:
+        raise NotFound("no such export") from None
+    return export
+
+
+def list_for_project(db: Session, project: Project, limit: int = 100) -> list[Export]:
+    return list(db.scalars(select(Export).where(Export.project_id == project.id).order_by(Export.id.desc())
+                           .limit(limit)))
+
+
+def status(db: Session, export: Export) -> str:
+    """deleted, ready (files written), or the job's state (queued, running, failed, cancelled)."""
+    if export.deleted_at is not None:
+        return "deleted"
+    if export.sha256:
+        return "ready"
+    job = db.get(Job, export.job_id) if export.job_id else None
+    if job is None:
+        return "failed"
+    return "running" if job.state == "succeeded" else job.state
+
+
+def file_path(export: Export, name: str) -> Path:
+    """The file's path, only for a name listed on the Export row (never a path the caller made up)."""
+    if export.deleted_at is not None:
+        raise Gone("this export was deleted; its files are gone (the row keeps its hashes)")
+    if not export.path or name not in (export.files or {}):
+        raise NotFound("no such file in this export")
+    root = Path(export.path).resolve()
+    path = (root / name).resolve()
+    if root not in path.parents or not path.is_file():
+        raise NotFound("no such file in this export")
+    return path
+
+
+def delete(db: Session, export: Export, actor: User) -> Export:
+    """Remove the files and keep the row as a tombstone (filters, counts, hashes stay on record)."""
+    project = db.get(Project, export.project_id)
+    assert project is not None
+    projects.require_project_role(db, project, actor, CAN_DELETE, "delete exports")
+    if export.deleted_at is not None:
+        return export
+    export.deleted_at = utcnow()
+    job = db.get(Job, export.job_id) if export.job_id else None
+    if job is not None and job.state not in jobs.TERMINAL:
+        jobs.cancel(db, job, actor)  # the handler sees the tombstone and removes what it wrote
+    if export.path:
+        shutil.rmtree(export.path, ignore_errors=True)
+    audit.record(db, actor, "export.delete", project_id=project.id, object_type="export", object_id=export.id,
+                 sha256=export.sha256)
+    return export
