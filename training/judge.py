@@ -1,0 +1,721 @@
+"""The constitutional AI judge (Bai et al. 2022, RLAIF): soft, position-debiased A/B labels from a model's
+next-token probabilities, principle ensembling, rankings of K completions, and critique → revision.
+
+A comparison is scored in both orders; with p_A(X, Y) the judge's probability of answering "A" when X
+is shown as (A) and Y as (B), the label is p(A ≻ B) = ½[p_A(A, B) + 1 − p_A(B, A)]. Both raw values
+are kept in the `Verdict`, so the judge's own position bias is visible.
+
+Backends: "hf" reads log-probs straight from the model (both orders of a comparison in one batch);
+"openai" asks the server for `logprobs`/`top_logprobs` and, when the server gives none, parses a single
+letter from the answer and says so (`Verdict.hard`). Prompt texts live in `training.judge_prompts`;
+untrusted text goes into them verbatim (see there why that cannot be sanitised).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import math
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from training.generation import (
+    GenerationError,
+    GenerationParams,
+    HFGenerator,
+    OpenAIGenerator,
+    Progress,
+    ShouldStop,
+    make_generator,
+)
+from training.judge_prompts import (
+    ANSWER_PREFIX,
+    CHAT_ANSWER_REQUEST,
+    COT_CUE,
+    COT_STOP,
+    CRITIQUE_STOP,
+    TEMPLATE_VERSION,
+    build_comparison_prompt,
+    build_cot_prompt,
+    build_critique_prompt,
+    build_revision_prompt,
+    comparison_body,
+    cot_scoring_prompt,
+    format_conversation,
+)
+from training.judge_ranking import METHODS, RankingMethod, rank_from_pairwise
+
+__all__ = [
+    "JudgeConfig", "Verdict", "Judge", "JudgeResult", "build_comparison_prompt", "build_cot_prompt",
+    "format_conversation", "rank_from_pairwise", "judge_prompt_completions", "judge_many", "critique_and_revise",
+    "debias", "clamp",
+]
+
+Item = tuple[str, str, str]
+"""(conversation, response_a, response_b)."""
+LETTERS = ("A", "B")
+OPENAI_TOP_LOGPROBS = 5
+"""How many alternatives per position the openai backend asks for (the common server maximum is 5+)."""
+OPENAI_ANSWER_TOKENS = 4
+"""Tokens an openai judge may write when scoring: enough for "(A)" or " A." and for the letter fallback."""
+
+
+def debias(p_a_first: float, p_a_second: float) -> float:
+    """Swap-averaged label p(A ≻ B) = ½[p_A(A, B) + 1 − p_A(B, A)] (position debiasing)."""
+    return 0.5 * (p_a_first + 1.0 - p_a_second)
+
+
+def clamp(p: float, bounds: tuple[float, float]) -> float:
+    """p clipped to [low, high]; CAI §4.2 clamps chain-of-thought labels to [0.4, 0.6] (they are overconfident)."""
+    low, high = bounds
+    return min(max(p, low), high)
+
+
+def two_way_softmax(logp_a: float, logp_b: float) -> float:
+    """p(A) renormalised over the two letters: e^{ℓ_A} / (e^{ℓ_A} + e^{ℓ_B}) = σ(ℓ_A − ℓ_B)."""
+    d = logp_a - logp_b
+    if d >= 0:
+        return 1.0 / (1.0 + math.exp(-d))
+    e = math.exp(d)
+    return e / (1.0 + e)
+
+
+# ---------------------------------------------------------------------------------------------- config
+
+
+@dataclass
+class JudgeConfig:
+    """How the judge labels a comparison; stored with every judge run."""
+
+    mode: Literal["logprob", "cot"] = "logprob"
+    """"logprob": read p(A), p(B) after the comparison prompt; "cot": write reasoning first, then read them."""
+    principles: Literal["sample", "all"] = "sample"
+    """"sample": one principle per comparison, drawn with a RNG seeded by (seed, key); "all": average over all."""
+    seed: int = 0
+    """Seeds principle sampling (and is sent to openai servers), so a re-run gives the same labels."""
+    cot_clamp: tuple[float, float] = (0.4, 0.6)
+    """Chain-of-thought mode clips each raw p_A to this interval before debiasing (CAI §4.2)."""
+    ranking: RankingMethod = "bradley_terry"
+    """How pairwise labels of K completions become a ranking: "bradley_terry" or "copeland"."""
+    batch_size: int = 16
+    """Prompts per forward pass (hf); both orders of a comparison are consecutive rows."""
+    low_confidence: float = 0.6
+    """Pairs whose max(p, 1 − p) is below this (and rankings whose confidence is) are marked for humans."""
+    max_new_tokens_cot: int = 128
+    """Most reasoning tokens in chain-of-thought mode."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("logprob", "cot"):
+            raise ValueError(f'mode must be "logprob" or "cot", got {self.mode!r}')
+        if self.principles not in ("sample", "all"):
+            raise ValueError(f'principles must be "sample" or "all", got {self.principles!r}')
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
+        bounds = self.cot_clamp
+        if (not isinstance(bounds, tuple | list) or len(bounds) != 2
+                or not all(isinstance(b, int | float) and not isinstance(b, bool) for b in bounds)
+                or not 0.0 <= bounds[0] <= 0.5 <= bounds[1] <= 1.0):
+            raise ValueError(f"cot_clamp must be two numbers (low, high) with 0 ≤ low ≤ 0.5 ≤ high ≤ 1, got {bounds!r}")
+        self.cot_clamp = (float(bounds[0]), float(bounds[1]))  # JSON gives a list
+        if self.ranking not in METHODS:
+            raise ValueError(f"ranking must be one of {', '.join(METHODS)}, got {self.ranking!r}")
+        if not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool) or self.batch_size < 1:
+            raise ValueError(f"batch_size must be an integer ≥ 1, got {self.batch_size!r}")
+        low = self.low_confidence
+        if not isinstance(low, int | float) or isinstance(low, bool) or not 0.5 <= low <= 1.0:
+            raise ValueError(f"low_confidence must be a number in [0.5, 1], got {low!r}")
+        steps = self.max_new_tokens_cot
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            raise ValueError(f"max_new_tokens_cot must be an integer ≥ 1, got {steps!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["cot_clamp"] = list(self.cot_clamp)
+        return out
+
+
+@dataclass
+class Verdict:
+    """The judge's label for one comparison of A against B."""
+
+    p: float
+    """p(A ≻ B), debiased: ½[p_A(A, B) + 1 − p_A(B, A)]."""
+    p_a_first: float
+    """p_A(A, B): probability of answering "A" with A shown first."""
+    p_a_second: float
+    """p_A(B, A): probability of answering "A" (the first-shown answer, which is B) with B shown first."""
+    principles: list[str]
+    """Names of the principles applied (one when sampled, all when averaged)."""
+    hard: bool
+    """True when only a parsed letter was available (openai server without log-probs): p ∈ {0, ½, 1}."""
+    reasoning: str | None = None
+    """Chain-of-thought mode: the reasoning written before the answer, for both orders."""
+    by_principle: dict[str, float] = field(default_factory=dict)
+    """Debiased p per principle (several entries only with principles="all")."""
+    mass: float | None = None
+    """p(A) + p(B) under the full next-token distribution, averaged: how well the judge kept to the
+    answer format (near 0 means the A/B split is noise). None when unknown."""
+
+    @property
+    def position_flip(self) -> bool:
+        """The two orders disagree on the winner (a position-biased judge picks the same slot twice)."""
+        first = _sign(self.p_a_first - 0.5)     # +1: A won with A shown first
+        second = _sign(0.5 - self.p_a_second)   # +1: A won with B shown first
+        return first * second < 0
+
+    @property
+    def confidence(self) -> float:
+        """max(p, 1 − p): how far the label is from a coin flip."""
+        return max(self.p, 1.0 - self.p)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "position_flip": self.position_flip}
+
+
+def _sign(x: float) -> int:
+    return (x > 0) - (x < 0)
+
+
+@dataclass
+class _Job:
+    """One scoring prompt: item × principle × order. `user` is the question, `tail` what the judge 'says'
+    before the letter (answer prefix, or CoT cue + reasoning + answer prefix)."""
+
+    item: int
+    principle: int
+    order: int  # 0: (A, B) as given; 1: swapped
+    user: str
+    tail: str
+    reasoning: str | None = None
+
+
+# ----------------------------------------------------------------------------------------------- judge
+
+
+class Judge:
+    """A model that labels comparisons under constitutional principles (see the module docstring).
+
+    Build it from a generator spec (`{"backend": "hf", "model": "/path"}` or an openai spec, as for
+    `training.generation.make_generator`), an existing `HFGenerator` / `OpenAIGenerator`, or with
+    `Judge.from_model(model, tokenizer)` for a model already in memory.
+    """
+
+    def __init__(self, generator: dict[str, Any] | HFGenerator | OpenAIGenerator,
+                 config: JudgeConfig | None = None) -> None:
+        self.generator = make_generator(generator) if isinstance(generator, dict) else generator
+        if not isinstance(self.generator, HFGenerator | OpenAIGenerator):
+            raise TypeError(f"generator must be a spec dict, HFGenerator or OpenAIGenerator, got {type(generator)}")
+        self.config = config or JudgeConfig()
+
+    @classmethod
+    def from_model(cls, model: Any, tokenizer: Any, config: JudgeConfig | None = None, *,
+                   use_chat_template: bool | None = None) -> Judge:
+        """A judge over a causal LM already in memory (tests, benchmarks, a policy being trained)."""
+        from training.policy import prepare_tokenizer
+
+        name = getattr(model.config, "_name_or_path", "") or "in-memory"
+        generator = HFGenerator(Path(name), use_chat_template=use_chat_template, batch_size=(config or
+                                JudgeConfig()).batch_size)
+        # HFGenerator loads lazily from disk; handing it the loaded objects skips that load
+        generator._model = model.eval()
+        generator._tokenizer = prepare_tokenizer(tokenizer)
+        generator._device = next(model.parameters()).device
+        return cls(generator, config)
+
+    @property
+    def backend(self) -> str:
+        return self.generator.backend
+
+    def describe(self) -> dict[str, Any]:
+        """Provenance of this judge: generator, config and the prompt texts' fingerprint."""
+        return {"generator": self.generator.describe(), "config": self.config.to_dict(),
+                "templates": TEMPLATE_VERSION}
+
+    # -- principles ------------------------------------------------------------------------------------
+
+    def principles_for(self, principles: Sequence[dict[str, Any]], key: tuple) -> list[int]:
+        """Indices of the principles applied to the comparison identified by `key`.
+
+        "sample" draws one uniformly from a RNG seeded by sha256(repr((seed, key))): the same
+        comparison gets the same principle on every run, whatever else is in the batch."""
+        if self.config.principles == "all":
+            return list(range(len(principles)))
+        digest = hashlib.sha256(repr((self.config.seed, tuple(key))).encode()).digest()
+        return [random.Random(int.from_bytes(digest[:8], "big")).randrange(len(principles))]
+
+    # -- compare ---------------------------------------------------------------------------------------
+
+    def compare(self, items: Sequence[Item], principles: Sequence[dict[str, Any]], *, key: tuple | None = None,
+                keys: Sequence[tuple] | None = None, progress: Progress | None = None,
+                should_stop: ShouldStop | None = None) -> list[Verdict]:
+        """One Verdict per (conversation, response_a, response_b).
+
+        Item i is identified for principle sampling by `keys[i]` when given, else by `(*key, i)` (key
+        defaults to ()). Pass stable keys (e.g. prompt and completion ids) to make re-runs reproducible
+        regardless of batching. `progress(done, total)` counts scoring prompts; `should_stop` is checked
+        between batches (raises `JudgeCancelled`).
+        """
+        _check_principles(principles)
+        if keys is not None and len(keys) != len(items):
+            raise ValueError(f"keys: {len(keys)} keys for {len(items)} items")
+        base = tuple(key) if key is not None else ()
+        chosen = [self.principles_for(principles, tuple(keys[i]) if keys is not None else (*base, i))
+                  for i in range(len(items))]
+        jobs: list[_Job] = []
+        for i, (conversation, a, b) in enumerate(items):
+            for k in chosen[i]:
+                for order, (x, y) in enumerate(((a, b), (b, a))):
+                    jobs.append(_Job(i, k, order, comparison_body(conversation, principles[k], x, y), ANSWER_PREFIX))
+        if self.config.mode == "cot":
+            self._reason(jobs, should_stop)
+        scored = self._score(jobs, progress, should_stop)
+        return self._verdicts(len(items), principles, chosen, jobs, scored)
+
+    def _verdicts(self, n: int, principles: Sequence[dict[str, Any]], chosen: list[list[int]], jobs: list[_Job],
+                  scored: list[tuple[float, float | None, bool]]) -> list[Verdict]:
+        raw: dict[tuple[int, int, int], tuple[float, float | None, bool]] = {}
+        reasons: dict[tuple[int, int, int], str | None] = {}
+        for job, result in zip(jobs, scored, strict=True):
+            raw[(job.item, job.principle, job.order)] = result
+            reasons[(job.item, job.principle, job.order)] = job.reasoning
+        cot = self.config.mode == "cot"
+        out = []
+        for i in range(n):
+            firsts, seconds, masses, by_principle, hard, texts = [], [], [], {}, False, []
+            for k in chosen[i]:
+                (p1, m1, h1), (p2, m2, h2) = raw[(i, k, 0)], raw[(i, k, 1)]
+                if cot:
+                    p1, p2 = clamp(p1, self.config.cot_clamp), clamp(p2, self.config.cot_clamp)
+                firsts.append(p1)
+                seconds.append(p2)
+                masses += [m for m in (m1, m2) if m is not None]
+                hard = hard or h1 or h2
+                by_principle[principles[k]["name"]] = debias(p1, p2)
+                if cot:
+                    name = principles[k]["name"]
+                    texts.append(f"[{name}, A first] {reasons[(i, k, 0)]}\n[{name}, B first] {reasons[(i, k, 1)]}")
+            p_first, p_second = sum(firsts) / len(firsts), sum(seconds) / len(seconds)
+            out.append(Verdict(p=debias(p_first, p_second), p_a_first=p_first, p_a_second=p_second,
+                               principles=[principles[k]["name"] for k in chosen[i]], hard=hard,
+                               reasoning="\n".join(texts) if cot else None, by_principle=by_principle,
+                               mass=sum(masses) / len(masses) if masses else None))
+        return out
+
+    def _score(self, jobs: list[_Job], progress: Progress | None,
+               should_stop: ShouldStop | None) -> list[tuple[float, float | None, bool]]:
+        """Per job: (p_A renormalised over A/B, p(A) + p(B) or None, hard)."""
+        if isinstance(self.generator, HFGenerator):
+            return self._score_hf(jobs, progress, should_stop)
+        return self._score_openai(jobs, progress, should_stop)
+
+    # -- hf ----------------------------------------------------------------------------------------------
+
+    def _hf_text(self, job: _Job) -> tuple[str, bool]:
+        """Full scoring text and whether a chat template rendered it (then no special tokens are added)."""
+        gen = self.generator
+        assert isinstance(gen, HFGenerator)
+        rendered, templated = gen.render(job.user.rstrip("\n"))
+        if templated:
+            # the question is the user turn; the answer prefix is the start of the assistant's reply
+            return rendered + job.tail, True
+        return job.user + job.tail, False
+
+    def _letter_ids(self, text: str, templated: bool) -> tuple[list[int], int, int]:
+        """(context ids, id of "A", id of "B"): the tokens where text + "A" and text + "B" first differ.
+
+        Tokenising the full strings, rather than looking up "A" in the vocabulary, finds the right ids
+        whatever the tokenizer does at the boundary: a separate "A", a merged "(A" (then the context
+        ends before "("), or a leading-space variant."""
+        tokenizer = self.generator._tokenizer  # type: ignore[union-attr]
+        ids_a = tokenizer(text + "A", add_special_tokens=not templated)["input_ids"]
+        ids_b = tokenizer(text + "B", add_special_tokens=not templated)["input_ids"]
+        c = 0
+        while c < min(len(ids_a), len(ids_b)) and ids_a[c] == ids_b[c]:
+            c += 1
+        if c == 0 or c >= len(ids_a) or c >= len(ids_b):
+            raise GenerationError("the judge tokenizer cannot tell the answers A and B apart after the prompt")
+        return ids_a[:c], ids_a[c], ids_b[c]
+
+    def _score_hf(self, jobs: list[_Job], progress: Progress | None,
+                  should_stop: ShouldStop | None) -> list[tuple[float, float | None, bool]]:
+        import torch
+
+        from training.policy import position_ids_from_mask
+
+        gen = self.generator
+        assert isinstance(gen, HFGenerator)
+        with gen._lock:
+            gen._load()
+            model, tokenizer, device = gen._model, gen._tokenizer, gen._device
+            context = gen.context_length()
+            rows = []
+            for j, job in enumerate(jobs):
+                ids, a, b = self._letter_ids(*self._hf_text(job))
+                if context is not None and len(ids) > context:
+                    raise GenerationError(f"comparison {job.item}: the judge prompt is {len(ids)} tokens but the "
+                                          f"judge model's context is {context}; shorten the responses")
+                rows.append((j, ids, a, b))
+            # longest first so a batch pads little; the two orders of an item have (nearly) the same length
+            rows.sort(key=lambda r: (-len(r[1]), jobs[r[0]].item, jobs[r[0]].principle, jobs[r[0]].order))
+            out: list[tuple[float, float | None, bool] | None] = [None] * len(jobs)
+            size = self.config.batch_size
+            pad = tokenizer.pad_token_id
+            for start in range(0, len(rows), size):
+                if should_stop is not None and should_stop():
+                    raise JudgeCancelled
+                batch = rows[start:start + size]
+                width = max(len(r[1]) for r in batch)
+                input_ids = torch.tensor([[pad] * (width - len(r[1])) + r[1] for r in batch], device=device)
+                mask = torch.tensor([[0] * (width - len(r[1])) + [1] * len(r[1]) for r in batch], device=device)
+                with torch.no_grad():
+                    logits = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
+                                   logits_to_keep=1, use_cache=False).logits[:, -1, :].float()  # (B, V)
+                logp = torch.log_softmax(logits, dim=-1)
+                letters = torch.tensor([[r[2], r[3]] for r in batch], device=device)
+                pair = logp.gather(1, letters).cpu().tolist()  # (B, 2): log p(A), log p(B)
+                for r, (la, lb) in zip(batch, pair, strict=True):
+                    out[r[0]] = (two_way_softmax(la, lb), math.exp(la) + math.exp(lb), False)
+                if progress is not None:
+                    progress(min(start + size, len(rows)), len(rows))
+        return out  # type: ignore[return-value]
+
+    def _reason_hf(self, jobs: list[_Job], should_stop: ShouldStop | None) -> list[str]:
+        """Greedy chain-of-thought for each job (greedy, so a re-run writes the same reasoning)."""
+        import torch
+
+        gen = self.generator
+        assert isinstance(gen, HFGenerator)
+        steps = self.config.max_new_tokens_cot
+        with gen._lock:
+            gen._load()
+            model, tokenizer, device = gen._model, gen._tokenizer, gen._device
+            context = gen.context_length()
+            eos = sorted(gen._eos_ids())
+            encoded = []
+            for job in jobs:
+                text, templated = self._hf_text(replace(job, tail=COT_CUE))
+                ids = tokenizer(text, add_special_tokens=not templated)["input_ids"]
+                if context is not None and len(ids) + steps > context:
+                    raise GenerationError(f"comparison {job.item}: the chain-of-thought prompt is {len(ids)} tokens; "
+                                          f"with max_new_tokens_cot={steps} it needs more than the judge model's "
+                                          f"context of {context}")
+                encoded.append(ids)
+            texts: list[str] = []
+            pad = tokenizer.pad_token_id
+            for start in range(0, len(encoded), self.config.batch_size):
+                if should_stop is not None and should_stop():
+                    raise JudgeCancelled
+                batch = encoded[start:start + self.config.batch_size]
+                width = max(len(ids) for ids in batch)
+                input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in batch], device=device)
+                mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch], device=device)
+                with torch.no_grad():
+                    out = model.generate(input_ids=input_ids, attention_mask=mask, do_sample=False, num_beams=1,
+                                         temperature=None, top_p=None, top_k=None, max_new_tokens=steps,
+                                         eos_token_id=eos, pad_token_id=pad)
+                for row in out[:, width:].tolist():
+                    end = next((t for t, tok in enumerate(row) if tok in eos), len(row))
+                    texts.append(tokenizer.decode(row[:end], skip_special_tokens=True))
+        return texts
+
+    def _reason(self, jobs: list[_Job], should_stop: ShouldStop | None) -> None:
+        """CoT mode: write each job's reasoning and make its tail cue + reasoning + answer prefix."""
+        if isinstance(self.generator, HFGenerator):
+            texts = self._reason_hf(jobs, should_stop)
+        else:
+            texts = self._reason_openai(jobs, should_stop)
+        for job, text in zip(jobs, texts, strict=True):
+            cut = text.find(COT_STOP)
+            job.reasoning = (text[:cut] if cut >= 0 else text).strip()
+            job.tail = cot_scoring_prompt(COT_CUE, job.reasoning)
+
+    # -- openai ------------------------------------------------------------------------------------------
+
+    def _openai_call(self, job: _Job, body_extra: dict[str, Any], should_stop: ShouldStop | None,
+                     for_reasoning: bool) -> Any:
+        gen = self.generator
+        assert isinstance(gen, OpenAIGenerator)
+        body: dict[str, Any] = {"model": gen.model, "n": 1, "temperature": 0.0, "seed": self.config.seed}
+        if gen.api == "completions":
+            tail = COT_CUE if for_reasoning else job.tail
+            body["prompt"] = job.user + tail
+            path = "/completions"
+        else:
+            if for_reasoning:
+                messages = [{"role": "user", "content": job.user + COT_CUE}]
+            elif job.reasoning is not None:
+                messages = [{"role": "user", "content": job.user + COT_CUE},
+                            {"role": "assistant", "content": job.reasoning},
+                            {"role": "user", "content": CHAT_ANSWER_REQUEST}]
+            else:
+                messages = [{"role": "user", "content": job.user + CHAT_ANSWER_REQUEST}]
+            body["messages"] = messages
+            path = "/chat/completions"
+        body.update(body_extra)
+        return gen._request("POST", path, body, should_stop)
+
+    def _map_openai(self, jobs: list[_Job], fn: Any, progress: Progress | None,
+                    should_stop: ShouldStop | None) -> list[Any]:
+        """fn(job) for every job, `concurrency` requests in flight; results in job order."""
+        gen = self.generator
+        assert isinstance(gen, OpenAIGenerator)
+        out: list[Any] = [None] * len(jobs)
+        done = 0
+        with concurrent.futures.ThreadPoolExecutor(max_workers=gen.concurrency) as pool:
+            futures = {}
+            for j, job in enumerate(jobs):
+                if should_stop is not None and should_stop():
+                    break
+                futures[pool.submit(fn, job)] = j
+            for future in concurrent.futures.as_completed(futures):
+                out[futures[future]] = future.result()
+                done += 1
+                if progress is not None:
+                    progress(done, len(jobs))
+        if len(futures) < len(jobs):
+            raise JudgeCancelled
+        return out
+
+    def _score_openai(self, jobs: list[_Job], progress: Progress | None,
+                      should_stop: ShouldStop | None) -> list[tuple[float, float | None, bool]]:
+        gen = self.generator
+        assert isinstance(gen, OpenAIGenerator)
+        if gen.api == "chat":
+            extra = {"max_tokens": OPENAI_ANSWER_TOKENS, "logprobs": True, "top_logprobs": OPENAI_TOP_LOGPROBS}
+        else:
+            extra = {"max_tokens": OPENAI_ANSWER_TOKENS, "logprobs": OPENAI_TOP_LOGPROBS}
+
+        def one(job: _Job) -> tuple[float, float | None, bool]:
+            return read_openai_answer(self._openai_call(job, extra, should_stop, False), gen.api)
+
+        return self._map_openai(jobs, one, progress, should_stop)
+
+    def _reason_openai(self, jobs: list[_Job], should_stop: ShouldStop | None) -> list[str]:
+        gen = self.generator
+        assert isinstance(gen, OpenAIGenerator)
+        extra = {"max_tokens": self.config.max_new_tokens_cot, "stop": [COT_STOP]}
+
+        def one(job: _Job) -> str:
+            return _answer_text(self._openai_call(job, extra, should_stop, True), gen.api)
+
+        return self._map_openai(jobs, one, None, should_stop)
+
+
+class JudgeCancelled(Exception):  # noqa: N818 - a cancel is not an error
+    """`should_stop()` returned True between batches; nothing of the call is kept."""
+
+
+def _check_principles(principles: Sequence[dict[str, Any]]) -> None:
+    if not principles:
+        raise ValueError("principles: give at least one principle")
+    for i, principle in enumerate(principles):
+        for name in ("name", "comparison"):
+            if not isinstance(principle.get(name), str) or not principle[name]:
+                raise ValueError(f"principles[{i}].{name} must be non-empty text")
+
+
+# ------------------------------------------------------------------------------------- openai answers
+
+
+def _letter_of(token: str) -> str | None:
+    """"A" for tokens such as "A", " A", "(A", "A)"; None otherwise."""
+    core = token.strip().lstrip("(").rstrip(").:").strip()
+    return core if core in LETTERS else None
+
+
+def _logsumexp(values: list[float]) -> float:
+    top = max(values)
+    return top + math.log(sum(math.exp(v - top) for v in values))
+
+
+def letter_logprobs(positions: list[dict[str, float]]) -> tuple[float, float] | None:
+    """(log p(A), log p(B)) from the top-logprob lists of the first answer positions, or None.
+
+    The first position whose alternatives include a letter decides; spellings of one letter ("A",
+    " A", "(A") are summed. A letter missing from a top-k list has at most the smallest listed
+    probability, so that bound stands in for it: the label is then less extreme than the truth, never
+    more."""
+    for alternatives in positions:
+        found: dict[str, list[float]] = {}
+        for token, logp in alternatives.items():
+            letter = _letter_of(token)
+            if letter is not None and logp is not None and math.isfinite(logp):
+                found.setdefault(letter, []).append(logp)
+        if found:
+            floor = min(v for v in alternatives.values() if v is not None and math.isfinite(v))
+            return (_logsumexp(found["A"]) if "A" in found else floor,
+                    _logsumexp(found["B"]) if "B" in found else floor)
+    return None
+
+
+_ANSWER_PATTERNS = (
+    re.compile(r"^\s*\(?\s*([AB])\s*(?:\)|\.|:|,|$|\s*$)"),   # "(A)", "A.", "B" alone
+    re.compile(r"\(([AB])\)"),                               # "... so (B) is better"
+    re.compile(r"answer is:?\s*\(?([AB])\b", re.IGNORECASE),  # "the answer is B"
+)
+
+
+def parse_letter(text: str) -> str | None:
+    """The single letter an answer names, or None when it names neither or is ambiguous."""
+    for pattern in _ANSWER_PATTERNS:
+        hits = {m.group(1) for m in pattern.finditer(text)} if pattern.pattern[0] != "^" else {
+            m.group(1) for m in [pattern.match(text)] if m}
+        if len(hits) == 1:
+            return hits.pop()
+        if len(hits) > 1:
+            return None
+    return None
+
+
+def _choice(data: Any) -> dict[str, Any]:
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise GenerationError("the judge server gave a malformed answer: no choices")
+    return choices[0]
+
+
+def _answer_text(data: Any, api: str) -> str:
+    choice = _choice(data)
+    if api == "chat":
+        message = choice.get("message")
+        text = message.get("content") if isinstance(message, dict) else None
+    else:
+        text = choice.get("text")
+    return text if isinstance(text, str) else ""
+
+
+def _top_logprob_positions(choice: dict[str, Any], api: str) -> list[dict[str, float]]:
+    """Per generated position, {token: logprob} of the listed alternatives (and the chosen token)."""
+    logprobs = choice.get("logprobs")
+    if not isinstance(logprobs, dict):
+        return []
+    positions: list[dict[str, float]] = []
+    if api == "chat":
+        for entry in logprobs.get("content") or []:
+            if not isinstance(entry, dict):
+                continue
+            alts = {a["token"]: a["logprob"] for a in entry.get("top_logprobs") or []
+                    if isinstance(a, dict) and isinstance(a.get("token"), str)
+                    and isinstance(a.get("logprob"), int | float)}
+            if isinstance(entry.get("token"), str) and isinstance(entry.get("logprob"), int | float):
+                alts.setdefault(entry["token"], entry["logprob"])
+            positions.append(alts)
+    else:
+        tops = logprobs.get("top_logprobs") or []
+        tokens = logprobs.get("tokens") or []
+        chosen = logprobs.get("token_logprobs") or []
+        for t, top in enumerate(tops):
+            alts = {k: v for k, v in (top or {}).items() if isinstance(v, int | float)}
+            if t < len(tokens) and t < len(chosen) and isinstance(chosen[t], int | float):
+                alts.setdefault(tokens[t], chosen[t])
+            positions.append(alts)
+    return positions
+
+
+def read_openai_answer(data: Any, api: str) -> tuple[float, float | None, bool]:
+    """(p_A over A/B, p(A) + p(B), hard) from one openai response: log-probs when the server gave
+    them; otherwise the letter parsed from the text as a hard 1/0 label (½ when it names neither)."""
+    choice = _choice(data)
+    found = letter_logprobs(_top_logprob_positions(choice, api))
+    if found is not None:
+        la, lb = found
+        return two_way_softmax(la, lb), math.exp(la) + math.exp(lb), False
+    letter = parse_letter(_answer_text(data, api))
+    return {"A": 1.0, "B": 0.0, None: 0.5}[letter], None, True
+
+
+# -------------------------------------------------------------------------------- K completions, ranks
+
+
+@dataclass
+class JudgeResult:
+    """A judge's ranking of the K completions of one prompt."""
+
+    tiers: list[list[int]]
+    """Completion ids, best tier first; ids in one tier are tied."""
+    pair_probs: dict[tuple[int, int], Verdict]
+    """Every pair (i, j), i before j in the given order, judged with i as response A."""
+    scores: dict[int, float]
+    """Per id: Bradley–Terry strength θ (log π, mean 0) or Copeland score."""
+    confidence: float
+    """Mean judged p(upper ≻ lower) over pairs in different tiers (½ when all tied)."""
+    method: RankingMethod = "bradley_terry"
+    """How the tiers were computed."""
+    low_confidence: float = 0.6
+    """Threshold below which pairs and the ranking are marked for human review."""
+
+    def prob(self, i: int, j: int) -> float:
+        """p(i ≻ j) from the judged pair, whichever way round it was asked."""
+        if (i, j) in self.pair_probs:
+            return self.pair_probs[(i, j)].p
+        return 1.0 - self.pair_probs[(j, i)].p
+
+    def is_low_confidence(self, i: int, j: int) -> bool:
+        p = self.prob(i, j)
+        return max(p, 1.0 - p) < self.low_confidence
+
+    @property
+    def needs_human(self) -> bool:
+        """The ranking as a whole is below the confidence threshold."""
+        return self.confidence < self.low_confidence
+
+
+def judge_many(judge: Judge, tasks: Sequence[tuple[str, Sequence[tuple[int, str]], tuple]],
+               principles: Sequence[dict[str, Any]], *, progress: Progress | None = None,
+               should_stop: ShouldStop | None = None) -> list[JudgeResult]:
+    """`judge_prompt_completions` over several prompts, all pairs of all prompts in shared batches.
+
+    Each task is (conversation, [(completion id, text), …], key); pair (i, j) is sampled a principle
+    by the key (*key, i, j), so results do not depend on which prompts share the call."""
+    items: list[Item] = []
+    keys: list[tuple] = []
+    spans = []
+    for conversation, completions, key in tasks:
+        ids = [c[0] for c in completions]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"completions: ids must be distinct, got {ids}")
+        pairs = [(a, b) for x, a in enumerate(completions) for b in completions[x + 1:]]
+        spans.append((len(items), pairs, ids))
+        for (i, text_i), (j, text_j) in pairs:
+            items.append((conversation, text_i, text_j))
+            keys.append((*tuple(key), i, j))
+    verdicts = judge.compare(items, principles, keys=keys, progress=progress, should_stop=should_stop)
+    results = []
+    for start, pairs, ids in spans:
+        pair_probs = {(a[0], b[0]): verdicts[start + n] for n, (a, b) in enumerate(pairs)}
+        tiers, scores, confidence = rank_from_pairwise(ids, {k: v.p for k, v in pair_probs.items()},
+                                                       judge.config.ranking)
+        results.append(JudgeResult(tiers, pair_probs, scores, confidence, judge.config.ranking,
+                                   judge.config.low_confidence))
+    return results
+
+
+def judge_prompt_completions(judge: Judge, conversation: str, completions: Sequence[tuple[int, str]],
+                             principles: Sequence[dict[str, Any]], key: tuple = ()) -> JudgeResult:
+    """Judge all K(K−1)/2 pairs of one prompt's completions and rank them (`judge.config.ranking`)."""
+    return judge_many(judge, [(conversation, completions, key)], principles)[0]
+
+
+# ---------------------------------------------------------------------------------- critique, revision
+
+
+def critique_and_revise(generator_or_judge: Judge | HFGenerator | OpenAIGenerator, conversation: str, response: str,
+                        principle: dict[str, Any], *, params: GenerationParams | None = None) -> tuple[str, str]:
+    """Supervised CAI stage (Bai et al. 2022, §3.1): critique `response` under the principle's critique
+    request, then revise it under its revision request, the critique in context. Returns (critique,
+    revision). `params` default: greedy, 256 new tokens."""
+    generator = generator_or_judge.generator if isinstance(generator_or_judge, Judge) else generator_or_judge
+    for name in ("critique", "revision"):
+        if not isinstance(principle.get(name), str) or not principle[name]:
+            raise ValueError(f"principle.{name} must be non-empty text for critique and revision")
+    params = params or GenerationParams(temperature=0.0, max_new_tokens=256, seed=0)
+    critique_prompt = build_critique_prompt(conversation, response, principle)
+    critique_params = replace(params, stop=[*params.stop, CRITIQUE_STOP])
+    critique = generator.generate([critique_prompt], 1, critique_params)[0][0].text.strip()
+    revision_prompt = build_revision_prompt(critique_prompt, critique, principle)
+    revision = generator.generate([revision_prompt], 1, params)[0][0].text.strip()
+    return critique, revision
