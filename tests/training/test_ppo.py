@@ -228,16 +228,17 @@ def _mean(history, key):
 
 @pytest.mark.slow
 def test_target_token_reward_rises_with_kl_held_by_beta_and_the_value_head_learns(tiny_dir):
-    held, changed = _target_token_run(tiny_dir, beta=0.5)
+    held, changed = _target_token_run(tiny_dir, beta=0.4)
     free, _ = _target_token_run(tiny_dir, beta=0.0)
     assert changed > 0
-    # the optimum of r − β·KL puts p(a) ∝ p_ref(a)·e^{1/β}: e² ≈ 7× the reference's ~1/70, so ~0.8 "a" per response
-    assert _mean(held[-10:], "reward_mean") > _mean(held[:3], "reward_mean") + 0.2, [h["reward_mean"] for h in held]
-    assert max(h["kl"] for h in held) < 3.0
+    # the optimum of r − β·KL puts p(a) ∝ p_ref(a)·e^{1/β}: e^2.5 ≈ 12× the reference's ~1/70, so ~1.2 "a" per
+    # response at a KL of ~1.8 nats; the untrained model starts near 8/70
+    assert _mean(held[-10:], "reward_mean") > _mean(held[:3], "reward_mean") + 0.5, [h["reward_mean"] for h in held]
+    assert max(h["kl"] for h in held) < 4.0
     # without the penalty the policy collapses onto "a": the KL runs away
     assert _mean(free[-10:], "reward_mean") > 6.0
     assert _mean(free[-10:], "kl") > 5 * _mean(held[-10:], "kl")
-    assert all(h["beta"] == 0.5 for h in held) and all(h["non_score_reward"] <= 1e-6 for h in free)
+    assert all(h["beta"] == 0.4 for h in held) and all(h["non_score_reward"] <= 1e-6 for h in free)
     # the zero-initialised value head starts knowing nothing (EV = 0) and learns to predict the returns
     assert held[0]["explained_variance"] == pytest.approx(0.0, abs=1e-6)
     assert _mean(held[-5:], "explained_variance") > 0.3, [h["explained_variance"] for h in held]
