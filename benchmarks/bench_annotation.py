@@ -1,0 +1,311 @@
+"""Annotation throughput: 32 API clients doing next-task → submit against the real app on Postgres.
+
+For each server shape (one uvicorn process, then `--workers 2`), the database is rebuilt and seeded (K=4, 20k prompts
+of ~300-character completions, 32 annotators with API tokens), the server is started on a free port as its own
+process, and every client loops next-task → submit for a fixed time after a warm-up. Afterwards the database is
+checked: no prompt over its overlap, six pairs per K=4 ranking. Then the ranking page's server time is measured
+in-process (an ASGI wrapper times each request, no network) for K=4 completions of 2,000 characters.
+
+    PREFLAB_BENCH_DATABASE_URL=postgresql://postgres@127.0.0.1:5432/preflab_bench \\
+        .venv/bin/python benchmarks/bench_annotation.py [--seconds 20] [--workers 1 2]
+
+Prints one JSON line with every figure and the machine's load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from sqlalchemy import create_engine, text
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from app.settings import Settings  # noqa: E402
+
+DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/preflab_bench"
+SECRET = "bench-secret-key-that-is-long-enough-0123456789abcdef"
+WORDS = ("the answer follows because each step keeps the invariant and the total is checked twice "
+         "so we conclude with confidence that").split()
+
+
+def _text(rng: random.Random, chars: int) -> str:
+    out: list[str] = []
+    n = 0
+    while n < chars:
+        word = rng.choice(WORDS)
+        out.append(word)
+        n += len(word) + 1
+    return " ".join(out)[:chars]
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _ms(values: list[float]) -> dict[str, float]:
+    return {"n": len(values), "p50_ms": round(_percentile(values, 0.50) * 1e3, 2),
+            "p95_ms": round(_percentile(values, 0.95) * 1e3, 2), "p99_ms": round(_percentile(values, 0.99) * 1e3, 2)}
+
+
+def reset_database(url: str) -> None:
+    from app.db import make_engine
+    from app.migrate import upgrade
+
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("DROP SCHEMA public CASCADE"))
+        conn.execute(text("CREATE SCHEMA public"))
+    engine.dispose()
+    upgrade(url)
+
+
+def seed(url: str, *, prompts: int, chars: int, overlap: int, annotators: int, name: str,
+         seed_: int = 0) -> tuple[int, list[str], list[int]]:
+    """A project with `prompts` ready prompts (K=4), `annotators` members; returns (project id, tokens, user ids)."""
+    from argon2 import PasswordHasher
+
+    from app import security
+    from app.db import make_engine, make_session_factory, session_scope
+    from app.services import imports, projects, users
+
+    security._hasher = PasswordHasher(time_cost=1, memory_cost=8 * 1024, parallelism=1)  # seeding, not login
+    rng = random.Random(seed_)
+    engine = make_engine(url)
+    with session_scope(make_session_factory(engine)) as db:
+        lead = users.create_user(db, f"lead-{name}@example.org", "bench password 123", "lead")
+        project = projects.create_project(db, lead, name=name, completions_per_prompt=4, overlap=overlap,
+                                          rubric_text="Rank correct, clear answers first.", criteria=["Correctness"])
+        tokens, ids = [], []
+        for i in range(annotators):
+            person = users.create_user(db, f"a{i}-{name}@example.org", "bench password 123", "annotator")
+            projects.add_member(db, project, lead, email=person.email, role="annotator")
+            tokens.append(users.create_token(db, person)[1])
+            ids.append(person.id)
+        from app.models import Completion, Prompt
+
+        prompt_ids = imports._bulk_insert(db, Prompt, [
+            {"project_id": project.id, "text": f"Question {i}: {_text(rng, 200)}", "text_hash": f"{name}-{i}",
+             "split": "train", "meta": {}} for i in range(prompts)], ids=True)
+        imports._bulk_insert(db, Completion, [
+            {"prompt_id": pid, "text": _text(rng, chars), "source": "imported", "generator_params": {},
+             "meta": {}} for pid in prompt_ids for _ in range(4)])
+        project_id = project.id
+    with engine.begin() as conn:
+        conn.execute(text("ANALYZE"))
+    engine.dispose()
+    return project_id, tokens, ids
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cpu_seconds(pid: int) -> float:
+    """user + system CPU of a process and its children (uvicorn's workers), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    pids = [pid]
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        pids += [int(c) for c in children]
+    except OSError:
+        pass
+    for p in pids:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except OSError:
+            continue
+    return total
+
+
+def start_server(url: str, workers: int, data_dir: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    env = os.environ | {"PREFLAB_DATABASE_URL": url, "PREFLAB_SECRET_KEY": SECRET, "PREFLAB_ENV": "dev",
+                        "PREFLAB_DATA_DIR": data_dir}
+    cmd = [sys.executable, "-m", "uvicorn", "app.asgi:app", "--host", "127.0.0.1", "--port", str(port),
+           "--log-level", "warning", "--no-access-log"]
+    if workers > 1:
+        cmd += ["--workers", str(workers)]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                return proc, base
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("server did not start")
+
+
+async def load(base: str, project_id: int, tokens: list[str], *, warmup: float, seconds: float) -> dict[str, Any]:
+    """Each token is one client looping next-task → submit; only requests after the warm-up are measured."""
+    lat: dict[str, list[float]] = {"next": [], "submit": []}
+    errors: dict[str, int] = {}
+    counts = {"rankings": 0, "empty": 0}
+    t_start = time.perf_counter()
+    t_measure, t_end = t_start + warmup, t_start + warmup + seconds
+
+    async def client(token: str, k: int) -> None:
+        async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {token}"},
+                                     timeout=30) as http:
+            n = 0
+            while (now := time.perf_counter()) < t_end:
+                measured = now >= t_measure
+                t0 = time.perf_counter()
+                r = await http.get(f"/api/projects/{project_id}/tasks/next")
+                t1 = time.perf_counter()
+                if r.status_code == 204:
+                    counts["empty"] += 1
+                    await asyncio.sleep(0.05)
+                    continue
+                if r.status_code != 200:
+                    errors[f"next {r.status_code}"] = errors.get(f"next {r.status_code}", 0) + 1
+                    continue
+                task = r.json()
+                body = {"assignment_id": task["assignment_id"], "tiers": [[c["id"]] for c in task["completions"]],
+                        "rubric_version": task["rubric"]["version"], "submission_id": f"c{k}-{n}",
+                        "seconds_spent": 1.0}
+                n += 1
+                t2 = time.perf_counter()
+                s = await http.post(f"/api/projects/{project_id}/rankings", json=body)
+                t3 = time.perf_counter()
+                if s.status_code != 201:
+                    errors[f"submit {s.status_code}"] = errors.get(f"submit {s.status_code}", 0) + 1
+                    continue
+                if measured and t3 <= t_end:
+                    lat["next"].append(t1 - t0)
+                    lat["submit"].append(t3 - t2)
+                    counts["rankings"] += 1
+
+    await asyncio.gather(*(client(t, k) for k, t in enumerate(tokens)))
+    return {"rankings": counts["rankings"], "rankings_per_s": round(counts["rankings"] / seconds, 1),
+            "next": _ms(lat["next"]), "submit": _ms(lat["submit"]),
+            "all_requests": _ms(lat["next"] + lat["submit"]), "errors": errors, "empty_queue": counts["empty"]}
+
+
+def check_database(url: str, project_id: int, overlap: int) -> dict[str, int]:
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        over = conn.execute(text(
+            "SELECT count(*) FROM (SELECT prompt_id FROM assignments WHERE project_id = :p"
+            " AND (state = 'submitted' OR (state = 'leased' AND leased_until > now()))"
+            " GROUP BY prompt_id HAVING count(*) > :o) x"), {"p": project_id, "o": overlap}).scalar_one()
+        rankings = conn.execute(text("SELECT count(*) FROM rankings WHERE project_id = :p"),
+                                {"p": project_id}).scalar_one()
+        pairs = conn.execute(text("SELECT count(*) FROM pairs JOIN rankings r ON r.id = pairs.ranking_id"
+                                  " WHERE r.project_id = :p"), {"p": project_id}).scalar_one()
+        bad = conn.execute(text(
+            "SELECT count(*) FROM rankings r WHERE r.project_id = :p AND NOT r.skipped"
+            " AND (SELECT count(*) FROM pairs WHERE ranking_id = r.id) <> 6"), {"p": project_id}).scalar_one()
+        submitted = conn.execute(text("SELECT count(*) FROM assignments WHERE project_id = :p"
+                                      " AND state = 'submitted'"), {"p": project_id}).scalar_one()
+    engine.dispose()
+    return {"over_assigned_prompts": over, "rankings": rankings, "pairs": pairs, "rankings_without_6_pairs": bad,
+            "submitted_assignments": submitted}
+
+
+def render_times(url: str, renders: int, prompts: int, data_dir: str) -> dict[str, Any]:
+    """Server time of GET /projects/{id}/annotate, in-process: an ASGI wrapper times the app, no network."""
+    from fastapi.testclient import TestClient
+
+    from app.db import make_engine, make_session_factory, session_scope
+    from app.main import create_app
+    from app.models import User
+    from app.services import users
+
+    project_id, _, (user_id,) = seed(url, prompts=prompts, chars=2000, overlap=1, annotators=1, name="render")
+    engine = make_engine(url)
+    with session_scope(make_session_factory(engine)) as db:
+        cookie = users.start_session(db, db.get(User, user_id), hours=1)
+    engine.dispose()
+    app = create_app(Settings(env="dev", database_url=url, secret_key=SECRET, data_dir=Path(data_dir)))
+    times: list[float] = []
+
+    async def timed(scope, receive, send):  # type: ignore[no-untyped-def]
+        t0 = time.perf_counter()
+        await app(scope, receive, send)
+        times.append(time.perf_counter() - t0)
+
+    with TestClient(timed, base_url="http://testserver", cookies={"preflab_session": cookie}) as client:  # type: ignore[arg-type]
+        for i in range(renders + 20):
+            r = client.get(f"/projects/{project_id}/annotate")
+            assert r.status_code == 200 and "2000" not in r.headers.get("x-error", ""), r.status_code
+            if i == 19:
+                times.clear()  # warm-up: template compilation, pool connections
+    app.state.engine.dispose()
+    return {"page": "GET /projects/{id}/annotate", "k": 4, "completion_chars": 2000, "project_prompts": prompts,
+            "renders": len(times), "p50_ms": round(_percentile(times, 0.5) * 1e3, 2),
+            "p95_ms": round(_percentile(times, 0.95) * 1e3, 2), "mean_ms": round(statistics.mean(times) * 1e3, 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--warmup", type=float, default=3.0)
+    parser.add_argument("--prompts", type=int, default=20_000)
+    parser.add_argument("--overlap", type=int, default=2)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--renders", type=int, default=200)
+    parser.add_argument("--render-prompts", type=int, default=2_000)
+    args = parser.parse_args()
+    url = Settings(database_url=os.environ.get("PREFLAB_BENCH_DATABASE_URL", DEFAULT_URL)).database_url
+    result: dict[str, Any] = {"bench": "annotation", "clients": args.clients, "k": 4, "prompts": args.prompts,
+                              "overlap": args.overlap, "seconds": args.seconds, "cpus": os.cpu_count(),
+                              "load_before": os.getloadavg()[0], "runs": {}}
+    with tempfile.TemporaryDirectory() as data_dir:
+        for workers in args.workers:
+            reset_database(url)
+            project_id, tokens, _ = seed(url, prompts=args.prompts, chars=300, overlap=args.overlap,
+                                         annotators=args.clients, name="bench")
+            proc, base = start_server(url, workers, data_dir)
+            try:
+                cpu0, t0 = _cpu_seconds(proc.pid), time.perf_counter()
+                client_cpu0 = time.process_time()
+                run = asyncio.run(load(base, project_id, tokens, warmup=args.warmup, seconds=args.seconds))
+                server_cpu = _cpu_seconds(proc.pid) - cpu0
+                wall = time.perf_counter() - t0
+                # Load-independent figures: CPU the app server and the client spent per ranking (whole run,
+                # warm-up included, so divided by every ranking made in it).
+                made = check_database(url, project_id, args.overlap)["rankings"]
+                run["server_cpu_ms_per_ranking"] = round(server_cpu / max(made, 1) * 1e3, 2)
+                run["client_cpu_ms_per_ranking"] = round((time.process_time() - client_cpu0) / max(made, 1) * 1e3, 2)
+                run["server_cpu_share"] = round(server_cpu / wall, 2)
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
+            run["load_1min_after"] = os.getloadavg()[0]
+            run["database"] = check_database(url, project_id, args.overlap)
+            result["runs"][f"workers_{workers}"] = run
+        if args.renders:
+            reset_database(url)
+            result["render"] = render_times(url, args.renders, args.render_prompts, data_dir)
+    result["load_after"] = os.getloadavg()[0]
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
