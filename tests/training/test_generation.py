@@ -4,11 +4,13 @@ HTTP server that samples from that model, spec validation, and the diversity mea
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 
 import pytest
 import torch
 
+from tests.support.openai_server import OpenAICompatibleServer
 from tests.training.tiny import char_tokenizer, save_tiny, tiny_gpt2
 from training.generation import (
     GenerationCancelled,
@@ -24,6 +26,7 @@ from training.generation import (
 )
 
 PROMPTS = ["1+2=", "hello there, ", "9+9="]
+KEY = "sk-test-secret-0123"
 # one character per token, so rendered lengths are easy to count
 TEMPLATE = ("{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}a:{% endif %}")
@@ -196,6 +199,138 @@ def test_hf_describe_records_model_and_params(hf, tiny_dir):
     assert len(described["fingerprint"]) == 16
     json.dumps(described)
     assert hf.name == f"hf:{tiny_dir.name}"
+
+
+# -------------------------------------------------------------------------------------------- openai
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir):
+    with OpenAICompatibleServer(tiny_dir, model_name="tiny", api_key=KEY, max_n=2) as srv:
+        yield srv
+
+
+@pytest.fixture
+def fresh(server):
+    """The shared server with no faults queued and its request log emptied."""
+    server.clear_faults()
+    deadline = time.monotonic() + 5
+    while server.in_flight and time.monotonic() < deadline:  # a timed-out request may still be sleeping
+        time.sleep(0.05)
+    server.requests.clear()
+    server.max_in_flight = 0
+    yield server
+    server.clear_faults()
+
+
+def remote(server, **options) -> OpenAIGenerator:
+    spec = {"backend": "openai", "base_url": server.url, "model": "tiny", "api_key": KEY, "max_n": 2,
+            "backoff_s": 0.01, **options}
+    return make_generator(spec)
+
+
+def test_openai_completions_match_local_sampling(fresh, hf):
+    params = GenerationParams(max_new_tokens=8, seed=21)
+    client = remote(fresh, api="completions")
+    out = client.generate(PROMPTS[:2], 2, params)
+    # the server samples with the hf backend: same model, prompt and seeds → the same texts
+    assert texts(out) == texts(hf.generate(PROMPTS[:2], 2, params))
+    assert out[0][0].prompt_tokens == 4 and out[0][0].seed == 21
+    assert fresh.request_count == 2 and [r["n"] for r in fresh.requests] == [2, 2]
+    assert fresh.requests[0]["max_tokens"] == 8 and fresh.requests[0]["seed"] == 21
+
+
+def test_openai_chat_sends_messages(fresh, hf):
+    params = GenerationParams(max_new_tokens=6, seed=4, stop=["\n"])
+    messages = [{"role": "user", "content": "1+2="}]
+    out = remote(fresh).generate([messages, "9+9="], 1, params)
+    sent = sorted((r["messages"] for r in fresh.requests), key=lambda m: m[0]["content"])
+    assert sent == [messages, [{"role": "user", "content": "9+9="}]]  # a string becomes one user turn
+    assert all(r["stop"] == ["\n"] for r in fresh.requests)
+    assert texts(out) == texts(hf.generate([messages, [{"role": "user", "content": "9+9="}]], 1, params))
+    assert out[0][0].completion_tokens is not None  # n=1: usage is this sample's own
+
+
+def test_openai_splits_n_over_requests_above_max_n(fresh, hf):
+    params = GenerationParams(max_new_tokens=6, seed=100)
+    out = remote(fresh, api="completions").generate(["1+2="], 5, params)
+    # n=5 with max_n=2: requests for samples [0,2), [2,4), [4,5), each seeded with seed + first index
+    assert sorted((r["n"], r["seed"]) for r in fresh.requests) == [(1, 104), (2, 100), (2, 102)]
+    assert [s.seed for s in out[0]] == [100, 100, 102, 102, 104]
+    assert texts(out) == texts(hf.generate(["1+2="], 5, params))
+
+
+def test_openai_server_cap_above_max_n_is_a_clear_error(fresh):
+    with pytest.raises(GenerationError, match="HTTP 400") as info:
+        remote(fresh, max_n=4).generate(["1+2="], 4, GenerationParams(max_new_tokens=4))
+    assert "SERVER-BODY" not in str(info.value) and "n must be" not in str(info.value)
+
+
+def test_openai_retries_429_after_retry_after(fresh):
+    fresh.fail_next(429, times=1, retry_after=1)
+    started = time.monotonic()
+    out = remote(fresh, max_retries=2).generate(["1+2="], 1, GenerationParams(max_new_tokens=4, seed=1))
+    assert time.monotonic() - started >= 0.95  # backoff_s=0.01 would not wait this long: Retry-After did
+    assert fresh.request_count == 2 and len(out[0]) == 1
+
+
+def test_openai_5xx_exhausts_retries(fresh):
+    fresh.fail_always(500)
+    with pytest.raises(GenerationError, match=r"HTTP 500 \(3 attempts\)") as info:
+        remote(fresh, max_retries=2).generate(["1+2="], 1, GenerationParams(max_new_tokens=4))
+    assert fresh.request_count == 3 and "SERVER-BODY" not in str(info.value)
+
+
+def test_openai_timeout(fresh):
+    fresh.sleep_next(1.0)
+    with pytest.raises(GenerationError, match="timed out after 0.3 s"):
+        remote(fresh, timeout_s=0.3, max_retries=0).generate(["1+2="], 1, GenerationParams(max_new_tokens=4))
+
+
+def test_openai_malformed_json_and_wrong_choice_count(fresh):
+    fresh.malformed_next()
+    with pytest.raises(GenerationError, match="not JSON") as info:
+        remote(fresh).generate(["1+2="], 1, GenerationParams(max_new_tokens=4))
+    assert "SERVER-BODY" not in str(info.value) and fresh.request_count == 1  # not retried
+    fresh.wrong_choices_next()
+    with pytest.raises(GenerationError, match="returned 3 choices for n=2"):
+        remote(fresh).generate(["1+2="], 2, GenerationParams(max_new_tokens=4))
+
+
+def test_openai_unreachable_server():
+    closed = OpenAIGenerator("http://127.0.0.1:9/v1", "tiny", max_retries=0, timeout_s=2)
+    with pytest.raises(GenerationError, match="could not reach http://127.0.0.1:9/v1/chat/completions"):
+        closed.generate(["1+2="], 1, GenerationParams(max_new_tokens=4))
+
+
+def test_openai_api_key_is_sent_and_never_described(fresh):
+    client = remote(fresh)
+    client.check(connect=True)
+    described = json.dumps(client.describe(GenerationParams()))
+    assert KEY not in described and KEY not in repr(client)
+    with pytest.raises(GenerationError, match=r"HTTP 401 \(check api_key\)"):
+        remote(fresh, api_key="wrong").generate(["1+2="], 1, GenerationParams(max_new_tokens=4))
+    with pytest.raises(GenerationError, match="does not list model 'other'"):
+        make_generator({"backend": "openai", "base_url": fresh.url, "model": "other", "api_key": KEY}).check(
+            connect=True)
+
+
+def test_openai_concurrency_cap_progress_and_stop(fresh):
+    seen = []
+    remote(fresh, api="completions", concurrency=2).generate(
+        PROMPTS * 2, 1, GenerationParams(max_new_tokens=4, seed=0), progress=lambda d, t: seen.append((d, t)))
+    assert fresh.max_in_flight <= 2 and fresh.request_count == 6
+    assert [d for d, _ in seen] == [1, 2, 3, 4, 5, 6] and {t for _, t in seen} == {6}
+    checks = []
+    with pytest.raises(GenerationCancelled) as info:
+        remote(fresh, api="completions", concurrency=1).generate(
+            PROMPTS, 1, GenerationParams(max_new_tokens=4), should_stop=lambda: checks.append(1) or len(checks) > 2)
+    assert sorted(info.value.completed) == [0, 1]
+
+
+def test_openai_completions_api_refuses_messages(fresh):
+    with pytest.raises(GenerationError, match='need api="chat"'):
+        remote(fresh, api="completions").generate([[{"role": "user", "content": "x"}]], 1, GenerationParams())
 
 
 # ------------------------------------------------------------------------------------------- specs
