@@ -225,10 +225,20 @@ def task_grpo(args: argparse.Namespace) -> list[dict[str, Any]]:
     return bench_grpo.run(steps=4 if args.quick else 8, repeats=args.repeats)
 
 
+def task_ppo(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """PPO (value head, separate critic) against GRPO on the same work: time and peak memory
+    (benchmarks/bench_ppo.py)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_ppo
+
+    return bench_ppo.run(steps=3 if args.quick else 6, repeats=args.repeats)
+
+
 TASKS: dict[str, Callable[[argparse.Namespace], list[dict[str, Any]]]] = {
     "reward": task_reward,
     "reward-hh": task_reward_hh,
     "grpo": task_grpo,
+    "ppo": task_ppo,
 }
 
 
