@@ -2,7 +2,9 @@
 
 `python -m training reward --train PATH [--eval PATH] [--model DIR] --out DIR [--config run.toml] [--set k=v ...]`
 writes OUT/model/ (safetensors), OUT/metrics.jsonl, OUT/eval.json and OUT/config.json. The same command
-under `accelerate launch` trains data-parallel; `batch_size` is the global batch, split across processes.
+under `accelerate launch --num_processes N -m training reward …` trains data-parallel (DDP; on a machine without
+GPUs add `--multi_gpu` so accelerate starts N gloo processes); `batch_size` is the global batch, split across
+processes, so N processes follow the same loss curve as one.
 """
 
 from __future__ import annotations
