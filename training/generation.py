@@ -319,7 +319,7 @@ class HFGenerator:
         try:
             tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
             model = AutoModelForCausalLM.from_pretrained(self.path, local_files_only=True, dtype=dtype)
-        except (OSError, ValueError, KeyError) as exc:
+        except Exception as exc:  # corrupt weights, unknown architecture, missing tokenizer: the user's to fix
             raise GenerationError(f"could not load a causal LM from {self.path}: {type(exc).__name__}") from exc
         try:
             tokenizer = prepare_tokenizer(tokenizer)
@@ -371,7 +371,8 @@ class HFGenerator:
 
     def generate(self, prompts: Sequence[Prompt], n: int, params: GenerationParams, *,
                  progress: Progress | None = None, should_stop: ShouldStop | None = None) -> list[list[Sample]]:
-        """`n` samples per prompt, in prompt order. `should_stop` is checked before every batch."""
+        """`n` samples per prompt, in prompt order. `progress(done, total)` counts samples after every
+        batch; `should_stop` is checked before every batch and raises GenerationCancelled."""
         _check_prompts(prompts)
         _check_n(n, self.max_k)
         with self._lock:
@@ -683,7 +684,9 @@ class OpenAIGenerator:
     def generate(self, prompts: Sequence[Prompt], n: int, params: GenerationParams, *,
                  progress: Progress | None = None, should_stop: ShouldStop | None = None) -> list[list[Sample]]:
         """`n` samples per prompt, in prompt order; requests run `concurrency` at a time.
-        `should_stop` is checked before each request is sent and while waiting to retry."""
+        `progress(done, total)` counts samples after every request; `should_stop` is checked before each
+        request is sent and while waiting to retry, then in-flight requests finish and
+        GenerationCancelled is raised."""
         _check_prompts(prompts)
         _check_n(n, self.max_k)
         if self.api == "completions" and any(not isinstance(p, str) for p in prompts):

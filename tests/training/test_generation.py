@@ -392,3 +392,11 @@ def test_near_duplicates_keep_the_first_of_each_group():
     assert near_duplicates(texts_, threshold=0.95) == [3]
     with pytest.raises(ValueError):
         near_duplicates(texts_, threshold=0)
+
+
+def test_hf_corrupt_weights_are_a_generation_error(tmp_path, tiny_dir):
+    for file in tiny_dir.iterdir():
+        (tmp_path / file.name).write_bytes(file.read_bytes())
+    (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(GenerationError, match="could not load a causal LM"):
+        HFGenerator(tmp_path).generate(["1+2="], 1, GenerationParams(max_new_tokens=2))
