@@ -1,4 +1,4 @@
-"""The `preflab` command: serve, demo, migrate, user, token, import, train."""
+"""The `preflab` command: serve, demo, migrate, user, token, import, export, train."""
 
 from __future__ import annotations
 
@@ -199,6 +199,62 @@ def import_cmd(project_id: Annotated[int, typer.Argument(help="Project id")],
     typer.echo(f"imported {result.prompts} prompts, {result.completions} completions, {result.pairs} pairs")
     if result.skipped_duplicates:
         typer.echo(f"skipped duplicate lines: {', '.join(map(str, result.skipped_duplicates))}")
+
+
+@cli.command("export")
+def export_cmd(project: Annotated[str, typer.Argument(help="Project id or name")],
+               out: Annotated[Path, typer.Option(help="Directory to copy the export's files into")],
+               kind: Annotated[str, typer.Option(help="pairs | rankings | prompts | sft")] = "pairs",
+               format: Annotated[str, typer.Option("--format", help="jsonl | parquet | hf")] = "jsonl",
+               filter: Annotated[list[str] | None, typer.Option("--filter", help="KEY=VALUE, repeatable "
+                                                                "(lists comma-separated)")] = None,
+               aggregation: Annotated[str, typer.Option(help="raw | aggregated (pairs)")] = "raw",
+               conflicts: Annotated[str, typer.Option(help="keep | drop (aggregated pairs)")] = "keep") -> None:
+    """Export a project synchronously through the same writer as the job, record it, and copy it to --out."""
+    import shutil
+
+    from sqlalchemy import select
+
+    from app.db import session_scope
+    from app.errors import DomainError
+    from app.models import Export, Project
+    from app.services import export_writer, exports
+
+    settings = _settings()
+    factory = _session_factory(settings)
+    filters: dict[str, str] = {}
+    for item in filter or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            _fail(f"--filter {item!r}: expected KEY=VALUE")
+        filters[key.strip()] = value.strip()
+    try:
+        with session_scope(factory) as db:
+            found = db.get(Project, int(project)) if project.isdigit() else db.scalar(
+                select(Project).where(Project.name == project))
+            if found is None:
+                _fail(f"no project {project!r}")
+            export = exports.create_export(db, found, None, kind=kind, format=format, filters=filters,
+                                           aggregation=aggregation, conflicts=conflicts)
+            export_id, spec = export.id, exports.spec_of(export)
+    except DomainError as exc:
+        _fail(f"{exc.field}: {exc.message}" if exc.field else exc.message)
+    out_dir = exports.export_dir(settings.data_dir, export_id)
+    result = export_writer.write_export(factory.kw["bind"], spec, out_dir, secret=settings.resolved_secret())
+    with session_scope(factory) as db:
+        row = db.get(Export, export_id)
+        assert row is not None
+        row.files, row.sha256, row.path = result.files, result.sha256, str(result.path)
+        row.row_count, row.row_counts = result.row_count, result.row_counts
+    out.mkdir(parents=True, exist_ok=True)
+    for name in result.files:
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(out_dir / name, out / name)
+    typer.echo(f"export {export_id}: {result.row_count} rows" + (" (empty: the filters select nothing)"
+                                                                  if result.row_count == 0 else ""))
+    typer.echo(f"sha256 {result.sha256}")
+    for name, digest in sorted(result.files.items()):
+        typer.echo(f"  {digest}  {out / name}")
 
 
 @cli.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
