@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import hashlib
+import inspect
 import math
 import random
 import re
@@ -58,6 +59,8 @@ __all__ = [
 Item = tuple[str, str, str]
 """(conversation, response_a, response_b)."""
 LETTERS = ("A", "B")
+SHARED_PREFIX_MIN = 8
+"""Rows of a batch that share at least this many leading tokens compute them once (hf backend)."""
 OPENAI_TOP_LOGPROBS = 5
 """How many alternatives per position the openai backend asks for (the common server maximum is 5+)."""
 OPENAI_ANSWER_TOKENS = 4
@@ -102,7 +105,8 @@ class JudgeConfig:
     ranking: RankingMethod = "bradley_terry"
     """How pairwise labels of K completions become a ranking: "bradley_terry" or "copeland"."""
     batch_size: int = 16
-    """Prompts per forward pass (hf); both orders of a comparison are consecutive rows."""
+    """Scoring prompts per forward pass (hf). Rows are ordered so that those sharing a prefix (both
+    orders and all pairs of one prompt under one principle) share a batch and compute it once."""
     low_confidence: float = 0.6
     """Pairs whose max(p, 1 − p) is below this (and rankings whose confidence is) are marked for humans."""
     max_new_tokens_cot: int = 128
@@ -210,6 +214,7 @@ class Judge:
         if not isinstance(self.generator, HFGenerator | OpenAIGenerator):
             raise TypeError(f"generator must be a spec dict, HFGenerator or OpenAIGenerator, got {type(generator)}")
         self.config = config or JudgeConfig()
+        self._share_prefix = True
 
     @classmethod
     def from_model(cls, model: Any, tokenizer: Any, config: JudgeConfig | None = None, *,
@@ -344,8 +349,6 @@ class Judge:
                   should_stop: ShouldStop | None) -> list[tuple[float, float | None, bool]]:
         import torch
 
-        from training.policy import position_ids_from_mask
-
         gen = self.generator
         assert isinstance(gen, HFGenerator)
         with gen._lock:
@@ -359,22 +362,16 @@ class Judge:
                     raise GenerationError(f"comparison {job.item}: the judge prompt is {len(ids)} tokens but the "
                                           f"judge model's context is {context}; shorten the responses")
                 rows.append((j, ids, a, b))
-            # longest first so a batch pads little; the two orders of an item have (nearly) the same length
-            rows.sort(key=lambda r: (-len(r[1]), jobs[r[0]].item, jobs[r[0]].principle, jobs[r[0]].order))
+            # lexicographic order puts rows that share a prefix (same conversation and principle, both
+            # orders, all pairs of one prompt) next to each other, so a batch can compute that prefix once
+            rows.sort(key=lambda r: r[1])
             out: list[tuple[float, float | None, bool] | None] = [None] * len(jobs)
             size = self.config.batch_size
-            pad = tokenizer.pad_token_id
             for start in range(0, len(rows), size):
                 if should_stop is not None and should_stop():
                     raise JudgeCancelled
                 batch = rows[start:start + size]
-                width = max(len(r[1]) for r in batch)
-                input_ids = torch.tensor([[pad] * (width - len(r[1])) + r[1] for r in batch], device=device)
-                mask = torch.tensor([[0] * (width - len(r[1])) + [1] * len(r[1]) for r in batch], device=device)
-                with torch.no_grad():
-                    logits = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
-                                   logits_to_keep=1, use_cache=False).logits[:, -1, :].float()  # (B, V)
-                logp = torch.log_softmax(logits, dim=-1)
+                logp = self._last_logprobs(model, [r[1] for r in batch], tokenizer.pad_token_id, device)  # (B, V)
                 letters = torch.tensor([[r[2], r[3]] for r in batch], device=device)
                 pair = logp.gather(1, letters).cpu().tolist()  # (B, 2): log p(A), log p(B)
                 for r, (la, lb) in zip(batch, pair, strict=True):
@@ -382,6 +379,51 @@ class Judge:
                 if progress is not None:
                     progress(min(start + size, len(rows)), len(rows))
         return out  # type: ignore[return-value]
+
+    def _last_logprobs(self, model: Any, rows: list[list[int]], pad: int, device: Any) -> Any:
+        """Next-token log-probs after each row, (B, V). Rows sharing a prefix of `SHARED_PREFIX_MIN`+
+        tokens run it once (batch 1) and only their suffixes in the batch, over a copy of its KV cache;
+        the numbers are those of a full forward (up to float rounding)."""
+        import torch
+
+        from training.policy import position_ids_from_mask
+
+        first, last = rows[0], rows[-1]  # rows are sorted, so their common prefix is that of these two
+        shared = 0
+        limit = min(len(r) for r in rows) - 1  # every row keeps at least one token of its own
+        while shared < limit and first[shared] == last[shared]:
+            shared += 1
+        with torch.no_grad():
+            if len(rows) > 1 and shared >= SHARED_PREFIX_MIN and self._share_prefix:
+                try:
+                    return self._suffix_logprobs(model, rows, shared, pad, device)
+                except (TypeError, AttributeError, NotImplementedError, ValueError):
+                    self._share_prefix = False  # a model without a reusable cache: full rows from now on
+            width = max(len(r) for r in rows)
+            input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=device)
+            mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
+            logits = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
+                           logits_to_keep=1, use_cache=False).logits[:, -1, :].float()
+        return torch.log_softmax(logits, dim=-1)
+
+    def _suffix_logprobs(self, model: Any, rows: list[list[int]], shared: int, pad: int, device: Any) -> Any:
+        import torch
+
+        # transformers 5 names the argument and output `cache`; 4.x called them `past_key_values`
+        name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        prefix = torch.tensor([rows[0][:shared]], device=device)  # (1, P)
+        cache = model(input_ids=prefix, use_cache=True)[name]  # a fresh cache per batch
+        cache.batch_repeat_interleave(len(rows))
+        suffixes = [r[shared:] for r in rows]
+        width = max(len(s) for s in suffixes)
+        input_ids = torch.tensor([[pad] * (width - len(s)) + s for s in suffixes], device=device)  # (B, S)
+        # padding sits between the shared prefix and each suffix; it is masked and skipped by the positions
+        suffix_mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in suffixes], device=device)
+        mask = torch.cat([torch.ones(len(rows), shared, dtype=suffix_mask.dtype, device=device), suffix_mask], 1)
+        positions = (shared + suffix_mask.cumsum(-1) - 1).clamp(min=shared)
+        logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, logits_to_keep=1,
+                       use_cache=True, **{name: cache}).logits[:, -1, :].float()
+        return torch.log_softmax(logits, dim=-1)
 
     def _reason_hf(self, jobs: list[_Job], should_stop: ShouldStop | None) -> list[str]:
         """Greedy chain-of-thought for each job (greedy, so a re-run writes the same reasoning)."""

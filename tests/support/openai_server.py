@@ -11,6 +11,11 @@ It serves `POST /v1/chat/completions`, `POST /v1/completions` and `GET /v1/model
 `seed` s gives sample k the seed s + k, exactly as the hf backend would: the same model directory and
 seed sampled through this server or locally give the same texts. Faults are consumed in the order they
 were queued, one per completions request; `fail_always` applies to every request until cleared.
+
+Log-probs: chat `logprobs: true` (+ `top_logprobs: k`) and completions `logprobs: k` are answered in
+OpenAI's formats from the model's own next-token distribution (temperature 1) at each generated token,
+the text re-tokenised after the rendered prompt. `server.logprobs = False` makes the server ignore the
+request and answer `"logprobs": null`, like servers that do not offer them.
 """
 
 from __future__ import annotations
@@ -45,8 +50,10 @@ class OpenAICompatibleServer:
     """
 
     def __init__(self, model_dir: str | Path, *, model_name: str = "tiny", api_key: str | None = None,
-                 max_n: int | None = None, batch_size: int = 16) -> None:
+                 max_n: int | None = None, batch_size: int = 16, logprobs: bool = True) -> None:
         self.model_name = model_name
+        self.logprobs = logprobs
+        """Whether log-probs are returned when asked for (False: always `"logprobs": null`)."""
         self.api_key = api_key
         self.max_n = max_n
         self.generator = HFGenerator(model_dir, batch_size=batch_size)
@@ -166,6 +173,11 @@ class OpenAICompatibleServer:
         n = body.get("n", 1)
         if not isinstance(n, int) or n < 1 or (self.max_n is not None and n > self.max_n):
             return 400, _error(f"n must be between 1 and {self.max_n or 'any'}")
+        top = body.get("top_logprobs", 0) if chat else body.get("logprobs")
+        wanted = body.get("logprobs") is True if chat else top is not None
+        if wanted and (not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= 20):
+            return 400, _error("top_logprobs must be an integer from 0 to 20" if chat else
+                               "logprobs must be an integer from 0 to 20")
         try:
             params = GenerationParams(
                 temperature=body.get("temperature", 1.0), top_p=body.get("top_p", 1.0),
@@ -178,6 +190,8 @@ class OpenAICompatibleServer:
         for j, samples in enumerate(results):
             for k, sample in enumerate(samples):
                 choice: dict[str, Any] = {"index": j * n + k, "finish_reason": sample.finish_reason, "logprobs": None}
+                if wanted and self.logprobs:
+                    choice["logprobs"] = self._logprobs(prompts[j], sample.text, top, chat)
                 if chat:
                     choice["message"] = {"role": "assistant", "content": sample.text}
                 else:
@@ -191,6 +205,36 @@ class OpenAICompatibleServer:
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                       "total_tokens": prompt_tokens + completion_tokens},
         }
+
+    def _logprobs(self, prompt: Any, text: str, top: int, chat: bool) -> dict[str, Any]:
+        """OpenAI log-probs of `text` after `prompt`: the chosen token's and the `top` most likely ones."""
+        import torch
+
+        generator = self.generator
+        with generator._lock:
+            generator._load()
+            tokenizer, model = generator._tokenizer, generator._model
+            rendered, templated = generator.render(prompt)
+            prompt_ids = tokenizer(rendered, add_special_tokens=not templated)["input_ids"]
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([prompt_ids + ids], device=generator._device)).logits[0]
+            logp = torch.log_softmax(logits[len(prompt_ids) - 1:-1].float(), dim=-1).cpu()  # (T, V)
+        entries = []
+        for t, token_id in enumerate(ids):
+            values, indices = logp[t].topk(top) if top else (torch.empty(0), torch.empty(0, dtype=torch.long))
+            alternatives = [(tokenizer.decode([i]), v) for i, v in zip(indices.tolist(), values.tolist(), strict=True)]
+            entries.append((tokenizer.decode([token_id]), logp[t, token_id].item(), alternatives))
+        if chat:
+            return {"content": [{"token": tok, "logprob": lp, "bytes": list(tok.encode()),
+                                 "top_logprobs": [{"token": a, "logprob": v, "bytes": list(a.encode())}
+                                                  for a, v in alts]} for tok, lp, alts in entries]}
+        offsets, position = [], len(prompt) if isinstance(prompt, str) else 0
+        for tok, _, _ in entries:
+            offsets.append(position)
+            position += len(tok)
+        return {"tokens": [tok for tok, _, _ in entries], "token_logprobs": [lp for _, lp, _ in entries],
+                "top_logprobs": [dict(alts) for _, _, alts in entries], "text_offset": offsets}
 
 
 def _error(message: str, kind: str = "BadRequestError") -> dict[str, Any]:

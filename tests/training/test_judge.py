@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from tests.training.tiny import char_tokenizer, tiny_gpt2
+from tests.support.openai_server import OpenAICompatibleServer
+from tests.training.tiny import char_tokenizer, save_tiny, sft, tiny_gpt2
 from training.generation import GenerationParams
 from training.judge import (
     Judge,
@@ -25,10 +26,12 @@ from training.judge import (
     read_openai_answer,
 )
 from training.judge_prompts import (
+    CHAT_ANSWER_REQUEST,
     build_comparison_prompt,
     build_cot_prompt,
     build_critique_prompt,
     build_revision_prompt,
+    comparison_body,
     cot_scoring_prompt,
     format_conversation,
 )
@@ -316,6 +319,85 @@ def test_openai_without_logprobs_falls_back_to_a_hard_letter():
     assert parse_letter("(A) is better than (B)") == "A"  # the opening letter decides
     assert parse_letter("Both (A) and (B) are fine") is None
     assert letter_logprobs([{"The": -0.1}, {" (": -0.2}, {"A": -1.0, "B": -2.0}]) == (-1.0, -2.0)
+
+
+# ----------------------------------------------------------------------------- openai test server
+
+
+@pytest.fixture(scope="module")
+def letter_model(tmp_path_factory):
+    """A tiny GPT-2 taught to answer a comparison with a letter, A or B at random, in the completions and
+    the chat format, so that both letters are among its top log-probs there (a fresh model's are not)."""
+    import random
+
+    tok = char_tokenizer()
+    model = tiny_gpt2(tok, seed=1, n_embd=32, n_layer=1, n_positions=512)
+    rng = random.Random(0)
+    pairs = []
+    for conversation, a, b in ITEMS:
+        for principle in PRINCIPLES:
+            for x, y in ((a, b), (b, a)):
+                body = comparison_body(conversation, principle, x, y)
+                letter = rng.choice("AB")
+                pairs += [(build_comparison_prompt(conversation, principle, x, y), letter),
+                          (f"user: {body}{CHAT_ANSWER_REQUEST}\nassistant: ", letter)]
+    sft(model, tok, pairs, steps=30, lr=1e-2, batch_size=4)
+    return model, tok, save_tiny(model, tok, tmp_path_factory.mktemp("letters"))
+
+
+@pytest.fixture(scope="module")
+def server(letter_model):
+    with OpenAICompatibleServer(letter_model[2], model_name="judge") as srv:
+        yield srv
+
+
+def openai_judge(server, api, **config):
+    spec = {"backend": "openai", "base_url": server.url, "model": "judge", "api": api, "max_retries": 0}
+    return Judge(spec, JudgeConfig(**config))
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_openai_judge_reads_log_probs_from_the_server(letter_model, server, api):
+    model, tok, _ = letter_model
+    server.logprobs = True
+    verdicts = openai_judge(server, api).compare(ITEMS[:2], PRINCIPLES[:1])
+    sent = server.requests[-1]
+    assert (sent["logprobs"], sent.get("top_logprobs")) == ((True, 5) if api == "chat" else (5, None))
+    for (conversation, a, b), v in zip(ITEMS[:2], verdicts, strict=True):
+        assert not v.hard and v.mass > 0.5  # the model learned to answer with a letter
+        expected = []
+        for x, y in ((a, b), (b, a)):
+            if api == "chat":
+                text = f"user: {comparison_body(conversation, PRINCIPLES[0], x, y)}{CHAT_ANSWER_REQUEST}\nassistant: "
+            else:
+                text = build_comparison_prompt(conversation, PRINCIPLES[0], x, y)
+            expected.append(p_a((model, tok), text))
+        assert (v.p_a_first, v.p_a_second) == pytest.approx(expected, abs=1e-5)
+        assert v.p == pytest.approx(debias(*expected), abs=1e-5)
+
+
+def test_openai_judge_without_log_probs_falls_back_to_hard_letters(letter_model, server):
+    model, tok, _ = letter_model
+    server.logprobs = False
+    try:
+        verdicts = openai_judge(server, "completions").compare(ITEMS[:2], PRINCIPLES[:1])
+    finally:
+        server.logprobs = True
+    a_id, b_id = tok.convert_tokens_to_ids("A"), tok.convert_tokens_to_ids("B")
+    for (conversation, a, b), v in zip(ITEMS[:2], verdicts, strict=True):
+        assert v.hard and v.mass is None and v.p in (0.0, 0.5, 1.0)
+        # the server answers greedily; its first token is the letter the fallback reads
+        ids = tok(build_comparison_prompt(conversation, PRINCIPLES[0], a, b), return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            first = model(ids).logits[0, -1].argmax().item()
+        if first in (a_id, b_id):
+            assert v.p_a_first == (1.0 if first == a_id else 0.0)
+
+
+def test_openai_cot_mode(server):
+    verdicts = openai_judge(server, "completions", mode="cot", max_new_tokens_cot=4).compare(ITEMS[:1], PRINCIPLES[:1])
+    assert verdicts[0].reasoning is not None and 0.4 <= verdicts[0].p <= 0.6 and not verdicts[0].hard
+    assert server.requests[-1]["prompt"].endswith("\nThe answer is: (")
 
 
 # -------------------------------------------------------------------------------- critique, revision
