@@ -43,6 +43,8 @@ ShouldStop = Callable[[], bool]
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json",
                    "pytorch_model.bin.index.json")
 DEFAULT_MAX_K = 256
+_LOAD_LOCK = threading.Lock()
+"""transformers' loading (meta-device init) is not thread-safe: two generators in one process load in turn."""
 """Most samples per prompt a generator accepts unless configured otherwise; a guard against typos."""
 
 
@@ -317,8 +319,9 @@ class HFGenerator:
         else:
             dtype = getattr(torch, self.dtype_option)
         try:
-            tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
-            model = AutoModelForCausalLM.from_pretrained(self.path, local_files_only=True, dtype=dtype)
+            with _LOAD_LOCK:
+                tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
+                model = AutoModelForCausalLM.from_pretrained(self.path, local_files_only=True, dtype=dtype)
         except Exception as exc:  # corrupt weights, unknown architecture, missing tokenizer: the user's to fix
             raise GenerationError(f"could not load a causal LM from {self.path}: {type(exc).__name__}") from exc
         try:

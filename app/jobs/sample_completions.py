@@ -16,9 +16,16 @@ BATCH_PROMPTS = 8
 
 
 def run(ctx: Any) -> dict[str, Any]:
-    from training.generation import GenerationError, GenerationParams, diversity, make_generator, near_duplicates
-
-    from app.worker import JobError
+    from app.worker import JobError, JobStopped
+    from training.generation import (
+        GenerationCancelled,
+        GenerationError,
+        GenerationParams,
+        diversity,
+        make_generator,
+        near_duplicates,
+        params_from_spec,
+    )
 
     payload = ctx.payload
     spec = dict(payload["generator"])
@@ -26,9 +33,7 @@ def run(ctx: Any) -> dict[str, Any]:
     tries = int(payload.get("resample_duplicates", 0))
     base_seed = payload.get("seed")
     try:
-        params = GenerationParams(temperature=float(spec.get("temperature", 1.0)), top_p=float(spec.get("top_p", 1.0)),
-                                  max_new_tokens=int(spec.get("max_new_tokens", 256)), seed=base_seed,
-                                  stop=list(spec.get("stop") or []))
+        params = params_from_spec(spec | {"seed": base_seed})
         generator = make_generator(spec)
         generator.check()
     except (GenerationError, ValueError, TypeError) as exc:
@@ -46,9 +51,15 @@ def run(ctx: Any) -> dict[str, Any]:
             ctx.check()
             batch = todo[start:start + BATCH_PROMPTS]
             n = max(need for _, _, need, _ in batch)
-            seed = None if base_seed is None else int(base_seed) + batch[0][0]  # stable per first prompt of a batch
-            samples = generator.generate([p for _, p, _, _ in batch], n,
-                                         _with_seed(GenerationParams, params, seed), should_stop=ctx.should_stop)
+            seed = None if base_seed is None else int(base_seed)  # each sample derives its own stream (see generation)
+            try:
+                samples = generator.generate([p for _, p, _, _ in batch], n,
+                                             _with_seed(GenerationParams, params, seed), should_stop=ctx.should_stop)
+            except GenerationCancelled as stopped:
+                # Keep what finished before the stop; the rest is sampled when the job resumes.
+                kept = [(batch[i][0], outs[: batch[i][2]]) for i, outs in sorted(stopped.completed.items())]
+                created += _write(ctx, k, generator, params, kept)
+                raise JobStopped(ctx.stop_reason or "stopped") from None
             ctx.check()
             per_prompt = []
             for (prompt_id, prompt, need, existing), outs in zip(batch, samples, strict=True):
