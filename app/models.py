@@ -342,6 +342,8 @@ class Ranking(Base):
     skip_reason: Mapped[str | None] = mapped_column(String(200))
     seconds_spent: Mapped[float | None] = mapped_column(Float)
     client_submission_id: Mapped[str | None] = mapped_column(String(64))
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSONType, default=dict)
+    """For AI rankings: how the ranking was made (method, scores, confidence, principles)."""
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
     pairs: Mapped[list[Pair]] = relationship(back_populates="ranking", cascade="all, delete-orphan")
@@ -370,6 +372,8 @@ class Pair(Base):
     source: Mapped[str] = mapped_column(String(10))
     weight: Mapped[float] = mapped_column(Float, default=1.0)
     p: Mapped[float] = mapped_column(Float, default=1.0)
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSONType, default=dict)
+    """For AI pairs: both raw order probabilities, the principles used, whether confidence was low."""
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
     ranking: Mapped[Ranking] = relationship(back_populates="pairs")
