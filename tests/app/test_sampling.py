@@ -211,3 +211,46 @@ def test_two_workers_never_run_the_same_job(db, make_user, make_project, token_f
     jobs_ = [db.get(Job, j) for j in job_ids]
     assert [(j.state, j.attempts, j.error) for j in jobs_] == [("succeeded", 1, None)] * len(jobs_)
     assert set(_counts(db, project.id).values()) == {2}
+
+
+def test_openai_backend_through_a_real_local_server(db, make_user, make_project, token_for, api, tiny_model_dir,
+                                                    database_url, clean_engine, tmp_path) -> None:
+    from tests.support.openai_server import OpenAICompatibleServer
+
+    lead, project = _project_with_prompts(db, make_user, make_project, n=3, k=2)
+    client = api(token_for(db, lead))
+    db.commit()
+    project_id = project.id
+    with OpenAICompatibleServer(tiny_model_dir, model_name="tiny") as server:
+        server.fail_next(429, times=1, retry_after=0)
+        spec = {"backend": "openai", "base_url": server.url, "model": "tiny", "max_new_tokens": 6,
+                "max_retries": 3, "timeout_s": 30}
+        job_id = client.post(f"/api/projects/{project_id}/sampling-jobs",
+                             json={"generator": spec, "seed": 11}).json()["job_id"]
+        _worker(database_url, tmp_path, clean_engine).run(exit_when_idle=True)
+    status = client.get(f"/api/jobs/{job_id}").json()
+    assert status["state"] == "succeeded", status
+    assert set(_counts(db, project_id).values()) == {2}
+    params = db.scalar(select(Completion.generator_params).join(Prompt).where(Prompt.project_id == project_id))
+    db.rollback()
+    assert params["backend"] == "openai" and "api_key" not in params
+
+
+def test_an_unreachable_server_fails_the_job_with_a_clear_reason(db, make_user, make_project, token_for, api,
+                                                                 database_url, clean_engine, tmp_path) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    lead, project = _project_with_prompts(db, make_user, make_project, n=1, k=2)
+    client = api(token_for(db, lead))
+    db.commit()
+    spec = {"backend": "openai", "base_url": f"http://127.0.0.1:{port}/v1", "model": "m", "max_retries": 0,
+            "timeout_s": 2}
+    job_id = client.post(f"/api/projects/{project.id}/sampling-jobs", json={"generator": spec}).json()["job_id"]
+    _worker(database_url, tmp_path, clean_engine).run(exit_when_idle=True)
+    status = client.get(f"/api/jobs/{job_id}").json()
+    assert status["state"] == "failed" and status["attempts"] == 3
+    assert "unreachable" in status["error"].lower() or "connect" in status["error"].lower()
+    assert set(_counts(db, project.id).values()) == {0}
