@@ -94,11 +94,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--model", default=None, help="a local model directory instead of the tiny GPT-2")
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--jobs", type=int, default=2000, help="empty jobs for the job-system part (0 skips it)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(json.dumps(measure_hf(args.model, args.prompts, args.k, args.max_new_tokens, args.batch_size,
-                                args.repeats, args.device)))
+    result = measure_hf(args.model, args.prompts, args.k, args.max_new_tokens, args.batch_size, args.repeats,
+                        args.device)
+    if args.jobs:
+        # The job system's own overhead on Postgres (2 worker processes): see bench_jobs.py.
+        from bench_jobs import measure_jobs
+
+        result |= {f"jobs_{k}": v for k, v in measure_jobs(n_jobs=args.jobs).items()}
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":
