@@ -53,6 +53,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         exports,
         health,
         jobs,
+        judge,
         pages_admin,
         pages_auth,
         pages_projects,
@@ -69,6 +70,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         agreement,
         jobs,
         constitutions,
+        judge,
         exports,
     )
     for module in routers:

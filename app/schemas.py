@@ -245,3 +245,45 @@ class ConstitutionOut(BaseModel):
     note: str
     created_at: datetime
     current: bool
+
+
+class JudgeRunIn(Strict):
+    constitution_version: int | None = Field(default=None, ge=1, description="Default: the current version "
+                                             "(the default constitution is created if the project has none).")
+    generator: HFGeneratorIn | OpenAIGeneratorIn = Field(discriminator="backend")
+    mode: Literal["logprob", "cot"] = "logprob"
+    principles: Literal["sample", "all"] = "sample"
+    prompt_ids: list[int] | None = Field(default=None, max_length=100_000)
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    low_confidence: float = Field(default=0.6, ge=0.5, le=1.0,
+                                  description="Pairs whose max(p, 1−p) is below this are marked low-confidence.")
+    route_low_confidence: bool = Field(default=False, description="Send low-confidence prompts back to humans.")
+
+
+class JudgeRunAccepted(BaseModel):
+    judge_run_id: int
+    job_id: int
+
+
+class CalibrationBinOut(BaseModel):
+    p_low: float
+    p_high: float
+    n: int
+    human_rate: float | None
+
+
+class JudgeAgreementOut(BaseModel):
+    n_prompts: int
+    n_pairs: int
+    pair_agreement: float | None
+    kendall_tau: float | None
+    calibration: list[CalibrationBinOut]
+    position_flip_rate: float | None
+    per_principle: dict[str, dict]
+    gold_prompts: int
+    gold_accuracy: float | None
+    ai_labels_enabled: bool
+
+
+class AILabelsIn(Strict):
+    enabled: bool = Field(description="May AI labels be used for training (exports include them)?")

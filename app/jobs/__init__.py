@@ -8,6 +8,7 @@ from typing import Any
 
 HANDLERS: dict[str, str] = {
     "sample_completions": "app.jobs.sample_completions:run",
+    "judge": "app.jobs.judge:run",
     "export": "app.jobs.export:run",
 }
 

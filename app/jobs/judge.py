@@ -1,0 +1,158 @@
+"""The `judge` job: the AI judge ranks every prompt's completions like an annotator, with soft-labelled pairs.
+
+For each prompt all K(K−1)/2 pairs are compared in both orders; a Bradley–Terry (or Copeland) fit
+turns them into tiers; the ranking is stored as a ranking by the judge run, its pairs carry the soft
+label p(chosen ≻ rejected) and both raw order probabilities. One transaction per prompt, so a stopped
+or crashed run resumes where it was and never writes a prompt twice.
+"""
+
+from __future__ import annotations
+
+from itertools import combinations
+from typing import Any
+
+from sqlalchemy import func, select
+
+from app.models import Completion, Constitution, JudgeRun, Pair, Prompt, Ranking
+from app.services.pairs import expand_tiers
+
+PROMPTS_PER_CALL = 4
+
+
+def run(ctx: Any) -> dict[str, Any]:
+    from app.db import session_scope
+    from app.worker import JobError, JobStopped
+    from training.generation import GenerationError
+    from training.judge import Judge, JudgeCancelled, JudgeConfig
+    from training.judge_prompts import TEMPLATE_VERSION, format_conversation
+    from training.judge_ranking import rank_from_pairwise
+
+    run_id = int(ctx.payload["judge_run_id"])
+    with session_scope(ctx.session_factory) as db:
+        judge_run = db.get(JudgeRun, run_id)
+        if judge_run is None:
+            raise JobError(f"judge run {run_id} no longer exists")
+        constitution = db.get(Constitution, judge_run.constitution_id)
+        if constitution is None:
+            raise JobError("the judge run's constitution no longer exists")
+        principles = list(constitution.principles)
+        params = dict(judge_run.params)
+        project_id = judge_run.project_id
+        judge_run.state = "running"
+    try:
+        config = JudgeConfig(mode=params.get("mode", "logprob"), principles=params.get("principles", "sample"),
+                             seed=int(params.get("seed", 0)), low_confidence=float(params.get("low_confidence", 0.6)))
+        judge = Judge(dict(ctx.payload["generator"]), config)
+        judge.generator.check()
+    except (GenerationError, ValueError, TypeError) as exc:
+        _set_state(ctx, run_id, "failed")
+        raise JobError(f"judge: {exc}") from None
+
+    todo, done_before = _prompts_to_judge(ctx, project_id, run_id, ctx.payload.get("prompt_ids"))
+    total, done = len(todo) + done_before, done_before
+    ctx.progress(done, total, f"judging {len(todo)} prompts")
+    ctx.log(f"judge {judge.describe()} · constitution v{constitution.version} · templates {TEMPLATE_VERSION}")
+    written = low = 0
+    try:
+        for start in range(0, len(todo), PROMPTS_PER_CALL):
+            ctx.check()
+            chunk = todo[start:start + PROMPTS_PER_CALL]
+            items, keys, owners = [], [], []
+            for prompt_id, prompt, completions in chunk:
+                conversation = format_conversation(prompt)
+                for (i, text_i), (j, text_j) in combinations(completions, 2):
+                    items.append((conversation, text_i, text_j))
+                    keys.append((prompt_id, i, j))
+                    owners.append(prompt_id)
+            verdicts = judge.compare(items, principles, keys=keys, should_stop=ctx.should_stop)
+            by_prompt: dict[int, dict[tuple[int, int], Any]] = {}
+            for key, verdict in zip(keys, verdicts, strict=True):
+                by_prompt.setdefault(key[0], {})[(key[1], key[2])] = verdict
+            with session_scope(ctx.session_factory) as db:
+                for prompt_id, _, completions in chunk:
+                    pair_verdicts = by_prompt.get(prompt_id, {})
+                    ids = [cid for cid, _ in completions]
+                    p = {}
+                    for (i, j), v in pair_verdicts.items():
+                        p[(i, j)], p[(j, i)] = v.p, 1.0 - v.p
+                    tiers, scores, confidence = rank_from_pairwise(ids, p, config.ranking)
+                    low += _write_ranking(db, ctx, judge_run_id=run_id, project_id=project_id,
+                                          constitution_id=constitution.id, prompt_id=prompt_id, ids=ids,
+                                          tiers=tiers, scores=scores, confidence=confidence, p=p,
+                                          verdicts=pair_verdicts, config=config,
+                                          route=bool(params.get("route_low_confidence")))
+                    written += 1
+            done += len(chunk)
+            ctx.progress(done, total, f"{done}/{total} prompts judged")
+    except JudgeCancelled:
+        _set_state(ctx, run_id, "cancelled" if ctx.stop_reason == "cancelled" else "queued")
+        raise JobStopped(ctx.stop_reason or "stopped") from None
+    except JobStopped:
+        _set_state(ctx, run_id, "cancelled" if ctx.stop_reason == "cancelled" else "queued")
+        raise
+    except Exception:
+        _set_state(ctx, run_id, "failed")
+        raise
+    finally:
+        judge.generator.close()
+    _set_state(ctx, run_id, "succeeded")
+    return {"judge_run_id": run_id, "prompts": total, "rankings_written": written,
+            "low_confidence_rankings": low, "message": f"judged {written} prompts ({low} with low confidence)"}
+
+
+def _set_state(ctx: Any, run_id: int, state: str) -> None:
+    from app.db import session_scope
+
+    with session_scope(ctx.session_factory) as db:
+        judge_run = db.get(JudgeRun, run_id)
+        if judge_run is not None:
+            judge_run.state = state
+
+
+def _prompts_to_judge(ctx: Any, project_id: int, run_id: int, prompt_ids: list[int] | None
+                      ) -> tuple[list[tuple[int, Any, list[tuple[int, str]]]], int]:
+    """Prompts with ≥ 2 completions this run has not ranked yet (resume), and how many it already has."""
+    with ctx.session_factory() as db:
+        n_completions = select(func.count(Completion.id)).where(Completion.prompt_id == Prompt.id).scalar_subquery()
+        query = select(Prompt).where(Prompt.project_id == project_id, n_completions >= 2).order_by(Prompt.id)
+        if prompt_ids:
+            query = query.where(Prompt.id.in_(prompt_ids))
+        prompts = list(db.scalars(query))
+        judged = set(db.scalars(select(Ranking.prompt_id).where(Ranking.judge_run_id == run_id)))
+        todo = [(p.id, p.messages or p.text, [(c.id, c.text) for c in p.completions])
+                for p in prompts if p.id not in judged]
+        return todo, len(prompts) - len(todo)
+
+
+def _write_ranking(db: Any, ctx: Any, *, judge_run_id: int, project_id: int, constitution_id: int, prompt_id: int,
+                   ids: list[int], tiers: list[list[int]], scores: dict[int, float], confidence: float,
+                   p: dict[tuple[int, int], float], verdicts: dict[tuple[int, int], Any], config: Any,
+                   route: bool) -> int:
+    project_round = _round(db, project_id)
+    ranking = Ranking(project_id=project_id, prompt_id=prompt_id, round=project_round, source="ai",
+                      judge_run_id=judge_run_id, constitution_id=constitution_id, tiers=tiers, display_order=ids,
+                      meta={"method": config.ranking, "scores": {str(k): round(v, 6) for k, v in scores.items()},
+                            "confidence": round(confidence, 6), "job_id": ctx.job_id})
+    db.add(ranking)
+    db.flush()
+    for spec in expand_tiers(tiers):
+        verdict = verdicts.get((spec.chosen, spec.rejected)) or verdicts.get((spec.rejected, spec.chosen))
+        shown = [spec.chosen, spec.rejected] if (spec.chosen, spec.rejected) in verdicts else \
+            [spec.rejected, spec.chosen]
+        pair_p = p[(spec.chosen, spec.rejected)]
+        meta = verdict.to_dict() | {"compared_as": shown} if verdict is not None else {}
+        meta.pop("p", None)
+        meta["low_confidence"] = max(pair_p, 1 - pair_p) < config.low_confidence
+        db.add(Pair(ranking_id=ranking.id, prompt_id=prompt_id, chosen_id=spec.chosen, rejected_id=spec.rejected,
+                    margin=spec.margin, source="ai", weight=1.0, p=min(1.0, max(0.0, pair_p)), meta=meta))
+    is_low = confidence < config.low_confidence
+    if is_low and route:
+        prompt = db.get(Prompt, prompt_id)
+        prompt.meta = dict(prompt.meta or {}) | {"needs_human": True, "judge_confidence": round(confidence, 4)}
+    return int(is_low)
+
+
+def _round(db: Any, project_id: int) -> int:
+    from app.models import Project
+
+    return int(db.scalar(select(Project.current_round).where(Project.id == project_id)) or 1)

@@ -1,0 +1,102 @@
+"""The AI judge: start judge runs, read human–AI agreement, and the lead's decision on AI labels."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Form, Query, Request
+from fastapi.responses import RedirectResponse, Response
+from pydantic import TypeAdapter, ValidationError
+from sqlalchemy import select
+
+from app.deps import CurrentUser, PageUser, SessionDep
+from app.errors import DomainError
+from app.models import JudgeRun
+from app.schemas import AILabelsIn, HFGeneratorIn, JudgeAgreementOut, JudgeRunAccepted, JudgeRunIn, OpenAIGeneratorIn
+from app.services import constitutions, judging, projects
+from app.web import render
+
+router = APIRouter()
+
+
+@router.post("/api/projects/{project_id}/judge-runs", status_code=202, tags=["judge"],
+             summary="Run the AI judge over the project's prompts (a background job)")
+def create_judge_run(project_id: int, body: JudgeRunIn, db: SessionDep, user: CurrentUser) -> JudgeRunAccepted:
+    project = projects.get_visible(db, project_id, user)
+    run, job = judging.request_judge_run(
+        db, project, user, constitution_version=body.constitution_version, generator=body.generator.model_dump(),
+        mode=body.mode, principles=body.principles, prompt_ids=body.prompt_ids, seed=body.seed,
+        low_confidence=body.low_confidence, route_low_confidence=body.route_low_confidence)
+    return JudgeRunAccepted(judge_run_id=run.id, job_id=job.id)
+
+
+@router.get("/api/projects/{project_id}/judge-agreement", tags=["judge"],
+            summary="Human–AI agreement, calibration and judge position bias")
+def judge_agreement(project_id: int, db: SessionDep, user: CurrentUser,
+                    constitution_version: Annotated[int | None, Query(ge=1)] = None,
+                    judge_run_id: Annotated[int | None, Query(ge=1)] = None) -> JudgeAgreementOut:
+    project = projects.get_visible(db, project_id, user)
+    report = judging.judge_agreement(db, project, constitution_version=constitution_version, judge_run_id=judge_run_id)
+    return JudgeAgreementOut(**report.as_dict())
+
+
+@router.put("/api/projects/{project_id}/ai-labels", tags=["judge"],
+            summary="The lead's decision: may AI labels be used for training?")
+def set_ai_labels(project_id: int, body: AILabelsIn, db: SessionDep, user: CurrentUser) -> JudgeAgreementOut:
+    project = projects.get_visible(db, project_id, user)
+    judging.set_ai_labels(db, project, user, body.enabled)
+    return JudgeAgreementOut(**judging.judge_agreement(db, project).as_dict())
+
+
+# --- pages --------------------------------------------------------------------------------------
+
+def _context(db, project, user) -> dict:  # type: ignore[no-untyped-def]
+    runs = list(db.scalars(select(JudgeRun).where(JudgeRun.project_id == project.id).order_by(JudgeRun.id.desc())))
+    return {"project": project, "runs": runs, "report": judging.judge_agreement(db, project),
+            "constitution": constitutions.current(db, project), "form": {},
+            "can_judge": projects.may(db, project, user, judging.CAN_JUDGE),
+            "can_manage": projects.may(db, project, user, projects.CAN_MANAGE)}
+
+
+@router.get("/projects/{project_id}/judge", include_in_schema=False)
+def judge_page(request: Request, project_id: int, db: SessionDep, user: PageUser) -> Response:
+    project = projects.get_visible(db, project_id, user)
+    return render(request, "judge.html", _context(db, project, user))
+
+
+@router.post("/projects/{project_id}/judge/runs", include_in_schema=False)
+def start_from_page(request: Request, project_id: int, db: SessionDep, user: PageUser,
+                    backend: Annotated[str, Form()] = "hf", model: Annotated[str, Form(max_length=1000)] = "",
+                    base_url: Annotated[str, Form(max_length=1000)] = "",
+                    api_key: Annotated[str, Form(max_length=500)] = "",
+                    mode: Annotated[str, Form()] = "logprob", principles: Annotated[str, Form()] = "sample",
+                    seed: Annotated[int, Form(ge=0)] = 0) -> Response:
+    project = projects.get_visible(db, project_id, user)
+    raw = {"backend": backend, "model": model}
+    if backend == "openai":
+        raw |= {"base_url": base_url, "api_key": api_key or None}
+    try:
+        spec = TypeAdapter(HFGeneratorIn | OpenAIGeneratorIn).validate_python(raw)
+        body = JudgeRunIn(generator=spec, mode=mode, principles=principles, seed=seed)  # type: ignore[arg-type]
+        with db.begin_nested():
+            judging.request_judge_run(db, project, user, constitution_version=None,
+                                      generator=body.generator.model_dump(), mode=body.mode,
+                                      principles=body.principles, prompt_ids=None, seed=body.seed,
+                                      low_confidence=body.low_confidence, route_low_confidence=False)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        error = DomainError(err["msg"], field=".".join(str(p) for p in err["loc"]))
+        return render(request, "judge.html", _context(db, project, user) | {"error": error, "form": raw},
+                      status_code=422)
+    except DomainError as exc:
+        return render(request, "judge.html", _context(db, project, user) | {"error": exc, "form": raw},
+                      status_code=exc.status_code)
+    return RedirectResponse(f"/projects/{project.id}/jobs", status_code=303)
+
+
+@router.post("/projects/{project_id}/judge/ai-labels", include_in_schema=False)
+def ai_labels_from_page(project_id: int, db: SessionDep, user: PageUser,
+                        enabled: Annotated[str, Form()] = "") -> Response:
+    project = projects.get_visible(db, project_id, user)
+    judging.set_ai_labels(db, project, user, enabled == "yes")
+    return RedirectResponse(f"/projects/{project.id}/judge", status_code=303)

@@ -1,0 +1,174 @@
+"""The AI judge in the app: starting judge runs, the lead's decision on AI labels, and human–AI agreement."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.errors import Invalid
+from app.models import Constitution, Job, JudgeRun, Pair, Project, Prompt, Ranking, User
+from app.services import agreement, audit, constitutions, jobs, outbound, projects
+
+CAN_JUDGE = {"lead", "engineer"}
+CALIBRATION_BINS = 5
+
+
+def request_judge_run(db: Session, project: Project, actor: User, *, constitution_version: int | None,
+                      generator: dict[str, Any], mode: str, principles: str, prompt_ids: list[int] | None,
+                      seed: int, low_confidence: float, route_low_confidence: bool) -> tuple[JudgeRun, Job]:
+    """A JudgeRun and its queued `judge` job, or Invalid naming the field when something can be checked now."""
+    from training.generation import GenerationError, make_generator
+
+    projects.require_project_role(db, project, actor, CAN_JUDGE, "run the AI judge")
+    if constitution_version is None:
+        constitution = constitutions.ensure_default(db, project, actor)
+    else:
+        constitution = constitutions.get_version(db, project, constitution_version)
+    if generator.get("backend") == "openai":
+        generator["base_url"] = outbound.check_base_url(generator["base_url"], field="generator.base_url")
+    try:
+        make_generator(dict(generator)).check()
+    except (GenerationError, ValueError) as exc:
+        raise Invalid(str(exc), field="generator.model" if generator.get("backend") == "hf" else "generator") from None
+    if prompt_ids:
+        found = set(db.scalars(select(Prompt.id).where(Prompt.project_id == project.id, Prompt.id.in_(prompt_ids))))
+        missing = sorted(set(prompt_ids) - found)
+        if missing:
+            raise Invalid(f"not prompts of this project: {', '.join(map(str, missing[:10]))}", field="prompt_ids")
+    params = {"mode": mode, "principles": principles, "seed": seed, "low_confidence": low_confidence,
+              "route_low_confidence": route_low_confidence,
+              "generator": {k: v for k, v in generator.items() if k != "api_key"}}
+    run = JudgeRun(project_id=project.id, constitution_id=constitution.id, params=params, state="queued",
+                   created_by_id=actor.id, name=f"constitution v{constitution.version} · {mode} · {principles}")
+    db.add(run)
+    db.flush()
+    job = jobs.enqueue(db, "judge", {"judge_run_id": run.id, "generator": generator, "prompt_ids": prompt_ids},
+                       project=project, actor=actor)
+    return run, job
+
+
+def ai_labels_enabled(project: Project) -> bool:
+    return bool((project.settings or {}).get("ai_labels_for_training", False))
+
+
+def set_ai_labels(db: Session, project: Project, actor: User, enabled: bool) -> None:
+    """The lead's explicit decision whether AI labels may be used for training (exports exclude them otherwise)."""
+    projects.require_project_role(db, project, actor, projects.CAN_MANAGE, "decide on AI labels")
+    project.settings = dict(project.settings or {}) | {"ai_labels_for_training": bool(enabled)}
+    audit.record(db, actor, "ai_labels.set", project_id=project.id, object_type="project", object_id=project.id,
+                 enabled=bool(enabled))
+
+
+@dataclass
+class CalibrationBin:
+    p_low: float
+    p_high: float
+    n: int
+    human_rate: float | None
+    """Share of human votes for the judge's `chosen` among pairs whose p falls in the bin."""
+
+
+@dataclass
+class JudgeAgreement:
+    n_prompts: int
+    n_pairs: int
+    pair_agreement: float | None
+    kendall_tau: float | None
+    calibration: list[CalibrationBin]
+    position_flip_rate: float | None
+    """Share of judged pairs where the judge picked whichever answer was shown first in both orders."""
+    per_principle: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
+    gold_prompts: int = 0
+    gold_accuracy: float | None = None
+    """Against the known correct order of gold prompts (e.g. GSM8K correctness)."""
+    ai_labels_enabled: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def judge_agreement(db: Session, project: Project, *, constitution_version: int | None = None,
+                    judge_run_id: int | None = None) -> JudgeAgreement:
+    """How the judge's labels compare with the humans' on prompts both ranked, and with gold orders."""
+    ai_q = select(Ranking).where(Ranking.project_id == project.id, Ranking.source == "ai")
+    if judge_run_id is not None:
+        ai_q = ai_q.where(Ranking.judge_run_id == judge_run_id)
+    if constitution_version is not None:
+        cid = db.scalar(select(Constitution.id).where(Constitution.project_id == project.id,
+                                                      Constitution.version == constitution_version))
+        if cid is None:
+            raise Invalid("no such constitution version", field="constitution_version")
+        ai_q = ai_q.where(Ranking.constitution_id == cid)
+    ai_rankings = list(db.scalars(ai_q))
+    prompt_ids = {r.prompt_id for r in ai_rankings}
+    humans: dict[int, list[list[list[int]]]] = defaultdict(list)
+    if prompt_ids:
+        for r in db.scalars(select(Ranking).where(Ranking.prompt_id.in_(prompt_ids), Ranking.source == "human",
+                                                  Ranking.skipped.is_(False))):
+            humans[r.prompt_id].append(r.tiers)
+    gold = dict(db.execute(select(Prompt.id, Prompt.gold_tiers).where(Prompt.id.in_(prompt_ids),
+                                                                      Prompt.gold_tiers.is_not(None))).all()) \
+        if prompt_ids else {}
+    pairs_by_ranking: dict[int, list[Pair]] = defaultdict(list)
+    if ai_rankings:
+        for p in db.scalars(select(Pair).where(Pair.ranking_id.in_([r.id for r in ai_rankings]))):
+            pairs_by_ranking[p.ranking_id].append(p)
+
+    agree, taus, flips, flip_n = [], [], 0, 0
+    bins: list[list[float]] = [[] for _ in range(CALIBRATION_BINS)]
+    per_principle: dict[str, list[int]] = defaultdict(list)
+    gold_scores = []
+    shared_prompts = set()
+    for ranking in ai_rankings:
+        for pair in pairs_by_ranking[ranking.id]:
+            meta = pair.meta or {}
+            if "position_flip" in meta:
+                flip_n += 1
+                flips += bool(meta["position_flip"])
+        if ranking.prompt_id in gold:
+            score = agreement.gold_accuracy(gold[ranking.prompt_id], ranking.tiers)
+            if score is not None:
+                gold_scores.append(score)
+        human = humans.get(ranking.prompt_id)
+        if not human:
+            continue
+        shared_prompts.add(ranking.prompt_id)
+        for h in human:
+            tau = agreement.kendall_tau_b(ranking.tiers, h)
+            if tau is not None:
+                taus.append(tau)
+        for pair in pairs_by_ranking[ranking.id]:
+            votes_for = votes_against = 0
+            for h in human:
+                idx = agreement.tier_index(h)
+                if pair.chosen_id in idx and pair.rejected_id in idx and idx[pair.chosen_id] != idx[pair.rejected_id]:
+                    if idx[pair.chosen_id] < idx[pair.rejected_id]:
+                        votes_for += 1
+                    else:
+                        votes_against += 1
+            if votes_for + votes_against == 0:
+                continue
+            rate = votes_for / (votes_for + votes_against)
+            b = min(CALIBRATION_BINS - 1, int(pair.p * CALIBRATION_BINS))
+            bins[b].append(rate)
+            if votes_for != votes_against:
+                hit = int((pair.p >= 0.5) == (votes_for > votes_against))
+                agree.append(hit)
+                for name in (pair.meta or {}).get("principles", []):
+                    per_principle[name].append(hit)
+
+    def mean(xs: list[float] | list[int]) -> float | None:
+        return round(sum(xs) / len(xs), 4) if xs else None
+
+    calibration = [CalibrationBin(p_low=i / CALIBRATION_BINS, p_high=(i + 1) / CALIBRATION_BINS, n=len(b),
+                                  human_rate=mean(b)) for i, b in enumerate(bins)]
+    return JudgeAgreement(
+        n_prompts=len(shared_prompts), n_pairs=len(agree), pair_agreement=mean(agree), kendall_tau=mean(taus),
+        calibration=calibration, position_flip_rate=round(flips / flip_n, 4) if flip_n else None,
+        per_principle={k: {"n": len(v), "pair_agreement": mean(v)} for k, v in sorted(per_principle.items())},
+        gold_prompts=len(gold_scores), gold_accuracy=mean(gold_scores), ai_labels_enabled=ai_labels_enabled(project),
+    )
