@@ -705,6 +705,13 @@ class JudgeResult:
         """The ranking as a whole is below the confidence threshold."""
         return self.confidence < self.low_confidence
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: tiers, scores (keys as strings), confidence, method, and every judged pair."""
+        return {"tiers": self.tiers, "scores": {str(i): s for i, s in self.scores.items()},
+                "confidence": self.confidence, "method": self.method, "needs_human": self.needs_human,
+                "pairs": [{"a": i, "b": j, "low_confidence": self.is_low_confidence(i, j), **v.to_dict()}
+                          for (i, j), v in self.pair_probs.items()]}
+
 
 def judge_many(judge: Judge, tasks: Sequence[tuple[str, Sequence[tuple[int, str]], tuple]],
                principles: Sequence[dict[str, Any]], *, progress: Progress | None = None,

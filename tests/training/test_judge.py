@@ -196,6 +196,33 @@ def test_prompt_longer_than_the_judge_context_is_named(tiny):
         Judge.from_model(model, tok).compare([ITEMS[0], ("Human: hi", "x" * 600, "y")], PRINCIPLES)
 
 
+def test_chat_template_models_answer_in_the_assistant_turn(tiny):
+    model, _ = tiny
+    tok = char_tokenizer()
+    tok.chat_template = ("{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}a:{% endif %}")
+    judge = Judge.from_model(model, tok)
+    conversation, a, b = ITEMS[0]
+    [v] = judge.compare([ITEMS[0]], PRINCIPLES[:1])
+    body = comparison_body(conversation, PRINCIPLES[0], a, b).rstrip("\n")
+    assert v.p_a_first == pytest.approx(p_a(tiny, f"u:{body}\na:The answer is: ("), abs=1e-6)
+
+
+def test_cancel_between_batches_and_provenance(tiny):
+    from training.judge import JudgeCancelled
+
+    model, tok = tiny
+    judge = Judge.from_model(model, tok, JudgeConfig(batch_size=2))
+    seen = []
+    with pytest.raises(JudgeCancelled):
+        judge.compare(ITEMS, PRINCIPLES, progress=lambda done, total: seen.append((done, total)),
+                      should_stop=lambda: len(seen) >= 2)
+    assert seen == [(2, 8), (4, 8)]
+    described = judge.describe()
+    assert described["config"]["mode"] == "logprob" and described["generator"]["backend"] == "hf"
+    assert len(described["templates"]) == 12
+
+
 # ------------------------------------------------------------------------------------------- ranking
 
 
@@ -257,6 +284,9 @@ def test_judge_prompt_completions_ranks_all_pairs(tiny):
     assert set(result.pair_probs) == {(11, 12), (11, 13), (12, 13)}
     assert sorted(i for tier in result.tiers for i in tier) == [11, 12, 13]
     assert result.prob(12, 11) == pytest.approx(1 - result.pair_probs[(11, 12)].p)
+    as_json = result.to_dict()
+    assert [(row["a"], row["b"]) for row in as_json["pairs"]] == [(11, 12), (11, 13), (12, 13)]
+    assert as_json["pairs"][0]["p"] == result.pair_probs[(11, 12)].p and "position_flip" in as_json["pairs"][0]
     expected = rank_from_pairwise([11, 12, 13], {k: v.p for k, v in result.pair_probs.items()}, "copeland")
     assert (result.tiers, result.scores, result.confidence) == expected
     # several prompts in one call give the same results as one at a time
