@@ -49,7 +49,12 @@ from training.reward_model import (  # noqa: E402
 HH = ROOT.parent / "shared" / "datasets" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
 
 
+SKIP_TRL = False  # set by --tools preflab
+
+
 def trl_available() -> bool:
+    if SKIP_TRL:
+        return False
     try:
         import trl  # noqa: F401
     except ImportError:
@@ -248,7 +253,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="short runs (subsets, fewer steps)")
     parser.add_argument("--repeats", type=int, default=None, help="alternating runs per tool (default 3, quick 1)")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    parser.add_argument("--tools", default="preflab,trl", help="preflab,trl (default) or preflab alone")
     args = parser.parse_args(argv)
+    global SKIP_TRL
+    SKIP_TRL = "trl" not in args.tools.split(",")
     args.repeats = args.repeats or (1 if args.quick else 3)
     if args.threads:
         torch.set_num_threads(args.threads)
