@@ -29,8 +29,23 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from sqlalchemy import Connection, Engine, Select, Text, cast, create_engine, event, func, or_, select
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy import (
+    ARRAY,
+    BigInteger,
+    Connection,
+    Engine,
+    Select,
+    Text,
+    case,
+    cast,
+    create_engine,
+    event,
+    func,
+    literal,
+    or_,
+    select,
+)
+from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from app.models import Completion, Constitution, Pair, Project, Prompt, Ranking, Rubric
@@ -121,10 +136,23 @@ def schema_for(kind: str, aggregation: str, conversational: bool) -> pa.Schema:
     schema = pa.schema(fields)
     # The `datasets` features, embedded as `datasets` itself does, so load_dataset("parquet") and
     # load_from_disk type list-of-message columns without guessing.
-    from datasets import Features
-
-    hf = json.dumps({"info": {"features": Features.from_arrow_schema(schema).to_dict()}})
+    hf = json.dumps({"info": {"features": hf_features(schema)}})
     return schema.with_metadata({"huggingface": hf})
+
+
+def _hf_feature(t: pa.DataType) -> Any:
+    if pa.types.is_list(t):
+        return {"feature": _hf_feature(t.value_type), "_type": "List"}
+    if pa.types.is_struct(t):
+        return {t.field(i).name: _hf_feature(t.field(i).type) for i in range(t.num_fields)}
+    dtype = {pa.int64(): "int64", pa.float64(): "float64", pa.string(): "string", pa.bool_(): "bool"}[t]
+    return {"dtype": dtype, "_type": "Value"}
+
+
+def hf_features(schema: pa.Schema) -> dict[str, Any]:
+    """`datasets.Features.from_arrow_schema(schema).to_dict()` for our column types, without importing
+    `datasets` (a second of start-up and a hundred MB of the export's memory); a test checks they agree."""
+    return {f.name: _hf_feature(f.type) for f in schema}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -144,18 +172,38 @@ class _Sink:
 
 
 class JsonlSink(_Sink):
+    """One JSON object per line, keys in schema order, compact separators, UTF-8 text unescaped.
+
+    Encoded column by column: each distinct string of a batch (a prompt shared by its 18 pairs, a source, a
+    split) is JSON-encoded once, and lines are assembled with one %-format per row. The bytes are exactly
+    what `json.dumps(row, ensure_ascii=False, separators=(",", ":"))` gives.
+    """
+
     def __init__(self, root: Path, kind: str, schema: pa.Schema) -> None:
         super().__init__(root, kind, schema)
         self.fh = open(root / f"{kind}.jsonl", "wb", buffering=1 << 20)  # noqa: SIM115 - closed in close()
         # allow_nan=False: NaN is not JSON and would break every reader downstream.
         self.encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
         self.names = schema.names
+        self.types = [schema.field(n).type for n in self.names]
+        self.line = "{" + ",".join(f"{json.dumps(n)}:%s" for n in self.names) + "}\n"
+
+    def _column(self, values: list[Any], t: pa.DataType) -> list[str]:
+        if pa.types.is_int64(t):
+            return ["null" if v is None else str(int(v)) for v in values]
+        if pa.types.is_float64(t):
+            return ["null" if v is None else self.encode(float(v)) for v in values]
+        encode = self.encode
+        cache: dict[Any, str] = {}
+        if pa.types.is_string(t):
+            return [cache[v] if v in cache else cache.setdefault(v, encode(v)) for v in values]
+        # lists and structs: the same object (one prompt's messages) recurs across a batch; key on identity
+        return [cache[id(v)] if id(v) in cache else cache.setdefault(id(v), encode(v)) for v in values]
 
     def write(self, columns: Columns) -> None:
-        names, encode = self.names, self.encode
-        lines = [encode(dict(zip(names, row, strict=True))) for row in zip(*(columns[n] for n in names), strict=True)]
-        if lines:
-            self.fh.write(("\n".join(lines) + "\n").encode())
+        encoded = [self._column(columns[n], t) for n, t in zip(self.names, self.types, strict=True)]
+        line = self.line
+        self.fh.write("".join([line % row for row in zip(*encoded, strict=True)]).encode())
 
     def close(self) -> None:
         self.fh.close()
@@ -195,12 +243,10 @@ class HfSink(_Sink):
         self.writer.write_batch(pa.RecordBatch.from_pydict(columns, schema=self.schema))
 
     def close(self) -> None:
-        from datasets import Features
-
         self.writer.close()
         self.sink.close()
         info = {"citation": "", "description": f"preflab {self.kind} export", "homepage": "",
-                "features": Features.from_arrow_schema(self.schema).to_dict(), "license": self.license_id}
+                "features": hf_features(self.schema), "license": self.license_id}
         state = {"_data_files": [{"filename": self.DATA}], "_fingerprint": _sha256(self.dir / self.DATA)[:16],
                  "_format_columns": None, "_format_kwargs": {}, "_format_type": None,
                  "_output_all_columns": False, "_split": None}
@@ -305,24 +351,27 @@ def _ranking_filters(stmt: Select[Any], filters: dict[str, Any], *, pair_level: 
     return stmt
 
 
-def _pairs_select(spec: ExportSpec, conversational: bool) -> Select[Any]:
-    chosen, rejected = aliased(Completion), aliased(Completion)
-    stmt = (
-        select(Pair.id.label("pair_id"), Pair.prompt_id, Pair.ranking_id,
-               (Prompt.messages if conversational else Prompt.text).label("prompt"),
-               chosen.text.label("chosen"), rejected.text.label("rejected"), Pair.chosen_id, Pair.rejected_id,
-               Pair.source, Ranking.annotator_id, Ranking.judge_run_id, Rubric.version.label("rubric_version"),
-               Constitution.version.label("constitution_version"), Pair.margin, Pair.weight, Pair.p,
-               Prompt.split, (Prompt.text if conversational else Prompt.id).label("prompt_text"))
-        .join(Ranking, Pair.ranking_id == Ranking.id)
-        .join(Prompt, Pair.prompt_id == Prompt.id)
-        .join(chosen, Pair.chosen_id == chosen.id)
-        .join(rejected, Pair.rejected_id == rejected.id)
-        .outerjoin(Rubric, Ranking.rubric_id == Rubric.id)
-        .outerjoin(Constitution, Ranking.constitution_id == Constitution.id)
-        .where(Ranking.project_id == spec.project_id, Prompt.project_id == spec.project_id)
-    )
-    return _ranking_filters(stmt, spec.filters, pair_level=True)
+def _pairs_select(spec: ExportSpec) -> Select[Any]:
+    """Pair rows without any text: ids and numbers only, so the stream stays narrow.
+
+    The pairs table alone is streamed; the rankings that pass the filters are a semi-join, and each batch
+    then looks up its rankings (labeller, versions), prompts and completion texts by id.
+    """
+    rankings = select(Ranking.id).where(Ranking.project_id == spec.project_id)
+    if "rubric_versions" in spec.filters:
+        rankings = rankings.join(Rubric, Ranking.rubric_id == Rubric.id)
+    if "constitution_versions" in spec.filters:
+        rankings = rankings.join(Constitution, Ranking.constitution_id == Constitution.id)
+    if "split" in spec.filters:
+        rankings = rankings.join(Prompt, Ranking.prompt_id == Prompt.id)
+    rankings = _ranking_filters(rankings, {k: v for k, v in spec.filters.items() if k != "source"}, pair_level=False)
+    stmt = select(Pair.id.label("pair_id"), Pair.prompt_id, Pair.ranking_id, Pair.chosen_id, Pair.rejected_id,
+                  Pair.source, Pair.margin, Pair.weight, Pair.p).where(Pair.ranking_id.in_(rankings))
+    if "source" in spec.filters:
+        stmt = stmt.where(Pair.source.in_(spec.filters["source"]))
+    if "min_confidence" in spec.filters:
+        stmt = stmt.where(Pair.p >= spec.filters["min_confidence"])
+    return stmt
 
 
 def _rankings_select(spec: ExportSpec, conversational: bool) -> Select[Any]:
@@ -383,8 +432,39 @@ class _Run:
     def response(self, text: str) -> Any:
         return [{"role": "assistant", "content": text}] if self.conversational else text
 
+    def ranking_labels(self, ranking_ids: list[int]) -> dict[int, tuple[str | None, int | None, int | None]]:
+        """ranking id → (annotator pseudonym, rubric version, constitution version), for one batch."""
+        out = {}
+        for chunk in _chunks(ranking_ids):
+            stmt = (select(Ranking.id, Ranking.annotator_id, Ranking.judge_run_id, Rubric.version, Constitution.version)
+                    .outerjoin(Rubric, Ranking.rubric_id == Rubric.id)
+                    .outerjoin(Constitution, Ranking.constitution_id == Constitution.id)
+                    .where(_id_in(self.conn, Ranking.id, chunk)))
+            for rid, annotator_id, judge_run_id, rubric_version, constitution_version in self.conn.execute(stmt):
+                out[rid] = (self.annotator(annotator_id, judge_run_id), rubric_version, constitution_version)
+        return out
+
+    def fill_texts(self, cols: Columns) -> None:
+        """Add prompt, chosen, rejected and split to a batch from its ids: two keyed lookups per batch in the
+        same snapshot, instead of repeating each prompt's text on every one of its pairs in the stream."""
+        prompt_ids = sorted(set(cols["prompt_id"]))
+        completion_ids = sorted(set(cols["chosen_id"]) | set(cols["rejected_id"]))
+        value_column = Prompt.messages if self.conversational else Prompt.text
+        prompts = {pid: (self.prompt(value, text) if self.conversational else value, split)
+                   for chunk in _chunks(prompt_ids)
+                   for pid, value, text, split in self.conn.execute(
+                       select(Prompt.id, value_column, Prompt.text, Prompt.split)
+                       .where(_id_in(self.conn, Prompt.id, chunk)))}
+        texts = _completion_texts_by_id(self.conn, completion_ids)
+        response = self.response
+        cols["prompt"] = [prompts[pid][0] for pid in cols["prompt_id"]]
+        cols["split"] = [prompts[pid][1] for pid in cols["prompt_id"]]
+        cols["chosen"] = [response(texts[c]) for c in cols["chosen_id"]]
+        cols["rejected"] = [response(texts[c]) for c in cols["rejected_id"]]
+
     def stream(self, stmt: Select[Any]) -> Iterator[list[Any]]:
-        result = self.conn.execution_options(stream_results=True, yield_per=self.batch_size).execute(stmt)
+        # Per statement: Connection.execution_options() would switch every later lookup to a server-side cursor.
+        result = self.conn.execute(stmt, execution_options={"stream_results": True, "yield_per": self.batch_size})
         yield from result.partitions(self.batch_size)
 
     def count(self, stmt: Select[Any]) -> int:
@@ -395,8 +475,11 @@ class _Run:
         self.progress(self.done, self.total)
 
 
+PAIR_SCALARS = ("pair_id", "prompt_id", "ranking_id", "chosen_id", "rejected_id", "source", "margin", "weight", "p")
+
+
 def _pairs_raw(run: _Run) -> Iterator[Columns]:
-    base = _pairs_select(run.spec, run.conversational)
+    base = _pairs_select(run.spec)
     if "min_agreement" in run.spec.filters:
         # Agreement of a pair = share of the (filtered) votes on its unordered pair that point its way.
         lo, hi = _lo_hi(run.conn, Pair.chosen_id, Pair.rejected_id)
@@ -410,36 +493,28 @@ def _pairs_raw(run: _Run) -> Iterator[Columns]:
         stmt = base.order_by(Pair.id)
     run.total = run.count(stmt)
     for rows in run.stream(stmt):
-        cols: Columns = {n: [] for n in ("pair_id", "prompt_id", "ranking_id", "prompt", "chosen", "rejected",
-                                         "chosen_id", "rejected_id", "source", "annotator", "rubric_version",
-                                         "constitution_version", "margin", "weight", "p", "split")}
-        for r in rows:
-            (pair_id, prompt_id, ranking_id, prompt, chosen, rejected, chosen_id, rejected_id, source, annotator_id,
-             judge_run_id, rubric_version, constitution_version, margin, weight, p, split, prompt_text) = r[:18]
-            cols["pair_id"].append(pair_id)
-            cols["prompt_id"].append(prompt_id)
-            cols["ranking_id"].append(ranking_id)
-            cols["prompt"].append(run.prompt(prompt, prompt_text) if run.conversational else prompt)
-            cols["chosen"].append(run.response(chosen))
-            cols["rejected"].append(run.response(rejected))
-            cols["chosen_id"].append(chosen_id)
-            cols["rejected_id"].append(rejected_id)
-            cols["source"].append(source)
-            cols["annotator"].append(run.annotator(annotator_id, judge_run_id))
-            cols["rubric_version"].append(rubric_version)
-            cols["constitution_version"].append(constitution_version)
-            cols["margin"].append(margin)
-            cols["weight"].append(float(weight))
-            cols["p"].append(float(p))
-            cols["split"].append(split)
+        # Column-wise: transpose the batch once instead of appending field by field.
+        raw = dict(zip(PAIR_SCALARS, (list(c) for c in zip(*rows, strict=True)), strict=True))
+        cols: Columns = {
+            "pair_id": raw["pair_id"], "prompt_id": raw["prompt_id"], "ranking_id": raw["ranking_id"],
+            "chosen_id": raw["chosen_id"], "rejected_id": raw["rejected_id"], "source": raw["source"],
+            "margin": raw["margin"], "weight": [float(w) for w in raw["weight"]], "p": [float(p) for p in raw["p"]],
+        }
+        labels = run.ranking_labels(sorted(set(cols["ranking_id"])))
+        cols["annotator"] = [labels[r][0] for r in cols["ranking_id"]]
+        cols["rubric_version"] = [labels[r][1] for r in cols["ranking_id"]]
+        cols["constitution_version"] = [labels[r][2] for r in cols["ranking_id"]]
+        run.fill_texts(cols)
         run.sources.update(cols["source"])
         run.splits.update(cols["split"])
         run.rubric_versions.update(v for v in set(cols["rubric_version"]) if v is not None)
         run.constitution_versions.update(v for v in set(cols["constitution_version"]) if v is not None)
-        yield cols
+        yield {name: cols[name] for name in PAIR_COLUMNS}
         run.advance(len(rows))
 
 
+PAIR_COLUMNS = ("pair_id", "prompt_id", "ranking_id", "prompt", "chosen", "rejected", "chosen_id", "rejected_id",
+                "source", "annotator", "rubric_version", "constitution_version", "margin", "weight", "p", "split")
 AGG_COLUMNS = ("pair_id", "prompt_id", "ranking_ids", "prompt", "chosen", "rejected", "chosen_id", "rejected_id",
                "source", "annotators", "rubric_versions", "constitution_versions", "margin", "weight", "p", "votes",
                "total_votes", "agreement", "split")
@@ -453,13 +528,20 @@ def _pairs_aggregated(run: _Run) -> Iterator[Columns]:
     with conflicts="drop" or kept at its lower weight with conflicts="keep". `p` is the mean soft label
     of the majority votes (1.0 for hard human labels). Rows are ordered by (prompt, lower id, higher id).
     """
-    base = _pairs_select(run.spec, run.conversational)
+    base = _pairs_select(run.spec)
     lo, hi = _lo_hi(run.conn, Pair.chosen_id, Pair.rejected_id)
     stmt = base.add_columns(lo.label("lo"), hi.label("hi")).order_by(Pair.prompt_id, lo, hi, Pair.id)
     run.total = run.count(base)
     min_agreement = run.spec.filters.get("min_agreement")
-    cols: Columns = {n: [] for n in AGG_COLUMNS}
+    scalar_columns = [n for n in AGG_COLUMNS if n not in ("prompt", "chosen", "rejected", "split")]
+    labels: dict[int, tuple[str | None, int | None, int | None]] = {}
+    cols: Columns = {n: [] for n in scalar_columns}
     group: list[Any] = []
+
+    def emit() -> Columns:
+        run.fill_texts(cols)
+        run.splits.update(cols["split"])
+        return {name: cols[name] for name in AGG_COLUMNS}
 
     def flush_group() -> None:
         forward = [g for g in group if g.chosen_id == g.lo]
@@ -476,47 +558,66 @@ def _pairs_aggregated(run: _Run) -> Iterator[Columns]:
         cols["pair_id"].append(first.pair_id)
         cols["prompt_id"].append(first.prompt_id)
         cols["ranking_ids"].append([g.ranking_id for g in majority])
-        cols["prompt"].append(run.prompt(first.prompt, first.prompt_text) if run.conversational else first.prompt)
-        cols["chosen"].append(run.response(first.chosen))
-        cols["rejected"].append(run.response(first.rejected))
         cols["chosen_id"].append(first.chosen_id)
         cols["rejected_id"].append(first.rejected_id)
         cols["source"].append(sources[0] if len(sources) == 1 else "mixed")
-        cols["annotators"].append([a for g in majority if (a := run.annotator(g.annotator_id, g.judge_run_id))])
-        cols["rubric_versions"].append(sorted({g.rubric_version for g in majority if g.rubric_version is not None}))
-        cols["constitution_versions"].append(
-            sorted({g.constitution_version for g in majority if g.constitution_version is not None}))
+        votes = [labels[g.ranking_id] for g in majority]
+        cols["annotators"].append([v[0] for v in votes if v[0] is not None])
+        cols["rubric_versions"].append(sorted({v[1] for v in votes if v[1] is not None}))
+        cols["constitution_versions"].append(sorted({v[2] for v in votes if v[2] is not None}))
         cols["margin"].append(sum(g.margin for g in majority) / len(majority))
         cols["weight"].append(agreement)
         cols["p"].append(sum(float(g.p) for g in majority) / len(majority))
         cols["votes"].append(len(majority))
         cols["total_votes"].append(len(group))
         cols["agreement"].append(agreement)
-        cols["split"].append(first.split)
         run.sources[cols["source"][-1]] += 1
-        run.splits[first.split] += 1
         run.rubric_versions.update(cols["rubric_versions"][-1])
         run.constitution_versions.update(cols["constitution_versions"][-1])
 
     for rows in run.stream(stmt):
+        labels.update(run.ranking_labels(sorted({r.ranking_id for r in rows} - labels.keys())))
         for r in rows:
             if group and (group[0].prompt_id, group[0].lo, group[0].hi) != (r.prompt_id, r.lo, r.hi):
                 flush_group()
                 group = []
+                if len(labels) > 4 * run.batch_size:  # bounded: keep only the labels the open group may need
+                    labels = {k: v for k, v in labels.items() if k in {x.ranking_id for x in rows}}
             group.append(r)
         if len(cols["pair_id"]) >= run.batch_size:
-            yield cols
-            cols = {n: [] for n in AGG_COLUMNS}
+            yield emit()
+            cols = {n: [] for n in scalar_columns}
         run.advance(len(rows))
     if group:
         flush_group()
     if cols["pair_id"]:
-        yield cols
+        yield emit()
+
+
+LOOKUP_CHUNK = 10_000
+"""Ids per IN (…) lookup: under SQLite's and psycopg's bound-parameter limits."""
+
+
+def _chunks(ids: list[int]) -> Iterator[list[int]]:
+    for start in range(0, len(ids), LOOKUP_CHUNK):
+        yield ids[start:start + LOOKUP_CHUNK]
+
+
+def _id_in(conn: Connection, column: Any, ids: list[int]) -> Any:
+    """`column IN ids`: one array parameter on Postgres (`= ANY(%s)`), bound parameters elsewhere."""
+    if conn.dialect.name == "postgresql":
+        return column == func.any(literal(ids, ARRAY(BigInteger)))
+    return column.in_(ids)
+
+
+def _completion_texts_by_id(conn: Connection, completion_ids: list[int]) -> dict[int, str]:
+    return {cid: text for chunk in _chunks(completion_ids) for cid, text in conn.execute(
+        select(Completion.id, Completion.text).where(_id_in(conn, Completion.id, chunk)))}
 
 
 def _completion_texts(run: _Run, prompt_ids: set[int]) -> dict[int, str]:
-    stmt = select(Completion.id, Completion.text).where(Completion.prompt_id.in_(sorted(prompt_ids)))
-    return {cid: text for cid, text in run.conn.execute(stmt)}
+    return {cid: text for chunk in _chunks(sorted(prompt_ids)) for cid, text in run.conn.execute(
+        select(Completion.id, Completion.text).where(_id_in(run.conn, Completion.prompt_id, chunk)))}
 
 
 def _rankings(run: _Run) -> Iterator[Columns]:
@@ -730,7 +831,8 @@ COLUMN_DOCS = {
     "margin": "tiers between chosen and rejected (aggregated: mean over the votes)",
     "weight": "loss weight (aggregated: the agreement)", "p": "soft label p(chosen ≻ rejected)",
     "votes": "votes for this direction", "total_votes": "votes on this pair in either direction",
-    "agreement": "votes / total_votes", "split": "train or heldout, by prompt: a held-out prompt's rows are all heldout",
+    "agreement": "votes / total_votes",
+    "split": "train or heldout, by prompt: a held-out prompt's rows are all heldout",
     "completion_ids": "the ranked completion ids, ascending", "completions": "their texts, in the same order",
     "tiers": "completion ids, best tier first; ids in one tier are tied",
     "flags": "JSON: completion id → flags the labeller raised", "reference": "reference answer, if any",
@@ -744,6 +846,53 @@ def _quote(text: str) -> str:
     return "\n".join("> " + line if line else ">" for line in (text or "").splitlines()) or "> (empty)"
 
 
+FULL_REPORT_MAX_RANKINGS = 20_000
+"""Above this many human rankings the card leaves the per-ranking report (Krippendorff's alpha, Kendall's tau,
+computed in Python) to the agreement dashboard, so that an export stays a streaming pass over the data."""
+
+
+def _fig(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.4f}"
+
+
+def _agreement_section(conn: Connection, project_id: int) -> list[str]:
+    """Agreement of the project's human labels at the snapshot: vote agreement per completion pair (in SQL,
+    any size) and, for projects up to FULL_REPORT_MAX_RANKINGS rankings, the dashboard's full report."""
+    from app.services.agreement import project_report
+
+    lo, hi = _lo_hi(conn, Pair.chosen_id, Pair.rejected_id)
+    forward = func.sum(case((Pair.chosen_id < Pair.rejected_id, 1), else_=0))
+    votes = (select(forward.label("f"), func.count().label("n"))
+             .join(Ranking, Pair.ranking_id == Ranking.id)
+             .where(Ranking.project_id == project_id, Ranking.source == "human")
+             .group_by(Pair.prompt_id, lo, hi).having(func.count() >= 2).subquery())
+    majority = case((votes.c.f * 2 >= votes.c.n, votes.c.f), else_=votes.c.n - votes.c.f)
+    shared, mean_share, unanimous = conn.execute(select(
+        func.count(), func.avg(majority * 1.0 / votes.c.n),
+        func.sum(case((or_(votes.c.f == 0, votes.c.f == votes.c.n), 1), else_=0)))).one()
+    lines = ["## Agreement (human labels of the whole project, at export time)", "",
+             f"- completion pairs with two or more human votes: {shared}",
+             f"- mean share of votes for the majority direction: {_fig(mean_share)}",
+             f"- unanimous pairs: {int(unanimous or 0)}"]
+    human = conn.execute(select(func.count(Ranking.id)).where(Ranking.project_id == project_id,
+                                                                Ranking.source == "human")).scalar() or 0
+    if human > FULL_REPORT_MAX_RANKINGS:
+        lines += [f"- per-ranking figures (Kendall tau-b, Krippendorff alpha): see the agreement dashboard "
+                  f"({human} human rankings is above the {FULL_REPORT_MAX_RANKINGS} the card computes)", ""]
+        return lines
+    with Session(bind=conn) as session:
+        project = session.get(Project, project_id)
+        report = project_report(session, project) if project is not None else None
+    if report is not None:
+        lines += [f"- human rankings: {report.human_rankings} ({report.skipped} skipped)",
+                  f"- prompts ranked by two or more annotators: {report.shared_prompts}",
+                  f"- ranking pairs compared: {report.comparisons}",
+                  f"- mean pairwise agreement: {_fig(report.mean_agreement)}",
+                  f"- mean Kendall tau-b: {_fig(report.mean_kendall_tau)}",
+                  f"- Krippendorff alpha (ordinal): {_fig(report.krippendorff_alpha)}"]
+    return lines + [""]
+
+
 def render_card(conn: Connection, spec: ExportSpec, *, project_name: str, description: str, license_id: str,
                 schema: pa.Schema, rows: int, sources: Counter[str], splits: Counter[str],
                 rubric_versions: list[int], constitution_versions: list[int], data_files: dict[str, str],
@@ -752,7 +901,6 @@ def render_card(conn: Connection, spec: ExportSpec, *, project_name: str, descri
 
     Deterministic on purpose (no export id, date or snapshot), so the card hashes the same on every re-run.
     """
-    from app.services.agreement import project_report
 
     lines = ["---", f"license: {json.dumps(license_id)}", f"pretty_name: {json.dumps('preflab: ' + project_name)}"]
     data_file = next((n for n in data_files if n.endswith((".jsonl", ".parquet"))), None)
@@ -791,19 +939,6 @@ def render_card(conn: Connection, spec: ExportSpec, *, project_name: str, descri
         for p in principles:
             lines += [f"- **{p.get('name', '')}** (priority {p.get('priority', '')}): {p.get('rationale', '')}"]
         lines += [""]
-    with Session(bind=conn) as session:
-        project = session.get(Project, spec.project_id)
-        report = project_report(session, project) if project is not None else None
-    if report is not None:
-        def fig(x: float | None) -> str:
-            return "n/a" if x is None else f"{x:.4f}"
-
-        lines += ["## Agreement (human rankings of the whole project, at export time)", "",
-                  f"- human rankings: {report.human_rankings} ({report.skipped} skipped)",
-                  f"- prompts ranked by two or more annotators: {report.shared_prompts}",
-                  f"- ranking pairs compared: {report.comparisons}",
-                  f"- mean pairwise agreement: {fig(report.mean_agreement)}",
-                  f"- mean Kendall tau-b: {fig(report.mean_kendall_tau)}",
-                  f"- Krippendorff alpha (ordinal): {fig(report.krippendorff_alpha)}", ""]
+    lines += _agreement_section(conn, spec.project_id)
     lines += ["## Files", "", "```"] + [f"{h}  {n}" for n, h in sorted(data_files.items())] + ["```", ""]
     return "\n".join(lines)

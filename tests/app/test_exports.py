@@ -147,6 +147,7 @@ def test_rank_export_and_load_in_every_format(db, app, make_user, make_project, 
         db.rollback()
     card = (tmp_path / "hf" / "README.md").read_text()
     assert "Rank correct answers first." in card and "mean pairwise agreement: 1.0000" in card
+    assert "mean share of votes for the majority direction: 1.0000" in card and "unanimous pairs: 12" in card
 
 
 def test_two_exports_of_unchanged_data_are_byte_identical(db, app, make_user, make_project, token_for, api) -> None:
@@ -596,3 +597,29 @@ def test_sqlite_export_does_not_block_annotators(db, engine, make_user, make_pro
     result = export_writer.write_export(engine, export_writer.ExportSpec(project.id, "pairs", "jsonl"),
                                         tmp_path / "s", secret="s" * 40, batch_size=1, progress=meanwhile)
     assert wrote.is_set() and result.row_count == 3
+
+
+@pytest.mark.parametrize("kind", ["pairs", "rankings", "prompts", "sft"])
+@pytest.mark.parametrize("conversational", [False, True])
+def test_embedded_features_match_what_datasets_derives(kind: str, conversational: bool) -> None:
+    from datasets import Features
+
+    for aggregation in ("raw", "aggregated") if kind == "pairs" else ("raw",):
+        schema = export_writer.schema_for(kind, aggregation, conversational)
+        assert export_writer.hf_features(schema) == Features.from_arrow_schema(schema).to_dict()
+
+
+def test_jsonl_lines_are_exactly_json_dumps(tmp_path) -> None:
+    import pyarrow as pa
+
+    schema = pa.schema([("i", pa.int64()), ("f", pa.float64()), ("s", pa.string()), ("m", export_writer.MESSAGES),
+                        ("l", pa.list_(pa.int64()))])
+    msgs = [{"role": "user", "content": 'quote " backslash \\ tab \t é ✓ \u2028'}]
+    columns = {"i": [1, None, -3], "f": [0.1, 1 / 3, None], "s": ["x\n\"y\"", None, "x\n\"y\""], "m": [msgs, msgs, None],
+               "l": [[1, 2], [], None]}
+    sink = export_writer.JsonlSink(tmp_path, "t", schema)
+    sink.write(columns)
+    sink.close()
+    rows = [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)]
+    expected = "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n" for r in rows)
+    assert (tmp_path / "t.jsonl").read_text(encoding="utf-8") == expected
