@@ -57,6 +57,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         pages_admin,
         pages_auth,
         pages_projects,
+        training,
     )
 
     routers = (
@@ -72,6 +73,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         constitutions,
         judge,
         exports,
+        training,
     )
     for module in routers:
         app.include_router(module.router)

@@ -287,3 +287,42 @@ class JudgeAgreementOut(BaseModel):
 
 class AILabelsIn(Strict):
     enabled: bool = Field(description="May AI labels be used for training (exports include them)?")
+
+
+class TrainingRunIn(Strict):
+    kind: Literal["reward", "ppo", "grpo"]
+    export_id: int = Field(ge=1, description="A pairs export for reward runs, a prompts export for policy runs.")
+    base_model: str | None = Field(default=None, max_length=1000,
+                                   description="Local model directory (reward runs default to the shipped MiniLM).")
+    reward_run_id: int | None = Field(default=None, ge=1, description="The reward-model run a policy run optimises.")
+    config: dict = Field(default_factory=dict, description="Trainer config fields (see `python -m training KIND "
+                                                           "--help`); validated before any job exists.")
+
+
+class TrainingRunAccepted(BaseModel):
+    run_id: int
+    job_id: int
+
+
+class TrainingRunOut(BaseModel):
+    id: int
+    kind: str
+    state: str
+    export_id: int | None
+    parent_run_id: int | None
+    base_model: str | None
+    job_id: int | None
+    created_at: datetime
+    metrics: list[dict]
+    eval: dict | None = None
+    model_dir: str | None = None
+    config: dict
+    lineage: dict
+
+
+class SampleIntoProjectIn(Strict):
+    k: int | None = Field(default=None, ge=1, le=16, description="Completions per prompt (default: the project's K).")
+    new_round: bool = Field(default=True, description="Start a new annotation round on these completions.")
+    seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    max_new_tokens: int | None = Field(default=None, ge=1, le=32_768, description="Default: the run's own.")
+    temperature: float | None = Field(default=None, ge=0, le=5, description="Default: the run's own.")

@@ -9,6 +9,7 @@ from typing import Any
 HANDLERS: dict[str, str] = {
     "sample_completions": "app.jobs.sample_completions:run",
     "judge": "app.jobs.judge:run",
+    "train": "app.jobs.train:run",
     "export": "app.jobs.export:run",
 }
 

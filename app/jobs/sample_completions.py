@@ -107,7 +107,12 @@ Todo = list[tuple[int, Any, int, list[str]]]
 def _prompts_needing(ctx: Any, k: int, prompt_ids: list[int] | None) -> tuple[Todo, int]:
     """[(prompt id, text or messages, completions still needed, existing texts)] oldest first, and how many are full."""
     with ctx.session_factory() as db:
-        count = select(func.count(Completion.id)).where(Completion.prompt_id == Prompt.id).scalar_subquery()
+        count_q = select(func.count(Completion.id)).where(Completion.prompt_id == Prompt.id)
+        source = ctx.payload.get("source") or "sampled"
+        if source.startswith("policy:"):
+            # A new policy's round: K answers of its own per prompt, whatever earlier rounds left there.
+            count_q = count_q.where(Completion.source == source)
+        count = count_q.scalar_subquery()
         query = select(Prompt.id, Prompt.text, Prompt.messages, count).where(Prompt.project_id == ctx.project_id)
         if prompt_ids:
             query = query.where(Prompt.id.in_(prompt_ids))
@@ -143,9 +148,12 @@ def _write(ctx: Any, k: int, generator: Any, params: Any, per_prompt: list[tuple
         for prompt_id, samples in per_prompt:
             lock = select(Prompt.id).where(Prompt.id == prompt_id)
             db.execute(lock.with_for_update() if postgres else lock)
-            have = db.scalar(select(func.count(Completion.id)).where(Completion.prompt_id == prompt_id)) or 0
+            mine = select(func.count(Completion.id)).where(Completion.prompt_id == prompt_id)
+            if (ctx.payload.get("source") or "sampled").startswith("policy:"):
+                mine = mine.where(Completion.source == ctx.payload["source"])
+            have = db.scalar(mine) or 0
             for sample in samples[: max(0, k - have)]:
-                db.add(Completion(prompt_id=prompt_id, text=sample.text, source="sampled",
+                db.add(Completion(prompt_id=prompt_id, text=sample.text, source=ctx.payload.get("source") or "sampled",
                                   generator_name=generator.name, generator_params=described, seed=sample.seed,
                                   meta={"finish_reason": sample.finish_reason,
                                         "completion_tokens": sample.completion_tokens, "job_id": ctx.job_id}))

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from app.deps import PageUser, SessionDep, api_user, get_db, optional_user
 from app.errors import DomainError, Forbidden, Invalid, NotFound
-from app.models import Assignment, Completion, Project, ProjectMember, Prompt, Rubric, User
+from app.models import Assignment, Project, ProjectMember, Prompt, Rubric, User
 from app.schemas import CompletionView, PromptView, RankingIn, RankingOut, RubricView, TaskOut
 from app.services import projects, queue, rankings, rubrics
 from app.services.pairs import expand_tiers
@@ -54,7 +54,8 @@ def _api_caller(request: Request, db: Session) -> User:
 
 def _task_view(db, project: Project, assignment: Assignment) -> TaskOut:  # type: ignore[no-untyped-def]
     prompt = db.get(Prompt, assignment.prompt_id)
-    completions = {c.id: c for c in prompt.completions}
+    shown = set(queue.task_completion_ids(db, prompt.id, project.completions_per_prompt))
+    completions = {c.id: c for c in prompt.completions if c.id in shown}
     order = queue.display_order(list(completions), assignment.annotator_id, prompt.id, assignment.round)
     rubric = rubrics.current(db, project)
     return TaskOut(
@@ -139,8 +140,7 @@ async def annotate_submit(request: Request, project_id: int, db: SessionDep, use
     except ValueError:
         raise Invalid("missing task", field="assignment_id") from None
     assignment = queue.get_own_assignment(db, project, user, assignment_id)
-    completion_ids = list(db.scalars(Completion.__table__.select().with_only_columns(Completion.id)
-                                     .where(Completion.prompt_id == assignment.prompt_id)))
+    completion_ids = queue.task_completion_ids(db, assignment.prompt_id, project.completions_per_prompt)
     skipped = form.get("action") == "skip"
     flags: dict[str, list[str]] = {}
     for cid in completion_ids:

@@ -206,3 +206,10 @@ def progress(db: Session, project: Project, annotator: User, *, now: datetime | 
     left_for_you = int(db.scalar(select(func.count()).select_from(
         _candidates(project, annotator, now, gold=None).subquery())) or 0)
     return Progress(done_today, done_total, left_for_you, left_in_project)
+
+
+def task_completion_ids(db: Session, prompt_id: int, k: int) -> list[int]:
+    """The completions a task ranks: the prompt's K most recent, so a new round ranks the newest policy's answers."""
+    ids = list(db.scalars(select(Completion.id).where(Completion.prompt_id == prompt_id)
+                          .order_by(Completion.id.desc()).limit(k)))
+    return sorted(ids)

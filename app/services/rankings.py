@@ -10,7 +10,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.errors import Conflict, Invalid
-from app.models import Assignment, Completion, Pair, Project, Prompt, Ranking, User, utcnow
+from app.models import Assignment, Pair, Project, Prompt, Ranking, User, utcnow
 from app.services import queue, rubrics
 from app.services.pairs import expand_tiers
 
@@ -57,7 +57,7 @@ def submit(db: Session, project: Project, annotator: User, body: RankingInput) -
     if current is None or body.rubric_version != current.version:
         raise Invalid(f"the rubric changed: you ranked under version {body.rubric_version}, the current version is "
                       f"{current.version if current else 'none'}; reload the task", field="rubric_version")
-    completion_ids = list(db.scalars(select(Completion.id).where(Completion.prompt_id == prompt.id)))
+    completion_ids = queue.task_completion_ids(db, prompt.id, project.completions_per_prompt)
     if body.skipped:
         reason = (body.skip_reason or "").strip()
         if not reason:

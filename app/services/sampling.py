@@ -15,7 +15,8 @@ CAN_SAMPLE = {"lead", "engineer"}
 
 
 def request_sampling(db: Session, project: Project, actor: User, *, generator: dict[str, Any], k: int | None,
-                     prompt_ids: list[int] | None, seed: int | None, resample_duplicates: int) -> Job:
+                     prompt_ids: list[int] | None, seed: int | None, resample_duplicates: int,
+                     source: str = "sampled") -> Job:
     """A queued `sample_completions` job, or Invalid naming the field when something can be checked now."""
     from training.generation import GenerationError, make_generator
 
@@ -39,5 +40,5 @@ def request_sampling(db: Session, project: Project, actor: User, *, generator: d
     elif not db.scalar(select(func.count(Prompt.id)).where(Prompt.project_id == project.id)):
         raise Invalid("the project has no prompts yet; import some first", field="prompt_ids")
     payload = {"generator": generator, "k": k, "prompt_ids": prompt_ids, "seed": seed,
-               "resample_duplicates": resample_duplicates}
+               "resample_duplicates": resample_duplicates, "source": source}
     return jobs.enqueue(db, "sample_completions", payload, project=project, actor=actor)

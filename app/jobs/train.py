@@ -1,0 +1,156 @@
+"""The `train` job: run the trainer as a subprocess in its own process group, follow it, stop it on cancel.
+
+The trainer writes metrics.jsonl, eval.json and the model directory under DATA_DIR/runs/<id>/; the job
+reports progress from metrics.jsonl and, on a retry after a worker crash, asks the trainer to resume
+from its checkpoint. A non-zero exit fails the run with the tail of its log.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+STOP_GRACE_S = 10.0
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):  # an inline table; keys quoted so any string works
+        return "{" + ", ".join(f"{_toml_value(str(k))} = {_toml_value(v)}" for k, v in value.items()
+                               if v is not None) + "}"
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+def write_toml(path: Path, config: dict[str, Any]) -> None:
+    lines = [f"{key} = {_toml_value(value)}" for key, value in config.items() if value is not None]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def command(kind: str, config_path: Path, *, train_file: str | None, accelerate_config: str | None) -> list[str]:
+    args = ["-m", "training", kind, "--config", str(config_path)]
+    if kind == "reward":
+        args += ["--train", str(train_file), "--out", str(config_path.parent)]
+    else:
+        args += ["--quiet"]
+    if accelerate_config:
+        return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", accelerate_config, *args]
+    return [sys.executable, *args]
+
+
+def run(ctx: Any) -> dict[str, Any]:
+    from app.worker import JobStopped
+
+    try:
+        return _run(ctx)
+    except JobStopped:
+        raise
+    except Exception:
+        # Whatever went wrong, the run must not stay "running" on the page.
+        _set_state(ctx, int(ctx.payload["training_run_id"]), "failed")
+        raise
+
+
+def _run(ctx: Any) -> dict[str, Any]:
+    from app.db import session_scope
+    from app.models import Export, TrainingRun
+    from app.services import training_runs
+    from app.worker import JobError, JobStopped
+
+    run_id = int(ctx.payload["training_run_id"])
+    with session_scope(ctx.session_factory) as db:
+        tr = db.get(TrainingRun, run_id)
+        if tr is None:
+            raise JobError(f"training run {run_id} no longer exists")
+        if tr.state == "cancelled":
+            raise JobStopped("cancelled")
+        tr.state = "running"
+        kind = tr.kind
+        resolved = dict((tr.config or {}).get("resolved") or {})
+        export = db.get(Export, tr.export_id)
+        train_file = str(training_runs.export_file(ctx.settings.data_dir, export)) if kind == "reward" else None
+    out = training_runs.run_dir(ctx.settings.data_dir, run_id)
+    out.mkdir(parents=True, exist_ok=True)
+    config = {k: v for k, v in resolved.items() if k not in ("out",)}
+    if kind != "reward":
+        config["out"] = str(out)
+    if ctx.attempts > 1:
+        config["resume"] = True  # the worker died mid-run: continue from the trainer's checkpoint
+    config_path = out / "run.toml"
+    write_toml(config_path, config)
+    accelerate = os.environ.get("PREFLAB_ACCELERATE_CONFIG") or None
+    cmd = command(kind, config_path, train_file=train_file, accelerate_config=accelerate)
+    total = int(config.get("steps") or config.get("max_steps") or 0)
+    ctx.log("$ " + " ".join(shlex.quote(c) for c in cmd))
+    env = os.environ.copy() | {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    with open(ctx.log_path, "ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                cwd=str(out))
+        stopped = False
+        while proc.poll() is None:
+            if ctx.should_stop() and not stopped:
+                stopped = True
+                _stop_group(proc, ctx)
+            steps = _count_lines(out / "metrics.jsonl")
+            ctx.progress(steps, max(total, steps), f"step {steps}" + (f" of {total}" if total else ""))
+            time.sleep(0.5)
+    steps = _count_lines(out / "metrics.jsonl")
+    if stopped:
+        _set_state(ctx, run_id, "cancelled" if ctx.stop_reason == "cancelled" else "queued")
+        raise JobStopped(ctx.stop_reason or "stopped")
+    if proc.returncode != 0:
+        _set_state(ctx, run_id, "failed")
+        raise JobError(f"the trainer exited with code {proc.returncode}:\n{_tail(ctx.log_path)}")
+    _set_state(ctx, run_id, "succeeded")
+    return {"training_run_id": run_id, "steps": steps, "message": f"{kind} run finished after {steps} logged steps"}
+
+
+def _stop_group(proc: subprocess.Popen, ctx: Any) -> None:  # type: ignore[type-arg]
+    """SIGTERM the trainer's whole process group (accelerate children too), SIGKILL after a grace period."""
+    ctx.log(f"stopping the trainer ({ctx.stop_reason})")
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+
+
+def _count_lines(path: Path) -> int:
+    try:
+        with open(path, "rb") as fh:
+            return sum(1 for line in fh if line.endswith(b"\n"))
+    except OSError:
+        return 0
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _set_state(ctx: Any, run_id: int, state: str) -> None:
+    from app.db import session_scope
+    from app.models import TrainingRun
+
+    with session_scope(ctx.session_factory) as db:
+        tr = db.get(TrainingRun, run_id)
+        if tr is not None and not (tr.state == "cancelled" and state != "cancelled"):
+            tr.state = state

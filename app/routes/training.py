@@ -1,0 +1,188 @@
+"""Training runs from the app: launch on an export, follow live curves, compare, trace lineage, close the loop."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+from fastapi import APIRouter, Form, Query, Request
+from fastapi.responses import RedirectResponse, Response
+
+from app.deps import CurrentUser, PageUser, SessionDep
+from app.errors import DomainError, Invalid
+from app.models import Export, Job, Project, TrainingRun
+from app.schemas import JobAccepted, SampleIntoProjectIn, TrainingRunAccepted, TrainingRunIn, TrainingRunOut
+from app.services import charts, jobs, projects, sampling, training_runs
+from app.web import render
+
+router = APIRouter()
+
+
+def _out(db, run: TrainingRun, last: int = 50) -> TrainingRunOut:  # type: ignore[no-untyped-def]
+    return TrainingRunOut(
+        id=run.id, kind=run.kind, state=run.state, export_id=run.export_id, parent_run_id=run.parent_run_id,
+        base_model=run.base_model, job_id=run.job_id, created_at=run.created_at,
+        metrics=training_runs.read_metrics(run, last=last), eval=training_runs.read_eval(run),
+        model_dir=run.model_dir if run.state == "succeeded" else None, config=run.config or {},
+        lineage=training_runs.lineage(db, run))
+
+
+@router.post("/api/projects/{project_id}/training-runs", status_code=202, tags=["training"],
+             summary="Train a reward model, PPO or GRPO policy on an export (a background job)")
+def create_run(request: Request, project_id: int, body: TrainingRunIn, db: SessionDep,
+               user: CurrentUser) -> TrainingRunAccepted:
+    project = projects.get_visible(db, project_id, user)
+    run, job = training_runs.request_run(db, project, user, data_dir=request.app.state.settings.data_dir,
+                                         kind=body.kind, export_id=body.export_id, base_model=body.base_model,
+                                         reward_run_id=body.reward_run_id, config=body.config)
+    return TrainingRunAccepted(run_id=run.id, job_id=job.id)
+
+
+@router.get("/api/projects/{project_id}/training-runs", tags=["training"], summary="The project's training runs")
+def list_runs(project_id: int, db: SessionDep, user: CurrentUser) -> list[TrainingRunOut]:
+    project = projects.get_visible(db, project_id, user)
+    return [_out(db, r, last=1) for r in training_runs.list_for_project(db, project)]
+
+
+@router.get("/api/training-runs/{run_id}", tags=["training"], summary="A run: state, recent metrics, eval, lineage")
+def get_run(run_id: int, db: SessionDep, user: CurrentUser,
+            last: Annotated[int, Query(ge=1, le=100_000)] = 50) -> TrainingRunOut:
+    return _out(db, training_runs.get_visible(db, run_id, user), last=last)
+
+
+@router.get("/api/training-runs/{run_id}/metrics", tags=["training"], summary="Every metrics row of a run")
+def get_metrics(run_id: int, db: SessionDep, user: CurrentUser) -> list[dict]:
+    return training_runs.read_metrics(training_runs.get_visible(db, run_id, user))
+
+
+@router.post("/api/training-runs/{run_id}/cancel", tags=["training"], summary="Stop a queued or running run")
+def cancel_run(run_id: int, db: SessionDep, user: CurrentUser) -> TrainingRunOut:
+    run = training_runs.get_visible(db, run_id, user)
+    return _out(db, training_runs.cancel(db, run, user))
+
+
+def _sample_into_project(db, run: TrainingRun, user, body: SampleIntoProjectIn):  # type: ignore[no-untyped-def]
+    if run.kind not in ("grpo", "ppo"):
+        raise Invalid("only policy runs (grpo, ppo) can sample", field="run_id")
+    if run.state != "succeeded" or not run.model_dir:
+        raise Invalid("the run has not finished", field="run_id")
+    project = db.get(Project, run.project_id)
+    resolved = (run.config or {}).get("resolved", {})
+    # Sample the way the policy was trained to answer: its own length and temperature unless told otherwise.
+    generator = {"backend": "hf", "model": run.model_dir,
+                 "max_new_tokens": body.max_new_tokens or int(resolved.get("max_new_tokens") or 256),
+                 "temperature": body.temperature if body.temperature is not None
+                 else float(resolved.get("temperature", 1.0))}
+    job = sampling.request_sampling(db, project, user, generator=generator,
+                                    k=body.k, prompt_ids=None, seed=body.seed, resample_duplicates=0,
+                                    source=f"policy:{run.id}")
+    if body.new_round:
+        project.current_round += 1  # every prompt is ranked again, on the new policy's answers
+    return job
+
+
+@router.post("/api/training-runs/{run_id}/sample-into-project", status_code=202, tags=["training"],
+             summary="Sample the policy's answers into the project for the next round of ranking")
+def sample_into_project(run_id: int, body: SampleIntoProjectIn, db: SessionDep, user: CurrentUser) -> JobAccepted:
+    run = training_runs.get_visible(db, run_id, user)
+    return JobAccepted(job_id=_sample_into_project(db, run, user, body).id)
+
+
+# --- pages --------------------------------------------------------------------------------------
+
+def _exports(db, project):  # type: ignore[no-untyped-def]
+    from sqlalchemy import select
+
+    return list(db.scalars(select(Export).where(Export.project_id == project.id, Export.deleted_at.is_(None),
+                                                Export.sha256.is_not(None)).order_by(Export.id.desc())))
+
+
+def _list_context(db, project, user) -> dict:  # type: ignore[no-untyped-def]
+    runs = training_runs.list_for_project(db, project)
+    rows = [(r, training_runs.read_eval(r), (training_runs.read_metrics(r, last=1) or [{}])[-1]) for r in runs]
+    return {"project": project, "rows": rows, "exports": _exports(db, project), "form": {},
+            "reward_runs": [r for r in runs if r.kind == "reward" and r.state == "succeeded"],
+            "can_train": projects.may(db, project, user, training_runs.CAN_TRAIN)}
+
+
+@router.get("/projects/{project_id}/training", include_in_schema=False)
+def training_page(request: Request, project_id: int, db: SessionDep, user: PageUser) -> Response:
+    project = projects.get_visible(db, project_id, user)
+    return render(request, "training.html", _list_context(db, project, user))
+
+
+@router.post("/projects/{project_id}/training", include_in_schema=False)
+def launch_from_page(request: Request, project_id: int, db: SessionDep, user: PageUser,
+                     kind: Annotated[str, Form()] = "reward", export_id: Annotated[str, Form()] = "",
+                     base_model: Annotated[str, Form(max_length=1000)] = "",
+                     reward_run_id: Annotated[str, Form()] = "",
+                     config: Annotated[str, Form(max_length=20_000)] = "") -> Response:
+    import tomllib
+
+    project = projects.get_visible(db, project_id, user)
+    form = {"kind": kind, "export_id": export_id, "base_model": base_model, "reward_run_id": reward_run_id,
+            "config": config}
+    try:
+        try:
+            parsed = tomllib.loads(config) if config.strip() else {}
+        except tomllib.TOMLDecodeError as exc:
+            raise Invalid(f"not valid TOML: {exc}", field="config") from None
+        if not export_id.isdigit():
+            raise Invalid("choose an export", field="export_id")
+        with db.begin_nested():
+            run, _ = training_runs.request_run(
+                db, project, user, data_dir=request.app.state.settings.data_dir, kind=kind, export_id=int(export_id),
+                base_model=base_model or None, reward_run_id=int(reward_run_id) if reward_run_id.isdigit() else None,
+                config=parsed)
+    except DomainError as exc:
+        return render(request, "training.html", _list_context(db, project, user) | {"error": exc, "form": form},
+                      status_code=exc.status_code)
+    return RedirectResponse(f"/training-runs/{run.id}", status_code=303)
+
+
+@router.get("/training-runs/{run_id}", include_in_schema=False)
+def run_page(request: Request, run_id: int, db: SessionDep, user: PageUser) -> Response:
+    run = training_runs.get_visible(db, run_id, user)
+    project = db.get(Project, run.project_id)
+    metrics = training_runs.read_metrics(run)
+    job = db.get(Job, run.job_id) if run.job_id else None
+    samples = _latest_samples(run)
+    ctx = {"run": run, "project": project, "charts": charts.charts_for(metrics), "last": metrics[-1] if metrics else {},
+           "eval": training_runs.read_eval(run), "lineage": training_runs.lineage(db, run), "job": job,
+           "log": jobs.log_tail(request.app.state.settings.data_dir, run.job_id) if run.job_id else "",
+           "samples": samples, "config_json": json.dumps((run.config or {}).get("user", {}), indent=2),
+           "can_train": projects.may(db, project, user, training_runs.CAN_TRAIN)}
+    return render(request, "training_run.html", ctx, block="live")
+
+
+def _latest_samples(run: TrainingRun, limit: int = 8) -> list[dict]:
+    from pathlib import Path
+
+    if not run.model_dir:
+        return []
+    for name in ("samples.jsonl", "eval_samples.jsonl"):
+        path = Path(run.model_dir).parent / name
+        if path.exists():
+            rows = []
+            for line in path.read_text(encoding="utf-8", errors="replace").splitlines()[-limit:]:
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+            return rows
+    return []
+
+
+@router.post("/training-runs/{run_id}/cancel", include_in_schema=False)
+def cancel_from_page(run_id: int, db: SessionDep, user: PageUser) -> Response:
+    run = training_runs.get_visible(db, run_id, user)
+    if run.state not in ("succeeded", "failed", "cancelled"):
+        training_runs.cancel(db, run, user)
+    return RedirectResponse(f"/training-runs/{run.id}", status_code=303)
+
+
+@router.post("/training-runs/{run_id}/sample", include_in_schema=False)
+def sample_from_page(run_id: int, db: SessionDep, user: PageUser) -> Response:
+    run = training_runs.get_visible(db, run_id, user)
+    _sample_into_project(db, run, user, SampleIntoProjectIn())
+    return RedirectResponse(f"/projects/{run.project_id}/jobs", status_code=303)

@@ -1,0 +1,200 @@
+"""Training runs from the app: validate a run against the training config classes, enqueue it, read its outputs.
+
+The worker runs `python -m training <kind> --config run.toml` (or `accelerate launch -m training …` when
+PREFLAB_ACCELERATE_CONFIG is set) as a subprocess in its own process group; this module never trains.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.errors import Conflict, Invalid, NotFound
+from app.models import Completion, Export, Job, Project, Prompt, TrainingRun, User
+from app.services import audit, jobs, projects
+
+CAN_TRAIN = {"engineer", "lead"}
+EXPORT_KIND = {"reward": "pairs", "grpo": "prompts", "ppo": "prompts"}
+# Fields the app fills in itself: a config that sets them would point the run somewhere else.
+RESERVED = {"prompts", "model", "out", "reward_model", "resume"}
+
+
+def config_class(kind: str) -> type:
+    if kind == "reward":
+        from training.reward_model import RewardConfig
+
+        return RewardConfig
+    if kind == "grpo":
+        from training.grpo import GRPOConfig
+
+        return GRPOConfig
+    if kind == "ppo":
+        from training.ppo import PPOConfig
+
+        return PPOConfig
+    raise Invalid("must be reward, grpo or ppo", field="kind")
+
+
+def run_dir(data_dir: Path, run_id: int) -> Path:
+    return data_dir / "runs" / str(run_id)
+
+
+def export_file(data_dir: Path, export: Export) -> Path:
+    """The data file of an export the trainers read (JSONL, Parquet or the datasets directory)."""
+    root = Path(export.path) if export.path else data_dir / "exports" / str(export.id)
+    if export.format == "hf":
+        return root / "hf"
+    candidates = [root / name for name in (export.files or {}) if name.endswith((".jsonl", ".parquet"))]
+    if not candidates:
+        raise Invalid("this export has no data file", field="export_id")
+    return sorted(candidates)[0]
+
+
+def _validate_config(kind: str, config: dict[str, Any], filled: dict[str, Any]) -> dict[str, Any]:
+    """The resolved config as the trainer will see it, or Invalid naming `config.<field>`."""
+    from training.config import build_config
+
+    cls = config_class(kind)
+    known = {f.name for f in dataclasses.fields(cls)}
+    for key in config:
+        if key in RESERVED:
+            raise Invalid("is set by preflab from the run's export, base model and reward run", field=f"config.{key}")
+        if key not in known:
+            raise Invalid(f"unknown {kind} config field", field=f"config.{key}")
+    try:
+        resolved = build_config(cls, {k: v for k, v in filled.items() if k in known}, config)
+    except (ValueError, TypeError) as exc:
+        message = str(exc)
+        field = next((f for f in sorted(known, key=len, reverse=True) if message.startswith(f)), None)
+        raise Invalid(message, field=f"config.{field}" if field else "config") from None
+    return dataclasses.asdict(resolved)
+
+
+def request_run(db: Session, project: Project, actor: User, *, data_dir: Path, kind: str, export_id: int,
+                base_model: str | None, reward_run_id: int | None, config: dict[str, Any]) -> tuple[TrainingRun, Job]:
+    projects.require_project_role(db, project, actor, CAN_TRAIN, "start training runs")
+    if kind not in EXPORT_KIND:
+        raise Invalid("must be reward, grpo or ppo", field="kind")
+    export = db.get(Export, export_id)
+    if export is None or export.project_id != project.id:
+        raise Invalid("no such export in this project", field="export_id")
+    if export.deleted_at is not None:
+        raise Invalid("this export was deleted", field="export_id")
+    if export.kind != EXPORT_KIND[kind]:
+        raise Invalid(f"a {kind} run needs a {EXPORT_KIND[kind]} export, this one holds {export.kind}",
+                      field="export_id")
+    if not export.sha256:
+        raise Conflict("this export has not finished yet", field="export_id")
+    model_path = (base_model or "").strip()
+    if model_path:
+        if not (Path(model_path) / "config.json").is_file():
+            raise Invalid("not a model directory (no config.json there)", field="base_model")
+    elif kind != "reward":
+        raise Invalid("a policy run needs a base model directory", field="base_model")
+    parent = None
+    if reward_run_id is not None:
+        parent = db.get(TrainingRun, reward_run_id)
+        if parent is None or parent.project_id != project.id:
+            raise Invalid("no such run in this project", field="reward_run_id")
+        if parent.kind != "reward" or parent.state != "succeeded" or not parent.model_dir:
+            raise Invalid("must be a finished reward-model run", field="reward_run_id")
+    if kind == "ppo" and parent is None and not config.get("reward_fn"):
+        raise Invalid("PPO needs a reward model run (or config.reward_fn)", field="reward_run_id")
+    if kind == "grpo" and parent is None and not config.get("reward_fn"):
+        raise Invalid("GRPO needs a reward model run or config.reward_fn", field="reward_run_id")
+
+    run = TrainingRun(project_id=project.id, kind=kind, export_id=export.id, parent_run_id=reward_run_id,
+                      base_model=model_path or None, state="queued", created_by_id=actor.id, config={})
+    db.add(run)
+    db.flush()
+    out = run_dir(data_dir, run.id)
+    filled: dict[str, Any] = {"model": model_path, "out": str(out)}
+    if kind != "reward":
+        filled["prompts"] = str(export_file(data_dir, export))
+        if parent is not None:
+            filled["reward_model"] = str(Path(parent.model_dir))
+    run.config = {"user": config, "resolved": _validate_config(kind, config, filled)}
+    run.model_dir = str(out / "model")
+    run.metrics_path = str(out / "metrics.jsonl")
+    job = jobs.enqueue(db, "train", {"training_run_id": run.id}, project=project, actor=actor, max_attempts=2)
+    run.job_id = job.id
+    audit.record(db, actor, "training_run.create", project_id=project.id, object_type="training_run",
+                 object_id=run.id, kind=kind, export_id=export.id)
+    return run, job
+
+
+def get_visible(db: Session, run_id: int, user: User) -> TrainingRun:
+    run = db.get(TrainingRun, run_id)
+    if run is None:
+        raise NotFound("no such training run")
+    projects.get_visible(db, run.project_id, user)
+    return run
+
+
+def list_for_project(db: Session, project: Project) -> list[TrainingRun]:
+    return list(db.scalars(select(TrainingRun).where(TrainingRun.project_id == project.id)
+                           .order_by(TrainingRun.id.desc())))
+
+
+def read_metrics(run: TrainingRun, last: int | None = None) -> list[dict[str, Any]]:
+    """The run's metrics.jsonl as dicts (a partial last line, still being written, is skipped)."""
+    if not run.metrics_path or not Path(run.metrics_path).exists():
+        return []
+    rows = []
+    with open(run.metrics_path, encoding="utf-8") as fh:
+        for line in fh:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows[-last:] if last else rows
+
+
+def read_eval(run: TrainingRun) -> dict[str, Any] | None:
+    if not run.model_dir:
+        return None
+    path = Path(run.model_dir).parent / "eval.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def lineage(db: Session, run: TrainingRun) -> dict[str, Any]:
+    """Back to the labels (export → rubric/constitution versions, sources) and forward to sampled completions."""
+    export = db.get(Export, run.export_id) if run.export_id else None
+    card = (export.row_counts or {}) if export else {}
+    chain = []
+    parent = db.get(TrainingRun, run.parent_run_id) if run.parent_run_id else None
+    while parent is not None and len(chain) < 20:
+        chain.append({"run_id": parent.id, "kind": parent.kind, "export_id": parent.export_id})
+        parent = db.get(TrainingRun, parent.parent_run_id) if parent.parent_run_id else None
+    produced = db.scalar(select(func.count(Completion.id)).join(Prompt)
+                         .where(Prompt.project_id == run.project_id, Completion.source == f"policy:{run.id}")) or 0
+    filters = (export.filters or {}) if export else {}
+    return {
+        "export_id": run.export_id, "parent_run_id": run.parent_run_id, "ancestors": chain,
+        "export_sha256": export.sha256 if export else None, "export_filters": filters,
+        "export_counts": card,
+        "rubric_versions": sorted(set(filters.get("rubric_versions") or card.get("rubric_versions") or [])),
+        "constitution_versions": sorted(set(filters.get("constitution_versions")
+                                            or card.get("constitution_versions") or [])),
+        "completions_produced": int(produced),
+    }
+
+
+def cancel(db: Session, run: TrainingRun, actor: User) -> TrainingRun:
+    project = db.get(Project, run.project_id)
+    projects.require_project_role(db, project, actor, CAN_TRAIN, "cancel training runs")
+    if run.state in ("succeeded", "failed", "cancelled"):
+        raise Conflict(f"the run already {run.state}", field="state")
+    job = db.get(Job, run.job_id) if run.job_id else None
+    if job is not None and job.state not in jobs.TERMINAL:
+        jobs.cancel(db, job, actor)
+    run.state = "cancelled"
+    return run

@@ -1,0 +1,185 @@
+"""Training from the app: bad configs refused before any job; the whole loop on CPU with tiny models
+(rank → export → reward model → GRPO → evaluate → sample into project) with its lineage; cancel; a crash."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from sqlalchemy import func, select
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
+
+from app.models import Completion, Job, Prompt, TrainingRun
+from app.services import projects
+from app.worker import Worker
+from tests.training.tiny import char_tokenizer, save_tiny, tiny_gpt2
+
+WORDS = ["what", "is", "the", "answer", "good", "bad", "wrong", "right", "it", "a", "b", "c"]
+
+
+def _tiny_reward_base(path: Path) -> Path:
+    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", *WORDS])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]",
+                                        cls_token="[CLS]", sep_token="[SEP]")
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128, num_labels=1, pad_token_id=0)
+    BertForSequenceClassification(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("models")
+    tok = char_tokenizer()
+    return {"policy": save_tiny(tiny_gpt2(tok, n_positions=64), tok, root / "policy"),
+            "reward": _tiny_reward_base(root / "reward")}
+
+
+def _ranked_project(db, make_user, make_project, api, token_for, n: int = 12):  # type: ignore[no-untyped-def]
+    lead, annotator, engineer = make_user(db, "lead"), make_user(db, "annotator"), make_user(db, "engineer")
+    project = make_project(db, lead=lead, k=2)
+    projects.add_member(db, project, lead, email=annotator.email, role="annotator")
+    projects.add_member(db, project, lead, email=engineer.email, role="engineer")
+    for i in range(n):
+        prompt = Prompt(project_id=project.id, text=f"what is {i}", text_hash=f"h{i}",
+                        split="heldout" if i % 4 == 3 else "train")
+        db.add(prompt)
+        db.flush()
+        db.add_all([Completion(prompt_id=prompt.id, text="good right answer"),
+                    Completion(prompt_id=prompt.id, text="bad wrong")])
+    ann, eng = api(token_for(db, annotator)), api(token_for(db, engineer))
+    db.commit()
+    while True:
+        r = ann.get(f"/api/projects/{project.id}/tasks/next")
+        if r.status_code == 204:
+            break
+        task = r.json()
+        good = next(c["id"] for c in task["completions"] if c["text"].startswith("good"))
+        bad = next(c["id"] for c in task["completions"] if c["text"].startswith("bad"))
+        assert ann.post(f"/api/projects/{project.id}/rankings", json={
+            "assignment_id": task["assignment_id"], "tiers": [[good], [bad]], "rubric_version": 1,
+            "submission_id": f"s{task['assignment_id']}"}).status_code == 201
+    return project.id, eng
+
+
+def _work(app) -> None:  # type: ignore[no-untyped-def]
+    Worker(app.state.settings, session_factory=app.state.session_factory, heartbeat_s=0.2,
+           poll_s=0.05).run(exit_when_idle=True)
+
+
+def _export(client, app, project_id: int, kind: str) -> int:  # type: ignore[no-untyped-def]
+    r = client.post(f"/api/projects/{project_id}/exports", json={"kind": kind, "format": "jsonl"})
+    assert r.status_code == 202, r.text
+    _work(app)
+    return r.json()["export_id"]
+
+
+def test_bad_runs_are_refused_before_any_job_exists(db, app, make_user, make_project, token_for, api,
+                                                    models_dir) -> None:
+    project_id, eng = _ranked_project(db, make_user, make_project, api, token_for, n=4)
+    pairs = _export(eng, app, project_id, "pairs")
+    url = f"/api/projects/{project_id}/training-runs"
+    before = db.scalar(select(func.count(Job.id)))
+    db.rollback()
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"kind": "reward", "export_id": pairs, "config": {"learning_rate": -1}}, "config.learning_rate"),
+        ({"kind": "reward", "export_id": pairs, "config": {"no_such_field": 1}}, "config.no_such_field"),
+        ({"kind": "reward", "export_id": pairs, "config": {"out": "/etc"}}, "config.out"),
+        ({"kind": "grpo", "export_id": pairs, "base_model": str(models_dir["policy"])}, "export_id"),
+        ({"kind": "reward", "export_id": 99999}, "export_id"),
+        ({"kind": "reward", "export_id": pairs, "base_model": "/nonexistent"}, "base_model"),
+    ]
+    for body, field in cases:
+        r = eng.post(url, json=body)
+        assert r.status_code == 422, (body, r.text)
+        assert r.json()["detail"][0]["field"] == field, (body, r.json())
+    assert db.scalar(select(func.count(Job.id))) == before
+    assert db.scalar(select(func.count(TrainingRun.id))) == 0
+
+
+@pytest.mark.slow
+def test_the_loop_from_labels_to_a_policy_and_back_with_lineage(db, app, make_user, make_project, token_for, api,
+                                                                models_dir) -> None:
+    project_id, eng = _ranked_project(db, make_user, make_project, api, token_for, n=12)
+    pairs = _export(eng, app, project_id, "pairs")
+    r = eng.post(f"/api/projects/{project_id}/training-runs", json={
+        "kind": "reward", "export_id": pairs, "base_model": str(models_dir["reward"]),
+        "config": {"max_steps": 6, "batch_size": 4, "eval_every": 3, "learning_rate": 1e-3, "log_every": 1}})
+    assert r.status_code == 202, r.text
+    rm_id = r.json()["run_id"]
+    _work(app)
+    rm = eng.get(f"/api/training-runs/{rm_id}").json()
+    assert rm["state"] == "succeeded", eng.get(f"/api/jobs/{r.json()['job_id']}").json()
+    assert rm["metrics"] and rm["eval"]["pairs"] > 0 and "accuracy" in rm["eval"]
+    assert rm["lineage"]["export_id"] == pairs
+
+    prompts_export = _export(eng, app, project_id, "prompts")
+    r = eng.post(f"/api/projects/{project_id}/training-runs", json={
+        "kind": "grpo", "export_id": prompts_export, "base_model": str(models_dir["policy"]), "reward_run_id": rm_id,
+        "config": {"steps": 2, "group_size": 2, "prompts_per_step": 2, "max_new_tokens": 4, "eval_k": 2}})
+    assert r.status_code == 202, r.text
+    policy_id = r.json()["run_id"]
+    _work(app)
+    policy = eng.get(f"/api/training-runs/{policy_id}").json()
+    assert policy["state"] == "succeeded", eng.get(f"/api/jobs/{r.json()['job_id']}").json()
+    assert [m["step"] for m in policy["metrics"]][-1] >= 1 and {"reward_mean", "kl", "loss"} <= set(policy["metrics"][-1])
+    assert policy["eval"] is not None and Path(policy["model_dir"]).is_dir()
+
+    r = eng.post(f"/api/training-runs/{policy_id}/sample-into-project", json={"k": 2, "seed": 1})
+    assert r.status_code == 202, r.text
+    _work(app)
+    assert eng.get(f"/api/jobs/{r.json()['job_id']}").json()["state"] == "succeeded"
+    produced = db.scalar(select(func.count(Completion.id)).where(Completion.source == f"policy:{policy_id}"))
+    db.rollback()
+    assert produced == 12 * 2
+
+    lineage = eng.get(f"/api/training-runs/{policy_id}").json()["lineage"]
+    assert lineage["export_id"] == prompts_export and lineage["parent_run_id"] == rm_id
+    assert lineage["ancestors"][0] == {"run_id": rm_id, "kind": "reward", "export_id": pairs}
+    assert lineage["completions_produced"] == 24
+    # The next round ranks the new policy's answers.
+    page = eng.get(f"/api/projects/{project_id}")
+    assert page.status_code == 200
+
+
+@pytest.mark.slow
+def test_cancel_stops_the_trainer_and_a_crash_fails_with_the_log(db, app, make_user, make_project, token_for, api,
+                                                                 models_dir, tmp_path) -> None:
+    project_id, eng = _ranked_project(db, make_user, make_project, api, token_for, n=8)
+    pairs = _export(eng, app, project_id, "pairs")
+    long = eng.post(f"/api/projects/{project_id}/training-runs", json={
+        "kind": "reward", "export_id": pairs, "base_model": str(models_dir["reward"]),
+        "config": {"max_steps": 100000, "batch_size": 2, "log_every": 1, "eval_every": 1000000,
+                   "epochs": 100000}}).json()
+    worker = Worker(app.state.settings, session_factory=app.state.session_factory, heartbeat_s=0.2)
+    thread = threading.Thread(target=worker.run_one)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not eng.get(f"/api/training-runs/{long['run_id']}").json()["metrics"]:
+        time.sleep(0.2)
+    assert eng.post(f"/api/training-runs/{long['run_id']}/cancel").json()["state"] == "cancelled"
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert eng.get(f"/api/jobs/{long['job_id']}").json()["state"] == "cancelled"
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "bert"}')
+    (broken / "model.safetensors").write_bytes(b"not weights")
+    crash = eng.post(f"/api/projects/{project_id}/training-runs", json={
+        "kind": "reward", "export_id": pairs, "base_model": str(broken), "config": {"max_steps": 2}}).json()
+    _work(app)
+    job = eng.get(f"/api/jobs/{crash['job_id']}").json()
+    assert job["state"] == "failed" and "exited with code" in job["error"]
+    assert eng.get(f"/api/training-runs/{crash['run_id']}").json()["state"] == "failed"
