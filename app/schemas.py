@@ -326,3 +326,27 @@ class SampleIntoProjectIn(Strict):
     seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
     max_new_tokens: int | None = Field(default=None, ge=1, le=32_768, description="Default: the run's own.")
     temperature: float | None = Field(default=None, ge=0, le=5, description="Default: the run's own.")
+
+
+class RevisionJobIn(Strict):
+    generator: HFGeneratorIn | OpenAIGeneratorIn = Field(discriminator="backend")
+    constitution_version: int | None = Field(default=None, ge=1)
+    prompt_ids: list[int] | None = Field(default=None, max_length=100_000)
+    limit: int = Field(default=20, ge=1, le=10_000, description="Most completions to critique and revise.")
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+
+
+class RevisionOut(BaseModel):
+    id: int
+    prompt_id: int
+    original_id: int | None
+    original: str | None
+    critique: str
+    revision: str
+    principle: str | None
+    constitution_version: int | None
+    status: str
+
+
+class RevisionDecisionIn(Strict):
+    accept: bool

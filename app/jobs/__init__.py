@@ -10,6 +10,7 @@ HANDLERS: dict[str, str] = {
     "sample_completions": "app.jobs.sample_completions:run",
     "judge": "app.jobs.judge:run",
     "train": "app.jobs.train:run",
+    "revise": "app.jobs.revise:run",
     "export": "app.jobs.export:run",
 }
 

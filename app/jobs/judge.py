@@ -13,8 +13,9 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from app.models import Completion, Constitution, JudgeRun, Pair, Prompt, Ranking
+from app.models import Completion, Constitution, JudgeRun, Pair, Project, Prompt, Ranking
 from app.services.pairs import expand_tiers
+from app.services.queue import task_completion_ids
 
 PROMPTS_PER_CALL = 4
 
@@ -113,14 +114,21 @@ def _prompts_to_judge(ctx: Any, project_id: int, run_id: int, prompt_ids: list[i
                       ) -> tuple[list[tuple[int, Any, list[tuple[int, str]]]], int]:
     """Prompts with ≥ 2 completions this run has not ranked yet (resume), and how many it already has."""
     with ctx.session_factory() as db:
-        n_completions = select(func.count(Completion.id)).where(Completion.prompt_id == Prompt.id).scalar_subquery()
+        n_completions = (select(func.count(Completion.id))
+                         .where(Completion.prompt_id == Prompt.id, Completion.source != "revision").scalar_subquery())
         query = select(Prompt).where(Prompt.project_id == project_id, n_completions >= 2).order_by(Prompt.id)
         if prompt_ids:
             query = query.where(Prompt.id.in_(prompt_ids))
         prompts = list(db.scalars(query))
         judged = set(db.scalars(select(Ranking.prompt_id).where(Ranking.judge_run_id == run_id)))
-        todo = [(p.id, p.messages or p.text, [(c.id, c.text) for c in p.completions])
-                for p in prompts if p.id not in judged]
+        k = db.scalar(select(Project.completions_per_prompt).where(Project.id == project_id)) or 2
+        todo = []
+        for p in prompts:
+            if p.id in judged:
+                continue
+            # The same completions a human task shows: the K newest rankable ones (no CAI revisions).
+            shown = set(task_completion_ids(db, p.id, k))
+            todo.append((p.id, p.messages or p.text, [(c.id, c.text) for c in p.completions if c.id in shown]))
         return todo, len(prompts) - len(todo)
 
 
@@ -153,6 +161,4 @@ def _write_ranking(db: Any, ctx: Any, *, judge_run_id: int, project_id: int, con
 
 
 def _round(db: Any, project_id: int) -> int:
-    from app.models import Project
-
     return int(db.scalar(select(Project.current_round).where(Project.id == project_id)) or 1)

@@ -107,7 +107,8 @@ Todo = list[tuple[int, Any, int, list[str]]]
 def _prompts_needing(ctx: Any, k: int, prompt_ids: list[int] | None) -> tuple[Todo, int]:
     """[(prompt id, text or messages, completions still needed, existing texts)] oldest first, and how many are full."""
     with ctx.session_factory() as db:
-        count_q = select(func.count(Completion.id)).where(Completion.prompt_id == Prompt.id)
+        count_q = select(func.count(Completion.id)).where(Completion.prompt_id == Prompt.id,
+                                                          Completion.source != "revision")
         source = ctx.payload.get("source") or "sampled"
         if source.startswith("policy:"):
             # A new policy's round: K answers of its own per prompt, whatever earlier rounds left there.

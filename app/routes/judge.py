@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
@@ -11,9 +11,20 @@ from sqlalchemy import select
 
 from app.deps import CurrentUser, PageUser, SessionDep
 from app.errors import DomainError
-from app.models import JudgeRun
-from app.schemas import AILabelsIn, HFGeneratorIn, JudgeAgreementOut, JudgeRunAccepted, JudgeRunIn, OpenAIGeneratorIn
-from app.services import constitutions, judging, projects
+from app.models import Completion, JudgeRun
+from app.schemas import (
+    AILabelsIn,
+    HFGeneratorIn,
+    JobAccepted,
+    JudgeAgreementOut,
+    JudgeRunAccepted,
+    JudgeRunIn,
+    OpenAIGeneratorIn,
+    RevisionDecisionIn,
+    RevisionJobIn,
+    RevisionOut,
+)
+from app.services import constitutions, judging, projects, revisions
 from app.web import render
 
 router = APIRouter()
@@ -100,3 +111,75 @@ def ai_labels_from_page(project_id: int, db: SessionDep, user: PageUser,
     project = projects.get_visible(db, project_id, user)
     judging.set_ai_labels(db, project, user, enabled == "yes")
     return RedirectResponse(f"/projects/{project.id}/judge", status_code=303)
+
+
+# --- supervised CAI stage: critique → revision --------------------------------------------------
+
+def _revision_out(revision, original) -> RevisionOut:  # type: ignore[no-untyped-def]
+    meta = revision.meta or {}
+    return RevisionOut(id=revision.id, prompt_id=revision.prompt_id, original_id=meta.get("original_id"),
+                       original=original.text if original else None, critique=meta.get("critique", ""),
+                       revision=revision.text, principle=meta.get("principle"),
+                       constitution_version=meta.get("constitution_version"), status=meta.get("status", "pending"))
+
+
+@router.post("/api/projects/{project_id}/revision-jobs", status_code=202, tags=["judge"],
+             summary="Critique and revise completions under the constitution (supervised CAI stage)")
+def create_revision_job(project_id: int, body: RevisionJobIn, db: SessionDep, user: CurrentUser) -> JobAccepted:
+    project = projects.get_visible(db, project_id, user)
+    job = revisions.request_revisions(db, project, user, generator=body.generator.model_dump(),
+                                      constitution_version=body.constitution_version, prompt_ids=body.prompt_ids,
+                                      limit=body.limit, seed=body.seed)
+    return JobAccepted(job_id=job.id)
+
+
+@router.get("/api/projects/{project_id}/revisions", tags=["judge"], summary="Revisions with their critique")
+def list_revisions(project_id: int, db: SessionDep, user: CurrentUser,
+                   status: Annotated[Literal["pending", "accepted", "rejected"] | None, Query()] = None
+                   ) -> list[RevisionOut]:
+    project = projects.get_visible(db, project_id, user)
+    return [_revision_out(r, o) for r, o in revisions.list_revisions(db, project, status)]
+
+
+@router.post("/api/projects/{project_id}/revisions/{revision_id}/decision", tags=["judge"],
+             summary="Accept (it becomes an SFT row in exports) or reject a revision")
+def decide_revision(project_id: int, revision_id: int, body: RevisionDecisionIn, db: SessionDep,
+                    user: CurrentUser) -> RevisionOut:
+    project = projects.get_visible(db, project_id, user)
+    revision = revisions.decide(db, project, user, revision_id, body.accept)
+    original = db.get(Completion, int((revision.meta or {}).get("original_id", 0)))
+    return _revision_out(revision, original)
+
+
+@router.get("/projects/{project_id}/revisions", include_in_schema=False)
+def revisions_page(request: Request, project_id: int, db: SessionDep, user: PageUser) -> Response:
+    project = projects.get_visible(db, project_id, user)
+    return render(request, "revisions.html", {
+        "project": project, "items": revisions.list_revisions(db, project), "form": {},
+        "can_manage": projects.may(db, project, user, projects.CAN_MANAGE),
+        "can_revise": projects.may(db, project, user, revisions.CAN_REVISE)})
+
+
+@router.post("/projects/{project_id}/revisions/start", include_in_schema=False)
+def start_revisions_from_page(request: Request, project_id: int, db: SessionDep, user: PageUser,
+                              model: Annotated[str, Form(max_length=1000)] = "",
+                              limit: Annotated[int, Form(ge=1, le=10_000)] = 20) -> Response:
+    project = projects.get_visible(db, project_id, user)
+    try:
+        with db.begin_nested():
+            revisions.request_revisions(db, project, user, generator={"backend": "hf", "model": model},
+                                        constitution_version=None, prompt_ids=None, limit=limit)
+    except DomainError as exc:
+        return render(request, "revisions.html", {
+            "project": project, "items": revisions.list_revisions(db, project), "error": exc,
+            "form": {"model": model}, "can_manage": projects.may(db, project, user, projects.CAN_MANAGE),
+            "can_revise": True}, status_code=exc.status_code)
+    return RedirectResponse(f"/projects/{project.id}/jobs", status_code=303)
+
+
+@router.post("/projects/{project_id}/revisions/{revision_id}/decision", include_in_schema=False)
+def decide_from_page(project_id: int, revision_id: int, db: SessionDep, user: PageUser,
+                     accept: Annotated[str, Form()] = "") -> Response:
+    project = projects.get_visible(db, project_id, user)
+    revisions.decide(db, project, user, revision_id, accept == "yes")
+    return RedirectResponse(f"/projects/{project.id}/revisions#r{revision_id}", status_code=303)

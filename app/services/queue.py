@@ -37,7 +37,7 @@ def _active_load(prompt_id, round_: int, now: datetime):  # type: ignore[no-unty
 
 def _candidates(project: Project, annotator: User, now: datetime, *, gold: bool | None):  # type: ignore[no-untyped-def]
     round_ = project.current_round
-    completions = (select(func.count(Completion.id)).where(Completion.prompt_id == Prompt.id).scalar_subquery())
+    completions = _rankable_count()
     mine_done = exists().where(Assignment.prompt_id == Prompt.id, Assignment.annotator_id == annotator.id,
                                Assignment.round == round_, Assignment.state.in_(("submitted", "skipped")))
     ranked = exists().where(Ranking.prompt_id == Prompt.id, Ranking.annotator_id == annotator.id,
@@ -194,7 +194,7 @@ def progress(db: Session, project: Project, annotator: User, *, now: datetime | 
     done_total = int(db.scalar(mine) or 0)
     done_today = int(db.scalar(mine.where(Ranking.created_at >= start_of_day)) or 0)
     round_ = project.current_round
-    completions = select(func.count(Completion.id)).where(Completion.prompt_id == Prompt.id).scalar_subquery()
+    completions = _rankable_count()
     submitted = (select(func.count(Assignment.id))
                  .where(Assignment.prompt_id == Prompt.id, Assignment.round == round_,
                         Assignment.state == "submitted").scalar_subquery())
@@ -210,6 +210,13 @@ def progress(db: Session, project: Project, annotator: User, *, now: datetime | 
 
 def task_completion_ids(db: Session, prompt_id: int, k: int) -> list[int]:
     """The completions a task ranks: the prompt's K most recent, so a new round ranks the newest policy's answers."""
-    ids = list(db.scalars(select(Completion.id).where(Completion.prompt_id == prompt_id)
+    ids = list(db.scalars(select(Completion.id).where(Completion.prompt_id == prompt_id,
+                                                      Completion.source != "revision")
                           .order_by(Completion.id.desc()).limit(k)))
     return sorted(ids)
+
+
+def _rankable_count():  # type: ignore[no-untyped-def]
+    """A prompt's completions that can be ranked (CAI revisions are SFT material, never ranked)."""
+    return (select(func.count(Completion.id))
+            .where(Completion.prompt_id == Prompt.id, Completion.source != "revision").scalar_subquery())

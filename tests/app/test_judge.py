@@ -157,3 +157,35 @@ def test_a_stopped_judge_run_resumes_without_judging_a_prompt_twice(db, make_use
     db.rollback()
     assert len(counts) == 12 and {c for _, c in counts} == {1}
     assert db.scalar(select(func.count(Job.id))) == 1
+
+
+def test_critique_and_revision_become_reviewed_completions(db, make_user, make_project, token_for, api,
+                                                           judge_model_dir, database_url, clean_engine, tmp_path,
+                                                           browser) -> None:
+    lead, annotator, project = _seed(db, make_user, make_project, n=2, k=2)
+    client = api(token_for(db, lead))
+    db.commit()
+    pid = project.id
+    r = client.post(f"/api/projects/{pid}/revision-jobs", json={
+        "generator": {"backend": "hf", "model": str(judge_model_dir), "max_new_tokens": 12}, "limit": 3})
+    assert r.status_code == 202, r.text
+    _worker(database_url, tmp_path, clean_engine).run(exit_when_idle=True)
+    assert client.get(f"/api/jobs/{r.json()['job_id']}").json()["state"] == "succeeded"
+    items = client.get(f"/api/projects/{pid}/revisions").json()
+    assert len(items) == 3 and all(i["status"] == "pending" and i["principle"] and i["original"] for i in items)
+    first, second = items[0]["id"], items[1]["id"]
+    decided = client.post(f"/api/projects/{pid}/revisions/{first}/decision", json={"accept": True}).json()
+    assert decided["status"] == "accepted"
+    assert client.post(f"/api/projects/{pid}/revisions/{first}/decision", json={"accept": False}).status_code == 409
+    assert [i["id"] for i in client.get(f"/api/projects/{pid}/revisions?status=accepted").json()] == [first]
+    # An annotator may not decide, and revisions never enter a ranking task.
+    ann = api(token_for(db, annotator))
+    db.commit()
+    assert ann.post(f"/api/projects/{pid}/revisions/{second}/decision", json={"accept": True}).status_code == 403
+    task = ann.get(f"/api/projects/{pid}/tasks/next").json()
+    assert {c["id"] for c in task["completions"]}.isdisjoint({i["id"] for i in items})
+    # The lead sees original, critique and revision side by side.
+    page = browser()
+    page.login(lead.email)
+    html = page.get(f"/projects/{pid}/revisions").text
+    assert f'id="r{second}"' in html and "Accept (SFT row)" in html

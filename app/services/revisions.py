@@ -1,0 +1,61 @@
+"""The supervised CAI stage in the app: ask for critiques and revisions, and the lead's accept / reject."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.errors import Conflict, Invalid, NotFound
+from app.models import Completion, Job, Project, Prompt, User
+from app.services import audit, constitutions, jobs, outbound, projects
+
+CAN_REVISE = {"lead", "engineer"}
+
+
+def request_revisions(db: Session, project: Project, actor: User, *, generator: dict[str, Any],
+                      constitution_version: int | None, prompt_ids: list[int] | None, limit: int,
+                      seed: int = 0) -> Job:
+    from training.generation import GenerationError, make_generator
+
+    projects.require_project_role(db, project, actor, CAN_REVISE, "ask for revisions")
+    constitution = (constitutions.get_version(db, project, constitution_version) if constitution_version
+                    else constitutions.ensure_default(db, project, actor))
+    if not any(p.get("critique") and p.get("revision") for p in constitution.principles):
+        raise Invalid("no principle has both a critique and a revision request", field="constitution_version")
+    if generator.get("backend") == "openai":
+        generator["base_url"] = outbound.check_base_url(generator["base_url"], field="generator.base_url")
+    try:
+        make_generator(dict(generator)).check()
+    except (GenerationError, ValueError) as exc:
+        raise Invalid(str(exc), field="generator.model" if generator.get("backend") == "hf" else "generator") from None
+    return jobs.enqueue(db, "revise", {"generator": generator, "constitution_id": constitution.id,
+                                       "prompt_ids": prompt_ids, "limit": limit, "seed": seed},
+                        project=project, actor=actor)
+
+
+def list_revisions(db: Session, project: Project, status: str | None = None) -> list[tuple[Completion, Completion]]:
+    """(revision, original) pairs, newest first."""
+    rows = list(db.scalars(select(Completion).join(Prompt).where(Prompt.project_id == project.id,
+                                                                 Completion.source == "revision")
+                           .order_by(Completion.id.desc())))
+    if status:
+        rows = [r for r in rows if (r.meta or {}).get("status") == status]
+    originals = {c.id: c for c in db.scalars(select(Completion).where(
+        Completion.id.in_([int((r.meta or {}).get("original_id", 0)) for r in rows])))} if rows else {}
+    return [(r, originals.get(int((r.meta or {}).get("original_id", 0)))) for r in rows]
+
+
+def decide(db: Session, project: Project, actor: User, revision_id: int, accept: bool) -> Completion:
+    projects.require_project_role(db, project, actor, projects.CAN_MANAGE, "accept or reject revisions")
+    revision = db.get(Completion, revision_id)
+    if revision is None or revision.source != "revision" or revision.prompt.project_id != project.id:
+        raise NotFound("no such revision")
+    if (revision.meta or {}).get("status") not in ("pending", None):
+        raise Conflict(f"already {(revision.meta or {}).get('status')}", field="status")
+    revision.meta = dict(revision.meta or {}) | {"status": "accepted" if accept else "rejected",
+                                                 "decided_by": actor.id}
+    audit.record(db, actor, "revision.accept" if accept else "revision.reject", project_id=project.id,
+                 object_type="completion", object_id=revision.id)
+    return revision
