@@ -259,10 +259,61 @@ def export_cmd(project: Annotated[str, typer.Argument(help="Project id or name")
 
 @cli.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def train(ctx: typer.Context) -> None:
-    """Run a trainer: `preflab train reward|grpo|ppo|evaluate …` (the same as `python -m training …`)."""
-    from training.__main__ import main as training_main
+    """Train: `preflab train KIND --project ID --export ID --user EMAIL [--base-model DIR] [--reward-run ID]
+    [--set key=value ...]` queues a run in the app (a worker runs it, with lineage); without --project it is
+    `python -m training KIND …` on files."""
+    args = list(ctx.args)
+    if "--project" not in args:
+        from training.__main__ import main as training_main
 
-    raise typer.Exit(training_main(list(ctx.args)))
+        raise typer.Exit(training_main(args))
+    _queue_training_run(args)
+
+
+def _queue_training_run(args: list[str]) -> None:
+    import argparse
+
+    from app.db import session_scope
+    from app.errors import DomainError
+    from app.models import Project
+    from app.services import training_runs, users
+    from training.config import parse_sets
+
+    parser = argparse.ArgumentParser(prog="preflab train KIND --project ID")
+    parser.add_argument("kind", choices=["reward", "grpo", "ppo"])
+    parser.add_argument("--project", type=int, required=True)
+    parser.add_argument("--export", type=int, required=True, help="export id (pairs for reward, prompts for policies)")
+    parser.add_argument("--user", required=True, help="email of the engineer the run is recorded for")
+    parser.add_argument("--base-model", default=None)
+    parser.add_argument("--reward-run", type=int, default=None)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ns = parser.parse_args(args)
+    settings = _settings()
+    try:
+        config = {k: _literal(v) for k, v in parse_sets(ns.set).items()}
+        with session_scope(_session_factory(settings)) as db:
+            user = users.get_by_email(db, ns.user)
+            project = db.get(Project, ns.project)
+            if user is None or project is None:
+                _fail("no such user" if user is None else "no such project")
+            run, job = training_runs.request_run(db, project, user, data_dir=settings.data_dir, kind=ns.kind,
+                                                 export_id=ns.export, base_model=ns.base_model,
+                                                 reward_run_id=ns.reward_run, config=config)
+            run_id, job_id = run.id, job.id
+    except (DomainError, ValueError) as exc:
+        field = getattr(exc, "field", None)
+        _fail(f"{field}: {getattr(exc, 'message', exc)}" if field else str(exc))
+    typer.echo(f"queued {ns.kind} run {run_id} (job {job_id}); `preflab worker` runs it")
+
+
+def _literal(value: str):  # type: ignore[no-untyped-def]
+    """`--set` values as TOML would read them: numbers, booleans, lists; anything else stays text."""
+    import tomllib
+
+    try:
+        return tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        return value
 
 
 def _redact(url: str) -> str:

@@ -183,3 +183,25 @@ def test_cancel_stops_the_trainer_and_a_crash_fails_with_the_log(db, app, make_u
     job = eng.get(f"/api/jobs/{crash['job_id']}").json()
     assert job["state"] == "failed" and "exited with code" in job["error"]
     assert eng.get(f"/api/training-runs/{crash['run_id']}").json()["state"] == "failed"
+
+
+def test_cli_queues_a_run_with_the_same_checks(db, app, make_user, make_project, token_for, api, models_dir,
+                                               database_url, monkeypatch) -> None:
+    from typer.testing import CliRunner
+
+    from app.cli import cli
+
+    project_id, eng = _ranked_project(db, make_user, make_project, api, token_for, n=4)
+    pairs = _export(eng, app, project_id, "pairs")
+    email = eng.get("/api/me").json()["email"]
+    monkeypatch.setenv("PREFLAB_DATABASE_URL", database_url)
+    monkeypatch.setenv("PREFLAB_DATA_DIR", str(app.state.settings.data_dir))
+    runner = CliRunner()
+    bad = runner.invoke(cli, ["train", "reward", "--project", str(project_id), "--export", str(pairs),
+                              "--user", email, "--set", "learning_rate=-1"])
+    assert bad.exit_code == 1 and "config.learning_rate" in bad.output
+    ok = runner.invoke(cli, ["train", "reward", "--project", str(project_id), "--export", str(pairs),
+                             "--user", email, "--base-model", str(models_dir["reward"]), "--set", "max_steps=2"])
+    assert ok.exit_code == 0, ok.output
+    runs = eng.get(f"/api/projects/{project_id}/training-runs").json()
+    assert len(runs) == 1 and runs[0]["state"] == "queued" and runs[0]["config"]["user"] == {"max_steps": 2}
