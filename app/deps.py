@@ -11,6 +11,7 @@ from fastapi import Depends, HTTPException, Request
 from sqlalchemy.orm import Session
 
 from app import security
+from app.db import session_scope
 from app.models import User
 from app.services import users
 from app.web import CSRF_FIELD, CSRF_HEADER, SESSION_COOKIE, browser_id
@@ -28,15 +29,8 @@ class UserView:
 
 def get_db(request: Request) -> Iterator[Session]:
     """The request's transaction: committed when the handler returns, rolled back on any exception."""
-    session: Session = request.app.state.session_factory()
-    try:
+    with session_scope(request.app.state.session_factory) as session:
         yield session
-        session.commit()
-    except BaseException:
-        session.rollback()
-        raise
-    finally:
-        session.close()
 
 
 # scope="function": commit before the response is sent, so a failed commit is never reported as success.
