@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
+from json.encoder import encode_basestring  # type: ignore[attr-defined]  # the C encoder, ensure_ascii=False
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -189,16 +191,22 @@ class JsonlSink(_Sink):
         self.line = "{" + ",".join(f"{json.dumps(n)}:%s" for n in self.names) + "}\n"
 
     def _column(self, values: list[Any], t: pa.DataType) -> list[str]:
-        if pa.types.is_int64(t):
-            return ["null" if v is None else str(int(v)) for v in values]
-        if pa.types.is_float64(t):
-            return ["null" if v is None else self.encode(float(v)) for v in values]
-        encode = self.encode
         cache: dict[Any, str] = {}
+        if pa.types.is_int64(t):
+            return list(map(str, values)) if None not in values else ["null" if v is None else str(v) for v in values]
+        if pa.types.is_float64(t):
+            # few distinct weights and soft labels: each is formatted once per batch, as json does (float repr)
+            return [cache[v] if v in cache else cache.setdefault(v, self._float(v)) for v in values]
         if pa.types.is_string(t):
-            return [cache[v] if v in cache else cache.setdefault(v, encode(v)) for v in values]
+            quote = encode_basestring
+            return [cache[v] if v in cache else cache.setdefault(v, "null" if v is None else quote(v))
+                    for v in values]
         # lists and structs: the same object (one prompt's messages) recurs across a batch; key on identity
+        encode = self.encode
         return [cache[id(v)] if id(v) in cache else cache.setdefault(id(v), encode(v)) for v in values]
+
+    def _float(self, v: float | None) -> str:
+        return "null" if v is None else self.encode(float(v))
 
     def write(self, columns: Columns) -> None:
         encoded = [self._column(columns[n], t) for n, t in zip(self.names, self.types, strict=True)]
@@ -440,7 +448,7 @@ class _Run:
                     .outerjoin(Rubric, Ranking.rubric_id == Rubric.id)
                     .outerjoin(Constitution, Ranking.constitution_id == Constitution.id)
                     .where(_id_in(self.conn, Ranking.id, chunk)))
-            for rid, annotator_id, judge_run_id, rubric_version, constitution_version in self.conn.execute(stmt):
+            for rid, annotator_id, judge_run_id, rubric_version, constitution_version in self.conn.execute(stmt).all():
                 out[rid] = (self.annotator(annotator_id, judge_run_id), rubric_version, constitution_version)
         return out
 
@@ -454,18 +462,33 @@ class _Run:
                    for chunk in _chunks(prompt_ids)
                    for pid, value, text, split in self.conn.execute(
                        select(Prompt.id, value_column, Prompt.text, Prompt.split)
-                       .where(_id_in(self.conn, Prompt.id, chunk)))}
+                       .where(_id_in(self.conn, Prompt.id, chunk))).all()}
         texts = _completion_texts_by_id(self.conn, completion_ids)
-        response = self.response
-        cols["prompt"] = [prompts[pid][0] for pid in cols["prompt_id"]]
-        cols["split"] = [prompts[pid][1] for pid in cols["prompt_id"]]
-        cols["chosen"] = [response(texts[c]) for c in cols["chosen_id"]]
-        cols["rejected"] = [response(texts[c]) for c in cols["rejected_id"]]
+        if self.conversational:
+            texts = {cid: self.response(text) for cid, text in texts.items()}
+        cols["prompt"], cols["split"] = _unzip(_lookup(prompts, cols["prompt_id"]), 2)
+        cols["chosen"] = _lookup(texts, cols["chosen_id"])
+        cols["rejected"] = _lookup(texts, cols["rejected_id"])
 
     def stream(self, stmt: Select[Any]) -> Iterator[list[Any]]:
         # Per statement: Connection.execution_options() would switch every later lookup to a server-side cursor.
         result = self.conn.execute(stmt, execution_options={"stream_results": True, "yield_per": self.batch_size})
         yield from result.partitions(self.batch_size)
+
+    def stream_tuples(self, stmt: Select[Any]) -> Iterator[list[tuple[Any, ...]]]:
+        """Plain tuples in batches; on Postgres straight from a binary server-side psycopg cursor, which moves
+        a million id/number rows about twice as fast as the text protocol under SQLAlchemy's result layer."""
+        if self.conn.dialect.name != "postgresql":
+            yield from self.stream(stmt)
+            return
+        compiled = stmt.compile(dialect=self.conn.dialect, compile_kwargs={"render_postcompile": True})
+        driver = self.conn.connection.driver_connection
+        assert driver is not None
+        with driver.cursor(name=f"preflab_export_{uuid.uuid4().hex[:12]}", binary=True) as cursor:
+            cursor.itersize = self.batch_size
+            cursor.execute(str(compiled), compiled.params)
+            while rows := cursor.fetchmany(self.batch_size):
+                yield rows
 
     def count(self, stmt: Select[Any]) -> int:
         return int(self.conn.execute(select(func.count()).select_from(stmt.order_by(None).subquery())).scalar() or 0)
@@ -492,18 +515,12 @@ def _pairs_raw(run: _Run) -> Iterator[Columns]:
     else:
         stmt = base.order_by(Pair.id)
     run.total = run.count(stmt)
-    for rows in run.stream(stmt):
+    for rows in run.stream_tuples(stmt):
         # Column-wise: transpose the batch once instead of appending field by field.
-        raw = dict(zip(PAIR_SCALARS, (list(c) for c in zip(*rows, strict=True)), strict=True))
-        cols: Columns = {
-            "pair_id": raw["pair_id"], "prompt_id": raw["prompt_id"], "ranking_id": raw["ranking_id"],
-            "chosen_id": raw["chosen_id"], "rejected_id": raw["rejected_id"], "source": raw["source"],
-            "margin": raw["margin"], "weight": [float(w) for w in raw["weight"]], "p": [float(p) for p in raw["p"]],
-        }
+        cols: Columns = dict(zip(PAIR_SCALARS, _unzip(rows, len(PAIR_SCALARS)), strict=True))
         labels = run.ranking_labels(sorted(set(cols["ranking_id"])))
-        cols["annotator"] = [labels[r][0] for r in cols["ranking_id"]]
-        cols["rubric_version"] = [labels[r][1] for r in cols["ranking_id"]]
-        cols["constitution_version"] = [labels[r][2] for r in cols["ranking_id"]]
+        cols["annotator"], cols["rubric_version"], cols["constitution_version"] = _unzip(
+            _lookup(labels, cols["ranking_id"]), 3)
         run.fill_texts(cols)
         run.sources.update(cols["source"])
         run.splits.update(cols["split"])
@@ -594,6 +611,20 @@ def _pairs_aggregated(run: _Run) -> Iterator[Columns]:
         yield emit()
 
 
+def _lookup(mapping: dict[Any, Any], keys: list[Any]) -> list[Any]:
+    """[mapping[k] for k in keys], in C: itemgetter fetches a whole batch in one call."""
+    if not keys:
+        return []
+    if len(keys) == 1:
+        return [mapping[keys[0]]]
+    return list(itemgetter(*keys)(mapping))
+
+
+def _unzip(rows: list[Any], width: int) -> list[list[Any]]:
+    """Rows → columns (zip(*rows) in C), with `width` empty columns for an empty batch."""
+    return list(zip(*rows, strict=True)) if rows else [() for _ in range(width)]  # type: ignore[list-item]
+
+
 LOOKUP_CHUNK = 10_000
 """Ids per IN (…) lookup: under SQLite's and psycopg's bound-parameter limits."""
 
@@ -612,12 +643,12 @@ def _id_in(conn: Connection, column: Any, ids: list[int]) -> Any:
 
 def _completion_texts_by_id(conn: Connection, completion_ids: list[int]) -> dict[int, str]:
     return {cid: text for chunk in _chunks(completion_ids) for cid, text in conn.execute(
-        select(Completion.id, Completion.text).where(_id_in(conn, Completion.id, chunk)))}
+        select(Completion.id, Completion.text).where(_id_in(conn, Completion.id, chunk))).all()}
 
 
 def _completion_texts(run: _Run, prompt_ids: set[int]) -> dict[int, str]:
     return {cid: text for chunk in _chunks(sorted(prompt_ids)) for cid, text in run.conn.execute(
-        select(Completion.id, Completion.text).where(_id_in(run.conn, Completion.prompt_id, chunk)))}
+        select(Completion.id, Completion.text).where(_id_in(run.conn, Completion.prompt_id, chunk))).all()}
 
 
 def _rankings(run: _Run) -> Iterator[Columns]:
