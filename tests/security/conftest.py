@@ -1,0 +1,40 @@
+"""Fixtures for the security suite: the seeded two-project world on each backend."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.security.world import World, seed
+
+
+@pytest.fixture
+def reseed(app: Any, clean_engine: Any) -> Callable[[], World]:
+    """Empty every table and seed the world again (for calls that change state)."""
+    from tests.conftest import _empty_tables
+
+    def make() -> World:
+        _empty_tables(clean_engine)
+        app.state.login_throttle.reset()
+        session = app.state.session_factory()
+        try:
+            return seed(session, app.state.settings.data_dir)
+        finally:
+            session.close()
+
+    return make
+
+
+@pytest.fixture
+def world(reseed: Callable[[], World]) -> World:
+    return reseed()
+
+
+@pytest.fixture
+def client(app: Any) -> Any:
+    from fastapi.testclient import TestClient
+
+    with TestClient(app, base_url="http://testserver", follow_redirects=False) as c:
+        yield c
