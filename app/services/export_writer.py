@@ -165,6 +165,8 @@ def hf_features(schema: pa.Schema) -> dict[str, Any]:
 class _Sink:
     def __init__(self, root: Path, kind: str, schema: pa.Schema) -> None:
         self.root, self.kind, self.schema = root, kind, schema
+        self.hashed: dict[str, str] = {}
+        """sha256 of files hashed while they were written (saves re-reading a gigabyte of JSONL)."""
 
     def write(self, columns: Columns) -> None:
         raise NotImplementedError
@@ -184,6 +186,7 @@ class JsonlSink(_Sink):
     def __init__(self, root: Path, kind: str, schema: pa.Schema) -> None:
         super().__init__(root, kind, schema)
         self.fh = open(root / f"{kind}.jsonl", "wb", buffering=1 << 20)  # noqa: SIM115 - closed in close()
+        self.digest = hashlib.sha256()
         # allow_nan=False: NaN is not JSON and would break every reader downstream.
         self.encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
         self.names = schema.names
@@ -211,10 +214,13 @@ class JsonlSink(_Sink):
     def write(self, columns: Columns) -> None:
         encoded = [self._column(columns[n], t) for n, t in zip(self.names, self.types, strict=True)]
         line = self.line
-        self.fh.write("".join([line % row for row in zip(*encoded, strict=True)]).encode())
+        data = "".join([line % row for row in zip(*encoded, strict=True)]).encode()
+        self.digest.update(data)
+        self.fh.write(data)
 
     def close(self) -> None:
         self.fh.close()
+        self.hashed[f"{self.kind}.jsonl"] = self.digest.hexdigest()
 
 
 class ParquetSink(_Sink):
@@ -820,7 +826,8 @@ def write_export(engine: Engine, spec: ExportSpec, out_dir: Path, *, secret: str
                     rows += n
             finally:
                 sink.close()
-            data_files = {str(p.relative_to(tmp)): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+            data_files = {name: sink.hashed.get(name) or _sha256(p)
+                          for p in sorted(tmp.rglob("*")) if p.is_file() and (name := str(p.relative_to(tmp)))}
             card = render_card(conn, spec, project_name=project.name, description=project.description or "",
                                license_id=license_id, schema=schema, rows=rows, sources=run.sources,
                                splits=run.splits, rubric_versions=sorted(run.rubric_versions),
