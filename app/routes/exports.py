@@ -13,13 +13,14 @@ from sqlalchemy.orm import Session
 from app.deps import CurrentUser, PageUser, SessionDep
 from app.errors import DomainError
 from app.models import Export, Rubric
+from app.schemas import Strict
 from app.services import exports, projects
 from app.web import render
 
 router = APIRouter()
 
 
-class ExportIn(BaseModel):
+class ExportIn(Strict):
     kind: Literal["pairs", "rankings", "prompts", "sft"] = "pairs"
     format: Literal["jsonl", "parquet", "hf"]
     filters: dict[str, Any] = Field(default_factory=dict)
