@@ -767,9 +767,39 @@ def _sft_best_ranked(run: _Run) -> Iterator[Columns]:
         yield emit()
 
 
+def _sft_cai_revisions(run: _Run) -> Iterator[Columns]:
+    """Revisions a lead accepted in the supervised CAI stage (critique → revision), in id order."""
+    value = Prompt.messages if run.conversational else Prompt.text
+    stmt = (select(Completion.id, Completion.text, Completion.meta.label("meta"), Prompt.id.label("prompt_id"),
+                   value.label("prompt"), Prompt.text.label("prompt_text"), Prompt.split)
+            .join(Prompt, Completion.prompt_id == Prompt.id)
+            .where(Prompt.project_id == run.spec.project_id, Completion.source == "revision")
+            .order_by(Completion.id))
+    if "split" in run.spec.filters:
+        stmt = stmt.where(Prompt.split == run.spec.filters["split"])
+    run.total += run.count(stmt)
+    for rows in run.stream(stmt):
+        cols: Columns = {n: [] for n in SFT_COLUMNS}
+        for r in rows:
+            if (r.meta or {}).get("status") != "accepted":
+                continue
+            cols["prompt_id"].append(r.prompt_id)
+            cols["prompt"].append(run.prompt(r.prompt, r.prompt_text) if run.conversational else r.prompt)
+            cols["completion"].append(run.response(r.text))
+            cols["completion_id"].append(r.id)
+            cols["origin"].append("cai_revision")
+            cols["votes"].append(0)
+            cols["rankings"].append(0)
+            cols["split"].append(r.split)
+        run.sources.update(cols["origin"])
+        run.splits.update(cols["split"])
+        run.advance(len(rows))
+        if cols["prompt_id"]:
+            yield cols
+
+
 # Where SFT rows come from, in output order; each yields batches with SFT_COLUMNS and a distinct `origin`.
-# The constitutional-AI issue adds its accepted revisions here (origin "cai_revision") when it lands.
-SFT_SOURCES: tuple[Callable[[_Run], Iterator[Columns]], ...] = (_sft_best_ranked,)
+SFT_SOURCES: tuple[Callable[[_Run], Iterator[Columns]], ...] = (_sft_best_ranked, _sft_cai_revisions)
 
 
 def _sft(run: _Run) -> Iterator[Columns]:

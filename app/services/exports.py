@@ -145,6 +145,11 @@ def create_export(db: Session, project: Project, actor: User | None, *, kind: st
     if kind != "pairs" and aggregation != "raw":
         raise Invalid("only pairs exports can be aggregated", field="aggregation")
     stored = validate_filters(db, project, kind, filters)
+    if kind in ("pairs", "rankings") and "source" not in stored and \
+            not (project.settings or {}).get("ai_labels_for_training", False):
+        # The lead has not allowed AI labels for training: leave them out unless asked for by name. The
+        # default is written into the filters, so the row says exactly what the export holds.
+        stored["source"] = ["human", "imported"]
     if kind == "pairs":
         stored = stored | {"aggregation": aggregation, "conflicts": conflicts}
     export = Export(project_id=project.id, kind=kind, format=fmt, filters=stored,

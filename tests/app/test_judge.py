@@ -189,3 +189,42 @@ def test_critique_and_revision_become_reviewed_completions(db, make_user, make_p
     page.login(lead.email)
     html = page.get(f"/projects/{pid}/revisions").text
     assert f'id="r{second}"' in html and "Accept (SFT row)" in html
+
+
+def test_exports_leave_ai_labels_out_until_the_lead_allows_them_and_carry_accepted_revisions(
+        db, app, make_user, make_project, token_for, api, judge_model_dir) -> None:
+    import json
+
+    lead, annotator, project = _seed(db, make_user, make_project, n=2, k=2)
+    client = api(token_for(db, lead))
+    db.commit()
+    pid = project.id
+
+    def work() -> None:
+        Worker(app.state.settings, session_factory=app.state.session_factory, poll_s=0.05,
+               heartbeat_s=0.2).run(exit_when_idle=True)
+
+    def export(kind: str) -> list[dict]:
+        r = client.post(f"/api/projects/{pid}/exports", json={"kind": kind, "format": "jsonl"})
+        assert r.status_code == 202, r.text
+        work()
+        out = client.get(f"/api/exports/{r.json()['export_id']}").json()
+        assert out["status"] == "ready", out
+        name = next(n for n in out["files"] if n.endswith(".jsonl"))
+        body = client.get(f"/api/exports/{out['id']}/files/{name}").text
+        return [json.loads(line) for line in body.splitlines() if line.strip()]
+
+    client.post(f"/api/projects/{pid}/judge-runs", json={"generator": {"backend": "hf", "model": str(judge_model_dir)}})
+    client.post(f"/api/projects/{pid}/revision-jobs",
+                json={"generator": {"backend": "hf", "model": str(judge_model_dir), "max_new_tokens": 8}, "limit": 1})
+    work()
+    assert export("pairs") == []  # only AI labels exist, and the lead has not allowed them
+    client.put(f"/api/projects/{pid}/ai-labels", json={"enabled": True})
+    rows = export("pairs")
+    assert rows and {r["source"] for r in rows} == {"ai"} and all(0 <= r["p"] <= 1 for r in rows)
+
+    revision = client.get(f"/api/projects/{pid}/revisions").json()[0]
+    assert not [r for r in export("sft") if r["origin"] == "cai_revision"]  # pending is not accepted
+    client.post(f"/api/projects/{pid}/revisions/{revision['id']}/decision", json={"accept": True})
+    sft = [r for r in export("sft") if r["origin"] == "cai_revision"]
+    assert [(r["completion_id"], r["completion"]) for r in sft] == [(revision["id"], revision["revision"])]
