@@ -36,6 +36,8 @@ def check_base_url(url: str, *, field: str = "base_url", resolve: bool = True) -
                 addresses = []  # unresolvable now; the job reports "unreachable" rather than refusing here
     for address in addresses:
         ip = ipaddress.ip_address(address.split("%")[0])
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped  # ::ffff:169.254.169.254 is 169.254.169.254
         if ip.is_link_local or ip.is_multicast or ip.is_unspecified or ip.is_reserved:
             raise Invalid(f"points at a link-local or reserved address ({ip})", field=field)
     return url.strip().rstrip("/")
