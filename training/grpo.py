@@ -503,7 +503,7 @@ class GRPOTrainer:
                 raise ValueError(f"checkpoint {path} lacks weights: {missing[:5]}")
             if hasattr(model, "tie_weights"):
                 model.tie_weights()
-        state = torch.load(path / "trainer.pt", map_location="cpu", weights_only=False)
+        state = torch.load(path / "trainer.pt", map_location="cpu", weights_only=True)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step_count, self._order, self._epoch = state["step"], state["order"], state["epoch"]

@@ -628,7 +628,7 @@ class PPOTrainer:
             if hasattr(model, "tie_weights"):
                 model.tie_weights()
         self.actor_critic.load_value_model(path / "value_model")
-        state = torch.load(path / "trainer.pt", map_location="cpu", weights_only=False)
+        state = torch.load(path / "trainer.pt", map_location="cpu", weights_only=True)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step_count, self._order, self._epoch = state["step"], state["order"], state["epoch"]
