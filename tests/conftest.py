@@ -238,3 +238,17 @@ def _fast_password_hashing() -> Iterator[None]:
     security._hasher = PasswordHasher(time_cost=1, memory_cost=8 * 1024, parallelism=1)
     yield
     security._hasher = original
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state() -> Iterator[None]:
+    """accelerate keeps a process-wide singleton: a test that built an Accelerator (or ran TRL) must not fix the
+    mixed-precision setting for every test after it."""
+    yield
+    import sys
+
+    if "accelerate.state" in sys.modules:
+        from accelerate.state import AcceleratorState, GradientState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()

@@ -115,28 +115,31 @@ def next_task(db: Session, project: Project, annotator: User, *, now: datetime |
     # The caller's own expired or released lease on the candidate, fetched with it (evaluated for one row only).
     mine = (select(Assignment.id).where(Assignment.prompt_id == Prompt.id, Assignment.annotator_id == annotator.id,
                                         Assignment.round == round_).scalar_subquery())
-    for gold in order:
-        floors = [0] if gold else [_scan_floor(db, project, now), 0]
-        for floor in dict.fromkeys(floors):
-            skip: list[int] = []
-            while True:
-                query = _candidates(project, annotator, now, gold=gold).with_only_columns(Prompt.id, mine)
-                if floor:
-                    query = query.where(Prompt.id >= floor)
-                if skip:
-                    query = query.where(Prompt.id.not_in(skip))
-                query = query.order_by(Prompt.id).limit(1)
-                if postgres:
-                    query = query.with_for_update(of=Prompt, skip_locked=True)
-                row = db.execute(query).first()
-                if row is None:
-                    break
-                prompt_id, existing_id = row
-                # Re-count under the row lock: a lease committed after our snapshot may have filled the prompt.
-                if not gold and db.scalar(select(_active_load(prompt_id, round_, now))) >= project.overlap:
-                    skip.append(prompt_id)
-                    continue
-                return _lease(db, project, annotator, prompt_id, now + lease, existing_id)
+    # First pass skips prompts other requests hold locked (no waiting); if that finds nothing, a second pass waits
+    # for those locks: with overlap > 1 a locked prompt may still have room once its holder commits.
+    for skip_locked in (True, False) if postgres else (False,):
+        for gold in order:
+            floors = [0] if gold else [_scan_floor(db, project, now), 0]
+            for floor in dict.fromkeys(floors):
+                skip: list[int] = []
+                while True:
+                    query = _candidates(project, annotator, now, gold=gold).with_only_columns(Prompt.id, mine)
+                    if floor:
+                        query = query.where(Prompt.id >= floor)
+                    if skip:
+                        query = query.where(Prompt.id.not_in(skip))
+                    query = query.order_by(Prompt.id).limit(1)
+                    if postgres:
+                        query = query.with_for_update(of=Prompt, skip_locked=skip_locked)
+                    row = db.execute(query).first()
+                    if row is None:
+                        break
+                    prompt_id, existing_id = row
+                    # Re-count under the row lock: a lease committed after our snapshot may have filled the prompt.
+                    if not gold and db.scalar(select(_active_load(prompt_id, round_, now))) >= project.overlap:
+                        skip.append(prompt_id)
+                        continue
+                    return _lease(db, project, annotator, prompt_id, now + lease, existing_id)
     return None
 
 
