@@ -165,9 +165,15 @@ async def import_upload(request: Request, project_id: int, db: SessionDep, user:
     except imports.ImportRejected as exc:
         ctx["errors"] = exc.errors
         ctx["more_errors"] = exc.omitted
-        return render(request, "import.html", ctx, status_code=422, block="result")
+        return render(request, "import.html", ctx, status_code=_error_status(request, 422), block="result")
     except DomainError as exc:
         ctx["errors"] = [imports.RowError(line=0, field=exc.field or "file", message=exc.message)]
-        return render(request, "import.html", ctx, status_code=exc.status_code, block="result")
+        return render(request, "import.html", ctx, status_code=_error_status(request, exc.status_code),
+                      block="result")
     ctx["result"] = result
     return render(request, "import.html", ctx, status_code=201, block="result")
+
+
+def _error_status(request: Request, status: int) -> int:
+    """htmx swaps only 2xx answers: the error report goes to HTMX as 200, to a plain form POST with its 4xx."""
+    return 200 if request.headers.get("hx-request") == "true" else status

@@ -62,6 +62,8 @@ def cancel_run(run_id: int, db: SessionDep, user: CurrentUser) -> TrainingRunOut
 
 
 def _sample_into_project(db, run: TrainingRun, user, body: SampleIntoProjectIn):  # type: ignore[no-untyped-def]
+    projects.require_project_role(db, db.get(Project, run.project_id), user, sampling.CAN_SAMPLE,
+                                  "sample into the project")
     if run.kind not in ("grpo", "ppo"):
         raise Invalid("only policy runs (grpo, ppo) can sample", field="run_id")
     if run.state != "succeeded" or not run.model_dir:
@@ -176,6 +178,8 @@ def _latest_samples(run: TrainingRun, limit: int = 8) -> list[dict]:
 @router.post("/training-runs/{run_id}/cancel", include_in_schema=False)
 def cancel_from_page(run_id: int, db: SessionDep, user: PageUser) -> Response:
     run = training_runs.get_visible(db, run_id, user)
+    projects.require_project_role(db, db.get(Project, run.project_id), user, training_runs.CAN_TRAIN,
+                                  "cancel training runs")
     if run.state not in ("succeeded", "failed", "cancelled"):
         training_runs.cancel(db, run, user)
     return RedirectResponse(f"/training-runs/{run.id}", status_code=303)

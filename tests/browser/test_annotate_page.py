@@ -143,3 +143,17 @@ def test_a_refused_submit_keeps_the_ranking_on_screen(live_server, page) -> None
     assert page.locator("#ranked > .resp").count() == 4
     with live_server.session() as db:
         assert db.scalar(select(Ranking)) is None
+
+
+def test_import_errors_show_on_the_page_after_an_htmx_upload(live_server, page, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    project_id, _ = _seed(live_server, n_prompts=1)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok", "completions": ["a", "b"]}\n{"prompt": 42}\n')
+    _login(page, live_server.base, "lead@example.org")
+    page.goto(f"{live_server.base}/projects/{project_id}/import")
+    page.set_input_files("input[type=file]", str(bad))
+    page.get_by_role("button", name="Import").click()
+    alert = page.locator("#result [role=alert]")
+    alert.wait_for(state="visible")
+    assert "Nothing was imported" in alert.inner_text() and "2" in alert.locator("td").first.inner_text()
+    assert page.url.endswith("/import")  # swapped in place, no navigation
