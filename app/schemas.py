@@ -315,6 +315,8 @@ class TrainingRunOut(BaseModel):
     created_at: datetime
     metrics: list[dict]
     eval: dict | None = None
+    human_check: dict | None = Field(default=None, description="Reward runs: accuracy on held-out human pairs and "
+                                                               "on pairs labelled after the export (drift).")
     model_dir: str | None = None
     config: dict
     lineage: dict

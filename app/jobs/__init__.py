@@ -11,6 +11,7 @@ HANDLERS: dict[str, str] = {
     "judge": "app.jobs.judge:run",
     "train": "app.jobs.train:run",
     "revise": "app.jobs.revise:run",
+    "rm_check": "app.jobs.train:check_against_humans",
     "export": "app.jobs.export:run",
 }
 

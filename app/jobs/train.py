@@ -113,8 +113,33 @@ def _run(ctx: Any) -> dict[str, Any]:
     if proc.returncode != 0:
         _set_state(ctx, run_id, "failed")
         raise JobError(f"the trainer exited with code {proc.returncode}:\n{_tail(ctx.log_path)}")
+    result: dict[str, Any] = {"training_run_id": run_id, "steps": steps,
+                              "message": f"{kind} run finished after {steps} logged steps"}
+    if kind == "reward":
+        result["human_check"] = write_human_check(ctx, run_id)
     _set_state(ctx, run_id, "succeeded")
-    return {"training_run_id": run_id, "steps": steps, "message": f"{kind} run finished after {steps} logged steps"}
+    return result
+
+
+def write_human_check(ctx: Any, run_id: int) -> dict[str, Any]:
+    """Score the project's held-out human pairs and the pairs labelled since the export; saved beside the run."""
+    import json
+
+    from app.db import session_scope
+    from app.models import Export, TrainingRun
+    from app.services import rm_check, training_runs
+
+    with session_scope(ctx.session_factory) as db:
+        tr = db.get(TrainingRun, run_id)
+        export = db.get(Export, tr.export_id) if tr and tr.export_id else None
+        report = rm_check.check(db, tr.project_id, tr.model_dir, export.created_at if export else None)
+    from datetime import UTC, datetime
+
+    report["checked_at"] = datetime.now(UTC).isoformat()
+    path = training_runs.run_dir(ctx.settings.data_dir, run_id) / "human_check.json"
+    path.write_text(json.dumps(report, indent=2), encoding="utf-8")
+    ctx.log(f"reward model against humans: {report}")
+    return report
 
 
 def _stop_group(proc: subprocess.Popen, ctx: Any) -> None:  # type: ignore[type-arg]
@@ -154,3 +179,10 @@ def _set_state(ctx: Any, run_id: int, state: str) -> None:
         tr = db.get(TrainingRun, run_id)
         if tr is not None and not (tr.state == "cancelled" and state != "cancelled"):
             tr.state = state
+
+
+def check_against_humans(ctx: Any) -> dict[str, Any]:
+    """The `rm_check` job: re-score a finished reward model against today's human labels (drift)."""
+    report = write_human_check(ctx, int(ctx.payload["training_run_id"]))
+    return {"human_check": report, "message": f"held-out accuracy {report['heldout_accuracy']}, "
+                                              f"since export {report['accuracy_after_export']}"}

@@ -23,6 +23,7 @@ def _out(db, run: TrainingRun, last: int = 50) -> TrainingRunOut:  # type: ignor
         id=run.id, kind=run.kind, state=run.state, export_id=run.export_id, parent_run_id=run.parent_run_id,
         base_model=run.base_model, job_id=run.job_id, created_at=run.created_at,
         metrics=training_runs.read_metrics(run, last=last), eval=training_runs.read_eval(run),
+        human_check=training_runs.read_human_check(run),
         model_dir=run.model_dir if run.state == "succeeded" else None, config=run.config or {},
         lineage=training_runs.lineage(db, run))
 
@@ -81,6 +82,18 @@ def _sample_into_project(db, run: TrainingRun, user, body: SampleIntoProjectIn):
     if body.new_round:
         project.current_round += 1  # every prompt is ranked again, on the new policy's answers
     return job
+
+
+@router.post("/api/training-runs/{run_id}/human-check", status_code=202, tags=["training"],
+             summary="Re-score a reward model against the project's human pairs now (drift check)")
+def recheck_against_humans(run_id: int, db: SessionDep, user: CurrentUser) -> JobAccepted:
+    run = training_runs.get_visible(db, run_id, user)
+    project = db.get(Project, run.project_id)
+    projects.require_project_role(db, project, user, training_runs.CAN_TRAIN, "check reward models")
+    if run.kind != "reward" or run.state != "succeeded":
+        raise Invalid("only a finished reward-model run can be checked", field="run_id")
+    job = jobs.enqueue(db, "rm_check", {"training_run_id": run.id}, project=project, actor=user)
+    return JobAccepted(job_id=job.id)
 
 
 @router.post("/api/training-runs/{run_id}/sample-into-project", status_code=202, tags=["training"],
@@ -151,6 +164,7 @@ def run_page(request: Request, run_id: int, db: SessionDep, user: PageUser) -> R
     samples = _latest_samples(run)
     ctx = {"run": run, "project": project, "charts": charts.charts_for(metrics), "last": metrics[-1] if metrics else {},
            "eval": training_runs.read_eval(run), "lineage": training_runs.lineage(db, run), "job": job,
+           "human_check": training_runs.read_human_check(run),
            "log": jobs.log_tail(request.app.state.settings.data_dir, run.job_id) if run.job_id else "",
            "samples": samples, "config_json": json.dumps((run.config or {}).get("user", {}), indent=2),
            "can_train": projects.may(db, project, user, training_runs.CAN_TRAIN)}

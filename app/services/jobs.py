@@ -18,7 +18,7 @@ from app.errors import Conflict, Invalid, NotFound
 from app.models import Job, Project, User, utcnow
 from app.services import audit
 
-KINDS = ("sample_completions", "judge", "export", "train", "revise")
+KINDS = ("sample_completions", "judge", "export", "train", "revise", "rm_check")
 TERMINAL = ("succeeded", "failed", "cancelled")
 STALE_AFTER = timedelta(seconds=30)
 

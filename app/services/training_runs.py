@@ -165,6 +165,17 @@ def read_eval(run: TrainingRun) -> dict[str, Any] | None:
         return None
 
 
+def read_human_check(run: TrainingRun) -> dict[str, Any] | None:
+    """The reward model's accuracy on held-out human pairs and on pairs labelled since its export."""
+    if run.kind != "reward" or not run.model_dir:
+        return None
+    path = Path(run.model_dir).parent / "human_check.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
 def lineage(db: Session, run: TrainingRun) -> dict[str, Any]:
     """Back to the labels (export → rubric/constitution versions, sources) and forward to sampled completions."""
     export = db.get(Export, run.export_id) if run.export_id else None

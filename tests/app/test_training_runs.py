@@ -123,6 +123,13 @@ def test_the_loop_from_labels_to_a_policy_and_back_with_lineage(db, app, make_us
     assert rm["state"] == "succeeded", eng.get(f"/api/jobs/{r.json()['job_id']}").json()
     assert rm["metrics"] and rm["eval"]["pairs"] > 0 and "accuracy" in rm["eval"]
     assert rm["lineage"]["export_id"] == pairs
+    check = rm["human_check"]  # the 3 held-out prompts' human pairs, scored by the new reward model
+    assert check["heldout_human_pairs"] == 3 and 0.0 <= check["heldout_accuracy"] <= 1.0
+    assert check["pairs_after_export"] == 0 and check["accuracy_after_export"] is None
+    recheck = eng.post(f"/api/training-runs/{rm_id}/human-check")
+    assert recheck.status_code == 202
+    _work(app)
+    assert eng.get(f"/api/jobs/{recheck.json()['job_id']}").json()["state"] == "succeeded"
 
     prompts_export = _export(eng, app, project_id, "prompts")
     r = eng.post(f"/api/projects/{project_id}/training-runs", json={

@@ -197,6 +197,7 @@ POLICY: dict[tuple[str, str], Policy] = {
     ("GET", "/api/training-runs/{run_id}/metrics"): Policy(MEMBERS),
     ("POST", "/api/training-runs/{run_id}/cancel"): Policy(LEAD_ENG, params=lambda w: {"run_id": w.a.running_run_id}),
     ("POST", "/api/training-runs/{run_id}/sample-into-project"): Policy(LEAD_ENG, lambda w: {"json": {}}),
+    ("POST", "/api/training-runs/{run_id}/human-check"): Policy(LEAD_ENG),
     ("GET", "/projects/{project_id}/training"): Policy(MEMBERS),
     ("POST", "/projects/{project_id}/training"): Policy(LEAD_ENG, lambda w: {"data": {"export_id": str(w.a.export_id)}}),
     ("GET", "/training-runs/{run_id}"): Policy(MEMBERS),
