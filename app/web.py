@@ -149,20 +149,36 @@ class BodyLimitMiddleware:
             return
         received = 0
         too_big = False
+        replied = False
 
         async def limited_receive() -> Message:
             nonlocal received, too_big
+            if too_big:
+                return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
+                    # Stop reading: the app sees a disconnect (whatever it answers is replaced by the 413).
                     too_big = True
-                    raise BodyTooLarge
+                    return {"type": "http.disconnect"}
             return message
 
+        async def guarded_send(message: Message) -> None:
+            nonlocal replied
+            if too_big:
+                if not replied:
+                    replied = True
+                    await self._reject(send)
+                return
+            await send(message)
+
         try:
-            await self.app(scope, limited_receive, send)
-        except BodyTooLarge:
+            await self.app(scope, limited_receive, guarded_send)
+        except Exception:
+            if not too_big:
+                raise
+        if too_big and not replied:
             await self._reject(send)
 
     async def _reject(self, send: Send) -> None:
@@ -173,10 +189,6 @@ class BodyLimitMiddleware:
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
-
-
-class BodyTooLarge(Exception):
-    pass
 
 
 def client_ip(request: Request) -> str:
