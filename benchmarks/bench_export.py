@@ -25,6 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from _pg import fresh_database  # noqa: E402 - after the sys.path set-up
+
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/preflab_bench_export"
 K = 4
 ANNOTATORS = 3
@@ -32,23 +34,6 @@ PAIRS_PER_PROMPT = ANNOTATORS * K * (K - 1) // 2
 CHUNK_PROMPTS = 5_000
 WORDS = ("the model answer reasoning step value because therefore result check first second then total sum "
          "number compute error careful explain why which when where prompt helpful honest harmless").split()
-
-
-def _reset(url: str) -> str:
-    from sqlalchemy import create_engine, text
-
-    from app.migrate import upgrade
-    from app.settings import Settings
-
-    url = Settings(database_url=url).database_url
-    base, _, name = url.rpartition("/")
-    admin = create_engine(f"{base}/postgres", isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    admin.dispose()
-    upgrade(url)
-    return url
 
 
 def _sentence(rng: random.Random, n: int) -> str:
@@ -151,7 +136,7 @@ def main() -> None:
         with create_engine(url).connect() as conn:
             project_id, pairs = 1, int(conn.execute(text("SELECT count(*) FROM pairs")).scalar() or 0)
     else:
-        url = _reset(url)
+        url = fresh_database(url)
         project_id, pairs = seed(url, args.pairs)
     seed_s = time.perf_counter() - t0
     report: dict[str, object] = {"bench": "export", "pairs": pairs, "seed_s": round(seed_s, 1),

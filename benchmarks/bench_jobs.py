@@ -17,24 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _pg import fresh_database  # noqa: E402 - after the sys.path set-up
+
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/preflab_bench_jobs"
-
-
-def _reset(url: str) -> str:
-    from sqlalchemy import create_engine, text
-
-    from app.migrate import upgrade
-    from app.settings import Settings
-
-    url = Settings(database_url=url).database_url
-    base, _, name = url.rpartition("/")
-    admin = create_engine(f"{base}/postgres", isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    admin.dispose()
-    upgrade(url)
-    return url
 
 
 def _worker(url: str, name: str, out: mp.Queue) -> None:  # type: ignore[type-arg]
@@ -62,7 +47,7 @@ def measure_jobs(n_jobs: int = 2000, workers: int = 2, url: str | None = None) -
     from app.db import make_engine, make_session_factory, session_scope
     from app.models import Job
 
-    url = _reset(url or os.environ.get("PREFLAB_BENCH_DATABASE_URL", DEFAULT_URL))
+    url = fresh_database(url or os.environ.get("PREFLAB_BENCH_DATABASE_URL", DEFAULT_URL))
     factory = make_session_factory(make_engine(url))
     with session_scope(factory) as db:
         db.add_all(Job(kind="sample_completions", payload={}, state="queued", result={}) for _ in range(n_jobs))
