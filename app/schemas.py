@@ -352,3 +352,9 @@ class RevisionOut(BaseModel):
 
 class RevisionDecisionIn(Strict):
     accept: bool
+
+
+class IterateIn(Strict):
+    replay_share: float = Field(default=0.1, ge=0, le=1, description="Share of earlier pairs mixed into the new "
+                                                                     "reward-model export (replay).")
+    k: int | None = Field(default=None, ge=1, le=16, description="Completions per prompt for the next round.")

@@ -150,8 +150,9 @@ class Worker:
         with session_scope(self.session_factory) as db:
             jobs.heartbeat(db, ctx.job_id, self.worker_id, done=done, total=total, message=message)
             if kind == "ok":
-                jobs.succeed(db, ctx.job_id, self.worker_id, value)
-                ctx.log("succeeded")
+                if jobs.succeed(db, ctx.job_id, self.worker_id, value):
+                    ctx.log("succeeded")
+                    self._continue_iteration(db, ctx)
             elif kind == "stopped":
                 if ctx.stop_reason == "terminating":
                     jobs.requeue(db, ctx.job_id, self.worker_id, "the worker shut down; the job will resume")
@@ -164,6 +165,25 @@ class Worker:
             else:
                 jobs.fail(db, ctx.job_id, self.worker_id, value, retry=True)
                 ctx.log(f"crashed: {value}")
+
+    def _continue_iteration(self, db: Session, ctx: JobContext) -> None:
+        """A step of an automated RLHF round starts the next one in the same transaction as its own success."""
+        from app.errors import DomainError
+        from app.models import Job
+        from app.services import iteration
+
+        job = db.get(Job, ctx.job_id)
+        if job is None or not (job.payload or {}).get("iteration"):
+            return
+        try:
+            with db.begin_nested():
+                nxt = iteration.advance(db, job, self.settings.data_dir)
+        except DomainError as exc:  # the round stops here, and says why; this step's own success stands
+            job.result = dict(job.result or {}) | {"iteration_stopped": exc.message}
+            ctx.log(f"iteration stopped: {exc.message}")
+            return
+        if nxt is not None:
+            ctx.log(f"iteration: next step is job {nxt.id} ({nxt.kind})")
 
     def _heartbeat_loop(self, ctx: JobContext, stop: threading.Event) -> None:
         while not stop.wait(self.heartbeat_s):

@@ -11,7 +11,7 @@ from fastapi.responses import RedirectResponse, Response
 from app.deps import CurrentUser, PageUser, SessionDep
 from app.errors import DomainError, Invalid
 from app.models import Export, Job, Project, TrainingRun
-from app.schemas import JobAccepted, SampleIntoProjectIn, TrainingRunAccepted, TrainingRunIn, TrainingRunOut
+from app.schemas import IterateIn, JobAccepted, SampleIntoProjectIn, TrainingRunAccepted, TrainingRunIn, TrainingRunOut
 from app.services import charts, jobs, projects, sampling, training_runs
 from app.web import render
 
@@ -93,6 +93,16 @@ def recheck_against_humans(run_id: int, db: SessionDep, user: CurrentUser) -> Jo
     if run.kind != "reward" or run.state != "succeeded":
         raise Invalid("only a finished reward-model run can be checked", field="run_id")
     job = jobs.enqueue(db, "rm_check", {"training_run_id": run.id}, project=project, actor=user)
+    return JobAccepted(job_id=job.id)
+
+
+@router.post("/api/training-runs/{run_id}/iterate", status_code=202, tags=["training"],
+             summary="Run one automated RLHF round from a finished policy run (each step a job)")
+def iterate(request: Request, run_id: int, body: IterateIn, db: SessionDep, user: CurrentUser) -> JobAccepted:
+    from app.services import iteration
+
+    run = training_runs.get_visible(db, run_id, user)
+    job = iteration.start(db, run, user, replay_share=body.replay_share, k=body.k)
     return JobAccepted(job_id=job.id)
 
 

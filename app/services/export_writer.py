@@ -357,7 +357,13 @@ def _ranking_filters(stmt: Select[Any], filters: dict[str, Any], *, pair_level: 
         unflagged = or_(Ranking.flags.is_(None), cast(Ranking.flags, Text).in_(["{}", "null"]))
         stmt = stmt.where(unflagged if flagged == "exclude" else ~unflagged)
     if "created_after" in filters:
-        stmt = stmt.where(Ranking.created_at >= datetime.fromisoformat(filters["created_after"]))
+        recent = Ranking.created_at >= datetime.fromisoformat(filters["created_after"])
+        if pair_level and filters.get("replay_share"):
+            # Replay (iterative RLHF): a fixed, pseudo-random share of the earlier pairs rides along with the new
+            # ones; keyed on the pair id, so the same export request always picks the same pairs.
+            stmt = stmt.where(or_(recent, (Pair.id * 7919) % 1000 < int(round(1000 * filters["replay_share"]))))
+        else:
+            stmt = stmt.where(recent)
     if "created_before" in filters:
         stmt = stmt.where(Ranking.created_at < datetime.fromisoformat(filters["created_before"]))
     if "split" in filters:
@@ -378,9 +384,17 @@ def _pairs_select(spec: ExportSpec) -> Select[Any]:
         rankings = rankings.join(Constitution, Ranking.constitution_id == Constitution.id)
     if "split" in spec.filters:
         rankings = rankings.join(Prompt, Ranking.prompt_id == Prompt.id)
-    rankings = _ranking_filters(rankings, {k: v for k, v in spec.filters.items() if k != "source"}, pair_level=False)
+    filters = {k: v for k, v in spec.filters.items() if k != "source"}
+    replay = filters.pop("replay_share", None)
+    after = filters.pop("created_after", None) if replay else None
+    rankings = _ranking_filters(rankings, filters, pair_level=False)
     stmt = select(Pair.id.label("pair_id"), Pair.prompt_id, Pair.ranking_id, Pair.chosen_id, Pair.rejected_id,
                   Pair.source, Pair.margin, Pair.weight, Pair.p).where(Pair.ranking_id.in_(rankings))
+    if after is not None:
+        # Replay: the new pairs, plus a fixed pseudo-random share of the earlier ones (keyed on the pair id).
+        recent = select(Ranking.id).where(Ranking.project_id == spec.project_id,
+                                          Ranking.created_at >= datetime.fromisoformat(after))
+        stmt = stmt.where(or_(Pair.ranking_id.in_(recent), (Pair.id * 7919) % 1000 < int(round(1000 * replay))))
     if "source" in spec.filters:
         stmt = stmt.where(Pair.source.in_(spec.filters["source"]))
     if "min_confidence" in spec.filters:

@@ -30,7 +30,7 @@ CAN_DELETE = {"lead"}
 _LABEL_FILTERS = ("source", "rubric_versions", "constitution_versions", "flagged", "created_after", "created_before",
                   "split")
 FILTERS: dict[str, tuple[str, ...]] = {
-    "pairs": _LABEL_FILTERS + ("min_agreement", "min_confidence"),
+    "pairs": _LABEL_FILTERS + ("min_agreement", "min_confidence", "replay_share"),
     "rankings": _LABEL_FILTERS,
     "sft": _LABEL_FILTERS,
     "prompts": ("split",),
@@ -111,7 +111,7 @@ def validate_filters(db: Session, project: Project, kind: str, filters: dict[str
             out[name] = _versions(db, project, name, value, Rubric)
         elif name == "constitution_versions":
             out[name] = _versions(db, project, name, value, Constitution)
-        elif name in ("min_agreement", "min_confidence"):
+        elif name in ("min_agreement", "min_confidence", "replay_share"):
             out[name] = _fraction(name, value)
         elif name == "flagged":
             if value not in FLAGGED:
@@ -123,6 +123,8 @@ def validate_filters(db: Session, project: Project, kind: str, filters: dict[str
             if value not in SPLITS:
                 raise Invalid(f"must be one of {', '.join(SPLITS)}", field="filters.split")
             out[name] = value
+    if "replay_share" in out and "created_after" not in out:
+        raise Invalid("replays earlier pairs, so it needs created_after", field="filters.replay_share")
     if "created_after" in out and "created_before" in out and out["created_after"] >= out["created_before"]:
         raise Invalid("must be later than created_after", field="filters.created_before")
     return out

@@ -155,9 +155,32 @@ def test_the_loop_from_labels_to_a_policy_and_back_with_lineage(db, app, make_us
     assert lineage["export_id"] == prompts_export and lineage["parent_run_id"] == rm_id
     assert lineage["ancestors"][0] == {"run_id": rm_id, "kind": "reward", "export_id": pairs}
     assert lineage["completions_produced"] == 24
-    # The next round ranks the new policy's answers.
-    page = eng.get(f"/api/projects/{project_id}")
-    assert page.status_code == 200
+
+    # One automated round from here: export new pairs (+ replay) → reward model from the previous one → prompts
+    # export → policy from the current one → sample the next round. Each step is a job with its own record.
+    r = eng.post(f"/api/training-runs/{policy_id}/iterate", json={"replay_share": 0.5, "k": 2})
+    assert r.status_code == 202, r.text
+    first_job = r.json()["job_id"]
+    _work(app)  # runs every step: each one starts the next when it succeeds
+    steps = []
+    job_id: int | None = first_job
+    while job_id is not None:
+        job = eng.get(f"/api/jobs/{job_id}").json()
+        assert job["state"] == "succeeded", job
+        steps.append(job["kind"])
+        job_id = (job["result"] or {}).get("next_job_id")
+    assert steps == ["export", "train", "export", "train", "sample_completions"]
+    runs = {r["id"]: r for r in eng.get(f"/api/projects/{project_id}/training-runs").json()}
+    new_rm = next(r for r in runs.values() if r["kind"] == "reward" and r["id"] != rm_id)
+    new_policy = next(r for r in runs.values() if r["kind"] == "grpo" and r["id"] != policy_id)
+    assert new_rm["parent_run_id"] == rm_id and new_rm["state"] == "succeeded"
+    assert new_policy["parent_run_id"] == new_rm["id"] and new_policy["base_model"].endswith(f"runs/{policy_id}/model")
+    assert new_policy["lineage"]["ancestors"][:2] == [
+        {"run_id": new_rm["id"], "kind": "reward", "export_id": new_rm["export_id"]},
+        {"run_id": rm_id, "kind": "reward", "export_id": pairs}]
+    produced = db.scalar(select(func.count(Completion.id)).where(Completion.source == f"policy:{new_policy['id']}"))
+    db.rollback()
+    assert produced == 12 * 2
 
 
 @pytest.mark.slow
