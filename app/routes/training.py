@@ -214,3 +214,13 @@ def sample_from_page(run_id: int, db: SessionDep, user: PageUser) -> Response:
     run = training_runs.get_visible(db, run_id, user)
     _sample_into_project(db, run, user, SampleIntoProjectIn())
     return RedirectResponse(f"/projects/{run.project_id}/jobs", status_code=303)
+
+
+@router.post("/training-runs/{run_id}/iterate", include_in_schema=False)
+def iterate_from_page(run_id: int, db: SessionDep, user: PageUser,
+                      replay_share: Annotated[float, Form(ge=0, le=1)] = 0.1) -> Response:
+    from app.services import iteration
+
+    run = training_runs.get_visible(db, run_id, user)
+    iteration.start(db, run, user, replay_share=replay_share, k=None)
+    return RedirectResponse(f"/projects/{run.project_id}/jobs", status_code=303)

@@ -204,6 +204,7 @@ POLICY: dict[tuple[str, str], Policy] = {
     ("GET", "/training-runs/{run_id}"): Policy(MEMBERS),
     ("POST", "/training-runs/{run_id}/cancel"): Policy(LEAD_ENG, params=lambda w: {"run_id": w.a.running_run_id}),
     ("POST", "/training-runs/{run_id}/sample"): Policy(LEAD_ENG),
+    ("POST", "/training-runs/{run_id}/iterate"): Policy(LEAD_ENG),
 }
 
 
