@@ -172,7 +172,16 @@ def run_page(request: Request, run_id: int, db: SessionDep, user: PageUser) -> R
     metrics = training_runs.read_metrics(run)
     job = db.get(Job, run.job_id) if run.job_id else None
     samples = _latest_samples(run)
-    ctx = {"run": run, "project": project, "charts": charts.charts_for(metrics), "last": metrics[-1] if metrics else {},
+    eta = None
+    if job is not None and job.state == "running" and job.started_at is not None:
+        done, total = int((job.result or {}).get("done", 0)), int((job.result or {}).get("total", 0))
+        if 0 < done < total:
+            from app.models import utcnow
+
+            elapsed = (utcnow() - job.started_at).total_seconds()
+            eta = round(elapsed / done * (total - done))
+    ctx = {"eta_s": eta, "run": run, "project": project, "charts": charts.charts_for(metrics),
+           "last": metrics[-1] if metrics else {},
            "eval": training_runs.read_eval(run), "lineage": training_runs.lineage(db, run), "job": job,
            "human_check": training_runs.read_human_check(run),
            "log": jobs.log_tail(request.app.state.settings.data_dir, run.job_id) if run.job_id else "",
@@ -224,3 +233,27 @@ def iterate_from_page(run_id: int, db: SessionDep, user: PageUser,
     run = training_runs.get_visible(db, run_id, user)
     iteration.start(db, run, user, replay_share=replay_share, k=None)
     return RedirectResponse(f"/projects/{run.project_id}/jobs", status_code=303)
+
+
+@router.get("/projects/{project_id}/training/compare", include_in_schema=False)
+def compare_page(request: Request, project_id: int, db: SessionDep, user: PageUser,
+                 a: Annotated[int, Query(ge=1)], b: Annotated[int, Query(ge=1)]) -> Response:
+    from app.services import versions
+
+    project = projects.get_visible(db, project_id, user)
+    runs = [training_runs.get_visible(db, rid, user) for rid in (a, b)]
+    if any(r.project_id != project.id for r in runs):
+        raise Invalid("both runs must belong to this project", field="b")
+
+    def lines(run: TrainingRun) -> list[str]:
+        return json.dumps((run.config or {}).get("resolved", {}), indent=1, sort_keys=True).splitlines()
+
+    rows = []
+    for run in runs:
+        last = (training_runs.read_metrics(run, last=1) or [{}])[-1]
+        rows.append({"run": run, "eval": training_runs.read_eval(run) or {}, "last": last,
+                     "lineage": training_runs.lineage(db, run)})
+    keys = sorted({k for r in rows for k, v in r["eval"].items() if isinstance(v, int | float)})
+    return render(request, "training_compare.html", {
+        "project": project, "rows": rows, "eval_keys": keys,
+        "diff": versions.diff_lines(lines(runs[0]), lines(runs[1]))})

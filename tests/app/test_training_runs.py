@@ -235,3 +235,21 @@ def test_cli_queues_a_run_with_the_same_checks(db, app, make_user, make_project,
     assert ok.exit_code == 0, ok.output
     runs = eng.get(f"/api/projects/{project_id}/training-runs").json()
     assert len(runs) == 1 and runs[0]["state"] == "queued" and runs[0]["config"]["user"] == {"max_steps": 2}
+
+
+def test_compare_page_shows_two_runs_and_their_config_difference(db, app, make_user, make_project, token_for, api,
+                                                                 models_dir, browser) -> None:
+    project_id, eng = _ranked_project(db, make_user, make_project, api, token_for, n=4)
+    pairs = _export(eng, app, project_id, "pairs")
+    ids = [eng.post(f"/api/projects/{project_id}/training-runs", json={
+        "kind": "reward", "export_id": pairs, "base_model": str(models_dir["reward"]),
+        "config": {"max_steps": steps}}).json()["run_id"] for steps in (2, 3)]
+    lead_email = eng.get("/api/me").json()["email"]
+    page = browser()
+    page.login(lead_email)
+    html = page.get(f"/projects/{project_id}/training/compare?a={ids[0]}&b={ids[1]}").text
+    assert f"Run #{ids[0]} and run #{ids[1]}" in html
+    import re
+
+    assert re.search(r'<span class="d-del">-\s+&#34;max_steps&#34;: 2,</span>', html)
+    assert re.search(r'<span class="d-add">\+\s+&#34;max_steps&#34;: 3,</span>', html)

@@ -205,6 +205,8 @@ POLICY: dict[tuple[str, str], Policy] = {
     ("POST", "/training-runs/{run_id}/cancel"): Policy(LEAD_ENG, params=lambda w: {"run_id": w.a.running_run_id}),
     ("POST", "/training-runs/{run_id}/sample"): Policy(LEAD_ENG),
     ("POST", "/training-runs/{run_id}/iterate"): Policy(LEAD_ENG),
+    ("GET", "/projects/{project_id}/training/compare"): Policy(
+        MEMBERS, lambda w: {"params": {"a": w.a.run_id, "b": w.a.running_run_id}}),
 }
 
 
