@@ -119,7 +119,10 @@ def demo(host: Annotated[str, typer.Option(help="Interface to bind")] = "127.0.0
 @cli.command()
 def worker(kinds: Annotated[str, typer.Option(help="Comma-separated job kinds to run (default: all)")] = "",
            poll: Annotated[float, typer.Option(help="Seconds between queue polls when idle")] = 1.0,
-           once: Annotated[bool, typer.Option("--once", help="Run the queued jobs, then exit")] = False) -> None:
+           once: Annotated[bool, typer.Option("--once", help="Run the queued jobs, then exit")] = False,
+           heartbeat: Annotated[float, typer.Option(help="Seconds between heartbeats (progress reports)")] = 2.0,
+           stale_after: Annotated[float, typer.Option(help="Seconds without a heartbeat before another worker "
+                                                         "takes a job over")] = 30.0) -> None:
     """Run background jobs (sampling, judging, exports, training). Run several against one Postgres."""
     from app.worker import run_worker
 
@@ -127,7 +130,8 @@ def worker(kinds: Annotated[str, typer.Option(help="Comma-separated job kinds to
     if not _at_head(settings):
         _fail("the database schema is not current; run `preflab migrate` first")
     selected = tuple(k.strip() for k in kinds.split(",") if k.strip()) or None
-    run_worker(settings, kinds=selected, poll_s=poll, exit_when_idle=once)
+    run_worker(settings, kinds=selected, poll_s=poll, exit_when_idle=once, heartbeat_s=heartbeat,
+               stale_after_s=stale_after)
 
 
 @user_cli.command("add")

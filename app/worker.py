@@ -200,9 +200,10 @@ class Worker:
 
 
 def run_worker(settings: Settings, *, kinds: tuple[str, ...] | None = None, poll_s: float = 1.0,
-               max_jobs: int | None = None, exit_when_idle: bool = False) -> int:
+               max_jobs: int | None = None, exit_when_idle: bool = False, heartbeat_s: float = 2.0,
+               stale_after_s: float = 30.0) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    worker = Worker(settings, kinds=kinds, poll_s=poll_s)
+    worker = Worker(settings, kinds=kinds, poll_s=poll_s, heartbeat_s=heartbeat_s, stale_after_s=stale_after_s)
     worker.install_signal_handlers()
     log.info("worker %s started on %s", worker.worker_id, Path(settings.data_dir).resolve())
     ran = worker.run(max_jobs=max_jobs, exit_when_idle=exit_when_idle)
