@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import uuid
+from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -162,17 +163,19 @@ def hf_features(schema: pa.Schema) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------------------
 
 
-class _Sink:
+class _Sink(ABC):
+    """Where an export's batches go: one subclass per file format."""
+
     def __init__(self, root: Path, kind: str, schema: pa.Schema) -> None:
         self.root, self.kind, self.schema = root, kind, schema
         self.hashed: dict[str, str] = {}
         """sha256 of files hashed while they were written (saves re-reading a gigabyte of JSONL)."""
 
-    def write(self, columns: Columns) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def write(self, columns: Columns) -> None: ...
 
-    def close(self) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def close(self) -> None: ...
 
 
 class JsonlSink(_Sink):
