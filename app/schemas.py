@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from app.models import Project, Rubric, User
 
@@ -358,3 +358,23 @@ class IterateIn(Strict):
     replay_share: float = Field(default=0.1, ge=0, le=1, description="Share of earlier pairs mixed into the new "
                                                                      "reward-model export (replay).")
     k: int | None = Field(default=None, ge=1, le=16, description="Completions per prompt for the next round.")
+
+
+_GENERATOR: TypeAdapter = TypeAdapter(Annotated[HFGeneratorIn | OpenAIGeneratorIn, Field(discriminator="backend")])
+
+
+def generator_from_form(backend: str, model: str, base_url: str = "", api_key: str = "",
+                        **params: object) -> dict:
+    """A validated generator spec from page form fields, or Invalid naming `generator.<field>` (the pages' forms
+    share the API's validation, so a page and a script get the same answer)."""
+    from app.errors import Invalid
+
+    raw: dict[str, object] = {"backend": backend, "model": model, **params}
+    if backend == "openai":
+        raw |= {"base_url": base_url, "api_key": api_key or None}
+    try:
+        return _GENERATOR.validate_python(raw).model_dump()
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = [str(p) for p in err["loc"] if str(p) not in ("hf", "openai")]
+        raise Invalid(err["msg"], field=".".join(["generator", *loc])) from None

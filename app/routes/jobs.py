@@ -6,12 +6,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse, Response
-from pydantic import TypeAdapter, ValidationError
 
 from app.deps import CurrentUser, PageUser, SessionDep
 from app.errors import DomainError, Invalid
 from app.models import Job
-from app.schemas import HFGeneratorIn, JobAccepted, JobOut, JobProgress, OpenAIGeneratorIn, SamplingJobIn
+from app.schemas import JobAccepted, JobOut, JobProgress, SamplingJobIn, generator_from_form
 from app.services import jobs, projects, sampling
 from app.web import render
 
@@ -85,25 +84,19 @@ def sample_from_page(request: Request, project_id: int, db: SessionDep, user: Pa
                      max_new_tokens: Annotated[str, Form()] = "256", seed: Annotated[str, Form()] = "",
                      resample_duplicates: Annotated[str, Form()] = "0") -> Response:
     project = projects.get_visible(db, project_id, user)
-    raw = {"backend": backend, "model": model, "temperature": temperature, "top_p": top_p,
+    raw = {"backend": backend, "model": model, "base_url": base_url, "temperature": temperature, "top_p": top_p,
            "max_new_tokens": max_new_tokens}
-    if backend == "openai":
-        raw |= {"base_url": base_url, "api_key": api_key or None}
     try:
-        spec = TypeAdapter(HFGeneratorIn | OpenAIGeneratorIn).validate_python(raw)
+        spec = generator_from_form(backend, model, base_url, api_key, temperature=temperature, top_p=top_p,
+                                   max_new_tokens=max_new_tokens)
         try:
             seed_value = int(seed) if seed.strip() else None
             tries = int(resample_duplicates or 0)
         except ValueError:
             raise Invalid("must be a whole number", field="seed") from None
         with db.begin_nested():
-            sampling.request_sampling(db, project, user, generator=spec.model_dump(), k=None, prompt_ids=None,
+            sampling.request_sampling(db, project, user, generator=spec, k=None, prompt_ids=None,
                                       seed=seed_value, resample_duplicates=max(0, min(tries, 5)))
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        error = DomainError(err["msg"], field=".".join(str(p) for p in err["loc"][1:] or err["loc"]))
-        ctx = _jobs_context(db, project, user) | {"error": error, "form": raw}
-        return render(request, "jobs.html", ctx, status_code=422)
     except DomainError as exc:
         ctx = _jobs_context(db, project, user) | {"error": exc, "form": raw}
         return render(request, "jobs.html", ctx, status_code=exc.status_code)

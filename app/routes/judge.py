@@ -6,23 +6,21 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
-from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import select
 
 from app.deps import CurrentUser, PageUser, SessionDep
-from app.errors import DomainError
+from app.errors import DomainError, Invalid
 from app.models import Completion, JudgeRun
 from app.schemas import (
     AILabelsIn,
-    HFGeneratorIn,
     JobAccepted,
     JudgeAgreementOut,
     JudgeRunAccepted,
     JudgeRunIn,
-    OpenAIGeneratorIn,
     RevisionDecisionIn,
     RevisionJobIn,
     RevisionOut,
+    generator_from_form,
 )
 from app.services import constitutions, judging, projects, revisions
 from app.web import render
@@ -83,22 +81,17 @@ def start_from_page(request: Request, project_id: int, db: SessionDep, user: Pag
                     mode: Annotated[str, Form()] = "logprob", principles: Annotated[str, Form()] = "sample",
                     seed: Annotated[int, Form(ge=0)] = 0) -> Response:
     project = projects.get_visible(db, project_id, user)
-    raw = {"backend": backend, "model": model}
-    if backend == "openai":
-        raw |= {"base_url": base_url, "api_key": api_key or None}
+    raw = {"backend": backend, "model": model, "base_url": base_url}
     try:
-        spec = TypeAdapter(HFGeneratorIn | OpenAIGeneratorIn).validate_python(raw)
-        body = JudgeRunIn(generator=spec, mode=mode, principles=principles, seed=seed)  # type: ignore[arg-type]
+        generator = generator_from_form(backend, model, base_url, api_key)
+        if mode not in ("logprob", "cot"):
+            raise Invalid("must be logprob or cot", field="mode")
+        if principles not in ("sample", "all"):
+            raise Invalid("must be sample or all", field="principles")
         with db.begin_nested():
-            judging.request_judge_run(db, project, user, constitution_version=None,
-                                      generator=body.generator.model_dump(), mode=body.mode,
-                                      principles=body.principles, prompt_ids=None, seed=body.seed,
-                                      low_confidence=body.low_confidence, route_low_confidence=False)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        error = DomainError(err["msg"], field=".".join(str(p) for p in err["loc"]))
-        return render(request, "judge.html", _context(db, project, user) | {"error": error, "form": raw},
-                      status_code=422)
+            judging.request_judge_run(db, project, user, constitution_version=None, generator=generator, mode=mode,
+                                      principles=principles, prompt_ids=None, seed=seed, low_confidence=0.6,
+                                      route_low_confidence=False)
     except DomainError as exc:
         return render(request, "judge.html", _context(db, project, user) | {"error": exc, "form": raw},
                       status_code=exc.status_code)
@@ -167,7 +160,7 @@ def start_revisions_from_page(request: Request, project_id: int, db: SessionDep,
     project = projects.get_visible(db, project_id, user)
     try:
         with db.begin_nested():
-            revisions.request_revisions(db, project, user, generator={"backend": "hf", "model": model},
+            revisions.request_revisions(db, project, user, generator=generator_from_form("hf", model),
                                         constitution_version=None, prompt_ids=None, limit=limit)
     except DomainError as exc:
         return render(request, "revisions.html", {

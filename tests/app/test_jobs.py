@@ -156,3 +156,16 @@ def test_job_status_is_private_to_project_members(db, make_user, make_project, t
     assert out_client.post(f"/api/jobs/{job.id}/cancel").status_code == 404
     assert lead_client.post(f"/api/jobs/{job.id}/cancel").json()["state"] == "cancelled"
     assert lead_client.post(f"/api/jobs/{job.id}/cancel").status_code == 409
+
+
+def test_page_forms_validate_the_generator_like_the_api(db, make_user, make_project, browser) -> None:
+    lead = make_user(db, "lead")
+    project = make_project(db, lead=lead)
+    db.commit()
+    page = browser()
+    page.login(lead.email)
+    r = page.post(f"/projects/{project.id}/jobs/sample", {"backend": "hf", "model": "/x", "temperature": "-1"})
+    assert r.status_code == 422 and "generator.temperature" in r.text
+    r = page.post(f"/projects/{project.id}/judge/runs", {"backend": "openai", "model": "m",
+                                                         "base_url": "http://169.254.169.254/v1"})
+    assert r.status_code == 422 and "generator.base_url" in r.text
