@@ -25,7 +25,7 @@ PASSWORD = "correct horse battery staple"
 def _pg_unavailable(reason: str) -> None:
     if IN_CI:
         pytest.fail(f"Postgres is required in CI: {reason}", pytrace=False)
-    pytest.skip(f"Postgres tests skipped: {reason}")
+    pytest.skip(reason=f"Postgres tests skipped: {reason}")
 
 
 def _reset_postgres(url: str) -> None:

@@ -304,7 +304,7 @@ def test_chat_prompts_export_in_the_conversational_layout(db, engine, make_user,
 
 def test_a_concurrent_writer_does_not_change_a_postgres_export(db, engine, make_user, make_project, tmp_path) -> None:
     if engine.dialect.name != "postgresql":
-        pytest.skip("REPEATABLE READ snapshot: Postgres")
+        pytest.skip(reason="REPEATABLE READ snapshot: Postgres")
     from app.db import make_session_factory
 
     lead = make_user(db, "lead")
@@ -507,7 +507,7 @@ def test_trl_reward_trainer_runs_on_the_exported_directory(db, engine, make_user
     from tests.training.tiny import char_tokenizer
 
     if engine.dialect.name != "sqlite":
-        pytest.skip("one backend is enough for the trainer")
+        pytest.skip(reason="one backend is enough for the trainer")
     lead = make_user(db, "lead")
     project = make_project(db, lead=lead, k=3)
     for i in range(8):
@@ -569,7 +569,7 @@ def test_a_stopped_export_leaves_no_files(db, engine, make_user, make_project, t
 def test_sqlite_export_does_not_block_annotators(db, engine, make_user, make_project, tmp_path) -> None:
     """The snapshot is a deferred read on SQLite: a writer commits while the export is mid-way."""
     if engine.dialect.name != "sqlite":
-        pytest.skip("SQLite locking")
+        pytest.skip(reason="SQLite locking")
     from app.db import make_session_factory
 
     lead = make_user(db, "lead")

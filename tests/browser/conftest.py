@@ -72,7 +72,7 @@ def chromium():  # type: ignore[no-untyped-def]
     if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
         if IN_CI:
             pytest.fail(f"Chromium is required in CI ({CHROMIUM} not found)", pytrace=False)
-        pytest.skip("Chromium not installed (apt-get install chromium)")
+        pytest.skip(reason="Chromium not installed (apt-get install chromium)")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
