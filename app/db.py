@@ -1,14 +1,55 @@
-"""Engine and session factory: SQLite tuned for concurrent readers (WAL, busy timeout), Postgres via psycopg 3."""
+"""Engine, sessions and transaction retries: SQLite serialised by one write lock (WAL, BEGIN IMMEDIATE, busy wait),
+Postgres via psycopg 3 with serialization failures and deadlocks retried."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
+
+from app.errors import DomainError
+
+log = logging.getLogger("preflab.db")
+T = TypeVar("T")
+
+SQLITE_LOCK_WAIT_S = 30.0
+"""How long a SQLite transaction waits for the single write lock before the request fails with 503."""
+SQLITE_BUSY_TIMEOUT_MS = 5000
+"""SQLite's own busy wait per attempt at BEGIN IMMEDIATE; the begin hook retries until SQLITE_LOCK_WAIT_S."""
+TRANSIENT_SQLSTATES = {"40001": "serialization failure", "40P01": "deadlock"}
+RETRY_ATTEMPTS = 5
+
+
+class DatabaseBusy(DomainError):
+    """The database could not take this transaction in time (SQLite write lock held too long, or repeated
+    Postgres conflicts); nothing was written and sending the request again is safe."""
+
+    status_code = 503
+
+
+def _sqlite_busy(exc: BaseException) -> bool:
+    text = str(getattr(exc, "orig", exc)).lower()
+    return "database is locked" in text or "database is busy" in text
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for errors that a fresh attempt of the same transaction can succeed past: Postgres serialization
+    failures (40001) and deadlocks (40P01), and SQLite's "database is locked"."""
+    if not isinstance(exc, DBAPIError):
+        return False
+    if getattr(exc.orig, "sqlstate", None) in TRANSIENT_SQLSTATES:
+        return True
+    return _sqlite_busy(exc)
 
 
 def make_engine(url: str) -> Engine:
@@ -16,22 +57,23 @@ def make_engine(url: str) -> Engine:
         database = make_url(url).database
         if database and database != ":memory:":
             Path(database).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
             cur = dbapi_conn.cursor()
+            cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")  # first: the next pragmas may wait
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA busy_timeout=30000")
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.close()
 
-        # pysqlite's own transaction handling defers BEGIN; take the write lock up front so two
-        # writers queue on busy_timeout instead of failing with "database is locked" on upgrade.
+        # pysqlite's own transaction handling defers BEGIN; take the write lock up front so two writers queue
+        # on the busy wait instead of failing with "database is locked" when a reader upgrades to a writer
+        # (SQLite does not wait in that case). SQLite has one writer at a time: every transaction queues here.
         @event.listens_for(engine, "begin")
         def _sqlite_begin(conn) -> None:  # type: ignore[no-untyped-def]
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            _begin_immediate(conn)
 
         @event.listens_for(engine, "connect")
         def _no_pysqlite_autobegin(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
@@ -39,6 +81,27 @@ def make_engine(url: str) -> Engine:
 
         return engine
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+
+def _begin_immediate(conn: Any) -> None:
+    """BEGIN IMMEDIATE, waiting up to SQLITE_LOCK_WAIT_S for the write lock; then a clear 503, not a 500."""
+    deadline = time.monotonic() + SQLITE_LOCK_WAIT_S
+    delay = 0.01
+    while True:
+        try:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            return
+        except DBAPIError as exc:
+            if not _sqlite_busy(exc):
+                raise
+            if time.monotonic() >= deadline:
+                raise DatabaseBusy(
+                    f"the database stayed locked by other writers for {SQLITE_LOCK_WAIT_S:.0f} s; nothing was saved, "
+                    "send it again. SQLite lets one transaction write at a time: for many concurrent users or "
+                    "several workers, run preflab on Postgres") from exc
+            # The busy handler gave up early (it does when SQLite sees a lock it cannot wait for): back off.
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 0.5)
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:
@@ -57,3 +120,85 @@ def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+def run_transaction(factory: sessionmaker[Session], work: Callable[[Session], T], *,
+                    attempts: int = RETRY_ATTEMPTS, what: str = "transaction") -> T:
+    """`work(session)` in one transaction, run again from the start after a serialization failure or deadlock.
+
+    The database rolled the failed attempt back whole, so a new attempt sees fresh data and decides again;
+    `work` must therefore do nothing outside the session that it cannot repeat. After `attempts` the last
+    error becomes DatabaseBusy (503 over HTTP).
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            with session_scope(factory) as session:
+                return work(session)
+        except DBAPIError as exc:
+            if not is_transient(exc):
+                raise
+            if attempt == attempts:
+                raise DatabaseBusy(f"{what} kept conflicting with concurrent ones ({_reason(exc)}) after "
+                                   f"{attempts} attempts; nothing was saved, try again") from exc
+            log.info("%s: %s, attempt %d of %d; retrying", what, _reason(exc), attempt, attempts)
+            time.sleep(min(0.5, 0.02 * 2 ** attempt) * (0.5 + random.random()))
+    raise AssertionError("unreachable")
+
+
+def _reason(exc: BaseException) -> str:
+    code = getattr(getattr(exc, "orig", None), "sqlstate", None)
+    return TRANSIENT_SQLSTATES.get(code or "", "database is locked")
+
+
+class RetryTransientErrors:
+    """ASGI middleware: a request whose transaction hit a deadlock or serialization failure runs again.
+
+    Safe because the request owns its one transaction (services never commit) and the session commits before
+    the response starts: a transient error always arrives before any byte was sent, with nothing saved. The
+    body is recorded as the app reads it and replayed to the next attempt.
+    """
+
+    def __init__(self, app: Any, attempts: int = RETRY_ATTEMPTS) -> None:
+        self.app = app
+        self.attempts = attempts
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        recorded: list[dict[str, Any]] = []
+        started = False
+
+        async def send_watching(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        for attempt in range(1, self.attempts + 1):
+            attempt_scope = dict(scope)
+            if "state" in scope:
+                attempt_scope["state"] = dict(scope["state"])
+            try:
+                await self.app(attempt_scope, _replaying(recorded, receive), send_watching)
+                return
+            except Exception as exc:
+                if started or attempt == self.attempts or not is_transient(exc):
+                    raise
+                log.info("%s %s: %s, attempt %d of %d; running it again", scope.get("method"), scope.get("path"),
+                         _reason(exc), attempt, self.attempts)
+                await asyncio.sleep(min(0.5, 0.02 * 2 ** attempt) * (0.5 + random.random()))
+
+
+def _replaying(recorded: list[dict[str, Any]], receive: Any) -> Callable[[], Any]:
+    """A `receive` that first hands out the messages an earlier attempt read, then reads on (and records)."""
+    replay = iter(list(recorded))
+
+    async def receive_recording() -> dict[str, Any]:
+        message = next(replay, None)
+        if message is not None:
+            return message
+        message = await receive()
+        recorded.append(message)
+        return message
+
+    return receive_recording
