@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from training.weights import SAFE_LOAD, UnsafeWeights, require_safetensors
+
 Prompt = str | list[dict[str, Any]]
 Progress = Callable[[int, int], None]
 ShouldStop = Callable[[], bool]
@@ -283,9 +285,10 @@ class HFGenerator:
             raise GenerationError(f"model path {self.path} is not a directory")
         if not (self.path / "config.json").is_file():
             raise GenerationError(f"model directory {self.path} has no config.json")
-        if not any(any(self.path.glob(p)) for p in WEIGHT_PATTERNS):
-            raise GenerationError(f"model directory {self.path} has no weights "
-                                  "(*.safetensors, pytorch_model*.bin or a weight index)")
+        try:
+            require_safetensors(self.path, "model")
+        except UnsafeWeights as exc:  # pickle weights are refused before anything is read
+            raise GenerationError(str(exc)) from None
 
     def describe(self, params: GenerationParams | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {"backend": "hf", "name": self.name, "model": str(self.path.resolve()),
@@ -321,7 +324,8 @@ class HFGenerator:
         try:
             with _LOAD_LOCK:
                 tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
-                model = AutoModelForCausalLM.from_pretrained(self.path, local_files_only=True, dtype=dtype)
+                model = AutoModelForCausalLM.from_pretrained(self.path, local_files_only=True, dtype=dtype,
+                                                             **SAFE_LOAD)
         except Exception as exc:  # corrupt weights, unknown architecture, missing tokenizer: the user's to fix
             raise GenerationError(f"could not load a causal LM from {self.path}: {type(exc).__name__}") from exc
         try:

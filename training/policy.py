@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from training.weights import SAFE_LOAD, require_safetensors
+
 Prompt = str | list[dict[str, Any]]
 
 
@@ -71,8 +73,9 @@ def load_policy(path: str | Path, lora: LoraSettings | None = None, dtype: torch
     path = Path(path)
     if not path.is_dir():
         raise ValueError(f"model: {path} is not a directory")
+    require_safetensors(path, "model")
     tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(path))
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = dict(SAFE_LOAD)
     if dtype is not None:
         kwargs["dtype"] = dtype
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)

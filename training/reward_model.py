@@ -26,6 +26,7 @@ from training.config import field_docs, load_config
 from training.data import DataError, PairRow, Text, load_pairs, render_prompt, split_train_heldout
 from training.losses import bradley_terry_loss, reward_centering_loss, soft_bradley_terry_loss
 from training.run_info import MetricsWriter, write_json, write_run_config
+from training.weights import SAFE_LOAD, require_safetensors
 
 META_FILE = "preflab_reward.json"
 
@@ -218,8 +219,9 @@ class RewardModel:
 
         path = Path(path)
         meta = json.loads((path / META_FILE).read_text()) if (path / META_FILE).exists() else {}
+        require_safetensors(path, "reward model")
         tokenizer = AutoTokenizer.from_pretrained(str(path))
-        model = AutoModelForSequenceClassification.from_pretrained(str(path), num_labels=1, dtype=dtype)
+        model = AutoModelForSequenceClassification.from_pretrained(str(path), num_labels=1, dtype=dtype, **SAFE_LOAD)
         return cls(model, tokenizer, max_length=int(meta.get("max_length", 512)), device=device)
 
     @torch.no_grad()
@@ -406,8 +408,9 @@ def train_reward_model(config: RewardConfig, train_rows: Sequence[PairRow], eval
         raise ValueError(f"batch_size ({config.batch_size}) must be a multiple of the number of processes ({world})")
     set_seed(config.seed)
     model_path = config.model or default_model_path()
+    require_safetensors(model_path, "model")
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=1)
+    model = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=1, **SAFE_LOAD)
     prepare_tokenizer_and_model(tokenizer, model)
     if config.disable_dropout:
         for module in model.modules():

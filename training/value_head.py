@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from training.losses import entropy_from_logits, logprobs_from_logits
 from training.policy import position_ids_from_mask, unwrap
+from training.weights import SAFE_LOAD, require_safetensors
 
 HEAD_FILE = "value_head.safetensors"
 ENCODERS = {"bert", "roberta", "deberta", "deberta-v2", "xlm-roberta", "distilbert", "electra", "mpnet"}
@@ -122,7 +123,8 @@ def load_critic(path: str | Path, dtype: torch.dtype | None = None) -> nn.Module
     config = AutoConfig.from_pretrained(path)
     if getattr(config, "is_encoder_decoder", False) or config.model_type in ENCODERS:
         raise ValueError(f"critic: {path} is a {config.model_type} encoder; a value V(s_t) needs a causal decoder")
+    require_safetensors(path, "critic")
     kwargs: dict[str, Any] = {"dtype": dtype} if dtype is not None else {}
-    model = AutoModel.from_pretrained(path, **kwargs)
+    model = AutoModel.from_pretrained(path, **kwargs, **SAFE_LOAD)
     model.eval()  # dropout off, as for the policy: values at rollout and at update time must agree
     return model

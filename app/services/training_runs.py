@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from app.errors import Conflict, Invalid, NotFound
 from app.models import Completion, Export, Job, Project, Prompt, TrainingRun, User
 from app.services import audit, jobs, projects
+from training.weights import UnsafeWeights, require_safetensors
 
 CAN_TRAIN = {"engineer", "lead"}
 EXPORT_KIND = {"reward": "pairs", "grpo": "prompts", "ppo": "prompts"}
@@ -94,6 +95,10 @@ def request_run(db: Session, project: Project, actor: User, *, data_dir: Path, k
     if model_path:
         if not (Path(model_path) / "config.json").is_file():
             raise Invalid("not a model directory (no config.json there)", field="base_model")
+        try:
+            require_safetensors(model_path)
+        except UnsafeWeights as exc:  # said now, not after a job starts: pickle weights are never loaded
+            raise Invalid(str(exc).removeprefix("model: "), field="base_model") from None
     elif kind != "reward":
         raise Invalid("a policy run needs a base model directory", field="base_model")
     parent = None
