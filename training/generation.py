@@ -588,8 +588,10 @@ class OpenAIGenerator:
         with self._client_lock:
             if self._client is None:
                 headers = {"Authorization": f"Bearer {self.__api_key}"} if self.__api_key else {}
+                # Never follow redirects: the base URL was checked, a Location header pointing inward was not.
                 self._client = httpx.Client(timeout=httpx.Timeout(self.timeout_s), headers=headers,
-                                            limits=httpx.Limits(max_connections=self.concurrency))
+                                            limits=httpx.Limits(max_connections=self.concurrency),
+                                            follow_redirects=False)
             return self._client
 
     def _sleep(self, seconds: float, should_stop: ShouldStop | None) -> None:
@@ -627,10 +629,15 @@ class OpenAIGenerator:
                         return response.json()
                     except ValueError as exc:
                         raise GenerationError(f"{url} answered with something that is not JSON") from exc
+                # Errors name the status only: a remote body is never repeated into a job error or a page.
+                if 300 <= status < 400:
+                    raise GenerationError(f"{url} answered HTTP {status}, a redirect, which is not followed; "
+                                          "point base_url at the final address")
                 if status != 429 and status < 500:
                     raise GenerationError(f"{url} answered HTTP {status}{_status_hint(status)}")
                 if last:
-                    raise GenerationError(f"{url} answered HTTP {status} ({attempt + 1} attempts)")
+                    raise GenerationError(f"{url} answered HTTP {status} ({attempt + 1} attempts): "
+                                          "remote server error")
                 wait = _retry_after(response.headers.get("retry-after"))
             if wait is None:
                 wait = random.uniform(0, self.backoff_s * 2**attempt)  # full jitter

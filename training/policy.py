@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -439,16 +438,18 @@ class ServerGenerator:
             body["seed"] = seed
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         url = self.base_url.rstrip("/") + "/completions"
-        response = httpx.post(url, json=body, headers=headers, timeout=self.timeout)
+        # No redirects (one could point inward), and the remote body is never repeated in an error: it may carry
+        # whatever the server (or something impersonating it) chose to put there.
+        response = httpx.post(url, json=body, headers=headers, timeout=self.timeout, follow_redirects=False)
         if response.status_code != 200:
-            raise RuntimeError(f"{url} answered {response.status_code}: {response.text[:500]}")
+            raise RuntimeError(f"{url} answered HTTP {response.status_code}: remote server error"
+                               + (" (redirects are not followed)" if response.is_redirect else ""))
         choices = response.json()["choices"]
         grouped: list[list[tuple[str, str]]] = [[] for _ in prompts]
         for i, choice in enumerate(choices):
             grouped[choice.get("index", i) // n].append((choice["text"], choice.get("finish_reason") or "length"))
         if any(len(g) != n for g in grouped):
-            raise RuntimeError(f"{url} returned {len(choices)} choices, expected {n * len(prompts)}: "
-                               f"{json.dumps(response.json())[:300]}")
+            raise RuntimeError(f"{url} returned {len(choices)} choices, expected {n * len(prompts)}")
         return grouped
 
 
