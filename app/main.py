@@ -6,6 +6,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
+from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException
 
 from app import __version__
@@ -30,6 +31,43 @@ def _wants_json(request: Request) -> bool:
     )
 
 
+# The error body every JSON error answers with (see `DomainError.detail` and `validation_error` below). FastAPI
+# documents 422 as its own `{loc, msg, type}` items; the schema names what clients really receive.
+ERROR_ITEM_SCHEMA = {
+    "title": "ValidationError", "type": "object", "required": ["message"],
+    "properties": {"field": {"type": "string", "title": "Field", "description": "The offending field, dotted"},
+                   "message": {"type": "string", "title": "Message"}},
+}
+
+
+def _unstorable_value(exc: Exception) -> str | None:
+    """Why the database refused a value the client sent, or None when `exc` is not that (then it is a bug).
+
+    Request models check types, not the database's limits: SQLite refuses to bind an int beyond 64 bits (a bare
+    OverflowError), Postgres refuses to store one beyond a column's width (SQLSTATE 22003) and any text holding NUL.
+    """
+    if isinstance(exc, OverflowError):
+        return "a number is out of range" if "too large to convert to SQLite INTEGER" in str(exc) else None
+    if isinstance(exc, DataError):
+        if getattr(exc.orig, "sqlstate", None) == "22003":
+            return "a number is out of range"
+        if "NUL (0x00)" in str(exc.orig):
+            return "text must not contain NUL (0x00) characters"
+    return None
+
+
+def _document_error_format(app: FastAPI) -> None:
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = FastAPI.openapi(app)
+            schemas = schema.get("components", {}).get("schemas", {})
+            if "ValidationError" in schemas:
+                schemas["ValidationError"] = ERROR_ITEM_SCHEMA
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     app = FastAPI(title="preflab", version=__version__, description=DESCRIPTION,
@@ -50,6 +88,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         api_projects,
         api_users,
         constitutions,
+        endpoints,
         exports,
         health,
         jobs,
@@ -65,6 +104,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         api_projects,
         annotate,
         api_users,
+        endpoints,
         pages_auth,
         pages_projects,
         pages_admin,
@@ -115,4 +155,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         message = "; ".join(f"{d['field']}: {d['message']}" for d in detail)
         return render(request, "error.html", {"status": 422, "message": message}, status_code=422)
 
+    @app.exception_handler(OverflowError)
+    @app.exception_handler(DataError)
+    async def unstorable_value(request: Request, exc: Exception) -> Response:
+        message = _unstorable_value(exc)
+        if message is None:
+            raise exc  # any other overflow or data error is a bug: a 500, logged
+        if _wants_json(request):
+            return JSONResponse({"detail": [{"message": message}]}, status_code=422)
+        return render(request, "error.html", {"status": 422, "message": message}, status_code=422)
+
+    _document_error_format(app)
     return app
