@@ -207,24 +207,41 @@ async def load(base: str, project_id: int, tokens: list[str], *, warmup: float, 
 
 
 def check_database(url: str, project_id: int, overlap: int) -> dict[str, int]:
+    """What the queue promises, counted afterwards: no prompt over its overlap, no annotator on a prompt twice,
+    every ranking stored as the pairs its tiers expand to (six for K=4 without ties)."""
+    from app.services.pairs import expand_tiers
+
     engine = create_engine(url)
     with engine.connect() as conn:
-        over = conn.execute(text(
-            "SELECT count(*) FROM (SELECT prompt_id FROM assignments WHERE project_id = :p"
-            " AND (state = 'submitted' OR (state = 'leased' AND leased_until > now()))"
-            " GROUP BY prompt_id HAVING count(*) > :o) x"), {"p": project_id, "o": overlap}).scalar_one()
-        rankings = conn.execute(text("SELECT count(*) FROM rankings WHERE project_id = :p"),
-                                {"p": project_id}).scalar_one()
-        pairs = conn.execute(text("SELECT count(*) FROM pairs JOIN rankings r ON r.id = pairs.ranking_id"
-                                  " WHERE r.project_id = :p"), {"p": project_id}).scalar_one()
-        bad = conn.execute(text(
-            "SELECT count(*) FROM rankings r WHERE r.project_id = :p AND NOT r.skipped"
-            " AND (SELECT count(*) FROM pairs WHERE ranking_id = r.id) <> 6"), {"p": project_id}).scalar_one()
-        submitted = conn.execute(text("SELECT count(*) FROM assignments WHERE project_id = :p"
-                                      " AND state = 'submitted'"), {"p": project_id}).scalar_one()
+        def count(sql: str) -> int:
+            return conn.execute(text(sql), {"p": project_id, "o": overlap}).scalar_one()
+
+        result = {
+            "over_assigned_prompts": count(
+                "SELECT count(*) FROM (SELECT prompt_id FROM assignments WHERE project_id = :p"
+                " AND (state = 'submitted' OR (state = 'leased' AND leased_until > now()))"
+                " GROUP BY prompt_id, round HAVING count(*) > :o) x"),
+            "over_ranked_prompts": count(
+                "SELECT count(*) FROM (SELECT prompt_id FROM rankings WHERE project_id = :p"
+                " AND annotator_id IS NOT NULL AND NOT skipped GROUP BY prompt_id, round HAVING count(*) > :o) x"),
+            "prompts_ranked_twice_by_one_annotator": count(
+                "SELECT count(*) FROM (SELECT 1 FROM rankings WHERE project_id = :p AND annotator_id IS NOT NULL"
+                " GROUP BY annotator_id, prompt_id, round HAVING count(*) > 1) x"),
+            "prompts_assigned_twice_to_one_annotator": count(
+                "SELECT count(*) FROM (SELECT 1 FROM assignments WHERE project_id = :p"
+                " GROUP BY annotator_id, prompt_id, round HAVING count(*) > 1) x"),
+            "rankings": count("SELECT count(*) FROM rankings WHERE project_id = :p"),
+            "pairs": count("SELECT count(*) FROM pairs JOIN rankings r ON r.id = pairs.ranking_id"
+                           " WHERE r.project_id = :p"),
+            "rankings_with_wrong_pair_count": sum(
+                stored != len(expand_tiers(tiers)) for tiers, stored in conn.execute(text(
+                    "SELECT r.tiers, (SELECT count(*) FROM pairs WHERE ranking_id = r.id) FROM rankings r"
+                    " WHERE r.project_id = :p AND NOT r.skipped"), {"p": project_id})),
+            "submitted_assignments": count("SELECT count(*) FROM assignments WHERE project_id = :p"
+                                           " AND state = 'submitted'"),
+        }
     engine.dispose()
-    return {"over_assigned_prompts": over, "rankings": rankings, "pairs": pairs, "rankings_without_6_pairs": bad,
-            "submitted_assignments": submitted}
+    return result
 
 
 def render_times(url: str, renders: int, prompts: int, data_dir: str) -> dict[str, Any]:
