@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: demo test lint setup setup-dev vendor browser serve bench clean
+.PHONY: demo test lint audit setup setup-dev vendor browser serve bench clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' \
@@ -51,6 +51,11 @@ test: setup-dev browser
 
 lint: setup-dev
 	$(BIN)/ruff check .
+
+# Static scan and known-vulnerability audit of the installed packages (pip-audit needs pypi.org).
+audit: setup-dev
+	$(BIN)/bandit -r app training -q -ll -c pyproject.toml
+	$(BIN)/python .ci/audit.py
 
 bench: setup-dev
 	$(BIN)/pip install -q -e ".[bench]"
