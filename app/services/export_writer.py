@@ -1,8 +1,9 @@
 """The export writer: streams one database snapshot into JSONL, Parquet or a `datasets` directory, byte-stable.
 
 One read transaction (REPEATABLE READ on Postgres, a deferred WAL read on SQLite) sees the whole export,
-so annotation that lands meanwhile never makes it inconsistent. Rows come in `batch_size` batches from a
-server-side cursor and leave as soon as they are written: memory is bounded by one batch, not the export.
+so annotation that lands meanwhile never makes it inconsistent (`export_queries`). Rows come in `batch_size`
+Arrow batches and leave as soon as a background writer has them (`export_sinks`): memory is bounded by a few
+batches, not the export. Raw pairs, the big case, are assembled column-wise without Python work per row.
 
 Reproducibility: rows are ordered by a stable key (pair id; ranking id; prompt id; aggregated pairs by
 prompt and completion ids), ids are database ids, annotators are HMAC pseudonyms, and no file holds a
@@ -19,39 +20,35 @@ import json
 import os
 import shutil
 import uuid
-from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
-from json.encoder import encode_basestring  # type: ignore[attr-defined]  # the C encoder, ensure_ascii=False
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
-from sqlalchemy import (
-    ARRAY,
-    BigInteger,
-    Connection,
-    Engine,
-    Select,
-    Text,
-    case,
-    cast,
-    create_engine,
-    event,
-    func,
-    literal,
-    or_,
-    select,
-)
-from sqlalchemy.orm import Session
-from sqlalchemy.pool import NullPool
+import pyarrow.compute as pc
+from sqlalchemy import Connection, Engine, Select, Text, cast, func, select
 
-from app.models import Completion, Constitution, Pair, Project, Prompt, Ranking, Rubric
+from app.models import LABEL_SOURCES, SPLITS, Completion, Constitution, Pair, Project, Prompt, Ranking, Rubric
+from app.services.export_card import render_card
+from app.services.export_queries import (
+    ExportSpec,
+    PackedScan,
+    Snapshot,
+    chunks,
+    id_in,
+    lo_hi,
+    pair_scan_select,
+    pairs_select,
+    rankings_select,
+    snapshot,
+)
+from app.services.export_sinks import WriteBehind, file_sha256, hf_features, make_sink, manifest_sha256
+
+__all__ = ["ExportSpec", "WriteResult", "annotator_pseudonym", "hf_features", "manifest_sha256", "schema_for",
+           "write_export"]
 
 DEFAULT_BATCH = 20_000
 PSEUDONYM_HEX = 16
@@ -72,18 +69,6 @@ def annotator_pseudonym(secret: str, project_id: int, user_id: int) -> str:
     """
     digest = hmac.new(secret.encode(), f"annotator:{project_id}:{user_id}".encode(), hashlib.sha256).hexdigest()
     return "a-" + digest[:PSEUDONYM_HEX]
-
-
-@dataclass(frozen=True)
-class ExportSpec:
-    """What to write: validated by `app.services.exports` before it gets here."""
-
-    project_id: int
-    kind: str
-    format: str
-    filters: dict[str, Any] = field(default_factory=dict)
-    aggregation: str = "raw"
-    conflicts: str = "keep"
 
 
 @dataclass
@@ -143,283 +128,6 @@ def schema_for(kind: str, aggregation: str, conversational: bool) -> pa.Schema:
     return schema.with_metadata({"huggingface": hf})
 
 
-def _hf_feature(t: pa.DataType) -> Any:
-    if pa.types.is_list(t):
-        return {"feature": _hf_feature(t.value_type), "_type": "List"}
-    if pa.types.is_struct(t):
-        return {t.field(i).name: _hf_feature(t.field(i).type) for i in range(t.num_fields)}
-    dtype = {pa.int64(): "int64", pa.float64(): "float64", pa.string(): "string", pa.bool_(): "bool"}[t]
-    return {"dtype": dtype, "_type": "Value"}
-
-
-def hf_features(schema: pa.Schema) -> dict[str, Any]:
-    """`datasets.Features.from_arrow_schema(schema).to_dict()` for our column types, without importing
-    `datasets` (a second of start-up and a hundred MB of the export's memory); a test checks they agree."""
-    return {f.name: _hf_feature(f.type) for f in schema}
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Sinks: one per file format
-# ---------------------------------------------------------------------------------------------------------
-
-
-class _Sink(ABC):
-    """Where an export's batches go: one subclass per file format."""
-
-    def __init__(self, root: Path, kind: str, schema: pa.Schema) -> None:
-        self.root, self.kind, self.schema = root, kind, schema
-        self.hashed: dict[str, str] = {}
-        """sha256 of files hashed while they were written (saves re-reading a gigabyte of JSONL)."""
-
-    @abstractmethod
-    def write(self, columns: Columns) -> None: ...
-
-    @abstractmethod
-    def close(self) -> None: ...
-
-
-class JsonlSink(_Sink):
-    """One JSON object per line, keys in schema order, compact separators, UTF-8 text unescaped.
-
-    Encoded column by column: each distinct string of a batch (a prompt shared by its 18 pairs, a source, a
-    split) is JSON-encoded once, and lines are assembled with one %-format per row. The bytes are exactly
-    what `json.dumps(row, ensure_ascii=False, separators=(",", ":"))` gives.
-    """
-
-    def __init__(self, root: Path, kind: str, schema: pa.Schema) -> None:
-        super().__init__(root, kind, schema)
-        self.fh = open(root / f"{kind}.jsonl", "wb", buffering=1 << 20)  # noqa: SIM115 - closed in close()
-        self.digest = hashlib.sha256()
-        # allow_nan=False: NaN is not JSON and would break every reader downstream.
-        self.encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
-        self.names = schema.names
-        self.types = [schema.field(n).type for n in self.names]
-        self.line = "{" + ",".join(f"{json.dumps(n)}:%s" for n in self.names) + "}\n"
-
-    def _column(self, values: list[Any], t: pa.DataType) -> list[str]:
-        cache: dict[Any, str] = {}
-        if pa.types.is_int64(t):
-            return list(map(str, values)) if None not in values else ["null" if v is None else str(v) for v in values]
-        if pa.types.is_float64(t):
-            # few distinct weights and soft labels: each is formatted once per batch, as json does (float repr)
-            return [cache[v] if v in cache else cache.setdefault(v, self._float(v)) for v in values]
-        if pa.types.is_string(t):
-            quote = encode_basestring
-            return [cache[v] if v in cache else cache.setdefault(v, "null" if v is None else quote(v))
-                    for v in values]
-        # lists and structs: the same object (one prompt's messages) recurs across a batch; key on identity
-        encode = self.encode
-        return [cache[id(v)] if id(v) in cache else cache.setdefault(id(v), encode(v)) for v in values]
-
-    def _float(self, v: float | None) -> str:
-        return "null" if v is None else self.encode(float(v))
-
-    def write(self, columns: Columns) -> None:
-        encoded = [self._column(columns[n], t) for n, t in zip(self.names, self.types, strict=True)]
-        line = self.line
-        data = "".join([line % row for row in zip(*encoded, strict=True)]).encode()
-        self.digest.update(data)
-        self.fh.write(data)
-
-    def close(self) -> None:
-        self.fh.close()
-        self.hashed[f"{self.kind}.jsonl"] = self.digest.hexdigest()
-
-
-class ParquetSink(_Sink):
-    def __init__(self, root: Path, kind: str, schema: pa.Schema) -> None:
-        super().__init__(root, kind, schema)
-        # One row group per batch; no timestamps go into Parquet metadata, so equal input gives equal bytes.
-        self.writer = pq.ParquetWriter(root / f"{kind}.parquet", schema, compression="snappy")
-
-    def write(self, columns: Columns) -> None:
-        self.writer.write_table(pa.Table.from_pydict(columns, schema=self.schema))
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-class HfSink(_Sink):
-    """A `datasets.save_to_disk` directory written directly: an Arrow stream file plus the two JSON files.
-
-    Writing it ourselves keeps it streaming (no cache copy) and deterministic: `save_to_disk` stores a
-    fingerprint that differs between runs; ours is the hash of the Arrow file.
-    """
-
-    DATA = "data-00000-of-00001.arrow"
-
-    def __init__(self, root: Path, kind: str, schema: pa.Schema, license_id: str) -> None:
-        super().__init__(root, kind, schema)
-        self.dir = root / kind
-        self.dir.mkdir()
-        self.sink = pa.OSFile(str(self.dir / self.DATA), "wb")
-        self.writer = pa.ipc.new_stream(self.sink, schema)
-        self.license_id = license_id
-
-    def write(self, columns: Columns) -> None:
-        self.writer.write_batch(pa.RecordBatch.from_pydict(columns, schema=self.schema))
-
-    def close(self) -> None:
-        self.writer.close()
-        self.sink.close()
-        info = {"citation": "", "description": f"preflab {self.kind} export", "homepage": "",
-                "features": hf_features(self.schema), "license": self.license_id}
-        state = {"_data_files": [{"filename": self.DATA}], "_fingerprint": _sha256(self.dir / self.DATA)[:16],
-                 "_format_columns": None, "_format_kwargs": {}, "_format_type": None,
-                 "_output_all_columns": False, "_split": None}
-        (self.dir / "dataset_info.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
-        (self.dir / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
-
-
-def _sink(fmt: str, root: Path, kind: str, schema: pa.Schema, license_id: str) -> _Sink:
-    if fmt == "jsonl":
-        return JsonlSink(root, kind, schema)
-    if fmt == "parquet":
-        return ParquetSink(root, kind, schema)
-    if fmt == "hf":
-        return HfSink(root, kind, schema, license_id)
-    raise ValueError(f"unknown export format {fmt!r}")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def manifest_sha256(files: dict[str, str]) -> str:
-    """One hash for the export: sha256 of "name  sha256\\n" lines in name order (sha256sum's layout)."""
-    return hashlib.sha256("".join(f"{n}  {h}\n" for n, h in sorted(files.items())).encode()).hexdigest()
-
-
-# ---------------------------------------------------------------------------------------------------------
-# The snapshot
-# ---------------------------------------------------------------------------------------------------------
-
-
-@contextmanager
-def snapshot(engine: Engine) -> Iterator[tuple[Connection, str]]:
-    """A read-only connection on one consistent snapshot, and a description of that snapshot."""
-    if engine.dialect.name == "postgresql":
-        with engine.connect() as base:
-            conn = base.execution_options(isolation_level="REPEATABLE READ")
-            with conn.begin():
-                conn.exec_driver_sql("SET TRANSACTION READ ONLY")
-                # The server-side cursor is read to the end: plan for all rows, not a fast first row.
-                conn.exec_driver_sql("SET LOCAL cursor_tuple_fraction = 1.0")
-                # The first query fixes the snapshot for every later one in this transaction.
-                snap = str(conn.exec_driver_sql("SELECT pg_current_snapshot()::text").scalar())
-                yield conn, f"postgres {snap}"
-        return
-    # SQLite: the app's engine opens every transaction with BEGIN IMMEDIATE (the write lock), which would
-    # block annotators for the length of the export. A deferred BEGIN in WAL mode is a read snapshot.
-    reader = create_engine(engine.url, poolclass=NullPool, connect_args={"check_same_thread": False, "timeout": 30})
-
-    @event.listens_for(reader, "connect")
-    def _autocommit_driver(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
-        dbapi_conn.isolation_level = None
-
-    @event.listens_for(reader, "begin")
-    def _deferred_begin(conn) -> None:  # type: ignore[no-untyped-def]
-        conn.exec_driver_sql("BEGIN DEFERRED")
-
-    try:
-        with reader.connect() as conn, conn.begin():
-            conn.exec_driver_sql("SELECT count(*) FROM projects").scalar()  # take the WAL snapshot now
-            yield conn, "sqlite deferred read transaction"
-    finally:
-        reader.dispose()
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Queries
-# ---------------------------------------------------------------------------------------------------------
-
-
-def _lo_hi(conn: Connection, a: Any, b: Any) -> tuple[Any, Any]:
-    if conn.dialect.name == "postgresql":
-        return func.least(a, b), func.greatest(a, b)
-    return func.min(a, b), func.max(a, b)  # SQLite's scalar min/max with two arguments
-
-
-def _ranking_filters(stmt: Select[Any], filters: dict[str, Any], *, pair_level: bool) -> Select[Any]:
-    """Apply the validated filters that concern rankings, prompts and (for pairs) the pair itself."""
-    if "source" in filters:
-        stmt = stmt.where((Pair.source if pair_level else Ranking.source).in_(filters["source"]))
-    if "rubric_versions" in filters:
-        stmt = stmt.where(Rubric.version.in_(filters["rubric_versions"]))
-    if "constitution_versions" in filters:
-        stmt = stmt.where(Constitution.version.in_(filters["constitution_versions"]))
-    if pair_level and "min_confidence" in filters:
-        stmt = stmt.where(Pair.p >= filters["min_confidence"])
-    flagged = filters.get("flagged", "include")
-    if flagged != "include":
-        # flags is {} (JSON) when nothing was flagged; compared as text so both backends agree.
-        unflagged = or_(Ranking.flags.is_(None), cast(Ranking.flags, Text).in_(["{}", "null"]))
-        stmt = stmt.where(unflagged if flagged == "exclude" else ~unflagged)
-    if "created_after" in filters:
-        recent = Ranking.created_at >= datetime.fromisoformat(filters["created_after"])
-        if pair_level and filters.get("replay_share"):
-            # Replay (iterative RLHF): a fixed, pseudo-random share of the earlier pairs rides along with the new
-            # ones; keyed on the pair id, so the same export request always picks the same pairs.
-            stmt = stmt.where(or_(recent, (Pair.id * 7919) % 1000 < int(round(1000 * filters["replay_share"]))))
-        else:
-            stmt = stmt.where(recent)
-    if "created_before" in filters:
-        stmt = stmt.where(Ranking.created_at < datetime.fromisoformat(filters["created_before"]))
-    if "split" in filters:
-        stmt = stmt.where(Prompt.split == filters["split"])
-    return stmt
-
-
-def _pairs_select(spec: ExportSpec) -> Select[Any]:
-    """Pair rows without any text: ids and numbers only, so the stream stays narrow.
-
-    The pairs table alone is streamed; the rankings that pass the filters are a semi-join, and each batch
-    then looks up its rankings (labeller, versions), prompts and completion texts by id.
-    """
-    rankings = select(Ranking.id).where(Ranking.project_id == spec.project_id)
-    if "rubric_versions" in spec.filters:
-        rankings = rankings.join(Rubric, Ranking.rubric_id == Rubric.id)
-    if "constitution_versions" in spec.filters:
-        rankings = rankings.join(Constitution, Ranking.constitution_id == Constitution.id)
-    if "split" in spec.filters:
-        rankings = rankings.join(Prompt, Ranking.prompt_id == Prompt.id)
-    filters = {k: v for k, v in spec.filters.items() if k != "source"}
-    replay = filters.pop("replay_share", None)
-    after = filters.pop("created_after", None) if replay else None
-    rankings = _ranking_filters(rankings, filters, pair_level=False)
-    stmt = select(Pair.id.label("pair_id"), Pair.prompt_id, Pair.ranking_id, Pair.chosen_id, Pair.rejected_id,
-                  Pair.source, Pair.margin, Pair.weight, Pair.p).where(Pair.ranking_id.in_(rankings))
-    if after is not None:
-        # Replay: the new pairs, plus a fixed pseudo-random share of the earlier ones (keyed on the pair id).
-        recent = select(Ranking.id).where(Ranking.project_id == spec.project_id,
-                                          Ranking.created_at >= datetime.fromisoformat(after))
-        stmt = stmt.where(or_(Pair.ranking_id.in_(recent), (Pair.id * 7919) % 1000 < int(round(1000 * replay))))
-    if "source" in spec.filters:
-        stmt = stmt.where(Pair.source.in_(spec.filters["source"]))
-    if "min_confidence" in spec.filters:
-        stmt = stmt.where(Pair.p >= spec.filters["min_confidence"])
-    return stmt
-
-
-def _rankings_select(spec: ExportSpec, conversational: bool) -> Select[Any]:
-    stmt = (
-        select(Ranking.id.label("ranking_id"), Ranking.prompt_id,
-               (Prompt.messages if conversational else Prompt.text).label("prompt"),
-               Ranking.tiers, Ranking.source, Ranking.annotator_id, Ranking.judge_run_id,
-               Rubric.version.label("rubric_version"), Constitution.version.label("constitution_version"),
-               Ranking.flags, Prompt.split, (Prompt.text if conversational else Prompt.id).label("prompt_text"))
-        .join(Prompt, Ranking.prompt_id == Prompt.id)
-        .outerjoin(Rubric, Ranking.rubric_id == Rubric.id)
-        .outerjoin(Constitution, Ranking.constitution_id == Constitution.id)
-        .where(Ranking.project_id == spec.project_id, Ranking.skipped.is_(False))
-    )
-    return _ranking_filters(stmt, spec.filters, pair_level=False)
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Row producers: each yields column batches and counts what it wrote
 # ---------------------------------------------------------------------------------------------------------
@@ -427,7 +135,7 @@ def _rankings_select(spec: ExportSpec, conversational: bool) -> Select[Any]:
 
 @dataclass
 class _Run:
-    conn: Connection
+    snap: Snapshot
     spec: ExportSpec
     secret: str
     conversational: bool
@@ -440,6 +148,10 @@ class _Run:
     rubric_versions: set[int] = field(default_factory=set)
     constitution_versions: set[int] = field(default_factory=set)
     _pseudonyms: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def conn(self) -> Connection:
+        return self.snap.conn
 
     def annotator(self, annotator_id: int | None, judge_run_id: int | None) -> str | None:
         if annotator_id is not None:
@@ -466,11 +178,11 @@ class _Run:
     def ranking_labels(self, ranking_ids: list[int]) -> dict[int, tuple[str | None, int | None, int | None]]:
         """ranking id → (annotator pseudonym, rubric version, constitution version), for one batch."""
         out = {}
-        for chunk in _chunks(ranking_ids):
+        for chunk in chunks(ranking_ids):
             stmt = (select(Ranking.id, Ranking.annotator_id, Ranking.judge_run_id, Rubric.version, Constitution.version)
                     .outerjoin(Rubric, Ranking.rubric_id == Rubric.id)
                     .outerjoin(Constitution, Ranking.constitution_id == Constitution.id)
-                    .where(_id_in(self.conn, Ranking.id, chunk)))
+                    .where(id_in(self.conn, Ranking.id, chunk)))
             for rid, annotator_id, judge_run_id, rubric_version, constitution_version in self.conn.execute(stmt).all():
                 out[rid] = (self.annotator(annotator_id, judge_run_id), rubric_version, constitution_version)
         return out
@@ -482,10 +194,10 @@ class _Run:
         completion_ids = sorted(set(cols["chosen_id"]) | set(cols["rejected_id"]))
         value_column = Prompt.messages if self.conversational else Prompt.text
         prompts = {pid: (self.prompt(value, text) if self.conversational else value, split)
-                   for chunk in _chunks(prompt_ids)
+                   for chunk in chunks(prompt_ids)
                    for pid, value, text, split in self.conn.execute(
                        select(Prompt.id, value_column, Prompt.text, Prompt.split)
-                       .where(_id_in(self.conn, Prompt.id, chunk))).all()}
+                       .where(id_in(self.conn, Prompt.id, chunk))).all()}
         texts = _completion_texts_by_id(self.conn, completion_ids)
         if self.conversational:
             texts = {cid: self.response(text) for cid, text in texts.items()}
@@ -498,20 +210,45 @@ class _Run:
         result = self.conn.execute(stmt, execution_options={"stream_results": True, "yield_per": self.batch_size})
         yield from result.partitions(self.batch_size)
 
-    def stream_tuples(self, stmt: Select[Any]) -> Iterator[list[tuple[Any, ...]]]:
-        """Plain tuples in batches; on Postgres straight from a binary server-side psycopg cursor, which moves
-        a million id/number rows about twice as fast as the text protocol under SQLAlchemy's result layer."""
-        if self.conn.dialect.name != "postgresql":
-            yield from self.stream(stmt)
+    def scan(self, stmt: Select[Any], schema: pa.Schema, packed: PackedScan | None = None
+             ) -> Iterator[pa.RecordBatch]:
+        """The rows of `stmt` as Arrow batches of exactly `batch_size` rows (the last one shorter).
+
+        Postgres with a `packed` layout: binary records by COPY on the snapshot's second connection, decoded by
+        numpy, so no Python object is made per row. Otherwise the rows in batches through the cursor, transposed
+        once.
+        """
+        if self.snap.can_copy and packed is not None:
+            sql, params = packed.sql(self.conn, stmt)
+            yield from _rebatch((packed.decode(r) for r in self.snap.copy_records(sql, params)), schema,
+                                self.batch_size)
             return
+        for rows in self.stream(stmt):
+            columns = _unzip(rows, len(schema))
+            yield pa.RecordBatch.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)],
+                                             schema=schema)
+
+    def lookup(self, stmt: Select[Any]) -> list[tuple[Any, ...]]:
+        """A keyed lookup's rows; on Postgres from a binary psycopg cursor, without SQLAlchemy's row objects."""
+        if self.conn.dialect.name != "postgresql":
+            return [tuple(r) for r in self.conn.execute(stmt).all()]
         compiled = stmt.compile(dialect=self.conn.dialect, compile_kwargs={"render_postcompile": True})
         driver = self.conn.connection.driver_connection
         assert driver is not None
-        with driver.cursor(name=f"preflab_export_{uuid.uuid4().hex[:12]}", binary=True) as cursor:
-            cursor.itersize = self.batch_size
+        with driver.cursor(binary=True) as cursor:
             cursor.execute(str(compiled), compiled.params)
-            while rows := cursor.fetchmany(self.batch_size):
-                yield rows
+            return cursor.fetchall()
+
+    def by_id(self, column: pa.Array, table_id: Any, values: tuple[Any, ...], make: Callable[..., Any],
+              value_type: pa.DataType) -> pa.DictionaryArray:
+        """`column` (ids) as a dictionary array: each distinct id's row is fetched once and made into one value
+        by `make(*values)`; rows share it through their index."""
+        ids = pc.unique(column).to_pylist()
+        rows = [r for chunk in chunks(ids) for r in self.lookup(
+            select(table_id, *values).where(id_in(self.conn, table_id, chunk)))]
+        found = pa.array([r[0] for r in rows], pa.int64())
+        dictionary = pa.array([make(*r[1:]) for r in rows], value_type)
+        return pa.DictionaryArray.from_arrays(pc.index_in(column, value_set=found), dictionary)
 
     def count(self, stmt: Select[Any]) -> int:
         return int(self.conn.execute(select(func.count()).select_from(stmt.order_by(None).subquery())).scalar() or 0)
@@ -521,36 +258,78 @@ class _Run:
         self.progress(self.done, self.total)
 
 
-PAIR_SCALARS = ("pair_id", "prompt_id", "ranking_id", "chosen_id", "rejected_id", "source", "margin", "weight", "p")
+SCAN_SCHEMA = pa.schema([
+    ("pair_id", pa.int64()), ("prompt_id", pa.int64()), ("ranking_id", pa.int64()), ("chosen_id", pa.int64()),
+    ("rejected_id", pa.int64()), ("source", pa.string()), ("margin", pa.int64()), ("weight", pa.float64()),
+    ("p", pa.float64()), ("annotator_id", pa.int64()), ("judge_run_id", pa.int64()),
+    ("rubric_version", pa.int64()), ("constitution_version", pa.int64()), ("split", pa.string())])
+"""The columns of `pair_scan_select`, in order."""
+PACKED_SCAN = PackedScan(SCAN_SCHEMA, {"source": LABEL_SOURCES, "split": SPLITS}, block=DEFAULT_BATCH)
 
 
-def _pairs_raw(run: _Run) -> Iterator[Columns]:
-    base = _pairs_select(run.spec)
-    if "min_agreement" in run.spec.filters:
-        # Agreement of a pair = share of the (filtered) votes on its unordered pair that point its way.
-        lo, hi = _lo_hi(run.conn, Pair.chosen_id, Pair.rejected_id)
-        votes = func.count().over(partition_by=(Pair.prompt_id, lo, hi))
-        same = func.count().over(partition_by=(Pair.prompt_id, lo, hi, Pair.chosen_id))
-        inner = base.add_columns(votes.label("n_votes"), same.label("n_same")).subquery()
-        cols = [c for c in inner.c if c.name not in ("n_votes", "n_same")]
-        stmt = (select(*cols).where(inner.c.n_same >= run.spec.filters["min_agreement"] * inner.c.n_votes)
-                .order_by(inner.c.pair_id))
-    else:
-        stmt = base.order_by(Pair.id)
+def _pairs_raw(run: _Run) -> Iterator[Columns | pa.RecordBatch]:
+    """Raw pairs, column-wise in Arrow: the scan brings ids, numbers and labels; each batch's distinct prompts
+    and responses are fetched once and attached as dictionary columns (a prompt's text is not repeated for
+    each of its pairs until a sink needs plain strings)."""
+    stmt = pair_scan_select(run.spec, run.conn)
     run.total = run.count(stmt)
-    for rows in run.stream_tuples(stmt):
-        # Column-wise: transpose the batch once instead of appending field by field.
-        cols: Columns = dict(zip(PAIR_SCALARS, _unzip(rows, len(PAIR_SCALARS)), strict=True))
-        labels = run.ranking_labels(sorted(set(cols["ranking_id"])))
-        cols["annotator"], cols["rubric_version"], cols["constitution_version"] = _unzip(
-            _lookup(labels, cols["ranking_id"]), 3)
-        run.fill_texts(cols)
-        run.sources.update(cols["source"])
-        run.splits.update(cols["split"])
-        run.rubric_versions.update(v for v in set(cols["rubric_version"]) if v is not None)
-        run.constitution_versions.update(v for v in set(cols["constitution_version"]) if v is not None)
-        yield {name: cols[name] for name in PAIR_COLUMNS}
-        run.advance(len(rows))
+    schema = schema_for("pairs", "raw", run.conversational)
+    for scan in run.scan(stmt, SCAN_SCHEMA, PACKED_SCAN):
+        col = dict(zip(SCAN_SCHEMA.names, scan.columns, strict=True))
+        people = col["annotator_id"].dictionary_encode()
+        names = pa.array([annotator_pseudonym(run.secret, run.spec.project_id, i)
+                          for i in people.dictionary.to_pylist()], pa.string())
+        # An AI judge is not a person: its run id is the lineage. Imported labels carry no labeller (null).
+        judges = pc.binary_join_element_wise("judge-run-", pc.cast(col["judge_run_id"], pa.string()), "")
+        annotator = pc.coalesce(names.take(people.indices), judges)
+        text_type = schema.field("prompt").type
+        if run.conversational:
+            prompt = run.by_id(col["prompt_id"], Prompt.id, (Prompt.messages, Prompt.text), run.prompt, text_type)
+        else:
+            prompt = run.by_id(col["prompt_id"], Prompt.id, (Prompt.text,), _same, text_type)
+        # chosen and rejected share one dictionary: fetch both columns' completions in one lookup
+        n = scan.num_rows
+        both = run.by_id(pa.concat_arrays([col["chosen_id"], col["rejected_id"]]), Completion.id, (Completion.text,),
+                         run.response, text_type)
+        columns = col | {"annotator": annotator, "prompt": prompt, "chosen": both.slice(0, n),
+                         "rejected": both.slice(n)}
+        batch = pa.RecordBatch.from_arrays([columns[name] for name in schema.names], names=schema.names)
+        run.sources.update(_value_counts(col["source"]))
+        run.splits.update(_value_counts(col["split"]))
+        run.rubric_versions.update(pc.unique(col["rubric_version"]).drop_null().to_pylist())
+        run.constitution_versions.update(pc.unique(col["constitution_version"]).drop_null().to_pylist())
+        yield batch
+        run.advance(n)
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _value_counts(array: pa.Array) -> dict[Any, int]:
+    counts = pc.value_counts(array)
+    return dict(zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist(), strict=True))
+
+
+def _rebatch(tables: Iterator[pa.Table | pa.RecordBatch], schema: pa.Schema, size: int) -> Iterator[pa.RecordBatch]:
+    """Re-cut a stream of tables into batches of exactly `size` rows (the last one shorter): batch boundaries,
+    and so Parquet row groups, depend on the rows only, never on how the COPY stream happened to split."""
+    pending: list[pa.Table] = []
+    have = 0
+    for table in tables:
+        pending.append(pa.Table.from_batches([table]) if isinstance(table, pa.RecordBatch) else table)
+        have += table.num_rows
+        while have >= size:
+            merged = pa.concat_tables(pending).combine_chunks()
+            yield _one_batch(merged.slice(0, size), schema)
+            rest = merged.slice(size)
+            pending, have = [rest], rest.num_rows
+    if have:
+        yield _one_batch(pa.concat_tables(pending), schema)
+
+
+def _one_batch(table: pa.Table, schema: pa.Schema) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays([c.combine_chunks() for c in table.columns], schema=schema)
 
 
 PAIR_COLUMNS = ("pair_id", "prompt_id", "ranking_id", "prompt", "chosen", "rejected", "chosen_id", "rejected_id",
@@ -568,8 +347,8 @@ def _pairs_aggregated(run: _Run) -> Iterator[Columns]:
     with conflicts="drop" or kept at its lower weight with conflicts="keep". `p` is the mean soft label
     of the majority votes (1.0 for hard human labels). Rows are ordered by (prompt, lower id, higher id).
     """
-    base = _pairs_select(run.spec)
-    lo, hi = _lo_hi(run.conn, Pair.chosen_id, Pair.rejected_id)
+    base = pairs_select(run.spec)
+    lo, hi = lo_hi(run.conn, Pair.chosen_id, Pair.rejected_id)
     stmt = base.add_columns(lo.label("lo"), hi.label("hi")).order_by(Pair.prompt_id, lo, hi, Pair.id)
     run.total = run.count(base)
     min_agreement = run.spec.filters.get("min_agreement")
@@ -648,34 +427,18 @@ def _unzip(rows: list[Any], width: int) -> list[list[Any]]:
     return list(zip(*rows, strict=True)) if rows else [() for _ in range(width)]  # type: ignore[list-item]
 
 
-LOOKUP_CHUNK = 10_000
-"""Ids per IN (…) lookup: under SQLite's and psycopg's bound-parameter limits."""
-
-
-def _chunks(ids: list[int]) -> Iterator[list[int]]:
-    for start in range(0, len(ids), LOOKUP_CHUNK):
-        yield ids[start:start + LOOKUP_CHUNK]
-
-
-def _id_in(conn: Connection, column: Any, ids: list[int]) -> Any:
-    """`column IN ids`: one array parameter on Postgres (`= ANY(%s)`), bound parameters elsewhere."""
-    if conn.dialect.name == "postgresql":
-        return column == func.any(literal(ids, ARRAY(BigInteger)))
-    return column.in_(ids)
-
-
 def _completion_texts_by_id(conn: Connection, completion_ids: list[int]) -> dict[int, str]:
-    return {cid: text for chunk in _chunks(completion_ids) for cid, text in conn.execute(
-        select(Completion.id, Completion.text).where(_id_in(conn, Completion.id, chunk))).all()}
+    return {cid: text for chunk in chunks(completion_ids) for cid, text in conn.execute(
+        select(Completion.id, Completion.text).where(id_in(conn, Completion.id, chunk))).all()}
 
 
 def _completion_texts(run: _Run, prompt_ids: set[int]) -> dict[int, str]:
-    return {cid: text for chunk in _chunks(sorted(prompt_ids)) for cid, text in run.conn.execute(
-        select(Completion.id, Completion.text).where(_id_in(run.conn, Completion.prompt_id, chunk))).all()}
+    return {cid: text for chunk in chunks(sorted(prompt_ids)) for cid, text in run.conn.execute(
+        select(Completion.id, Completion.text).where(id_in(run.conn, Completion.prompt_id, chunk))).all()}
 
 
 def _rankings(run: _Run) -> Iterator[Columns]:
-    stmt = _rankings_select(run.spec, run.conversational).order_by(Ranking.id)
+    stmt = rankings_select(run.spec, run.conversational).order_by(Ranking.id)
     run.total = run.count(stmt)
     names = ("ranking_id", "prompt_id", "prompt", "completion_ids", "completions", "tiers", "source", "annotator",
              "rubric_version", "constitution_version", "flags", "split")
@@ -730,7 +493,7 @@ SFT_COLUMNS = ("prompt_id", "prompt", "completion", "completion_id", "origin", "
 
 def _sft_best_ranked(run: _Run) -> Iterator[Columns]:
     """Per prompt, the completion most often placed in the top tier (then best mean tier, then lowest id)."""
-    rankings = _rankings_select(run.spec, run.conversational).order_by(Ranking.prompt_id, Ranking.id)
+    rankings = rankings_select(run.spec, run.conversational).order_by(Ranking.prompt_id, Ranking.id)
     run.total += run.count(rankings)
     picked: list[tuple[int, Any, Any, str, int, int, int]] = []  # prompt, value, text, split, completion, votes, n
 
@@ -824,7 +587,7 @@ def _sft(run: _Run) -> Iterator[Columns]:
         yield from source(run)
 
 
-def _producer(spec: ExportSpec) -> Callable[[_Run], Iterator[Columns]]:
+def _producer(spec: ExportSpec) -> Callable[[_Run], Iterator[Columns | pa.RecordBatch]]:
     if spec.kind == "pairs":
         return _pairs_aggregated if spec.aggregation == "aggregated" else _pairs_raw
     return {"rankings": _rankings, "prompts": _prompts, "sft": _sft}[spec.kind]
@@ -857,23 +620,25 @@ def write_export(engine: Engine, spec: ExportSpec, out_dir: Path, *, secret: str
     tmp = out_dir.parent / f".tmp-{out_dir.name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        with snapshot(engine) as (conn, snap):
+        with snapshot(engine) as snap:
+            conn = snap.conn
             project = conn.execute(select(Project.name, Project.description, Project.settings)
                                    .where(Project.id == spec.project_id)).one()
             conversational = _is_conversational(conn, spec.project_id)
             schema = schema_for(spec.kind, spec.aggregation, conversational)
             license_id = str((project.settings or {}).get("license") or "unknown")
-            run = _Run(conn, spec, secret, conversational, batch_size, progress or (lambda done, total: None))
-            sink = _sink(spec.format, tmp, spec.kind, schema, license_id)
+            run = _Run(snap, spec, secret, conversational, batch_size, progress or (lambda done, total: None))
+            sink = WriteBehind(make_sink(spec.format, tmp, spec.kind, schema, license_id))
             rows = 0
             try:
-                for columns in _producer(spec)(run):
-                    n = len(next(iter(columns.values())))
-                    sink.write(columns)
-                    rows += n
+                for produced in _producer(spec)(run):
+                    batch = produced if isinstance(produced, pa.RecordBatch) else pa.RecordBatch.from_pydict(
+                        produced, schema=schema)
+                    sink.write(batch)
+                    rows += batch.num_rows
             finally:
                 sink.close()
-            data_files = {name: sink.hashed.get(name) or _sha256(p)
+            data_files = {name: sink.hashed.get(name) or file_sha256(p)
                           for p in sorted(tmp.rglob("*")) if p.is_file() and (name := str(p.relative_to(tmp)))}
             card = render_card(conn, spec, project_name=project.name, description=project.description or "",
                                license_id=license_id, schema=schema, rows=rows, sources=run.sources,
@@ -881,7 +646,7 @@ def write_export(engine: Engine, spec: ExportSpec, out_dir: Path, *, secret: str
                                constitution_versions=sorted(run.constitution_versions), data_files=data_files,
                                conversational=conversational)
         (tmp / "README.md").write_text(card, encoding="utf-8")
-        files = data_files | {"README.md": _sha256(tmp / "README.md")}
+        files = data_files | {"README.md": file_sha256(tmp / "README.md")}
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)
@@ -891,139 +656,4 @@ def write_export(engine: Engine, spec: ExportSpec, out_dir: Path, *, secret: str
     counts = {f"source.{k}": v for k, v in sorted(run.sources.items())} | {
         f"split.{k}": v for k, v in sorted(run.splits.items())}
     return WriteResult(path=out_dir, files=files, sha256=manifest_sha256(files), row_count=rows, row_counts=counts,
-                       snapshot=snap)
-
-
-
-
-# ---------------------------------------------------------------------------------------------------------
-# The dataset card
-# ---------------------------------------------------------------------------------------------------------
-
-COLUMN_DOCS = {
-    "pair_id": "preflab pair id (aggregated: the first pair voting for the majority direction)",
-    "prompt_id": "preflab prompt id", "ranking_id": "the ranking the pair was expanded from",
-    "ranking_ids": "every ranking that voted for this direction",
-    "prompt": "the prompt (text, or chat messages in a conversational export)",
-    "chosen": "the preferred response", "rejected": "the other response",
-    "chosen_id": "completion id of `chosen`", "rejected_id": "completion id of `rejected`",
-    "source": "human, ai or imported (aggregated: mixed when the votes came from several)",
-    "annotator": "pseudonymous labeller id (see below); judge-run-N for an AI judge; empty for imports",
-    "annotators": "pseudonymous ids of the majority voters",
-    "rubric_version": "rubric version the label was given under", "rubric_versions": "rubric versions of the votes",
-    "constitution_version": "constitution version of an AI label",
-    "constitution_versions": "constitution versions of the votes",
-    "margin": "tiers between chosen and rejected (aggregated: mean over the votes)",
-    "weight": "loss weight (aggregated: the agreement)", "p": "soft label p(chosen ≻ rejected)",
-    "votes": "votes for this direction", "total_votes": "votes on this pair in either direction",
-    "agreement": "votes / total_votes",
-    "split": "train or heldout, by prompt: a held-out prompt's rows are all heldout",
-    "completion_ids": "the ranked completion ids, ascending", "completions": "their texts, in the same order",
-    "tiers": "completion ids, best tier first; ids in one tier are tied",
-    "flags": "JSON: completion id → flags the labeller raised", "reference": "reference answer, if any",
-    "completion": "the SFT target response", "completion_id": "its completion id",
-    "origin": "where the SFT row comes from (best_ranked: most often in the top tier)",
-    "rankings": "rankings of the prompt considered",
-}
-
-
-def _quote(text: str) -> str:
-    return "\n".join("> " + line if line else ">" for line in (text or "").splitlines()) or "> (empty)"
-
-
-FULL_REPORT_MAX_RANKINGS = 20_000
-"""Above this many human rankings the card leaves the per-ranking report (Krippendorff's alpha, Kendall's tau,
-computed in Python) to the agreement dashboard, so that an export stays a streaming pass over the data."""
-
-
-def _fig(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.4f}"
-
-
-def _agreement_section(conn: Connection, project_id: int) -> list[str]:
-    """Agreement of the project's human labels at the snapshot: vote agreement per completion pair (in SQL,
-    any size) and, for projects up to FULL_REPORT_MAX_RANKINGS rankings, the dashboard's full report."""
-    from app.services.agreement import project_report
-
-    lo, hi = _lo_hi(conn, Pair.chosen_id, Pair.rejected_id)
-    forward = func.sum(case((Pair.chosen_id < Pair.rejected_id, 1), else_=0))
-    votes = (select(forward.label("f"), func.count().label("n"))
-             .join(Ranking, Pair.ranking_id == Ranking.id)
-             .where(Ranking.project_id == project_id, Ranking.source == "human")
-             .group_by(Pair.prompt_id, lo, hi).having(func.count() >= 2).subquery())
-    majority = case((votes.c.f * 2 >= votes.c.n, votes.c.f), else_=votes.c.n - votes.c.f)
-    shared, mean_share, unanimous = conn.execute(select(
-        func.count(), func.avg(majority * 1.0 / votes.c.n),
-        func.sum(case((or_(votes.c.f == 0, votes.c.f == votes.c.n), 1), else_=0)))).one()
-    lines = ["## Agreement (human labels of the whole project, at export time)", "",
-             f"- completion pairs with two or more human votes: {shared}",
-             f"- mean share of votes for the majority direction: {_fig(mean_share)}",
-             f"- unanimous pairs: {int(unanimous or 0)}"]
-    human = conn.execute(select(func.count(Ranking.id)).where(Ranking.project_id == project_id,
-                                                                Ranking.source == "human")).scalar() or 0
-    if human > FULL_REPORT_MAX_RANKINGS:
-        lines += [f"- per-ranking figures (Kendall tau-b, Krippendorff alpha): see the agreement dashboard "
-                  f"({human} human rankings is above the {FULL_REPORT_MAX_RANKINGS} the card computes)", ""]
-        return lines
-    with Session(bind=conn) as session:
-        project = session.get(Project, project_id)
-        report = project_report(session, project) if project is not None else None
-    if report is not None:
-        lines += [f"- human rankings: {report.human_rankings} ({report.skipped} skipped)",
-                  f"- prompts ranked by two or more annotators: {report.shared_prompts}",
-                  f"- ranking pairs compared: {report.comparisons}",
-                  f"- mean pairwise agreement: {_fig(report.mean_agreement)}",
-                  f"- mean Kendall tau-b: {_fig(report.mean_kendall_tau)}",
-                  f"- Krippendorff alpha (ordinal): {_fig(report.krippendorff_alpha)}"]
-    return lines + [""]
-
-
-def render_card(conn: Connection, spec: ExportSpec, *, project_name: str, description: str, license_id: str,
-                schema: pa.Schema, rows: int, sources: Counter[str], splits: Counter[str],
-                rubric_versions: list[int], constitution_versions: list[int], data_files: dict[str, str],
-                conversational: bool) -> str:
-    """README.md for the export: what the rows are, how they were selected, and what the labels mean.
-
-    Deterministic on purpose (no export id, date or snapshot), so the card hashes the same on every re-run.
-    """
-
-    lines = ["---", f"license: {json.dumps(license_id)}", f"pretty_name: {json.dumps('preflab: ' + project_name)}"]
-    data_file = next((n for n in data_files if n.endswith((".jsonl", ".parquet"))), None)
-    if data_file:
-        lines += ["configs:", "- config_name: default", "  data_files:", "  - split: train",
-                  f"    path: {json.dumps(data_file)}"]
-    lines += ["---", "", f"# {project_name}: {spec.kind} export", ""]
-    if description:
-        lines += [description, ""]
-    options = {"kind": spec.kind, "format": spec.format, "filters": spec.filters}
-    if spec.kind == "pairs":
-        options |= {"aggregation": spec.aggregation, "conflicts": spec.conflicts}
-    lines += ["## Selection", "", "```json", json.dumps(options, indent=2, sort_keys=True), "```", ""]
-    lines += ["## Counts", "", f"- rows: {rows}" + ("  (empty: the filters select nothing)" if rows == 0 else "")]
-    lines += [f"- source {k}: {v}" for k, v in sorted(sources.items())]
-    lines += [f"- split {k}: {v}" for k, v in sorted(splits.items())]
-    lines += ["", "Splits are by prompt: every row of a held-out prompt is `heldout`, so held-out prompts never "
-              "reach the train split.", ""]
-    lines += ["## Columns", "", "| column | type | meaning |", "|---|---|---|"]
-    lines += [f"| `{f.name}` | `{f.type}` | {COLUMN_DOCS.get(f.name, '')} |" for f in schema]
-    lines += [""]
-    if conversational:
-        lines += ["Conversational layout: `prompt` is a list of chat messages and responses are one assistant "
-                  "message each (TRL's conversational preference format).", ""]
-    lines += ["## Labellers", "", "`annotator` is a pseudonym: the first 64 bits of HMAC-SHA256 over the project "
-              "and user ids, keyed with the deployment's secret. It is stable within this project and cannot be "
-              "mapped back to a person without that secret.", ""]
-    for version in rubric_versions:
-        text = conn.execute(select(Rubric.text).where(Rubric.project_id == spec.project_id,
-                                                      Rubric.version == version)).scalar() or ""
-        lines += [f"## Rubric version {version}", "", _quote(text), ""]
-    for version in constitution_versions:
-        principles = conn.execute(select(Constitution.principles).where(
-            Constitution.project_id == spec.project_id, Constitution.version == version)).scalar() or []
-        lines += [f"## Constitution version {version}", ""]
-        for p in principles:
-            lines += [f"- **{p.get('name', '')}** (priority {p.get('priority', '')}): {p.get('rationale', '')}"]
-        lines += [""]
-    lines += _agreement_section(conn, spec.project_id)
-    lines += ["## Files", "", "```"] + [f"{h}  {n}" for n, h in sorted(data_files.items())] + ["```", ""]
-    return "\n".join(lines)
+                       snapshot=snap.description)

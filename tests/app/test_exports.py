@@ -18,6 +18,7 @@ from sqlalchemy import func, select
 
 from app.models import Completion, Export, Job, Pair, Prompt, Ranking
 from app.services import export_writer, projects
+from app.services.export_sinks import JsonlSink
 from app.services.pairs import expand_tiers
 
 PAIR_COLUMNS = ["pair_id", "prompt_id", "ranking_id", "prompt", "chosen", "rejected", "chosen_id", "rejected_id",
@@ -81,7 +82,7 @@ def _export(client, app, project_id: int, **body: Any) -> dict[str, Any]:  # typ
     assert set(accepted) == {"export_id", "job_id"}
     _run_worker(app)
     out = client.get(f"/api/exports/{accepted['export_id']}").json()
-    assert out["status"] == "ready", (out, client.get(f"/api/jobs/{accepted['job_id']}").json())
+    assert out["status"] == "ready", (out, client.get(f"/api/jobs/{accepted['job_id']}").text)
     return out
 
 
@@ -617,8 +618,8 @@ def test_jsonl_lines_are_exactly_json_dumps(tmp_path) -> None:
     msgs = [{"role": "user", "content": 'quote " backslash \\ tab \t é ✓ \u2028'}]
     columns = {"i": [1, None, -3], "f": [0.1, 1 / 3, None], "s": ["x\n\"y\"", None, "x\n\"y\""], "m": [msgs, msgs, None],
                "l": [[1, 2], [], None]}
-    sink = export_writer.JsonlSink(tmp_path, "t", schema)
-    sink.write(columns)
+    sink = JsonlSink(tmp_path, "t", schema)
+    sink.write(pa.RecordBatch.from_pydict(columns, schema=schema))
     sink.close()
     rows = [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)]
     expected = "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n" for r in rows)
