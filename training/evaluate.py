@@ -110,7 +110,7 @@ def _side(model: torch.nn.Module, tokenizer: Any, rows: Sequence[PromptRow], fun
         parts.append(generate_rollouts(model, tokenizer, [r.prompt for r in chunk], n=k,
                                        temperature=config.temperature, top_p=config.top_p,
                                        max_new_tokens=config.max_new_tokens, stop=config.stop or None,
-                                       seed=config.seed + start))
+                                       seed=config.seed, prompt_offset=start))
     texts = [t for p in parts for t in p.texts]
     rewards = compute_rewards(functions, [r.prompt for r in rows for _ in range(k)], texts, reward_columns(rows, k))
     lengths = torch.cat([p.lengths.float().cpu() for p in parts])
@@ -224,6 +224,18 @@ def public(result: dict[str, Any]) -> dict[str, Any]:
     out = dict(result)
     if "reference" in out:
         out["reference"] = {k: v for k, v in out["reference"].items() if not k.startswith("_")}
+    return out
+
+
+def eval_metrics(result: dict[str, Any]) -> dict[str, float]:
+    """The flat `eval_*` metrics of an evaluation (policy side), for a trainer's metrics.jsonl row."""
+    out = {"eval_reward_mean": result["policy"]["reward_mean"]}
+    for key in ("accuracy", "pass_at_k", "maj_at_k"):
+        if key in result["policy"]:
+            out[f"eval_{key}"] = result["policy"][key]
+    for key in ("kl", "win_rate"):
+        if key in result:
+            out[f"eval_{key}"] = result[key]
     return out
 
 

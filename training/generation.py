@@ -176,7 +176,7 @@ def _spec_float(spec: dict[str, Any], key: str, default: float, low: float) -> f
 # ------------------------------------------------------------------------------------------- hf backend
 
 
-class _SeededSampler:
+class SeededSampler:
     """Logits processor that samples each row from its own pre-drawn uniforms and leaves only the
     chosen token finite, so `generate` runs greedy over it. Row r at step t uses `uniforms[r, t]`:
     inverse-CDF sampling over the temperature/top-p distribution, independent of the other rows."""
@@ -209,7 +209,7 @@ class _SeededSampler:
         return out.scatter_(1, choice, 0.0)
 
 
-class _StopOnText:
+class StopOnText:
     """Stopping criterion: a row is done once its decoded text (special tokens skipped, as in the
     returned text) contains a stop string. transformers' StopStringCriteria matches against raw token
     strings, so a sampled special token such as "<pad>" would end a sample on the stop string "a".
@@ -449,13 +449,13 @@ class HFGenerator:
         steps = params.max_new_tokens
         uniforms = torch.stack([torch.rand(steps, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
                                 for s in seeds]).to(self._device)
-        sampler = _SeededSampler(uniforms, params.temperature, params.top_p, start=width)
+        sampler = SeededSampler(uniforms, params.temperature, params.top_p, start=width)
         with torch.no_grad():
             out = self._model.generate(
                 input_ids=input_ids, attention_mask=attention_mask, logits_processor=LogitsProcessorList([sampler]),
                 do_sample=False, num_beams=1, temperature=None, top_p=None, top_k=None,
                 max_new_tokens=steps, min_new_tokens=0, eos_token_id=sorted(eos_ids), pad_token_id=pad,
-                stopping_criteria=StoppingCriteriaList([_StopOnText(tokenizer, params.stop, width)]) if params.stop
+                stopping_criteria=StoppingCriteriaList([StopOnText(tokenizer, params.stop, width)]) if params.stop
                 else None,
             )
         return [self._finish(row.tolist(), params.stop, eos_ids) for row in out[:, width:].cpu()]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -289,11 +290,29 @@ def _cut_at_stop(tokenizer: Any, ids: list[int], stop: Sequence[str]) -> int | N
     return lo
 
 
-def _finish(tokenizer: Any, response_ids: Tensor, stop: Sequence[str] | None) -> tuple[Tensor, Tensor, list[str]]:
-    """Response mask (through the first EOS or stop string), ended flags, and texts cut at the stop string."""
-    eos = tokenizer.eos_token_id
+def eos_token_ids(model: torch.nn.Module | None, tokenizer: Any) -> list[int]:
+    """Every id that ends a response: the tokenizer's EOS and all of the model's generation-config EOS ids
+    (a list in several chat models, e.g. Llama 3's <|end_of_text|> and <|eot_id|>)."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    config = getattr(unwrap(model), "generation_config", None) if model is not None else None
+    configured = getattr(config, "eos_token_id", None)
+    if isinstance(configured, int):
+        ids.add(configured)
+    elif configured is not None:
+        ids.update(int(i) for i in configured)
+    return sorted(ids)
+
+
+def _finish(tokenizer: Any, response_ids: Tensor, stop: Sequence[str] | None, eos_ids: Sequence[int] | None = None
+            ) -> tuple[Tensor, Tensor, list[str]]:
+    """Response mask (through the first EOS or stop string), ended flags, and texts cut at the stop string.
+
+    Any of `eos_ids` (default: the tokenizer's EOS) ends a response. Stop strings are looked for in the text
+    decoded with special tokens dropped, as the returned text is, so a sampled special token (say `<unk>`)
+    never completes the stop string "n"."""
+    eos = torch.tensor(list(eos_ids) if eos_ids else [tokenizer.eos_token_id])
     n, width = response_ids.shape
-    is_eos = response_ids == eos
+    is_eos = torch.isin(response_ids, eos)
     has_eos = is_eos.any(dim=1)
     first_eos = torch.where(has_eos, is_eos.float().argmax(dim=1), torch.full((n,), width))
     lengths = torch.where(has_eos, first_eos + 1, torch.full((n,), width))
@@ -313,16 +332,19 @@ def _finish(tokenizer: Any, response_ids: Tensor, stop: Sequence[str] | None) ->
     return mask, ended, texts
 
 
-@contextlib.contextmanager
-def seeded(seed: int | None) -> Iterator[None]:
-    """Seed torch's RNGs inside the block without disturbing the caller's random stream."""
-    if seed is None:
-        yield
-        return
-    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        yield
+def row_seed(seed: int, prompt_index: int, sample: int) -> int:
+    """Seed of the random stream of sample `sample` of prompt `prompt_index`: sha256 of the three, 63 bits."""
+    digest = hashlib.sha256(f"{seed}\0{prompt_index}\0{sample}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def _uniforms(seeds: Sequence[int], steps: int) -> Tensor:
+    """(N, steps) float64 uniforms in [0, 1), row r drawn from a generator seeded with seeds[r]."""
+    out = torch.empty(len(seeds), steps, dtype=torch.float64)
+    generator = torch.Generator()
+    for r, s in enumerate(seeds):
+        out[r] = torch.rand(steps, generator=generator.manual_seed(s), dtype=torch.float64)
+    return out
 
 
 @torch.no_grad()
@@ -330,13 +352,25 @@ def generate_rollouts(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[
                       temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int = 64,
                       stop: Sequence[str] | None = None, seed: int | None = None, greedy: bool = False,
                       max_prompt_length: int | None = None, server: ServerGenerator | None = None,
-                      batch_size: int | None = None) -> Rollouts:
+                      batch_size: int | None = None, prompt_offset: int = 0) -> Rollouts:
     """Sample `n` responses per prompt; rows [i*n, (i+1)*n) belong to prompt i.
 
+    Sample j of prompt i is drawn from its own random stream, seeded with `row_seed(seed, prompt_offset + i, j)`
+    (inverse-CDF sampling over the temperature/top-p distribution, as the app's hf backend does), so a row's
+    tokens do not depend on the other prompts of the call or of its batch: data-parallel processes that each
+    take a slice of a global prompt batch, passing the slice's start as `prompt_offset`, sample what one
+    process sampling the whole batch would. Without a seed, a base seed is drawn from torch's global RNG;
+    with one, the global RNG is left alone.
+
     Old log-probs are those of the sampling distribution (logits / temperature, before top-p),
-    taken from the logits that produced each token, so no second forward pass is needed. With a
-    `server`, text comes from the OpenAI-compatible endpoint and the local model scores it.
+    taken from the logits that produced each token, so no second forward pass is needed. Any of the
+    model's EOS ids ends a response. With a `server`, text comes from the OpenAI-compatible endpoint
+    and the local model scores it.
     """
+    from transformers import LogitsProcessorList, StoppingCriteriaList
+
+    from training.generation import SeededSampler, StopOnText
+
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}")
     if temperature <= 0 and not greedy:
@@ -348,37 +382,44 @@ def generate_rollouts(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[
     if server is not None:
         return _server_rollouts(server, model, tokenizer, rendered, n, temperature, top_p, max_new_tokens, stop,
                                 seed, greedy, truncation, device)
+    if seed is None and not greedy:
+        seed = int(torch.randint(0, 2**62, (1,)).item())
     base = unwrap(model)
+    eos_ids = eos_token_ids(base, tokenizer)
     size = batch_size or len(rendered)
     chunks = []
-    with seeded(seed):
-        for start in range(0, len(rendered), size):
-            part = rendered[start:start + size]
-            enc = tokenizer(part, return_tensors="pt", padding=True, add_special_tokens=False, **truncation)
-            enc = {k: v.to(device) for k, v in enc.items()}
-            # greedy decoding gives the same answer n times: decode once, repeat after
-            reps = 1 if greedy else n
-            out = base.generate(
-                **enc, do_sample=not greedy, temperature=None if greedy else temperature,
-                top_p=None if greedy or top_p >= 1.0 else top_p, top_k=0 if not greedy else None,
-                max_new_tokens=max_new_tokens, num_return_sequences=reps, return_dict_in_generate=True,
-                output_logits=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                stop_strings=list(stop) if stop else None, tokenizer=tokenizer if stop else None,
-            )
-            width = enc["input_ids"].shape[1]
-            response_ids = out.sequences[:, width:]
-            logits = torch.stack(out.logits, dim=1).float()  # (N, R, V) raw, before processors
-            if not greedy and temperature != 1.0:
-                logits = logits / temperature
-            old_logp = logits.gather(-1, response_ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
-            if reps != n:
-                response_ids, old_logp = response_ids.repeat_interleave(n, 0), old_logp.repeat_interleave(n, 0)
-            chunks.append((enc["input_ids"].repeat_interleave(n, 0), enc["attention_mask"].repeat_interleave(n, 0),
-                           response_ids, old_logp))
+    for start in range(0, len(rendered), size):
+        part = rendered[start:start + size]
+        enc = tokenizer(part, return_tensors="pt", padding=True, add_special_tokens=False, **truncation)
+        width = enc["input_ids"].shape[1]
+        reps = 1 if greedy else n  # greedy decoding gives the same answer n times: decode once, repeat after
+        processors = None
+        if not greedy:
+            seeds = [row_seed(seed, prompt_offset + start + i, j) for i in range(len(part)) for j in range(n)]
+            # the sampler leaves one finite logit per row, so greedy search over it is the seeded sample
+            processors = LogitsProcessorList([SeededSampler(_uniforms(seeds, max_new_tokens).to(device),
+                                                            temperature, top_p, start=width)])
+        out = base.generate(
+            input_ids=enc["input_ids"].repeat_interleave(reps, 0).to(device),
+            attention_mask=enc["attention_mask"].repeat_interleave(reps, 0).to(device),
+            do_sample=False, num_beams=1, temperature=None, top_p=None, top_k=None, max_new_tokens=max_new_tokens,
+            min_new_tokens=0, return_dict_in_generate=True, output_logits=True, logits_processor=processors,
+            stopping_criteria=StoppingCriteriaList([StopOnText(tokenizer, list(stop), width)]) if stop else None,
+            pad_token_id=tokenizer.pad_token_id, eos_token_id=eos_ids,
+        )
+        response_ids = out.sequences[:, width:]
+        logits = torch.stack(out.logits, dim=1).float()  # (N, R, V) raw, before processors
+        if not greedy and temperature != 1.0:
+            logits = logits / temperature
+        old_logp = logits.gather(-1, response_ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+        if reps != n:
+            response_ids, old_logp = response_ids.repeat_interleave(n, 0), old_logp.repeat_interleave(n, 0)
+        chunks.append((enc["input_ids"].to(device).repeat_interleave(n, 0),
+                       enc["attention_mask"].to(device).repeat_interleave(n, 0), response_ids, old_logp))
     prompt_ids, prompt_mask = _pad_left([c[0] for c in chunks], [c[1] for c in chunks], tokenizer.pad_token_id)
     response_ids = _pad_right([c[2] for c in chunks], tokenizer.pad_token_id)
     old_logp = _pad_right([c[3] for c in chunks], 0.0)
-    response_mask, ended, texts = _finish(tokenizer, response_ids.cpu(), stop)
+    response_mask, ended, texts = _finish(tokenizer, response_ids.cpu(), stop, eos_ids)
     response_mask = response_mask.to(device)
     response_ids = torch.where(response_mask.bool(), response_ids, tokenizer.pad_token_id)
     return Rollouts(

@@ -190,3 +190,82 @@ def test_server_rollouts_are_scored_by_the_local_model(tiny_dir):
     assert r.response_mask.sum(1).tolist() == [2, 4, 2, 4]
     logp, _ = token_logprobs(model, r.input_ids, r.attention_mask, r.response_mask, temperature=0.5)
     assert torch.allclose(logp, r.old_logp, atol=1e-5)
+
+
+# --- seeds per row, EOS ids, stop strings, server errors ---------------------------------------
+
+
+def test_a_rows_sample_does_not_depend_on_the_rest_of_the_batch(tiny_dir):
+    # sample j of prompt i is drawn from the stream (seed, global prompt index, j): a process that takes
+    # prompts 1..2 of a global batch (prompt_offset=1) samples exactly the rows one process samples for them
+    model, tok = load_policy(tiny_dir)
+    whole = generate_rollouts(model, tok, PROMPTS, n=3, max_new_tokens=6, seed=11)
+    tail = generate_rollouts(model, tok, PROMPTS[1:], n=3, max_new_tokens=6, seed=11, prompt_offset=1)
+    one_by_one = generate_rollouts(model, tok, PROMPTS, n=3, max_new_tokens=6, seed=11, batch_size=1)
+    assert tail.texts == whole.texts[3:] and one_by_one.texts == whole.texts
+    assert torch.allclose(tail.old_logp, whole.old_logp[3:, :tail.old_logp.shape[1]], atol=1e-5)
+    assert len(set(whole.texts[:3])) > 1  # the samples of one prompt differ from each other
+
+
+def _always(tok, token: str, seed: int = 0):
+    """A tiny GPT-2 that emits `token` at every step: ln_f outputs a constant, and only that token's (tied)
+    embedding has a component along it."""
+    model = tiny_gpt2(tok, seed=seed)
+    target = tok.convert_tokens_to_ids(token)
+    with torch.no_grad():
+        model.transformer.ln_f.weight.zero_()
+        model.transformer.ln_f.bias.zero_()
+        model.transformer.ln_f.bias[0] = 1.0
+        model.transformer.wte.weight[:, 0] = 0.0
+        model.transformer.wte.weight[target, 0] = 50.0
+    return model.eval()
+
+
+def test_stop_strings_are_matched_on_text_not_on_special_tokens():
+    # "<unk>" contains an "n", but the text has no "n": transformers' stop_strings would end every sample here
+    tok = prepare_tokenizer(char_tokenizer())
+    model = _always(tok, "<unk>")
+    r = generate_rollouts(model, tok, PROMPTS, n=2, max_new_tokens=5, seed=0, stop=["n"])
+    assert r.response_mask.sum(1).tolist() == [5] * 6 and not r.ended.any()
+    assert r.response_ids[0].tolist() == [tok.unk_token_id] * 5 and r.texts == [""] * 6
+
+
+def test_every_eos_id_of_the_generation_config_ends_a_response():
+    tok = prepare_tokenizer(char_tokenizer())
+    model = _always(tok, "x")
+    x = tok.convert_tokens_to_ids("x")
+    model.generation_config.eos_token_id = [tok.eos_token_id, x]  # e.g. Llama 3's <|end_of_text|>, <|eot_id|>
+    r = generate_rollouts(model, tok, PROMPTS, n=2, max_new_tokens=5, seed=0)
+    assert r.ended.all() and r.response_mask.sum(1).tolist() == [1] * 6
+    assert r.response_ids[:, 0].tolist() == [x] * 6 and r.texts == ["x"] * 6
+    # the mask helper takes the same list: "x" ends the row, the tokenizer's EOS alone would not
+    mask, ended, _ = _finish(tok, torch.tensor([[x, x, x]]), None, [tok.eos_token_id, x])
+    assert mask.tolist() == [[1, 0, 0]] and ended.tolist() == [True]
+
+
+class _Failing(BaseHTTPRequestHandler):
+    def do_POST(self):  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers["Content-Length"]))
+        payload = b'{"error": "internal: token sk-secret-123 at /srv/models/policy"}'
+        self.send_response(500)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_server_errors_give_the_status_not_the_remote_body():
+    server = HTTPServer(("127.0.0.1", 0), _Failing)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        gen = ServerGenerator(base_url=f"http://127.0.0.1:{server.server_port}/v1", model="policy")
+        with pytest.raises(RuntimeError) as caught:
+            gen.complete(["1+1="], n=1, temperature=1.0, top_p=1.0, max_tokens=2, stop=None, seed=None)
+    finally:
+        server.shutdown()
+    message = str(caught.value)
+    assert "500" in message and "sk-secret" not in message and "/srv/models" not in message
