@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import time
 from collections.abc import Sequence
@@ -23,7 +22,7 @@ import torch
 from torch import Tensor
 
 from training.data import PromptRow
-from training.evaluate import EvalConfig, evaluate, public, reward_columns
+from training.evaluate import EvalConfig, eval_metrics, evaluate, public, reward_columns
 from training.losses import (
     clip_fraction,
     group_advantages,
@@ -32,10 +31,10 @@ from training.losses import (
     gspo_loss,
     kl_k1,
     kl_k3,
-    masked_mean,
     masked_sum,
     process_advantages,
 )
+from training.optim import lr_lambda, make_accelerator
 from training.policy import (
     LoraSettings,
     Reference,
@@ -260,31 +259,16 @@ def compute_advantages(rewards: RewardResult, group_size: int, scale: str, eps: 
     return adv.to(rollouts.response_ids.device) * rollouts.response_mask, zero_std
 
 
-def _lr_lambda(config: GRPOConfig):
-    def factor(step: int) -> float:
-        if config.warmup_steps and step < config.warmup_steps:
-            return (step + 1) / config.warmup_steps
-        if config.lr_schedule == "constant":
-            return 1.0
-        progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
-        if config.lr_schedule == "linear":
-            return max(0.0, 1.0 - progress)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-    return factor
-
-
 class GRPOTrainer:
     """Holds the policy, reference, optimiser and data order of one run; `step()` does one GRPO update."""
 
     def __init__(self, config: GRPOConfig, model: torch.nn.Module, tokenizer: Any, functions: Sequence[RewardFunction],
                  train_rows: Sequence[PromptRow], eval_rows: Sequence[PromptRow] = (), accelerator: Any = None,
                  server: ServerGenerator | None = None) -> None:
-        from accelerate import Accelerator
-
         if not train_rows:
             raise ValueError("prompts: no training prompts")
         self.config = config
-        self.accelerator = accelerator or Accelerator(mixed_precision=_mixed_precision(config.mixed_precision))
+        self.accelerator = accelerator or make_accelerator(config.mixed_precision)
         if config.prompts_per_step % self.accelerator.num_processes:
             raise ValueError(f"prompts_per_step={config.prompts_per_step} must be divisible by the "
                              f"{self.accelerator.num_processes} processes")
@@ -300,8 +284,10 @@ class GRPOTrainer:
             self.reference.model.to(self.accelerator.device)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(config))
-        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(config))
+        # the scheduler stays unprepared: accelerate would step it once per process, and `steps` are global steps
+        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self.scheduler = scheduler
         self.step_count = 0
         self._order: list[int] = []
         self._epoch = 0
@@ -326,10 +312,13 @@ class GRPOTrainer:
 
     def rollouts(self, rows: Sequence[PromptRow]) -> Rollouts:
         c = self.config
-        seed = c.seed * 1_000_003 + self.step_count * 101 + self.accelerator.process_index
+        # one seed for every process: sample streams are keyed by the prompt's index in the global batch, so N
+        # processes sample exactly what one process would for the same global batch
+        seed = c.seed * 1_000_003 + self.step_count * 101
         return generate_rollouts(
             unwrap(self.model), self.tokenizer, [r.prompt for r in rows], n=c.group_size, temperature=c.temperature,
             top_p=c.top_p, max_new_tokens=c.max_new_tokens, stop=c.stop or None, seed=seed,
+            prompt_offset=self.accelerator.process_index * len(rows),
             max_prompt_length=c.max_prompt_length or None, server=self.server,
             batch_size=c.generation_batch_size or None,
         )
@@ -361,36 +350,47 @@ class GRPOTrainer:
             ref_logp = self.reference.logprobs(*args, temperature=c.temperature,
                                                batch_size=c.micro_batch_size or None)
         metrics = self._optimise(rollouts, adv, ref_logp, loss_mask)
-        elapsed = time.perf_counter() - started
-        tokens = int(mask.sum().item())
         self.step_count += 1
         if c.ref_reset_steps and self.step_count % c.ref_reset_steps == 0:
             self.reference.reset(self.model)
             self._ref_eval = None
+        # per-response figures of every process in one gather: the logged step is the global batch's
+        columns = [rewards.total.float(), rollouts.lengths.float().cpu(), rollouts.ended.float().cpu()]
+        names = list(rewards.per_function) if len(self.functions) > 1 else []
+        columns += [rewards.per_function[name].float() for name in names]
+        table = self.accelerator.gather(torch.stack(columns, dim=1).to(device)).cpu()  # (N_global, 3 + F)
+        zero_std = self.accelerator.reduce(torch.tensor([zero_std], device=device), reduction="mean").item()
+        elapsed = time.perf_counter() - started
         metrics.update(
             step=self.step_count,
-            reward_mean=rewards.total.mean().item(),
-            reward_std=rewards.total.std().item(),
+            reward_mean=table[:, 0].mean().item(),
+            reward_std=table[:, 0].std().item(),
             zero_std_frac=zero_std,
-            response_length=rollouts.lengths.float().mean().item(),
-            truncated_frac=1.0 - rollouts.ended.float().mean().item(),
+            response_length=table[:, 1].mean().item(),
+            truncated_frac=1.0 - table[:, 2].mean().item(),
             lr=self.scheduler.get_last_lr()[0],
-            tokens_per_s=tokens / elapsed,
+            tokens_per_s=table[:, 1].sum().item() / elapsed,
             generation_s=gen_seconds,
             step_s=elapsed,
         )
-        if len(self.functions) > 1:
-            for name, scores in rewards.per_function.items():
-                metrics[f"reward/{name}"] = torch.nanmean(scores).item()
+        for k, name in enumerate(names):
+            metrics[f"reward/{name}"] = torch.nanmean(table[:, 3 + k]).item()
         return metrics
 
     def _optimise(self, rollouts: Rollouts, adv: Tensor, ref_logp: Tensor | None, loss_mask: Tensor
                   ) -> dict[str, Any]:
         c = self.config
         n = len(rollouts)
+        world = self.accelerator.num_processes
         size = c.micro_batch_size or n
-        total_tokens = loss_mask.sum().clamp(min=1.0)
-        stats: dict[str, float] = {"loss": 0.0, "kl": 0.0, "kl_seq": 0.0, "entropy": 0.0, "clipfrac": 0.0}
+        device = loss_mask.device
+        if c.aggregation == "token" and c.loss_type == "grpo":
+            # the token mean is over the global batch's tokens: DDP averages the processes' gradients, so each
+            # micro-batch is weighted by its share of the global token count, times the number of processes
+            total_tokens = self.accelerator.reduce(loss_mask.sum(), reduction="sum").clamp(min=1.0) / world
+        full = rollouts.response_mask.float()
+        # running sums as tensors (no host sync per micro-batch): loss, clipfrac, entropy, k3, k1, |A|
+        sums = torch.zeros(6, device=device)
         for _pass in range(c.mu):
             self.optimizer.zero_grad(set_to_none=True)
             for start in range(0, n, size):
@@ -413,33 +413,39 @@ class GRPOTrainer:
                     loss = grpo_loss(logp, old_logp, mb_ref if c.beta > 0 else None, mb_adv, mb_mask, c.clip_eps,
                                      c.beta, c.aggregation, c.clip_eps_high, max_tokens=c.max_new_tokens)
                     # re-weight micro-batch losses so their sum is the full-batch aggregation
-                    weight = (mb_mask.sum() / total_tokens).item() if c.aggregation == "token" \
-                        else mb_mask.shape[0] / n
+                    weight = mb_mask.sum() / total_tokens if c.aggregation == "token" else mb_mask.shape[0] / n
                     clipped = clip_fraction(logp, old_logp, mb_adv, mb_mask, c.clip_eps, c.clip_eps_high)
                 self.accelerator.backward(loss * weight)
                 if first:
-                    stats["loss"] += loss.item() * weight
-                    stats["clipfrac"] += clipped.item() * mb_mask.shape[0] / n
-                    mb_full = rollouts.response_mask[rows].float()
-                    if entropy is not None:
-                        stats["entropy"] += masked_sum(entropy.detach(), mb_full).item()
-                    if mb_ref is not None:
-                        stats["kl"] += masked_sum(kl_k3(logp.detach(), mb_ref), mb_full).item()
-                        stats["kl_seq"] += masked_sum(kl_k1(logp.detach(), mb_ref), mb_full).item()
+                    with torch.no_grad():
+                        mb_full = full[rows]
+                        sums[0] += loss.detach() * weight
+                        sums[1] += clipped.detach() * (mb_mask.shape[0] / n)
+                        if entropy is not None:
+                            sums[2] += masked_sum(entropy.detach(), mb_full)
+                        if mb_ref is not None:
+                            sums[3] += masked_sum(kl_k3(logp.detach(), mb_ref), mb_full)
+                            sums[4] += masked_sum(kl_k1(logp.detach(), mb_ref), mb_full)
             if c.max_grad_norm > 0:
                 grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), c.max_grad_norm)
-                stats.setdefault("grad_norm", float(grad_norm))
+                if _pass == 0:
+                    grad_norm_first = grad_norm
             self.optimizer.step()
         self.scheduler.step()
-        tokens = rollouts.response_mask.float().sum().clamp(min=1.0).item()
-        stats["entropy"] /= tokens
-        stats["kl"] /= tokens  # token-mean k3, the quantity β multiplies
-        stats["kl_seq"] /= n  # sequence-level KL estimate Σ_t log π/π_ref, mean over responses
-        if ref_logp is None:
-            stats.pop("kl")
-            stats.pop("kl_seq")
-        stats["adv_abs_mean"] = masked_mean(adv.abs() if adv.dim() == 2 else adv.abs().unsqueeze(1).expand_as(
-            loss_mask), rollouts.response_mask.float()).item()
+        sums[5] = masked_sum(adv.abs() if adv.dim() == 2 else adv.abs().unsqueeze(1).expand_as(full), full)
+        # one all-reduce for every logged figure: means over processes, sums over the global batch's tokens
+        mean_part = self.accelerator.reduce(sums[:2], reduction="mean")
+        totals = self.accelerator.reduce(torch.cat([sums[2:], full.sum().reshape(1)]), reduction="sum")
+        loss_value, clipfrac = mean_part.tolist()
+        entropy_sum, k3_sum, k1_sum, adv_sum, tokens = totals.tolist()
+        tokens = max(tokens, 1.0)
+        stats: dict[str, Any] = {"loss": loss_value, "clipfrac": clipfrac, "entropy": entropy_sum / tokens}
+        if ref_logp is not None:
+            stats["kl"] = k3_sum / tokens  # token-mean k3, the quantity β multiplies
+            stats["kl_seq"] = k1_sum / (n * world)  # sequence-level KL estimate Σ_t log π/π_ref, mean over responses
+        if c.max_grad_norm > 0:
+            stats["grad_norm"] = float(grad_norm_first)
+        stats["adv_abs_mean"] = adv_sum / tokens
         return stats
 
     # -- evaluation, saving -----------------------------------------------------------------------
@@ -515,12 +521,6 @@ class GRPOTrainer:
                 self.reference.model.load_state_dict(state["reference"])
 
 
-def _mixed_precision(choice: str) -> str:
-    if choice != "auto":
-        return choice
-    return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
-
-
 def train(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     """Run GRPO/GSPO end to end from `config` (paths in it); returns the final evaluation (or {})."""
     from tqdm.auto import tqdm
@@ -558,7 +558,7 @@ def train(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
             if config.eval_every and trainer.step_count % config.eval_every == 0 and trainer.step_count < config.steps:
                 result = trainer.evaluate()
                 if result is not None:
-                    metrics.update(_eval_metrics(result))
+                    metrics.update(eval_metrics(result))
             if writer is not None:
                 writer.log(**metrics)
             bar.update(1)
@@ -576,17 +576,6 @@ def train(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     if main_process:
         write_json(out / "eval.json", final)
     return final
-
-
-def _eval_metrics(result: dict[str, Any]) -> dict[str, float]:
-    out = {"eval_reward_mean": result["policy"]["reward_mean"]}
-    for key in ("accuracy", "pass_at_k", "maj_at_k"):
-        if key in result["policy"]:
-            out[f"eval_{key}"] = result["policy"][key]
-    for key in ("kl", "win_rate"):
-        if key in result:
-            out[f"eval_{key}"] = result[key]
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,8 +26,7 @@ import torch
 from torch import Tensor
 
 from training.data import PromptRow
-from training.evaluate import EvalConfig, evaluate, public, reward_columns
-from training.grpo import _eval_metrics, _lr_lambda, _mixed_precision
+from training.evaluate import EvalConfig, eval_metrics, evaluate, public, reward_columns
 from training.losses import (
     clip_fraction,
     gae,
@@ -41,6 +40,7 @@ from training.losses import (
     ppo_clip_loss,
     value_loss,
 )
+from training.optim import lr_lambda, make_accelerator
 from training.policy import LoraSettings, Reference, Rollouts, generate_rollouts, unwrap
 from training.rewards import RewardFunction, compute_rewards
 from training.value_head import ActorCritic
@@ -385,14 +385,12 @@ class PPOTrainer:
     def __init__(self, config: PPOConfig, model: torch.nn.Module, tokenizer: Any, functions: Sequence[RewardFunction],
                  train_rows: Sequence[PromptRow], eval_rows: Sequence[PromptRow] = (),
                  critic: torch.nn.Module | None = None, accelerator: Any = None) -> None:
-        from accelerate import Accelerator
-
         if not train_rows:
             raise ValueError("prompts: no training prompts")
         if not functions:
             raise ValueError("no reward: give a reward model or a reward function")
         self.config = config
-        self.accelerator = accelerator or Accelerator(mixed_precision=_mixed_precision(config.mixed_precision))
+        self.accelerator = accelerator or make_accelerator(config.mixed_precision)
         if config.prompts_per_step % self.accelerator.num_processes:
             raise ValueError(f"prompts_per_step={config.prompts_per_step} must be divisible by the "
                              f"{self.accelerator.num_processes} processes")
@@ -409,8 +407,10 @@ class PPOTrainer:
         actor_critic.eval()
         params = [p for p in actor_critic.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(config))  # type: ignore[arg-type]
-        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(actor_critic, optimizer, scheduler)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(config))  # type: ignore[arg-type]
+        # the scheduler stays unprepared: accelerate would step it once per process, and `steps` are global steps
+        self.model, self.optimizer = self.accelerator.prepare(actor_critic, optimizer)
+        self.scheduler = scheduler
         self.kl_controller = KLController(config.beta, config.kl_target if config.kl_control == "adaptive" else None,
                                           config.kl_horizon)
         self.moments = RunningMoments() if config.normalize_reward else None
@@ -451,10 +451,12 @@ class PPOTrainer:
         """Sample, score, and compute old log-probs, values, reference log-probs, shaped rewards, GAE."""
         c = self.config
         n = c.samples_per_prompt
-        seed = c.seed * 1_000_003 + self.step_count * 101 + self.accelerator.process_index
+        # one seed for every process: streams are keyed by the global prompt index (generate_rollouts)
+        seed = c.seed * 1_000_003 + self.step_count * 101
         rollouts = generate_rollouts(
             self.policy, self.tokenizer, [r.prompt for r in rows], n=n, temperature=c.temperature, top_p=c.top_p,
             max_new_tokens=c.max_new_tokens, stop=c.stop or None, seed=seed,
+            prompt_offset=self.accelerator.process_index * len(rows),
             max_prompt_length=c.max_prompt_length or None, batch_size=c.generation_batch_size or None)
         args = (rollouts.input_ids, rollouts.attention_mask, rollouts.response_mask)
         # old log-probs and values from the same code path the update uses, so the first ratio is exactly 1
@@ -681,7 +683,7 @@ def train(config: PPOConfig, progress: bool = True) -> dict[str, Any]:
             if config.eval_every and trainer.step_count % config.eval_every == 0 and trainer.step_count < config.steps:
                 result = trainer.evaluate()
                 if result is not None:
-                    metrics.update(_eval_metrics(result))
+                    metrics.update(eval_metrics(result))
                     if "win_rate" in result:
                         # the score was just observed; judge the win-rate trend against it
                         warning = trainer.watch.observe(trainer.watch.scores.pop(), metrics["kl"], result["win_rate"])

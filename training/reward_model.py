@@ -25,6 +25,7 @@ from torch import Tensor
 from training.config import field_docs, load_config
 from training.data import DataError, PairRow, Text, load_pairs, render_prompt, split_train_heldout
 from training.losses import bradley_terry_loss, reward_centering_loss, soft_bradley_terry_loss
+from training.optim import make_accelerator
 from training.run_info import MetricsWriter, write_json, write_run_config
 from training.weights import SAFE_LOAD, require_safetensors
 
@@ -379,30 +380,14 @@ class TrainResult:
     main_process: bool = True
 
 
-def _mixed_precision(choice: str) -> str:
-    if choice != "auto":
-        return choice
-    return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
-
-
-def _cpu_processes() -> bool:
-    """True for a multi-process launch on a machine without CUDA: accelerate then needs cpu=True to use gloo
-    instead of silently running every process alone."""
-    import os
-
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    return world > 1 and not torch.cuda.is_available()
-
-
 def train_reward_model(config: RewardConfig, train_rows: Sequence[PairRow], eval_rows: Sequence[PairRow] | None,
                        out_dir: str | Path, data_paths: dict[str, Any] | None = None) -> TrainResult:
     """Train on `train_rows`, evaluate on `eval_rows` (or the training pairs when None), write OUT/."""
-    from accelerate import Accelerator
     from accelerate.utils import gather_object, set_seed
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, get_scheduler
 
     out = Path(out_dir)
-    accelerator = Accelerator(mixed_precision=_mixed_precision(config.mixed_precision), cpu=_cpu_processes())
+    accelerator = make_accelerator(config.mixed_precision)
     world, rank = accelerator.num_processes, accelerator.process_index
     if config.batch_size % world:
         raise ValueError(f"batch_size ({config.batch_size}) must be a multiple of the number of processes ({world})")

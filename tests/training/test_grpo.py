@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +17,8 @@ from training.evaluate import EvalConfig, evaluate
 from training.grpo import GRPOConfig, GRPOTrainer, compute_advantages, main, token_step_index
 from training.policy import load_policy, prepare_tokenizer
 from training.rewards import RewardResult, build_reward_functions
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
@@ -158,3 +164,48 @@ def test_cli_rejects_missing_reward(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--prompts", "p.jsonl", "--model", "m", "--out", str(tmp_path)])
     assert "--reward-fn" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------
+# data-parallel: 2 CPU processes (gloo) follow the 1-process curve for the same global batch
+
+
+def _grpo_run(command: list[str], out: Path, env: dict[str, str]) -> list[dict]:
+    done = subprocess.run(command + ["--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_two_processes_follow_the_one_process_curve_with_the_same_global_batch(tmp_path):
+    # the same 4 prompts × G=4 per step, split 2 + 2 over two gloo processes; sampling streams are keyed by the
+    # prompt's global index, so both runs sample the same completions, and DDP's gradient mean plus the
+    # token-share weighting give the one-process update. A linear schedule catches a scheduler stepped per process.
+    tok = prepare_tokenizer(char_tokenizer())
+    model_dir = save_tiny(tiny_gpt2(tok, seed=3), tok, tmp_path / "model")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p, "reference": a}) + "\n"
+                               for p, a in addition_split(16, 0, seed=1)[0]))
+    args = ["-m", "training", "grpo", "--prompts", str(prompts), "--model", str(model_dir),
+            "--reward-fn", "tests.training.tiny:digit_share", "--quiet"]
+    for item in ("group_size=4", "prompts_per_step=4", "max_new_tokens=6", "steps=6", "lr=3e-3", "beta=0.04",
+                 "aggregation=token", "lr_schedule=linear", "seed=5", "mixed_precision=no"):
+        args += ["--set", item]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), TOKENIZERS_PARALLELISM="false")
+    # --multi_gpu makes accelerate start N processes; without CUDA the trainer then picks gloo (training/optim.py)
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    two = _grpo_run(launch + args, tmp_path / "two", env)
+    one = _grpo_run([sys.executable] + args, tmp_path / "one", env)
+    assert json.loads((tmp_path / "two" / "config.json").read_text())["processes"] == 2
+    assert [r["step"] for r in two] == [r["step"] for r in one] == [1, 2, 3, 4, 5, 6]
+    assert [r["lr"] for r in two] == pytest.approx([r["lr"] for r in one])
+    # the same completions: rewards and lengths agree to float noise, every step
+    for key in ("reward_mean", "reward_std", "response_length"):
+        assert [r[key] for r in two] == pytest.approx([r[key] for r in one], abs=1e-6), key
+    assert len({round(r["reward_mean"], 6) for r in one}) > 1  # the policy moves, so agreeing means something
+    # losses and KL: float sums in another order across processes, within tolerance
+    assert [r["loss"] for r in two] == pytest.approx([r["loss"] for r in one], abs=1e-4)
+    assert [r["kl"] for r in two] == pytest.approx([r["kl"] for r in one], rel=1e-3, abs=1e-6)
+    assert max(r["kl"] for r in one) > 0  # the policy left the reference

@@ -112,3 +112,8 @@ def careless_sft_set(pairs: list[tuple[str, str]], wrong: int = 3, right: int = 
     """
     return [(p, a) for p, a in pairs for _ in range(right)] + [(p, str(int(a) + 1)) for p, a in pairs
                                                                for _ in range(wrong)]
+
+
+def digit_share(prompts: list, completions: list[str], **row) -> list[float]:
+    """A dense reward for untrained models: the fraction of a completion's characters that are digits."""
+    return [sum(ch.isdigit() for ch in text) / max(len(text), 1) for text in completions]
