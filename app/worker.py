@@ -21,7 +21,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db import make_engine, make_session_factory, session_scope
+from app.db import make_engine, make_session_factory, run_transaction, session_scope
 from app.jobs import handler_for
 from app.services import jobs
 from app.settings import Settings
@@ -116,13 +116,19 @@ class Worker:
 
     def run_one(self) -> bool:
         """Claim one job and run it to an end state; False when there was nothing to claim."""
-        with session_scope(self.session_factory) as db:
+        def take(db: Session) -> JobContext | None:
             job = jobs.claim(db, self.worker_id, kinds=self.kinds, stale_after=self.stale_after)
             if job is None:
-                return False
+                return None
             ctx = JobContext(self, job.id, job.kind, dict(job.payload or {}), job.project_id, job.attempts)
             if job.log_path is None:
                 job.log_path = str(ctx.log_path)
+            return ctx
+
+        # A deadlock or serialization failure on the claim (two workers failing exhausted jobs at once) retries.
+        ctx = run_transaction(self.session_factory, take, what="claiming a job")
+        if ctx is None:
+            return False
         ctx.log(f"claimed by {self.worker_id} (attempt {ctx.attempts})")
         stop_beating = threading.Event()
         beat = threading.Thread(target=self._heartbeat_loop, args=(ctx, stop_beating), daemon=True)
@@ -147,24 +153,29 @@ class Worker:
     def _settle(self, ctx: JobContext, outcome: tuple[str, Any]) -> None:
         kind, value = outcome
         done, total, message = ctx.take_progress()
-        with session_scope(self.session_factory) as db:
+
+        def record(db: Session) -> str | None:
+            """The end state in one transaction (run again whole after a deadlock); returns the line to log."""
             jobs.heartbeat(db, ctx.job_id, self.worker_id, done=done, total=total, message=message)
             if kind == "ok":
-                if jobs.succeed(db, ctx.job_id, self.worker_id, value):
-                    ctx.log("succeeded")
-                    self._continue_iteration(db, ctx)
-            elif kind == "stopped":
+                if not jobs.succeed(db, ctx.job_id, self.worker_id, value):
+                    return "finished, but the job was no longer ours (cancelled or taken over): result dropped"
+                self._continue_iteration(db, ctx)
+                return "succeeded"
+            if kind == "stopped":
                 if ctx.stop_reason == "terminating":
                     jobs.requeue(db, ctx.job_id, self.worker_id, "the worker shut down; the job will resume")
-                    ctx.log("worker shutting down: job given back to the queue")
-                else:
-                    ctx.log(f"stopped: {ctx.stop_reason}")
-            elif kind == "error":
+                    return "worker shutting down: job given back to the queue"
+                return f"stopped: {ctx.stop_reason}"
+            if kind == "error":
                 jobs.fail(db, ctx.job_id, self.worker_id, value, retry=False)
-                ctx.log(f"failed: {value}")
-            else:
-                jobs.fail(db, ctx.job_id, self.worker_id, value, retry=True)
-                ctx.log(f"crashed: {value}")
+                return f"failed: {value}"
+            jobs.fail(db, ctx.job_id, self.worker_id, value, retry=True)
+            return f"crashed: {value}"
+
+        line = run_transaction(self.session_factory, record, what=f"finishing job {ctx.job_id}")
+        if line:
+            ctx.log(line)
 
     def _continue_iteration(self, db: Session, ctx: JobContext) -> None:
         """A step of an automated RLHF round starts the next one in the same transaction as its own success."""

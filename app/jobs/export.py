@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 from typing import Any
 
-from app.db import session_scope
+from sqlalchemy.orm import Session
+
+from app.db import run_transaction
 from app.models import Export
-from app.services import export_writer, exports
+from app.services import export_writer, exports, jobs
 
 
 def run(ctx: Any) -> dict[str, Any]:
-    from app.worker import JobError
+    from app.worker import JobError, JobStopped
 
     export_id = int(ctx.payload["export_id"])
     with ctx.session_factory() as db:
@@ -24,6 +27,8 @@ def run(ctx: Any) -> dict[str, Any]:
     engine = ctx.session_factory.kw["bind"]
     out_dir = exports.export_dir(ctx.settings.data_dir, export_id)
     ctx.log(f"export {export_id}: {spec.kind} as {spec.format}, filters {spec.filters}")
+    if ctx.attempts > 1:
+        _remove_leftovers(ctx, out_dir)
 
     def progress(done: int, total: int) -> None:
         ctx.progress(done, total, f"{done}/{total} rows read")
@@ -31,18 +36,39 @@ def run(ctx: Any) -> dict[str, Any]:
 
     result = export_writer.write_export(engine, spec, out_dir, secret=ctx.settings.resolved_secret(),
                                         progress=progress)
-    with session_scope(ctx.session_factory) as db:
+
+    def publish(db: Session) -> str | None:
+        # Only the worker that still holds the job records files: one whose lease lapsed (it was taken over)
+        # must not overwrite the row after the new holder wrote the same directory.
+        if not jobs.holds(db, ctx.job_id, ctx.worker.worker_id):
+            return "lost"
         export = db.get(Export, export_id, with_for_update=db.get_bind().dialect.name == "postgresql")
         if export is None or export.deleted_at is not None:
-            shutil.rmtree(out_dir, ignore_errors=True)  # deleted while it was being written
-            raise JobError(f"export {export_id} was deleted while it was written")
+            return "deleted"
         export.files = result.files
         export.sha256 = result.sha256
         export.row_count = result.row_count
         export.row_counts = result.row_counts
         export.path = str(result.path)
+        return None
+
+    problem = run_transaction(ctx.session_factory, publish, what=f"recording export {export_id}")
+    if problem == "lost":
+        ctx.stop_reason = "lost"
+        raise JobStopped("lost")
+    if problem == "deleted":
+        shutil.rmtree(out_dir, ignore_errors=True)  # deleted while it was being written
+        raise JobError(f"export {export_id} was deleted while it was written")
     empty = result.row_count == 0
     ctx.log(f"wrote {result.row_count} rows, sha256 {result.sha256}, snapshot {result.snapshot}")
     return {"export_id": export_id, "rows": result.row_count, "sha256": result.sha256, "snapshot": result.snapshot,
             "empty": empty,
             "message": "empty export: the filters select nothing" if empty else f"{result.row_count} rows exported"}
+
+
+def _remove_leftovers(ctx: Any, out_dir: Path) -> None:
+    """A retry after a killed attempt: drop that attempt's temp directory (the writer's `.tmp-<name>-*` beside
+    the export), which nothing else would ever remove. The final directory is replaced by the writer's rename."""
+    for leftover in out_dir.parent.glob(f".tmp-{out_dir.name}-*"):
+        ctx.log(f"removing {leftover.name}, left by an attempt that did not finish")
+        shutil.rmtree(leftover, ignore_errors=True)

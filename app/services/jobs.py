@@ -21,6 +21,7 @@ from app.services import audit
 KINDS = ("sample_completions", "judge", "export", "train", "revise", "rm_check")
 TERMINAL = ("succeeded", "failed", "cancelled")
 STALE_AFTER = timedelta(seconds=30)
+GAVE_UP = "gave up: the worker stopped responding on every attempt"
 
 
 def enqueue(db: Session, kind: str, payload: dict[str, Any], *, project: Project | None, actor: User | None,
@@ -63,11 +64,20 @@ def claim(db: Session, worker_id: str, *, kinds: tuple[str, ...] | None = None, 
 
 
 def _fail_exhausted(db: Session, now: datetime, stale_after: timedelta) -> None:
-    """Jobs whose every attempt died (stale heartbeat, no attempts left) fail with the reason instead of hanging."""
-    db.execute(update(Job)
-               .where(Job.state == "running", Job.heartbeat_at < now - stale_after, Job.attempts >= Job.max_attempts)
-               .values(state="failed", finished_at=now,
-                       error=func.coalesce(Job.error, "") + "gave up: the worker stopped responding on every attempt"))
+    """Jobs whose every attempt died (stale heartbeat, no attempts left) fail with the reason instead of hanging;
+    a training run driven by such a job fails with it, so no page shows it "running" forever."""
+    from app.models import TrainingRun
+
+    given_up = db.scalars(
+        update(Job)
+        .where(Job.state == "running", Job.heartbeat_at < now - stale_after, Job.attempts >= Job.max_attempts)
+        .values(state="failed", finished_at=now,
+                error=func.coalesce(Job.error, "") + GAVE_UP)
+        .returning(Job.id), execution_options={"synchronize_session": False}).all()
+    if given_up:
+        db.execute(update(TrainingRun).where(TrainingRun.job_id.in_(given_up),
+                                             TrainingRun.state.not_in(TERMINAL))
+                   .values(state="failed"), execution_options={"synchronize_session": False})
 
 
 def heartbeat(db: Session, job_id: int, worker_id: str, *, done: int | None = None, total: int | None = None,
@@ -95,6 +105,12 @@ def heartbeat(db: Session, job_id: int, worker_id: str, *, done: int | None = No
     if result.get("total"):
         job.progress = min(1.0, max(0.0, result.get("done", 0) / result["total"]))
     return "running"
+
+
+def holds(db: Session, job_id: int, worker_id: str) -> bool:
+    """Whether this worker still holds the job (locks its row on Postgres): a handler checks it in the transaction
+    that publishes its result, so a worker whose job was taken over cannot overwrite the new holder's work."""
+    return _owned(db, job_id, worker_id) is not None
 
 
 def _owned(db: Session, job_id: int, worker_id: str) -> Job | None:
