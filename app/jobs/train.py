@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 STOP_GRACE_S = 10.0
+RUN_MARKER = "PREFLAB_TRAINING_RUN"
+"""Environment variable every trainer process of a run inherits: how a retry finds a dead attempt's leftovers."""
 
 
 def _toml_value(value: Any) -> str:
@@ -87,16 +90,29 @@ def _run(ctx: Any) -> dict[str, Any]:
     if kind != "reward":
         config["out"] = str(out)
     if ctx.attempts > 1:
-        config["resume"] = True  # the worker died mid-run: continue from the trainer's checkpoint
+        # The worker died mid-run: nothing of that attempt may still write here, and what it finished writing
+        # (a model directory saved half-way) is not the result. Continue from the trainer's checkpoint.
+        killed = kill_leftovers(run_id)
+        if killed:
+            ctx.log(f"killed {len(killed)} process(es) left by the previous attempt: {killed}")
+        for name in ("model", "value_model", "model-adapter", "eval.json", "human_check.json"):
+            path = out / name
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        config["resume"] = True
     config_path = out / "run.toml"
     write_toml(config_path, config)
     accelerate = os.environ.get("PREFLAB_ACCELERATE_CONFIG") or None
     cmd = command(kind, config_path, train_file=train_file, accelerate_config=accelerate)
     total = int(config.get("steps") or config.get("max_steps") or 0)
     ctx.log("$ " + " ".join(shlex.quote(c) for c in cmd))
-    env = os.environ.copy() | {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env = os.environ.copy() | {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                               RUN_MARKER: str(run_id)}
+    supervised = [sys.executable, "-m", "app.jobs.train", "--supervise", str(os.getpid()), "--", *cmd]
     with open(ctx.log_path, "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        proc = subprocess.Popen(supervised, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                 cwd=str(out))
         stopped = False
         while proc.poll() is None:
@@ -108,11 +124,19 @@ def _run(ctx: Any) -> dict[str, Any]:
             time.sleep(0.5)
     steps = _count_lines(out / "metrics.jsonl")
     if stopped:
-        _set_state(ctx, run_id, "cancelled" if ctx.stop_reason == "cancelled" else "queued")
+        if ctx.stop_reason == "cancelled":
+            _set_state(ctx, run_id, "cancelled")
+        elif ctx.stop_reason == "terminating":
+            _set_state(ctx, run_id, "queued")
+        # "lost": another worker took the job over and owns the run's state now; leave it alone.
         raise JobStopped(ctx.stop_reason or "stopped")
     if proc.returncode != 0:
         _set_state(ctx, run_id, "failed")
         raise JobError(f"the trainer exited with code {proc.returncode}:\n{_tail(ctx.log_path)}")
+    if not _complete_model(out / "model"):
+        _set_state(ctx, run_id, "failed")
+        raise JobError(f"the trainer exited 0 but {out / 'model'} holds no complete model (config.json and "
+                       f"weights):\n{_tail(ctx.log_path)}")
     result: dict[str, Any] = {"training_run_id": run_id, "steps": steps,
                               "message": f"{kind} run finished after {steps} logged steps"}
     if kind == "reward":
@@ -155,6 +179,61 @@ def _stop_group(proc: subprocess.Popen, ctx: Any) -> None:  # type: ignore[type-
         pass
 
 
+def _complete_model(path: Path) -> bool:
+    weights = ("*.safetensors", "*.bin", "*.safetensors.index.json")
+    return (path / "config.json").is_file() and any(next(path.glob(p), None) for p in weights)
+
+
+def kill_leftovers(run_id: int) -> list[int]:
+    """SIGKILL every process that carries this run's marker (a dead attempt's trainer and its children, should
+    its supervisor have died too) and wait until they are gone; the pids killed. Linux /proc only: elsewhere
+    the supervisor alone guards against orphans."""
+    marker = f"{RUN_MARKER}={run_id}".encode() + b"\0"
+    killed = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        pid = int(entry.name)
+        if pid == os.getpid():
+            continue
+        try:
+            if marker not in (entry / "environ").read_bytes():
+                continue
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except (OSError, ValueError):  # gone already, or not ours to read
+            continue
+    deadline = time.monotonic() + 10
+    while killed and time.monotonic() < deadline and any(_alive(pid) for pid in killed):
+        time.sleep(0.05)
+    return killed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().find("State:\tZ") < 0  # a zombie has stopped writing
+    except OSError:
+        return False
+
+
+def supervise(parent_pid: int, cmd: list[str]) -> int:
+    """Run `cmd` in this process group and take the whole group down if the worker (`parent_pid`) dies.
+
+    The worker starts this with start_new_session, so the group is the trainer and everything it spawns
+    (accelerate's ranks too). A SIGKILLed worker cannot clean up; its orphaned supervisor notices the new
+    parent within a fraction of a second and SIGKILLs the group. SIGTERM from the worker (cancel, shutdown)
+    reaches the trainer through the group; the supervisor just waits for it.
+    """
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
+    child = subprocess.Popen(cmd)
+    while True:
+        try:
+            code = child.wait(timeout=0.2)
+            return code if code >= 0 else 128 - code
+        except subprocess.TimeoutExpired:
+            pass
+        if os.getppid() != parent_pid:
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
 def _count_lines(path: Path) -> int:
     try:
         with open(path, "rb") as fh:
@@ -186,3 +265,9 @@ def check_against_humans(ctx: Any) -> dict[str, Any]:
     report = write_human_check(ctx, int(ctx.payload["training_run_id"]))
     return {"human_check": report, "message": f"held-out accuracy {report['heldout_accuracy']}, "
                                               f"since export {report['accuracy_after_export']}"}
+
+
+if __name__ == "__main__":  # python -m app.jobs.train --supervise <worker pid> -- <trainer command…>
+    if len(sys.argv) < 5 or sys.argv[1] != "--supervise" or sys.argv[3] != "--":
+        sys.exit("usage: python -m app.jobs.train --supervise WORKER_PID -- COMMAND...")
+    sys.exit(supervise(int(sys.argv[2]), sys.argv[4:]))
