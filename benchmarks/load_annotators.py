@@ -44,6 +44,8 @@ from app.settings import Settings  # noqa: E402
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/preflab_load"
 # The annotation budget (README, Performance): p95 of next-task and of submit within 50 ms.
 P95_BUDGET_MS = 50.0
+# Transport errors of a request sent on a keep-alive connection the server was closing at that moment.
+STALE_CONNECTION = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 # How long past the end of the load the lead still waits for the export to be ready (a busy machine is slow).
 EXPORT_GRACE_S = 60.0
 
@@ -77,6 +79,7 @@ class Stats:
     """Every request sent, warm-up included: the denominator of the error rate (errors count from the start too)."""
     rankings: int = 0
     resubmits_answered_200: int = 0
+    stale_connection_retries: int = 0
     empty: int = 0
 
     def error(self, what: str) -> None:
@@ -96,22 +99,35 @@ async def _annotator(base: str, project_id: int, token: str, k: int, cfg: LoadCo
         await asyncio.sleep(rng.uniform(0, min(cfg.warmup, hi * cfg.think)))
         n = 0
 
-        async def call(kind: str, method: str, url: str, **kw: Any) -> httpx.Response | None:
+        async def call(kind: str, method: str, url: str, **kw: Any) -> tuple[httpx.Response | None, bool]:
+            """The response (None after a transport error) and whether it took a second try."""
             t0 = time.perf_counter()
-            stats.sent += 1
-            try:
-                r = await http.request(method, url, **kw)
-            except httpx.HTTPError as exc:
-                stats.error(f"{kind} {type(exc).__name__}")
-                return None
+            retried = False
+            while True:
+                stats.sent += 1
+                try:
+                    r = await http.request(method, url, **kw)
+                    break
+                except STALE_CONNECTION as exc:
+                    # The server closed the idle keep-alive connection (uvicorn: after 5 s) as the request went out
+                    # on it. Browsers resend on a fresh connection in that case, and both calls are safe to repeat
+                    # (next returns the caller's lease, submit is idempotent by submission id), so resend once.
+                    if retried:
+                        stats.error(f"{kind} {type(exc).__name__}")
+                        return None, retried
+                    retried = True
+                    stats.stale_connection_retries += 1
+                except httpx.HTTPError as exc:
+                    stats.error(f"{kind} {type(exc).__name__}")
+                    return None, retried
             t1 = time.perf_counter()
             if t_measure <= t0 and t1 <= t_end:
                 stats.requests += 1
-                stats.lat[kind].append(t1 - t0)
-            return r
+                stats.lat[kind].append(t1 - t0)  # with the resend, if any: what the person waited
+            return r, retried
 
         while time.perf_counter() < t_end:
-            r = await call("next", "GET", f"/api/projects/{project_id}/tasks/next")
+            r, _ = await call("next", "GET", f"/api/projects/{project_id}/tasks/next")
             if r is None:
                 continue
             if r.status_code == 204:
@@ -135,11 +151,12 @@ async def _annotator(base: str, project_id: int, token: str, k: int, cfg: LoadCo
                     "rubric_version": task["rubric"]["version"], "seconds_spent": round(spent, 2)}
             n += 1
             for attempt in range(2 if rng.random() < cfg.resubmit else 1):
-                s = await call("submit", "POST", f"/api/projects/{project_id}/rankings", json=body)
+                s, retried = await call("submit", "POST", f"/api/projects/{project_id}/rankings", json=body)
                 if s is None:
                     continue
-                expected = 201 if attempt == 0 else 200
-                if s.status_code != expected:
+                # A first submit answers 201, or 200 when a resend found the first copy already recorded.
+                expected = {201, 200} if attempt == 0 and retried else {201} if attempt == 0 else {200}
+                if s.status_code not in expected:
                     stats.error(f"submit {s.status_code}" + (" (resubmit)" if attempt else ""))
                 elif attempt == 0:
                     if t_measure <= time.perf_counter() <= t_end:
@@ -220,7 +237,8 @@ async def drive(base: str, project_id: int, tokens: list[str], lead_token: str, 
         "p95_within_budget": next_ms["p95_ms"] <= P95_BUDGET_MS and submit_ms["p95_ms"] <= P95_BUDGET_MS,
         "errors": errors, "requests_sent": stats.sent,
         "error_rate": round(errors / max(stats.sent, 1), 5), "error_kinds": stats.errors,
-        "resubmits_answered_200": stats.resubmits_answered_200, "empty_queue_answers": stats.empty,
+        "resubmits_answered_200": stats.resubmits_answered_200,
+        "stale_connection_retries": stats.stale_connection_retries, "empty_queue_answers": stats.empty,
         "export_and_training": lead_result,
         "load_during": {"min": min(loads, default=None), "max": max(loads, default=None),
                         "mean": round(sum(loads) / len(loads), 2) if loads else None},
