@@ -14,13 +14,14 @@ import json
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
+from training.config import RLConfig
 from training.data import PromptRow
 from training.evaluate import EvalConfig, eval_metrics, evaluate, public, reward_columns
 from training.losses import (
@@ -36,7 +37,6 @@ from training.losses import (
 )
 from training.optim import lr_lambda, make_accelerator
 from training.policy import (
-    LoraSettings,
     Reference,
     Rollouts,
     ServerGenerator,
@@ -48,25 +48,9 @@ from training.rewards import RewardFunction, RewardResult, compute_rewards
 
 
 @dataclass
-class GRPOConfig:
-    """Everything a GRPO/GSPO run needs; `python -m training grpo --help` lists these fields."""
-
-    prompts: str = ""
-    """Prompts export (JSONL, Parquet or a datasets directory); rows with a held-out split are evaluation only."""
-    model: str = ""
-    """Local directory of the starting policy (any AutoModelForCausalLM)."""
-    out: str = ""
-    """Output directory: model/, metrics.jsonl, eval.json, config.json, checkpoint/."""
-    reward_fn: list[str] = field(default_factory=list)
-    """Reward functions, `module:function` or built-in names (gsm8k_exact_match, format_regex, length_penalty)."""
-    reward_weights: list[float] | None = None
-    """One weight per reward function (default 1 each)."""
-    reward_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments bound to reward functions by name, e.g. {format_regex = {pattern = "..."}}."""
-    reward_model: str | None = None
-    """A preflab reward model directory scoring (prompt, response), added to the reward functions."""
-    reward_model_weight: float = 1.0
-    """Weight of the reward model's score in the total reward."""
+class GRPOConfig(RLConfig):
+    """Everything a GRPO/GSPO run needs: the shared fields of RLConfig (data, rewards, optimiser, sampling, LoRA,
+    evaluation) and these; `python -m training grpo --help` lists them all."""
 
     loss_type: Literal["grpo", "gspo"] = "grpo"
     """"grpo": token-level ratio and clipping (DeepSeekMath); "gspo": sequence-level ratio and clipping (Qwen)."""
@@ -93,31 +77,6 @@ class GRPOConfig:
     mask_truncated: bool = False
     """Leave responses that hit max_new_tokens without ending out of the loss (DAPO's overlong filtering)."""
 
-    lr: float = 1e-6
-    """AdamW learning rate."""
-    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
-    """Decay after warm-up: none, linear to 0, or cosine to 0 at the last step."""
-    warmup_steps: int = 0
-    """Linear warm-up steps."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    max_grad_norm: float = 1.0
-    """Gradient-norm clip (0 disables)."""
-    steps: int = 100
-    """Optimisation steps (rollout batches)."""
-
-    temperature: float = 1.0
-    """Sampling temperature of the rollouts (log-probs are taken under the same temperature)."""
-    top_p: float = 1.0
-    """Nucleus sampling threshold of the rollouts."""
-    max_new_tokens: int = 256
-    """Longest response sampled."""
-    max_prompt_length: int = 0
-    """Truncate prompts to this many tokens (0: no limit)."""
-    stop: list[str] = field(default_factory=list)
-    """Strings that end a response (the text is cut there; the mask ends on the token completing it)."""
-    generation_batch_size: int = 0
-    """Prompts per generate call (0: all prompts of the step at once)."""
     server_base_url: str | None = None
     """Sample from an OpenAI-compatible server (vLLM, TGI) at this URL instead of the local model."""
     server_model: str | None = None
@@ -128,49 +87,16 @@ class GRPOConfig:
     kl_metric: bool = True
     """Compute reference log-probs for the logged KL even when beta is 0."""
 
-    lora: bool = False
-    """Train a LoRA adapter instead of all weights; the reference is then the adapter-disabled base."""
-    lora_r: int = 16
-    """LoRA rank."""
-    lora_alpha: int = 32
-    """LoRA alpha (scale alpha / r)."""
-    lora_dropout: float = 0.0
-    """LoRA dropout (keep 0 for RL)."""
-    lora_target_modules: list[str] | str = "all-linear"
-    """Modules to adapt."""
-
-    eval_every: int = 0
-    """Evaluate on the held-out prompts every this many steps (0: only at the end)."""
-    eval_k: int = 4
-    """Samples per held-out prompt for Pass@K / Maj@K."""
-    eval_max_prompts: int = 200
-    """Held-out prompts evaluated (0: all)."""
-    eval_temperature: float | None = None
-    """Sampling temperature of the evaluation (default: the rollout temperature)."""
-
-    seed: int = 0
-    """Seed of the prompt order and of the sampling; a CPU run with the same seed repeats exactly."""
-    save_every: int = 0
-    """Write OUT/checkpoint/ every this many steps (0: never) for resume."""
-    resume: bool = False
-    """Continue from OUT/checkpoint/ when it exists."""
-    log_every: int = 1
-    """Print a progress line every this many steps (metrics.jsonl gets every step)."""
-    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
-    """accelerate mixed precision; "auto" is bf16 on a CUDA device that supports it, else none."""
-    tensorboard: bool = False
-    """Mirror metrics to OUT/tensorboard when TensorBoard is installed."""
-
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.loss_type not in ("grpo", "gspo"):
             raise ValueError(f"loss_type must be 'grpo' or 'gspo', got {self.loss_type!r}")
         if self.group_size < 2:
             raise ValueError(f"group_size must be at least 2 to compare answers, got {self.group_size}")
-        for name in ("prompts_per_step", "mu", "steps", "max_new_tokens", "eval_k", "log_every"):
+        for name in ("prompts_per_step", "mu"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("micro_batch_size", "warmup_steps", "max_prompt_length", "generation_batch_size",
-                     "ref_reset_steps", "eval_every", "eval_max_prompts", "save_every"):
+        for name in ("micro_batch_size", "ref_reset_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.beta < 0:
@@ -187,30 +113,8 @@ class GRPOConfig:
             raise ValueError(f"aggregation must be 'sequence', 'token' or 'dr_grpo', got {self.aggregation!r}")
         if self.scale_rewards not in ("group", "batch", "none"):
             raise ValueError(f"scale_rewards must be 'group', 'batch' or 'none', got {self.scale_rewards!r}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be positive, got {self.lr}")
-        if self.lr_schedule not in ("constant", "linear", "cosine"):
-            raise ValueError(f"lr_schedule must be 'constant', 'linear' or 'cosine', got {self.lr_schedule!r}")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be positive, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.eval_temperature is not None and self.eval_temperature <= 0:
-            raise ValueError(f"eval_temperature must be positive, got {self.eval_temperature}")
-        if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_fn):
-            raise ValueError(f"reward_weights: {len(self.reward_weights)} weights for "
-                             f"{len(self.reward_fn)} reward functions")
         if (self.server_base_url is None) != (self.server_model is None):
             raise ValueError("server_model must be given together with server_base_url")
-        if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
-            raise ValueError(f"mixed_precision must be auto, no, bf16 or fp16, got {self.mixed_precision!r}")
-
-    @property
-    def lora_settings(self) -> LoraSettings | None:
-        if not self.lora:
-            return None
-        return LoraSettings(r=self.lora_r, alpha=self.lora_alpha, dropout=self.lora_dropout,
-                            target_modules=self.lora_target_modules)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,13 +18,14 @@ import json
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
+from training.config import RLConfig
 from training.data import PromptRow
 from training.evaluate import EvalConfig, eval_metrics, evaluate, public, reward_columns
 from training.losses import (
@@ -41,31 +42,18 @@ from training.losses import (
     value_loss,
 )
 from training.optim import lr_lambda, make_accelerator
-from training.policy import LoraSettings, Reference, Rollouts, generate_rollouts, unwrap
+from training.policy import Reference, Rollouts, generate_rollouts, unwrap
 from training.rewards import RewardFunction, compute_rewards
 from training.value_head import ActorCritic
 
 
 @dataclass
-class PPOConfig:
-    """Everything a PPO run needs; `python -m training ppo --help` lists these fields."""
+class PPOConfig(RLConfig):
+    """Everything a PPO run needs: the shared fields of RLConfig (data, rewards, optimiser, sampling, LoRA,
+    evaluation) and these; `python -m training ppo --help` lists them all."""
 
-    prompts: str = ""
-    """Prompts export (JSONL, Parquet or a datasets directory); rows with a held-out split are evaluation only."""
-    model: str = ""
-    """Local directory of the starting policy (any AutoModelForCausalLM), usually the SFT model."""
-    out: str = ""
-    """Output directory: model/, value_model/, metrics.jsonl, eval.json, config.json, checkpoint/."""
     reward_model: str | None = None
     """A preflab reward model directory scoring (prompt, response): the RM score put on the last token."""
-    reward_model_weight: float = 1.0
-    """Weight of the reward model's score in the total score."""
-    reward_fn: list[str] = field(default_factory=list)
-    """Python reward functions, `module:function` or built-in names, added to the reward model's score."""
-    reward_weights: list[float] | None = None
-    """One weight per reward function (default 1 each)."""
-    reward_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments bound to reward functions by name, e.g. {length_penalty = {max_length = 200}}."""
     critic: str | None = None
     """Separate critic: a causal-LM directory whose decoder carries the value head. None: the head sits on the
     policy's own hidden states (one forward, no second model; see training/value_head.py for the memory cost)."""
@@ -112,49 +100,10 @@ class PPOConfig:
 
     lr: float = 1e-5
     """AdamW learning rate (policy and value model)."""
-    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
-    """Decay after warm-up: none, linear to 0, or cosine to 0 at the last step."""
-    warmup_steps: int = 0
-    """Linear warm-up steps (counted in rollout steps)."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    max_grad_norm: float = 1.0
-    """Gradient-norm clip over policy and value parameters (0 disables)."""
-    steps: int = 100
-    """Rollout steps (each followed by its PPO epochs)."""
 
-    temperature: float = 1.0
-    """Sampling temperature of the rollouts (log-probs are taken under the same temperature)."""
-    top_p: float = 1.0
-    """Nucleus sampling threshold of the rollouts."""
     max_new_tokens: int = 128
     """Longest response sampled."""
-    max_prompt_length: int = 0
-    """Truncate prompts to this many tokens (0: no limit)."""
-    stop: list[str] = field(default_factory=list)
-    """Strings that end a response (the text is cut there; the mask ends on the token completing it)."""
-    generation_batch_size: int = 0
-    """Prompts per generate call (0: all prompts of the step at once)."""
 
-    lora: bool = False
-    """Train a LoRA adapter instead of all weights; the reference is then the adapter-disabled base."""
-    lora_r: int = 16
-    """LoRA rank."""
-    lora_alpha: int = 32
-    """LoRA alpha (scale alpha / r)."""
-    lora_dropout: float = 0.0
-    """LoRA dropout (keep 0 for RL)."""
-    lora_target_modules: list[str] | str = "all-linear"
-    """Modules to adapt."""
-
-    eval_every: int = 0
-    """Evaluate on the held-out prompts every this many steps (0: only at the end)."""
-    eval_k: int = 4
-    """Samples per held-out prompt."""
-    eval_max_prompts: int = 200
-    """Held-out prompts evaluated (0: all)."""
-    eval_temperature: float | None = None
-    """Sampling temperature of the evaluation (default: the rollout temperature)."""
     hack_kl_threshold: float = 10.0
     """Reward-hacking watch: warn when the score keeps rising while the sequence KL is above this (nats)."""
     hack_window: int = 10
@@ -165,27 +114,14 @@ class PPOConfig:
     sample_rows: int = 4
     """Rollouts written each time."""
 
-    seed: int = 0
-    """Seed of the prompt order, the sampling and the minibatch shuffles; a CPU run with the same seed repeats."""
-    save_every: int = 0
-    """Write OUT/checkpoint/ every this many steps (0: never) for resume."""
-    resume: bool = False
-    """Continue from OUT/checkpoint/ when it exists."""
-    log_every: int = 1
-    """Update the progress line every this many steps (metrics.jsonl gets every step)."""
-    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
-    """accelerate mixed precision; "auto" is bf16 on a CUDA device that supports it, else none."""
-    tensorboard: bool = False
-    """Mirror metrics to OUT/tensorboard when TensorBoard is installed."""
-
     def __post_init__(self) -> None:
-        for name in ("prompts_per_step", "samples_per_prompt", "minibatch_size", "ppo_epochs", "steps",
-                     "max_new_tokens", "eval_k", "log_every", "kl_horizon", "hack_window", "sample_rows"):
+        super().__post_init__()
+        for name in ("prompts_per_step", "samples_per_prompt", "minibatch_size", "ppo_epochs", "kl_horizon",
+                     "hack_window", "sample_rows"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("warmup_steps", "max_prompt_length", "generation_batch_size", "eval_every", "eval_max_prompts",
-                     "save_every", "sample_every", "beta", "ent_coef", "target_kl", "reward_clip",
-                     "missing_eos_penalty", "weight_decay", "max_grad_norm", "reward_model_weight"):
+        for name in ("sample_every", "beta", "ent_coef", "target_kl", "reward_clip", "missing_eos_penalty",
+                     "reward_model_weight"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0 < self.clip_eps < 1:
@@ -202,28 +138,6 @@ class PPOConfig:
         if self.kl_control == "adaptive" and (self.kl_target <= 0 or self.beta <= 0):
             raise ValueError(f"kl_target and beta must be positive for adaptive KL control, got kl_target="
                              f"{self.kl_target}, beta={self.beta}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be positive, got {self.lr}")
-        if self.lr_schedule not in ("constant", "linear", "cosine"):
-            raise ValueError(f"lr_schedule must be 'constant', 'linear' or 'cosine', got {self.lr_schedule!r}")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be positive, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.eval_temperature is not None and self.eval_temperature <= 0:
-            raise ValueError(f"eval_temperature must be positive, got {self.eval_temperature}")
-        if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_fn):
-            raise ValueError(f"reward_weights: {len(self.reward_weights)} weights for "
-                             f"{len(self.reward_fn)} reward functions")
-        if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
-            raise ValueError(f"mixed_precision must be auto, no, bf16 or fp16, got {self.mixed_precision!r}")
-
-    @property
-    def lora_settings(self) -> LoraSettings | None:
-        if not self.lora:
-            return None
-        return LoraSettings(r=self.lora_r, alpha=self.lora_alpha, dropout=self.lora_dropout,
-                            target_modules=self.lora_target_modules)
 
 
 # ---------------------------------------------------------------------------------------------
