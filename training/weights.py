@@ -1,5 +1,5 @@
-"""Model weights are read from safetensors only: a pickle checkpoint (`pytorch_model.bin`, `*.pt`) can run code
-the moment it is unpickled, so a model directory that offers only pickle weights is refused before any load.
+"""Model weights are read from safetensors only: a pickled checkpoint (`pytorch_model.bin`, `*.pt`) can run code
+the moment it is unpickled, so a model directory that offers only pickled weights is refused before any load.
 
 Every loader in `training/` calls `require_safetensors` on the directory and passes `SAFE_LOAD` to
 `from_pretrained`, which makes transformers itself refuse any `.bin` fallback. Optimizer and trainer state
@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 SAFE_FILES = ("model.safetensors", "model.safetensors.index.json")
-PICKLE_PATTERNS = ("pytorch_model*.bin", "*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.pickle")
+PICKLE_PATTERNS = ("pytorch_model*.bin", "*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 SAFE_LOAD: dict[str, Any] = {"use_safetensors": True}
-"""Keyword arguments for every `from_pretrained` of weights: transformers then never falls back to a pickle."""
+"""Keyword arguments for every `from_pretrained` of weights: transformers then never falls back to a `.bin`."""
 
 
 class UnsafeWeights(ValueError):
-    """The directory has no safetensors weights (and perhaps pickle ones, which are never loaded)."""
+    """The directory has no safetensors weights (perhaps pickled ones, which are never loaded)."""
 
 
 def require_safetensors(path: str | Path, what: str = "model") -> Path:
@@ -29,7 +29,7 @@ def require_safetensors(path: str | Path, what: str = "model") -> Path:
     pickles = sorted({p.name for pattern in PICKLE_PATTERNS for p in path.glob(pattern)})
     if pickles:
         raise UnsafeWeights(
-            f"{what}: {path} holds only pickle weights ({', '.join(pickles[:3])}), which preflab refuses to load "
+            f"{what}: {path} holds only pickled weights ({', '.join(pickles[:3])}), which preflab refuses to load "
             "because unpickling can run arbitrary code; convert the checkpoint to safetensors in a trusted sandbox "
             "(load it there, then `model.save_pretrained(dir, safe_serialization=True)`)")
     raise UnsafeWeights(f"{what}: {path} has no weights (no model.safetensors or model.safetensors.index.json)")

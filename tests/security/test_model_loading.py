@@ -94,7 +94,7 @@ def test_every_training_loader_refuses_pickle_weights(name: str, poisoned: Path,
     from training.generation import GenerationError
 
     load = dict(_refusals())[name]
-    with pytest.raises((ValueError, GenerationError), match=r"pickle weights \(pytorch_model.bin\).*unpickling can run arbitrary code"):
+    with pytest.raises((ValueError, GenerationError), match=r"pickled weights \(pytorch_model.bin\).*unpickling can run arbitrary code"):
         load(poisoned, tmp_path / "out")
     assert not marker.exists()
 
