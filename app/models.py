@@ -128,6 +128,29 @@ class ApiToken(Base):
     user: Mapped[User] = relationship()
 
 
+class ModelEndpoint(Base):
+    """An OpenAI-compatible server (vLLM, TGI, llama.cpp, a hosted API) that an admin configured.
+
+    Leads and engineers pick one by id for generators and judges; they never type a URL. The API key
+    stays here: job payloads carry only the endpoint id, and no page or API answer shows the key.
+    """
+
+    __tablename__ = "model_endpoints"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    base_url: Mapped[str] = mapped_column(String(1000))
+    model: Mapped[str] = mapped_column(String(300))
+    api_key: Mapped[str | None] = mapped_column(String(500))
+    allow_private: Mapped[bool] = mapped_column(Boolean, default=False)
+    """The admin trusts this host although it resolves to a private or loopback address."""
+    created_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
+
+    created_by: Mapped[User | None] = relationship()
+
+
 class Project(Base):
     __tablename__ = "projects"
     __table_args__ = (

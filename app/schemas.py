@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from app.models import Project, Rubric, User
+from app.models import ModelEndpoint, Project, Rubric, User
 
 
 class Strict(BaseModel):
@@ -112,6 +112,47 @@ class UserOut(BaseModel):
                    created_at=user.created_at)
 
 
+class ModelEndpointIn(Strict):
+    name: str = Field(min_length=1, max_length=100, description="What leads see in the picker.")
+    base_url: str = Field(min_length=8, max_length=1000, description="The API root, e.g. http://vllm:8000/v1.")
+    model: str = Field(min_length=1, max_length=300, description="The default served model name.")
+    api_key: str | None = Field(default=None, max_length=500, description="Sent as a Bearer token; never shown again.")
+    allow_private: bool = Field(default=False, description="Trust this host although it is a private or loopback "
+                                                           "address (metadata and link-local stay refused).")
+
+
+class ModelEndpointPatch(Strict):
+    name: str | None = Field(default=None, min_length=1, max_length=100)
+    base_url: str | None = Field(default=None, min_length=8, max_length=1000)
+    model: str | None = Field(default=None, min_length=1, max_length=300)
+    api_key: str | None = Field(default=None, max_length=500, description="A new key (omit to keep the stored one).")
+    clear_api_key: bool = False
+    allow_private: bool | None = None
+
+
+class ModelEndpointOut(BaseModel):
+    """What everyone may see: enough to pick an endpoint. Admins get `ModelEndpointAdminOut`."""
+
+    id: int
+    name: str
+    model: str
+
+
+class ModelEndpointAdminOut(ModelEndpointOut):
+    base_url: str
+    has_api_key: bool = Field(description="Whether a key is stored; the key itself is never returned.")
+    allow_private: bool
+    created_by: str | None
+    created_at: datetime
+
+    @classmethod
+    def from_model(cls, endpoint: ModelEndpoint) -> ModelEndpointAdminOut:
+        return cls(id=endpoint.id, name=endpoint.name, model=endpoint.model, base_url=endpoint.base_url,
+                   has_api_key=bool(endpoint.api_key), allow_private=endpoint.allow_private,
+                   created_by=endpoint.created_by.email if endpoint.created_by else None,
+                   created_at=endpoint.created_at)
+
+
 class Health(BaseModel):
     status: str
     database: str
@@ -177,9 +218,15 @@ class HFGeneratorIn(Strict):
 
 class OpenAIGeneratorIn(Strict):
     backend: Literal["openai"]
-    base_url: str = Field(min_length=8, max_length=1000, description="e.g. http://vllm:8000/v1")
-    model: str = Field(min_length=1, max_length=300)
-    api_key: str | None = Field(default=None, max_length=500, description="Sent as a Bearer token; never shown again.")
+    endpoint_id: int | None = Field(default=None, ge=1, description="A model endpoint an admin configured "
+                                    "(GET /api/model-endpoints); its URL and API key stay on the server.")
+    base_url: str | None = Field(default=None, min_length=8, max_length=1000,
+                                 description="Admins only: a public server's URL, e.g. https://api.example.org/v1. "
+                                             "Everyone else picks an endpoint_id.")
+    model: str | None = Field(default=None, min_length=1, max_length=300,
+                              description="The served model's name (default: the endpoint's model).")
+    api_key: str | None = Field(default=None, max_length=500,
+                                description="Refused: API keys are stored on model endpoints, never in a job.")
     api: Literal["chat", "completions"] = "chat"
     temperature: float = Field(default=1.0, ge=0, le=5)
     top_p: float = Field(default=1.0, gt=0, le=1)
@@ -363,15 +410,17 @@ class IterateIn(Strict):
 _GENERATOR: TypeAdapter = TypeAdapter(Annotated[HFGeneratorIn | OpenAIGeneratorIn, Field(discriminator="backend")])
 
 
-def generator_from_form(backend: str, model: str, base_url: str = "", api_key: str = "",
+def generator_from_form(backend: str, model: str, base_url: str = "", api_key: str = "", endpoint_id: str = "",
                         **params: object) -> dict:
     """A validated generator spec from page form fields, or Invalid naming `generator.<field>` (the pages' forms
-    share the API's validation, so a page and a script get the same answer)."""
+    share the API's validation, so a page and a script get the same answer). Blank fields are left out, so a
+    page that posts a base URL or key gets the same refusal from the service as the API would."""
     from app.errors import Invalid
 
     raw: dict[str, object] = {"backend": backend, "model": model, **params}
     if backend == "openai":
-        raw |= {"base_url": base_url, "api_key": api_key or None}
+        raw |= {"endpoint_id": endpoint_id.strip() or None, "base_url": base_url.strip() or None,
+                "api_key": api_key or None, "model": model.strip() or None}
     try:
         return _GENERATOR.validate_python(raw).model_dump()
     except ValidationError as exc:

@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from app.jobs import generator_spec
 from app.models import Completion, Constitution, Prompt
 
 
@@ -23,7 +24,7 @@ def run(ctx: Any) -> dict[str, Any]:
     from training.judge_prompts import format_conversation
 
     payload = ctx.payload
-    spec = dict(payload["generator"])
+    spec = generator_spec(ctx, payload["generator"])
     with session_scope(ctx.session_factory) as db:
         constitution = db.get(Constitution, payload["constitution_id"])
         if constitution is None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
+from app.jobs import generator_spec
 from app.models import Completion, Prompt
 
 BATCH_PROMPTS = 8
@@ -28,7 +29,7 @@ def run(ctx: Any) -> dict[str, Any]:
     )
 
     payload = ctx.payload
-    spec = dict(payload["generator"])
+    spec = generator_spec(ctx, payload["generator"])
     k = int(payload["k"])
     tries = int(payload.get("resample_duplicates", 0))
     base_seed = payload.get("seed")

@@ -11,7 +11,7 @@ from app.deps import CurrentUser, PageUser, SessionDep
 from app.errors import DomainError, Invalid
 from app.models import Job
 from app.schemas import JobAccepted, JobOut, JobProgress, SamplingJobIn, generator_from_form
-from app.services import jobs, projects, sampling
+from app.services import endpoints, jobs, projects, sampling
 from app.web import render
 
 router = APIRouter()
@@ -66,7 +66,8 @@ def _require_manage(db, job: Job, user) -> None:  # type: ignore[no-untyped-def]
 def _jobs_context(db, project, user) -> dict:  # type: ignore[no-untyped-def]
     items = jobs.list_for_project(db, project)
     return {"project": project, "jobs": items, "can_sample": projects.may(db, project, user, sampling.CAN_SAMPLE),
-            "active": any(j.state in ("queued", "running") for j in items), "form": {}}
+            "active": any(j.state in ("queued", "running") for j in items), "form": {},
+            "endpoints": endpoints.list_endpoints(db)}
 
 
 @router.get("/projects/{project_id}/jobs", include_in_schema=False)
@@ -78,17 +79,18 @@ def jobs_page(request: Request, project_id: int, db: SessionDep, user: PageUser)
 @router.post("/projects/{project_id}/jobs/sample", include_in_schema=False)
 def sample_from_page(request: Request, project_id: int, db: SessionDep, user: PageUser,
                      backend: Annotated[str, Form()] = "hf", model: Annotated[str, Form(max_length=1000)] = "",
+                     endpoint_id: Annotated[str, Form(max_length=20)] = "",
                      base_url: Annotated[str, Form(max_length=1000)] = "",
                      api_key: Annotated[str, Form(max_length=500)] = "",
                      temperature: Annotated[str, Form()] = "1.0", top_p: Annotated[str, Form()] = "1.0",
                      max_new_tokens: Annotated[str, Form()] = "256", seed: Annotated[str, Form()] = "",
                      resample_duplicates: Annotated[str, Form()] = "0") -> Response:
     project = projects.get_visible(db, project_id, user)
-    raw = {"backend": backend, "model": model, "base_url": base_url, "temperature": temperature, "top_p": top_p,
-           "max_new_tokens": max_new_tokens}
+    raw = {"backend": backend, "model": model, "endpoint_id": endpoint_id, "temperature": temperature,
+           "top_p": top_p, "max_new_tokens": max_new_tokens}
     try:
-        spec = generator_from_form(backend, model, base_url, api_key, temperature=temperature, top_p=top_p,
-                                   max_new_tokens=max_new_tokens)
+        spec = generator_from_form(backend, model, base_url, api_key, endpoint_id, temperature=temperature,
+                                   top_p=top_p, max_new_tokens=max_new_tokens)
         try:
             seed_value = int(seed) if seed.strip() else None
             tries = int(resample_duplicates or 0)

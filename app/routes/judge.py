@@ -22,7 +22,7 @@ from app.schemas import (
     RevisionOut,
     generator_from_form,
 )
-from app.services import constitutions, judging, projects, revisions
+from app.services import constitutions, endpoints, judging, projects, revisions
 from app.web import render
 
 router = APIRouter()
@@ -64,7 +64,8 @@ def _context(db, project, user) -> dict:  # type: ignore[no-untyped-def]
     return {"project": project, "runs": runs, "report": judging.judge_agreement(db, project),
             "constitution": constitutions.current(db, project), "form": {},
             "can_judge": projects.may(db, project, user, judging.CAN_JUDGE),
-            "can_manage": projects.may(db, project, user, projects.CAN_MANAGE)}
+            "can_manage": projects.may(db, project, user, projects.CAN_MANAGE),
+            "endpoints": endpoints.list_endpoints(db)}
 
 
 @router.get("/projects/{project_id}/judge", include_in_schema=False)
@@ -76,14 +77,15 @@ def judge_page(request: Request, project_id: int, db: SessionDep, user: PageUser
 @router.post("/projects/{project_id}/judge/runs", include_in_schema=False)
 def start_from_page(request: Request, project_id: int, db: SessionDep, user: PageUser,
                     backend: Annotated[str, Form()] = "hf", model: Annotated[str, Form(max_length=1000)] = "",
+                    endpoint_id: Annotated[str, Form(max_length=20)] = "",
                     base_url: Annotated[str, Form(max_length=1000)] = "",
                     api_key: Annotated[str, Form(max_length=500)] = "",
                     mode: Annotated[str, Form()] = "logprob", principles: Annotated[str, Form()] = "sample",
                     seed: Annotated[int, Form(ge=0)] = 0) -> Response:
     project = projects.get_visible(db, project_id, user)
-    raw = {"backend": backend, "model": model, "base_url": base_url}
+    raw = {"backend": backend, "model": model, "endpoint_id": endpoint_id}
     try:
-        generator = generator_from_form(backend, model, base_url, api_key)
+        generator = generator_from_form(backend, model, base_url, api_key, endpoint_id)
         if mode not in ("logprob", "cot"):
             raise Invalid("must be logprob or cot", field="mode")
         if principles not in ("sample", "all"):

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from app.errors import Invalid
 from app.models import Constitution, Job, JudgeRun, Pair, Project, Prompt, Ranking, User
-from app.services import agreement, audit, constitutions, jobs, outbound, projects
+from app.services import agreement, audit, constitutions, endpoints, jobs, projects
 
 CAN_JUDGE = {"lead", "engineer"}
 CALIBRATION_BINS = 5
@@ -21,19 +21,13 @@ def request_judge_run(db: Session, project: Project, actor: User, *, constitutio
                       generator: dict[str, Any], mode: str, principles: str, prompt_ids: list[int] | None,
                       seed: int, low_confidence: float, route_low_confidence: bool) -> tuple[JudgeRun, Job]:
     """A JudgeRun and its queued `judge` job, or Invalid naming the field when something can be checked now."""
-    from training.generation import GenerationError, make_generator
-
     projects.require_project_role(db, project, actor, CAN_JUDGE, "run the AI judge")
     if constitution_version is None:
         constitution = constitutions.ensure_default(db, project, actor)
     else:
         constitution = constitutions.get_version(db, project, constitution_version)
-    if generator.get("backend") == "openai":
-        generator["base_url"] = outbound.check_base_url(generator["base_url"], field="generator.base_url")
-    try:
-        make_generator(dict(generator)).check()
-    except (GenerationError, ValueError) as exc:
-        raise Invalid(str(exc), field="generator.model" if generator.get("backend") == "hf" else "generator") from None
+    # An openai generator names an admin's model endpoint; the job keeps the id, never a URL or key.
+    generator = endpoints.prepare(db, actor, generator)
     if prompt_ids:
         found = set(db.scalars(select(Prompt.id).where(Prompt.project_id == project.id, Prompt.id.in_(prompt_ids))))
         missing = sorted(set(prompt_ids) - found)

@@ -1,4 +1,10 @@
-"""Checks on URLs the server itself will call (OpenAI-compatible generators and judges)."""
+"""Checks on URLs the server itself will call (OpenAI-compatible generators and judges).
+
+Two tiers: cloud metadata services, link-local, multicast and reserved space are never a model server and are
+always refused; private and loopback addresses (a vLLM box on the LAN, a server on localhost) are refused too
+unless an admin marked that model endpoint as trusted (`allow_private`). The check runs when a job is asked
+for and again when the worker starts it, so a host whose DNS changed in between is caught at run time.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +16,37 @@ from app.errors import Invalid
 
 # Cloud metadata endpoints and link-local space: never a model server, a classic SSRF target.
 BLOCKED_HOSTS = {"metadata.google.internal", "metadata", "instance-data"}
+# Metadata services outside link-local space (AWS IPv6, Alibaba, Azure wire server): refused even when trusted.
+BLOCKED_ADDRESSES = {ipaddress.ip_address(a) for a in ("fd00:ec2::254", "100.100.100.200", "168.63.129.16")}
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
-def check_base_url(url: str, *, field: str = "base_url", resolve: bool = True) -> str:
-    """The URL, normalised, or Invalid: http(s) only, no credentials, no link-local or metadata hosts."""
+def _addresses(host: str, port: int | None, resolve: bool) -> list[IPAddress]:
+    try:
+        found = [ipaddress.ip_address(host)]
+    except ValueError:
+        if not resolve:
+            return []
+        try:
+            infos = socket.getaddrinfo(host, port or 80, proto=socket.IPPROTO_TCP)
+        except OSError:
+            return []  # unresolvable now; the job reports "unreachable" rather than refusing here
+        found = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
+    out: list[IPAddress] = []
+    for ip in found:
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped  # ::ffff:169.254.169.254 is 169.254.169.254
+        out.append(ip)
+    return out
+
+
+def check_base_url(url: str, *, field: str = "base_url", resolve: bool = True, allow_private: bool = False) -> str:
+    """The URL, normalised, or Invalid naming `field`.
+
+    http(s) only, no credentials, never a metadata, link-local, multicast or reserved address; private and
+    loopback addresses only with `allow_private` (an admin's explicit trust in that endpoint).
+    """
     parts = urlsplit(url.strip())
     if parts.scheme not in ("http", "https"):
         raise Invalid("must be an http:// or https:// URL", field=field)
@@ -21,23 +54,20 @@ def check_base_url(url: str, *, field: str = "base_url", resolve: bool = True) -
         raise Invalid("has no host", field=field)
     if parts.username or parts.password:
         raise Invalid("must not carry credentials; use api_key", field=field)
+    try:
+        port = parts.port
+    except ValueError:
+        raise Invalid("has an invalid port", field=field) from None
     host = parts.hostname.lower().rstrip(".")
     if host in BLOCKED_HOSTS:
         raise Invalid("points at a cloud metadata service", field=field)
-    addresses: list[str] = []
-    try:
-        addresses = [str(ipaddress.ip_address(host))]
-    except ValueError:
-        if resolve:
-            try:
-                infos = socket.getaddrinfo(host, parts.port or 80, proto=socket.IPPROTO_TCP)
-                addresses = [str(info[4][0]) for info in infos]
-            except OSError:
-                addresses = []  # unresolvable now; the job reports "unreachable" rather than refusing here
-    for address in addresses:
-        ip = ipaddress.ip_address(address.split("%")[0])
-        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped  # ::ffff:169.254.169.254 is 169.254.169.254
-        if ip.is_link_local or ip.is_multicast or ip.is_unspecified or ip.is_reserved:
+    for ip in _addresses(host, port, resolve):
+        if ip in BLOCKED_ADDRESSES:
+            raise Invalid(f"points at a cloud metadata service ({ip})", field=field)
+        # ::1 sits inside IPv6's reserved ::/8, so loopback is let through to the private tier below.
+        if ip.is_link_local or ip.is_multicast or ip.is_unspecified or (ip.is_reserved and not ip.is_loopback):
             raise Invalid(f"points at a link-local or reserved address ({ip})", field=field)
+        if not ip.is_global and not allow_private:
+            raise Invalid(f"points at a private or loopback address ({ip}); an admin must mark the model endpoint "
+                          "as a trusted private host", field=field)
     return url.strip().rstrip("/")

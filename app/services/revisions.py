@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 
 from app.errors import Conflict, Invalid, NotFound
 from app.models import Completion, Job, Project, Prompt, User
-from app.services import audit, constitutions, jobs, outbound, projects
+from app.services import audit, constitutions, endpoints, jobs, projects
 
 CAN_REVISE = {"lead", "engineer"}
 
@@ -17,19 +17,13 @@ CAN_REVISE = {"lead", "engineer"}
 def request_revisions(db: Session, project: Project, actor: User, *, generator: dict[str, Any],
                       constitution_version: int | None, prompt_ids: list[int] | None, limit: int,
                       seed: int = 0) -> Job:
-    from training.generation import GenerationError, make_generator
-
     projects.require_project_role(db, project, actor, CAN_REVISE, "ask for revisions")
     constitution = (constitutions.get_version(db, project, constitution_version) if constitution_version
                     else constitutions.ensure_default(db, project, actor))
     if not any(p.get("critique") and p.get("revision") for p in constitution.principles):
         raise Invalid("no principle has both a critique and a revision request", field="constitution_version")
-    if generator.get("backend") == "openai":
-        generator["base_url"] = outbound.check_base_url(generator["base_url"], field="generator.base_url")
-    try:
-        make_generator(dict(generator)).check()
-    except (GenerationError, ValueError) as exc:
-        raise Invalid(str(exc), field="generator.model" if generator.get("backend") == "hf" else "generator") from None
+    # An openai generator names an admin's model endpoint; the job keeps the id, never a URL or key.
+    generator = endpoints.prepare(db, actor, generator)
     return jobs.enqueue(db, "revise", {"generator": generator, "constitution_id": constitution.id,
                                        "prompt_ids": prompt_ids, "limit": limit, "seed": seed},
                         project=project, actor=actor)

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 
 from app.errors import Invalid
 from app.models import Job, Project, Prompt, User
-from app.services import jobs, outbound, projects
+from app.services import endpoints, jobs, projects
 
 CAN_SAMPLE = {"lead", "engineer"}
 
@@ -18,19 +18,12 @@ def request_sampling(db: Session, project: Project, actor: User, *, generator: d
                      prompt_ids: list[int] | None, seed: int | None, resample_duplicates: int,
                      source: str = "sampled") -> Job:
     """A queued `sample_completions` job, or Invalid naming the field when something can be checked now."""
-    from training.generation import GenerationError, make_generator
-
     projects.require_project_role(db, project, actor, CAN_SAMPLE, "sample completions")
     k = k or project.completions_per_prompt
     if k > project.completions_per_prompt:
         raise Invalid(f"must be at most the project's K ({project.completions_per_prompt})", field="k")
-    if generator.get("backend") == "openai":
-        generator["base_url"] = outbound.check_base_url(generator["base_url"], field="generator.base_url")
-    try:
-        make_generator(dict(generator)).check()
-    except (GenerationError, ValueError) as exc:
-        field = "generator.model" if generator.get("backend") == "hf" else "generator"
-        raise Invalid(str(exc), field=field) from None
+    # An openai generator names an admin's model endpoint; the job keeps the id, never a URL or key.
+    generator = endpoints.prepare(db, actor, generator)
     if prompt_ids:
         found = set(db.scalars(select(Prompt.id).where(Prompt.project_id == project.id,
                                                        Prompt.id.in_(set(prompt_ids)))))

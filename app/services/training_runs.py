@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from app.errors import Conflict, Invalid, NotFound
 from app.models import Completion, Export, Job, Project, Prompt, TrainingRun, User
-from app.services import audit, jobs, projects
+from app.services import audit, endpoints, jobs, projects
 from training.weights import UnsafeWeights, require_safetensors
 
 CAN_TRAIN = {"engineer", "lead"}
@@ -108,6 +108,9 @@ def request_run(db: Session, project: Project, actor: User, *, data_dir: Path, k
             raise Invalid("no such run in this project", field="reward_run_id")
         if parent.kind != "reward" or parent.state != "succeeded" or not parent.model_dir:
             raise Invalid("must be a finished reward-model run", field="reward_run_id")
+    if isinstance(config.get("server_base_url"), str):  # GRPO sampling through a server: a fetch the server makes
+        config = dict(config) | {"server_base_url": endpoints.check_server_url(
+            db, actor, config["server_base_url"], field="config.server_base_url")}
     if kind == "ppo" and parent is None and not config.get("reward_fn"):
         raise Invalid("PPO needs a reward model run (or config.reward_fn)", field="reward_run_id")
     if kind == "grpo" and parent is None and not config.get("reward_fn"):

@@ -38,6 +38,17 @@ def _project_with_prompts(db, make_user, make_project, n: int, k: int = 3):  # t
     return lead, project
 
 
+def _trusted_endpoint(db, make_user, api, token_for, url: str, model: str, **fields) -> int:  # type: ignore[no-untyped-def]
+    """An admin's model endpoint for a server on this machine: loopback needs the admin's explicit trust."""
+    admin = make_user(db, "admin")
+    client = api(token_for(db, admin))
+    db.commit()
+    r = client.post("/api/model-endpoints", json={"name": f"local {url}", "base_url": url, "model": model,
+                                                  "allow_private": True, **fields})
+    assert r.status_code == 201, r.text
+    return int(r.json()["id"])
+
+
 def _worker(database_url: str, tmp_path: Path, clean_engine, **kw) -> Worker:  # type: ignore[no-untyped-def]
     from app.db import make_session_factory
 
@@ -222,10 +233,12 @@ def test_openai_backend_through_a_real_local_server(db, make_user, make_project,
     client = api(token_for(db, lead))
     db.commit()
     project_id = project.id
-    with OpenAICompatibleServer(tiny_model_dir, model_name="tiny") as server:
+    with OpenAICompatibleServer(tiny_model_dir, model_name="tiny", api_key="sk-endpoint-key") as server:
+        endpoint_id = _trusted_endpoint(db, make_user, api, token_for, server.url, "tiny", api_key="sk-endpoint-key")
         server.fail_next(429, times=1, retry_after=0)
-        spec = {"backend": "openai", "base_url": server.url, "model": "tiny", "max_new_tokens": 6,
-                "max_retries": 3, "timeout_s": 30}
+        # The lead names the endpoint; its URL and key stay with the admin's configuration.
+        spec = {"backend": "openai", "endpoint_id": endpoint_id, "max_new_tokens": 6, "max_retries": 3,
+                "timeout_s": 30}
         job_id = client.post(f"/api/projects/{project_id}/sampling-jobs",
                              json={"generator": spec, "seed": 11}).json()["job_id"]
         _worker(database_url, tmp_path, clean_engine).run(exit_when_idle=True)
@@ -235,6 +248,9 @@ def test_openai_backend_through_a_real_local_server(db, make_user, make_project,
     params = db.scalar(select(Completion.generator_params).join(Prompt).where(Prompt.project_id == project_id))
     db.rollback()
     assert params["backend"] == "openai" and "api_key" not in params
+    payload = db.scalar(select(Job.payload).where(Job.id == job_id))
+    db.rollback()
+    assert payload["generator"]["endpoint_id"] == endpoint_id and "sk-endpoint-key" not in repr(payload)
 
 
 def test_an_unreachable_server_fails_the_job_with_a_clear_reason(db, make_user, make_project, token_for, api,
@@ -247,8 +263,8 @@ def test_an_unreachable_server_fails_the_job_with_a_clear_reason(db, make_user, 
     lead, project = _project_with_prompts(db, make_user, make_project, n=1, k=2)
     client = api(token_for(db, lead))
     db.commit()
-    spec = {"backend": "openai", "base_url": f"http://127.0.0.1:{port}/v1", "model": "m", "max_retries": 0,
-            "timeout_s": 2}
+    endpoint_id = _trusted_endpoint(db, make_user, api, token_for, f"http://127.0.0.1:{port}/v1", "m")
+    spec = {"backend": "openai", "endpoint_id": endpoint_id, "max_retries": 0, "timeout_s": 2}
     job_id = client.post(f"/api/projects/{project.id}/sampling-jobs", json={"generator": spec}).json()["job_id"]
     _worker(database_url, tmp_path, clean_engine).run(exit_when_idle=True)
     status = client.get(f"/api/jobs/{job_id}").json()

@@ -79,6 +79,12 @@ def _gen() -> dict[str, Any]:
     return {"backend": "hf", "model": "/nonexistent/model"}
 
 
+def _endpoint(form: bool = False) -> dict[str, Any]:
+    """A valid model endpoint body; an IP literal, so no name is resolved."""
+    body: dict[str, Any] = {"name": "Another vLLM", "base_url": "http://10.1.2.3:8000/v1", "model": "m"}
+    return body | ({"allow_private": "on"} if form else {"allow_private": True})
+
+
 POLICY: dict[tuple[str, str], Policy] = {
     ("GET", "/openapi.json"): Policy(ALL, object_scoped=False),
     ("GET", "/docs"): Policy(ALL, object_scoped=False),
@@ -107,6 +113,17 @@ POLICY: dict[tuple[str, str], Policy] = {
                                                                 "role": "annotator"}}, object_scoped=False),
     ("POST", "/admin/users/{user_id}"): Policy(ADMIN, lambda w: {"data": {"role": "engineer", "active": "on"}},
                                                object_scoped=False),
+    # model endpoints: global objects; everyone signed in may list (names only), admins manage them
+    ("GET", "/api/model-endpoints"): Policy(AUTHED, object_scoped=False),
+    ("POST", "/api/model-endpoints"): Policy(ADMIN, lambda w: {"json": _endpoint()}, object_scoped=False),
+    ("PATCH", "/api/model-endpoints/{endpoint_id}"): Policy(ADMIN, lambda w: {"json": {"name": "Renamed"}},
+                                                            object_scoped=False),
+    ("DELETE", "/api/model-endpoints/{endpoint_id}"): Policy(ADMIN, object_scoped=False),
+    ("GET", "/admin/endpoints"): Policy(ADMIN, object_scoped=False),
+    ("POST", "/admin/endpoints"): Policy(ADMIN, lambda w: {"data": _endpoint(form=True)}, object_scoped=False),
+    ("POST", "/admin/endpoints/{endpoint_id}"): Policy(ADMIN, lambda w: {"data": _endpoint(form=True)},
+                                                       object_scoped=False),
+    ("POST", "/admin/endpoints/{endpoint_id}/delete"): Policy(ADMIN, object_scoped=False),
     # projects
     ("GET", "/api/projects"): Policy(AUTHED, object_scoped=False),
     ("POST", "/api/projects"): Policy(CREATORS, lambda w: {"json": {"name": "New", "completions_per_prompt": 2,
@@ -222,7 +239,7 @@ def policy_key(route: RouteInfo) -> tuple[str, str]:
 
 
 def a_params(w: World) -> dict[str, Any]:
-    return w.a.params() | {"user_id": w.user_ids["victim"], "token_id": w.lead_token_id}
+    return w.a.params() | {"user_id": w.user_ids["victim"], "token_id": w.lead_token_id, "endpoint_id": w.endpoint_id}
 
 
 def outcome(response: Any) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from app.models import Completion, Export, Job, Project, Prompt, TrainingRun
+from app.models import Completion, Export, Job, ModelEndpoint, Project, Prompt, TrainingRun
 from app.services import constitutions, projects, users
 
 PASSWORD = "correct horse battery staple"
@@ -47,6 +47,8 @@ class World:
     b: ProjectObjects
     lead_token_id: int
     outsider_token_id: int
+    endpoint_id: int
+    """A model endpoint the admin configured (global, not a project's), with an API key stored."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def headers(self, who: str) -> dict[str, str]:
@@ -115,9 +117,14 @@ def seed(db: Session, data_dir: Path) -> World:
     tokens: dict[str, str] = {}
     for who in IDENTITIES[1:]:
         _, tokens[who] = users.create_token(db, people[who], "world")
+    # Added as a row, not through the service: the service resolves host names, and the suite needs no DNS.
+    endpoint = ModelEndpoint(name="World vLLM", base_url="http://10.9.8.7:8000/v1", model="world-model",
+                             api_key="sk-world-secret-key", allow_private=True, created_by_id=people["admin"].id)
+    db.add(endpoint)
+    db.flush()
     lead_row, _ = users.create_token(db, people["lead"], "revocable")
     outsider_row, _ = users.create_token(db, people["outsider"], "revocable")
     db.commit()
     return World(tokens=tokens, emails={w: u.email for w, u in people.items()},
                  user_ids={w: u.id for w, u in people.items()}, a=a, b=b, lead_token_id=lead_row.id,
-                 outsider_token_id=outsider_row.id)
+                 outsider_token_id=outsider_row.id, endpoint_id=endpoint.id)

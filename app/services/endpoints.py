@@ -1,0 +1,196 @@
+"""Model endpoints: the OpenAI-compatible servers admins configure, and turning a lead's pick into a generator.
+
+A generator spec stored in a job says `{"backend": "openai", "endpoint_id": 3, "model": ...}`; the base URL and
+API key are looked up (and the URL checked again) only when a worker builds the generator, so a key never lands
+in a job payload, a judge run's parameters or a log line.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.errors import Conflict, Forbidden, Invalid, NotFound
+from app.models import ModelEndpoint, User
+from app.services import audit, outbound
+
+NAME_MAX = 100
+
+
+def list_endpoints(db: Session) -> list[ModelEndpoint]:
+    return list(db.scalars(select(ModelEndpoint).order_by(ModelEndpoint.name)))
+
+
+def get(db: Session, endpoint_id: int) -> ModelEndpoint:
+    endpoint = db.get(ModelEndpoint, endpoint_id)
+    if endpoint is None:
+        raise NotFound("no such model endpoint")
+    return endpoint
+
+
+def _require_admin(actor: User) -> None:
+    if actor.role != "admin":
+        raise Forbidden("only admins configure model endpoints")
+
+
+def _clean_name(db: Session, name: str, current: ModelEndpoint | None = None) -> str:
+    name = name.strip()
+    if not name:
+        raise Invalid("must not be empty", field="name")
+    if len(name) > NAME_MAX:
+        raise Invalid(f"must be at most {NAME_MAX} characters", field="name")
+    clash = db.scalar(select(ModelEndpoint.id).where(ModelEndpoint.name == name))
+    if clash is not None and (current is None or clash != current.id):
+        raise Conflict(f"a model endpoint named {name!r} already exists", field="name")
+    return name
+
+
+def _clean_model(model: str) -> str:
+    model = model.strip()
+    if not model:
+        raise Invalid("must name the model the server serves", field="model")
+    return model
+
+
+def create(db: Session, actor: User, *, name: str, base_url: str, model: str, api_key: str | None = None,
+           allow_private: bool = False) -> ModelEndpoint:
+    """A new endpoint, or Invalid / Conflict naming the field. The URL is checked (and resolved) now."""
+    _require_admin(actor)
+    endpoint = ModelEndpoint(name=_clean_name(db, name), model=_clean_model(model),
+                             base_url=outbound.check_base_url(base_url, allow_private=allow_private),
+                             api_key=(api_key or "").strip() or None, allow_private=bool(allow_private),
+                             created_by_id=actor.id)
+    db.add(endpoint)
+    db.flush()
+    audit.record(db, actor, "model_endpoint.create", object_type="model_endpoint", object_id=endpoint.id,
+                 name=endpoint.name, base_url=endpoint.base_url, allow_private=endpoint.allow_private)
+    return endpoint
+
+
+def update(db: Session, actor: User, endpoint: ModelEndpoint, *, name: str | None = None,
+           base_url: str | None = None, model: str | None = None, api_key: str | None = None,
+           clear_api_key: bool = False, allow_private: bool | None = None) -> ModelEndpoint:
+    """Change the given fields. `api_key=None` keeps the stored key (it is never shown, so forms send it blank);
+    `clear_api_key` removes it."""
+    _require_admin(actor)
+    changed: list[str] = []
+    if name is not None and name.strip() != endpoint.name:
+        endpoint.name = _clean_name(db, name, endpoint)
+        changed.append("name")
+    if model is not None and model.strip() != endpoint.model:
+        endpoint.model = _clean_model(model)
+        changed.append("model")
+    if allow_private is not None and bool(allow_private) != endpoint.allow_private:
+        endpoint.allow_private = bool(allow_private)
+        changed.append("allow_private")
+    if base_url is not None or "allow_private" in changed:
+        # Re-checked when trust is withdrawn too: a private URL cannot stay once its endpoint is no longer trusted.
+        endpoint.base_url = outbound.check_base_url(base_url if base_url is not None else endpoint.base_url,
+                                                    allow_private=endpoint.allow_private)
+        changed.append("base_url")
+    if clear_api_key:
+        endpoint.api_key = None
+        changed.append("api_key")
+    elif api_key is not None and api_key.strip():
+        endpoint.api_key = api_key.strip()
+        changed.append("api_key")
+    audit.record(db, actor, "model_endpoint.update", object_type="model_endpoint", object_id=endpoint.id,
+                 changed=sorted(set(changed)))
+    return endpoint
+
+
+def delete(db: Session, actor: User, endpoint: ModelEndpoint) -> None:
+    """Remove the endpoint; queued jobs that picked it fail with a clear reason when a worker reaches them."""
+    _require_admin(actor)
+    audit.record(db, actor, "model_endpoint.delete", object_type="model_endpoint", object_id=endpoint.id,
+                 name=endpoint.name)
+    db.delete(endpoint)
+    db.flush()
+
+
+# --- generator specs ----------------------------------------------------------------------------------
+
+
+def choose(db: Session, actor: User, generator: dict[str, Any], *, field: str = "generator") -> dict[str, Any]:
+    """The spec a job stores for the caller's generator choice, or Invalid naming `<field>.<key>`.
+
+    `hf` specs pass through. An `openai` spec names an endpoint by `endpoint_id` (its model defaults to the
+    endpoint's); the stored spec keeps the id, never a URL or key. A free-form `base_url` is for admins only
+    (for a quick test of a public server) and may not carry an API key: keys live on endpoints.
+    """
+    spec = {k: v for k, v in generator.items() if v is not None}
+    if spec.get("backend") != "openai":
+        return spec
+    endpoint_id = spec.get("endpoint_id")
+    if endpoint_id is not None:
+        if spec.get("base_url"):
+            raise Invalid("give endpoint_id or base_url, not both", field=f"{field}.base_url")
+        if spec.get("api_key"):
+            raise Invalid("the endpoint's own API key is used; do not send one", field=f"{field}.api_key")
+        endpoint = db.get(ModelEndpoint, int(endpoint_id))
+        if endpoint is None:
+            raise Invalid("no such model endpoint; ask an admin for the list", field=f"{field}.endpoint_id")
+        spec["endpoint_id"] = endpoint.id
+        spec["model"] = spec.get("model") or endpoint.model
+        return spec
+    if not spec.get("base_url"):
+        raise Invalid("pick a model endpoint (endpoint_id)", field=f"{field}.endpoint_id")
+    if actor.role != "admin":
+        raise Invalid("server URLs are configured by admins; pick a model endpoint (endpoint_id) instead",
+                      field=f"{field}.base_url")
+    if spec.get("api_key"):
+        raise Invalid("API keys are stored on model endpoints, never in job parameters; create an endpoint",
+                      field=f"{field}.api_key")
+    if not spec.get("model"):
+        raise Invalid("must name the model the server serves", field=f"{field}.model")
+    spec["base_url"] = outbound.check_base_url(spec["base_url"], field=f"{field}.base_url")
+    return spec
+
+
+def runtime_spec(db: Session, spec: dict[str, Any], *, field: str = "generator") -> dict[str, Any]:
+    """The spec `training.generation.make_generator` takes: the endpoint's URL and key filled in, the URL checked
+    again now (DNS may have changed since the job was queued). Raises Invalid; never stored anywhere."""
+    spec = dict(spec)
+    if spec.get("backend") != "openai":
+        return spec
+    endpoint_id = spec.pop("endpoint_id", None)
+    if endpoint_id is None:  # an admin's free-form public URL (or a job queued before endpoints existed)
+        spec["base_url"] = outbound.check_base_url(str(spec.get("base_url") or ""), field=f"{field}.base_url")
+        return spec
+    endpoint = db.get(ModelEndpoint, int(endpoint_id))
+    if endpoint is None:
+        raise Invalid(f"model endpoint {endpoint_id} no longer exists", field=f"{field}.endpoint_id")
+    spec["base_url"] = outbound.check_base_url(endpoint.base_url, field=f"{field}.endpoint_id",
+                                               allow_private=endpoint.allow_private)
+    spec["model"] = spec.get("model") or endpoint.model
+    if endpoint.api_key:
+        spec["api_key"] = endpoint.api_key
+    return spec
+
+
+
+def prepare(db: Session, actor: User, generator: dict[str, Any], *, field: str = "generator") -> dict[str, Any]:
+    """`choose`, then the cheap up-front check of the generator a worker will build from it (a model directory
+    exists; a URL is well formed). The spec to store, or Invalid naming the field."""
+    from training.generation import GenerationError, make_generator
+
+    spec = choose(db, actor, generator, field=field)
+    try:
+        make_generator(runtime_spec(db, spec, field=field)).check()
+    except (GenerationError, ValueError) as exc:
+        raise Invalid(str(exc), field=f"{field}.model" if spec.get("backend") == "hf" else field) from None
+    return spec
+
+
+def check_server_url(db: Session, actor: User, url: str, *, field: str) -> str:
+    """A URL a trainer will call (GRPO's `server_base_url`): the base URL of a configured endpoint (checked with
+    that endpoint's trust), or, for admins only, a public URL. Invalid naming `field` otherwise."""
+    wanted = url.strip().rstrip("/")
+    for endpoint in list_endpoints(db):
+        if endpoint.base_url.rstrip("/") == wanted:
+            return outbound.check_base_url(endpoint.base_url, field=field, allow_private=endpoint.allow_private)
+    if actor.role != "admin":
+        raise Invalid("must be the base URL of a model endpoint an admin configured", field=field)
+    return outbound.check_base_url(wanted, field=field)
