@@ -13,7 +13,7 @@ import hashlib
 
 import pytest
 
-from app.models import Completion, Job, Prompt
+from app.models import Completion, Job, ModelEndpoint, Prompt
 from app.services import constitutions, projects, users
 
 PASSWORD = "correct horse battery staple"
@@ -60,6 +60,9 @@ def _seed(server) -> dict[str, int]:  # type: ignore[no-untyped-def]
         job = Job(kind="sample_completions", project_id=project.id, state="failed",
                   error="remote said: " + XSS, result={"message": XSS[:300], "done": 0, "total": 1})
         db.add(job)
+        # A model endpoint named and described by the corpus: shown in the lead's pickers and the admin's list.
+        db.add(ModelEndpoint(name=XSS[:100], base_url="http://10.0.0.7:8000/v1?" + XSS[:200], model=XSS[:300],
+                             api_key=XSS[:500], allow_private=True, created_by_id=admin.id))
         db.commit()
         return {"project": project.id, "job": job.id, "admin": admin.id}
 
@@ -135,6 +138,7 @@ def test_the_xss_corpus_is_inert_on_every_page(live_server, chromium) -> None:  
         page.context.clear_cookies()
         _login(page, base, "admin@example.org")
         _check(page, base, "/admin/users", problems)
+        _check(page, base, "/admin/endpoints", problems)
     finally:
         context.close()
     assert not dialogs, f"dialogs opened: {dialogs}"
