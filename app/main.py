@@ -51,7 +51,8 @@ def _unstorable_value(exc: Exception) -> str | None:
     if isinstance(exc, DataError):
         if getattr(exc.orig, "sqlstate", None) == "22003":
             return "a number is out of range"
-        if "NUL (0x00)" in str(exc.orig):
+        # NUL in a text column (refused by psycopg) or in JSON (SQLSTATE 22P05, untranslatable character).
+        if "NUL (0x00)" in str(exc.orig) or getattr(exc.orig, "sqlstate", None) == "22P05":
             return "text must not contain NUL (0x00) characters"
     return None
 

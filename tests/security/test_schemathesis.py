@@ -51,6 +51,15 @@ SETTINGS = settings(max_examples=MAX_EXAMPLES, deadline=None, database=None, der
                     suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate, Phase.shrink])
 
 
+def _where(exc: BaseException) -> str:
+    """The end of the traceback of an exception the app raised (schemathesis' own failures explain themselves)."""
+    from schemathesis.core.failures import Failure
+
+    if isinstance(exc, BaseExceptionGroup):
+        return "\n".join(_where(e) for e in exc.exceptions)
+    return "" if isinstance(exc, Failure) else "".join(traceback.format_exception(exc)[-6:])
+
+
 def fuzz(app: Any, world: World, who: str) -> list[str]:
     """Run every operation's positive and negative cases as `who`; return one line per failing operation."""
     # Hypothesis drives each operation's strategy directly (`APIOperation.as_strategy`): schemathesis' pytest
@@ -71,8 +80,7 @@ def fuzz(app: Any, world: World, who: str) -> list[str]:
         try:
             check()
         except (Exception, BaseExceptionGroup) as exc:  # schemathesis' FailureGroup is a BaseExceptionGroup
-            where = "" if isinstance(exc, BaseExceptionGroup) else "".join(traceback.format_exception(exc)[-6:])
-            failures.append(f"{operation.label} as {who}: {exc}\n{where}")
+            failures.append(f"{operation.label} as {who}: {exc}\n{_where(exc)}")
     return failures
 
 
@@ -99,8 +107,11 @@ def test_numbers_beyond_the_database_and_nul_in_text_are_422_not_500(world: Worl
     huge = 2**64 + 1
     r = client.post(f"/api/training-runs/{huge}/iterate", json={}, headers=world.headers("lead"))
     assert r.status_code in (404, 422), r.text  # SQLite cannot bind it (422); Postgres compares it and finds none
-    r = client.post(f"/api/projects/{world.a.project_id}/rankings", headers=world.headers("annotator"),
-                    json={"rubric_version": 1, "submission_id": "\x00"})
-    assert r.status_code < 500, r.text
-    if database_url.startswith("postgresql"):  # Postgres text cannot hold NUL; SQLite stores it
-        assert r.status_code == 422 and "NUL" in r.json()["detail"][0]["message"]
+    nul_in_text = client.post(f"/api/projects/{world.a.project_id}/rankings", headers=world.headers("annotator"),
+                              json={"rubric_version": 1, "submission_id": "\x00"})
+    nul_in_json = client.post(f"/api/projects/{world.a.project_id}/constitutions", headers=world.headers("lead"),
+                              json={"base_version": 1, "principles": [{"name": "x", "comparison": "a\x00b"}]})
+    for r in (nul_in_text, nul_in_json):
+        assert r.status_code < 500, r.text
+        if database_url.startswith("postgresql"):  # Postgres text and JSONB cannot hold NUL; SQLite stores it
+            assert r.status_code == 422 and "NUL" in r.json()["detail"][0]["message"], r.text
