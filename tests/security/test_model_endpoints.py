@@ -57,6 +57,10 @@ def test_the_api_key_is_never_returned_and_urls_only_to_admins(client: Any, worl
     assert item["has_api_key"] is True and item["base_url"] == "http://10.9.8.7:8000/v1" and "api_key" not in item
     as_lead = client.get("/api/model-endpoints", headers=lead)
     assert as_lead.json() == [{"id": world.endpoint_id, "name": "World vLLM", "model": "world-model"}]
+    for page in (f"/projects/{world.a.project_id}/jobs", f"/projects/{world.a.project_id}/judge"):
+        html = client.get(page, headers=lead).text  # the lead's picker: names, never the URL or the key
+        assert f'<option value="{world.endpoint_id}"' in html and "World vLLM (world-model)" in html, page
+        assert "10.9.8.7" not in html and SECRET not in html and 'name="base_url"' not in html
     patched = client.patch(f"/api/model-endpoints/{world.endpoint_id}", json={"model": "other"}, headers=admin)
     assert patched.status_code == 200 and SECRET not in patched.text and patched.json()["has_api_key"] is True
     created = client.post("/api/model-endpoints", headers=admin,
