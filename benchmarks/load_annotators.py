@@ -37,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from _pg import fresh_database  # noqa: E402 - after the sys.path set-up
-from bench_annotation import REPO, SECRET, _ms, check_database, seed, start_server  # noqa: E402
+from bench_annotation import REPO, SECRET, _cpu_seconds, _ms, check_database, seed, start_server  # noqa: E402
 
 from app.settings import Settings  # noqa: E402
 
@@ -282,7 +282,12 @@ def run(url: str, cfg: LoadConfig, *, prompts: int, overlap: int, workers: int) 
         server, base = start_server(url, workers, data_dir)
         worker = start_worker(url, data_dir)
         try:
+            server_cpu0, client_cpu0 = _cpu_seconds(server.pid), time.process_time()
             result.update(asyncio.run(drive(base, project_id, tokens, lead, cfg)))
+            # Load-independent figures: CPU per ranking made in the whole run (warm-up included), server and client.
+            made = max(check_database(url, project_id, overlap)["rankings"], 1)
+            result["server_cpu_ms_per_ranking"] = round((_cpu_seconds(server.pid) - server_cpu0) / made * 1e3, 1)
+            result["client_cpu_ms_per_ranking"] = round((time.process_time() - client_cpu0) / made * 1e3, 1)
         finally:
             for proc in (worker, server):
                 proc.terminate()
