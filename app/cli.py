@@ -249,6 +249,7 @@ def export_cmd(project: Annotated[str, typer.Argument(help="Project id or name")
         row = db.get(Export, export_id)
         assert row is not None
         row.files, row.sha256, row.path = result.files, result.sha256, str(result.path)
+        row.snapshot = result.snapshot
         row.row_count, row.row_counts = result.row_count, result.row_counts
     out.mkdir(parents=True, exist_ok=True)
     for name in result.files:

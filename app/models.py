@@ -446,6 +446,8 @@ class Export(Base):
     sha256: Mapped[str | None] = mapped_column(String(64))
     files: Mapped[dict[str, str]] = mapped_column(JSONType, default=dict)
     path: Mapped[str | None] = mapped_column(String(500))
+    snapshot: Mapped[str | None] = mapped_column(String(200))
+    """The database snapshot the export read: Postgres `pg_current_snapshot()`, or SQLite's read transaction."""
     job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"))
     created_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

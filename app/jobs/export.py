@@ -47,6 +47,7 @@ def run(ctx: Any) -> dict[str, Any]:
             return "deleted"
         export.files = result.files
         export.sha256 = result.sha256
+        export.snapshot = result.snapshot
         export.row_count = result.row_count
         export.row_counts = result.row_counts
         export.path = str(result.path)

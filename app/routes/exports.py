@@ -47,6 +47,7 @@ class ExportOut(BaseModel):
     empty: bool
     sha256: str | None
     files: dict[str, str]
+    snapshot: str | None = Field(description="The database snapshot the export read (Postgres: pg_current_snapshot())")
     job_id: int | None
     created_by_id: int | None
     created_at: datetime
@@ -58,7 +59,8 @@ def export_out(db: Session, export: Export) -> ExportOut:
     return ExportOut(id=export.id, project_id=export.project_id, kind=export.kind, format=export.format,
                      filters=dict(export.filters or {}), status=state, row_count=export.row_count,
                      row_counts=dict(export.row_counts or {}), empty=state == "ready" and export.row_count == 0,
-                     sha256=export.sha256, files=dict(export.files or {}), job_id=export.job_id,
+                     sha256=export.sha256, files=dict(export.files or {}), snapshot=export.snapshot,
+                     job_id=export.job_id,
                      created_by_id=export.created_by_id, created_at=export.created_at, deleted_at=export.deleted_at)
 
 

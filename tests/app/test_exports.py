@@ -126,6 +126,8 @@ def test_rank_export_and_load_in_every_format(db, app, make_user, make_project, 
         assert out["row_count"] == made and out["row_counts"] == {
             "source.human": made, "split.heldout": 6, "split.train": 18}
         assert "README.md" in out["files"] and len(out["sha256"]) == 64
+        # the row records the snapshot it read: Postgres xmin:xmax:xip list, or SQLite's read transaction
+        assert out["snapshot"].startswith(("postgres ", "sqlite "))
         local = _download(client, out, tmp_path / fmt)
         ds = _load(fmt, local / FILE_OF[fmt])
         assert ds.column_names == PAIR_COLUMNS and ds.num_rows == made
