@@ -57,9 +57,9 @@ def _spawn_worker(app: Any, *options: str) -> subprocess.Popen:  # type: ignore[
     env.update(PREFLAB_DATABASE_URL=settings.database_url, PREFLAB_DATA_DIR=str(settings.data_dir),
                PREFLAB_SECRET_KEY=TEST_SECRET)
     # Frequent heartbeats: progress reaches the database quickly, and the lease lapses soon after a kill.
-    output = open(Path(settings.data_dir) / "worker-output.log", "ab")  # noqa: SIM115  (the child owns it)
-    return subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--poll", "0.1", "--heartbeat", "0.1",
-                             *options], env=env, stdout=output, stderr=subprocess.STDOUT)
+    with open(Path(settings.data_dir) / "worker-output.log", "ab") as output:  # the child keeps its own copy
+        return subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--poll", "0.1", "--heartbeat", "0.1",
+                                 *options], env=env, stdout=output, stderr=subprocess.STDOUT)
 
 
 def _worker_output(app: Any) -> str:
@@ -150,6 +150,15 @@ def _in_process_worker(app: Any, **kw: Any) -> Worker:
     return Worker(app.state.settings, session_factory=factory, poll_s=0.05, heartbeat_s=0.2, **kw)
 
 
+def _run_in_process(app: Any, **kw: Any) -> int:
+    """Run a worker here until the queue is empty; how many jobs it ran."""
+    worker = _in_process_worker(app, **kw)
+    try:
+        return worker.run(exit_when_idle=True)
+    finally:
+        worker.session_factory.kw["bind"].dispose()
+
+
 def _executions(app: Any, job_id: int, line: str) -> int:
     """How many times a handler got as far as writing `line` into the job's log: executions, not states."""
     log = Path(app.state.settings.data_dir) / "jobs" / f"{job_id}.log"
@@ -201,7 +210,7 @@ def test_an_export_killed_mid_write_is_reclaimed_and_written_once_atomically(db,
 
     # The same data exported cleanly, without any kill, gives the same bytes.
     clean_id, _ = _request_export(client, project_id)
-    assert _in_process_worker(app).run(exit_when_idle=True) == 1
+    assert _run_in_process(app) == 1
     clean = client.get(f"/api/exports/{clean_id}").json()
     assert clean["status"] == "ready"
     assert clean["files"] == out["files"] and clean["sha256"] == out["sha256"]
@@ -225,6 +234,8 @@ def test_two_workers_at_once_run_each_job_exactly_once(db, app, make_user, make_
         t.start()
     for t in threads:
         t.join(timeout=120)
+    for w in workers:
+        w.session_factory.kw["bind"].dispose()
     assert sum(ran.values()) == len(jobs_) and all(ran.values()), ran  # both took part, every job ran
     shas = set()
     for export_id, job_id in jobs_:
@@ -245,7 +256,7 @@ def test_a_job_killed_on_every_attempt_fails_with_the_reason_and_its_run_with_it
     project_id, token = _ranked_project(db, make_user, make_project, token_for, n_prompts=40)
     client = api(token)
     export_id, _ = _request_export(client, project_id)
-    assert _in_process_worker(app).run(exit_when_idle=True) == 1
+    assert _run_in_process(app) == 1
     r = client.post(f"/api/projects/{project_id}/training-runs", json={
         "kind": "reward", "export_id": export_id, "base_model": str(models_dir["reward"]),
         "config": {"max_steps": 100000, "batch_size": 2, "log_every": 1, "eval_every": 1000000}})
@@ -265,7 +276,7 @@ def test_a_job_killed_on_every_attempt_fails_with_the_reason_and_its_run_with_it
         _wait_for("the orphaned trainer to be stopped", lambda: not _marked_processes(run_id), timeout=10)
         _let_lease_lapse(db, job_id, stale_after=1)
 
-    assert _in_process_worker(app, stale_after_s=1).run(exit_when_idle=True) == 0  # nothing left to claim…
+    assert _run_in_process(app, stale_after_s=1) == 0  # nothing left to claim…
     job = _job(db, job_id)
     assert job.state == "failed" and "gave up" in job.error and job.attempts == max_attempts  # …so it failed
     run = client.get(f"/api/training-runs/{run_id}").json()
@@ -289,7 +300,7 @@ def test_a_training_run_killed_mid_run_resumes_once_with_no_orphan_and_a_complet
     project_id, token = _ranked_project(db, make_user, make_project, token_for, n_prompts=40)
     client = api(token)
     export_id, _ = _request_export(client, project_id)
-    assert _in_process_worker(app).run(exit_when_idle=True) == 1
+    assert _run_in_process(app) == 1
     steps = 40
     r = client.post(f"/api/projects/{project_id}/training-runs", json={
         "kind": "reward", "export_id": export_id, "base_model": str(models_dir["reward"]),
@@ -323,7 +334,7 @@ def test_a_training_run_killed_mid_run_resumes_once_with_no_orphan_and_a_complet
     assert client.get(f"/api/training-runs/{run_id}").json()["state"] == "running"
 
     _let_lease_lapse(db, job_id, stale_after=1)
-    assert _in_process_worker(app, stale_after_s=1).run(exit_when_idle=True) == 1
+    assert _run_in_process(app, stale_after_s=1) == 1
     job = _job(db, job_id)
     assert (job.state, job.attempts, job.error) == ("succeeded", 2, None)
     assert _executions(app, job_id, "succeeded") == 1
