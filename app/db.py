@@ -182,7 +182,8 @@ class RetryTransientErrors:
                 await self.app(attempt_scope, _replaying(recorded, receive), send_watching)
                 return
             except Exception as exc:
-                if started or attempt == self.attempts or not is_transient(exc):
+                # A body too large to keep (an upload) is not replayable: the error goes out as it is.
+                if started or attempt == self.attempts or not is_transient(exc) or _too_big(recorded):
                     raise
                 log.info("%s %s: %s, attempt %d of %d; running it again", scope.get("method"), scope.get("path"),
                          _reason(exc), attempt, self.attempts)
@@ -198,7 +199,16 @@ def _replaying(recorded: list[dict[str, Any]], receive: Any) -> Callable[[], Any
         if message is not None:
             return message
         message = await receive()
-        recorded.append(message)
+        if not _too_big(recorded):
+            recorded.append(message)
         return message
 
     return receive_recording
+
+
+REPLAY_MAX_BYTES = 1 << 20
+"""Request bodies up to this size are kept for a replay; an import upload is not held in memory twice."""
+
+
+def _too_big(recorded: list[dict[str, Any]]) -> bool:
+    return sum(len(m.get("body", b"")) for m in recorded) > REPLAY_MAX_BYTES

@@ -10,7 +10,7 @@ from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException
 
 from app import __version__
-from app.db import make_engine, make_session_factory
+from app.db import RetryTransientErrors, make_engine, make_session_factory
 from app.deps import LoginRequired, csrf_guard
 from app.errors import DomainError, TooManyAttempts
 from app.security import LoginThrottle
@@ -82,6 +82,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=(settings.max_upload_mb + 1) * 1024 * 1024)
     app.add_middleware(BrowserIdAndHeadersMiddleware, secure_cookies=settings.cookies_secure,
                        hsts=settings.env == "production")
+    # Outermost of ours, still inside Starlette's error middleware: a request whose transaction Postgres aborted
+    # (deadlock victim, serialization failure) runs again before anything was sent.
+    app.add_middleware(RetryTransientErrors)
 
     from app.routes import (
         agreement,

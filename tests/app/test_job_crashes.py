@@ -462,9 +462,8 @@ def test_a_request_aborted_by_a_deadlock_runs_again(database_url, app, db, clean
     db.add_all([Completion(prompt_id=prompt.id, text="a"), Completion(prompt_id=prompt.id, text="b")])
     token = token_for(db, annotator)
     db.commit()
-    # Registered as create_app would: inside Starlette's error middleware, which answers 500 to what escapes it.
-    retrying = create_app(app.state.settings)
-    retrying.add_middleware(RetryTransientErrors)
+    retrying = create_app(app.state.settings)  # the app as served: create_app registers the retry middleware
+    assert any(m.cls is RetryTransientErrors for m in retrying.user_middleware)
     client = TestClient(retrying, headers={"Authorization": f"Bearer {token}"})
     task = client.get(f"/api/projects/{project.id}/tasks/next").json()
     body = {"assignment_id": task["assignment_id"], "tiers": [[c["id"]] for c in task["completions"]],
