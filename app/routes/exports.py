@@ -100,9 +100,9 @@ def download_file(export_id: int, name: str, db: SessionDep, user: CurrentUser) 
 
 @router.delete("/api/exports/{export_id}", tags=["exports"],
                summary="Delete an export's files; the row stays as a tombstone with its hashes (leads, admins)")
-def delete_export(export_id: int, db: SessionDep, user: CurrentUser) -> ExportOut:
+def delete_export(export_id: int, request: Request, db: SessionDep, user: CurrentUser) -> ExportOut:
     export = exports.get_visible(db, export_id, user)
-    return export_out(db, exports.delete(db, export, user))
+    return export_out(db, exports.delete(db, export, user, data_dir=request.app.state.settings.data_dir))
 
 
 # --- pages --------------------------------------------------------------------------------------
@@ -154,7 +154,7 @@ def export_from_page(request: Request, project_id: int, db: SessionDep, user: Pa
 
 
 @router.post("/exports/{export_id}/delete", include_in_schema=False)
-def delete_from_page(export_id: int, db: SessionDep, user: PageUser) -> Response:
+def delete_from_page(export_id: int, request: Request, db: SessionDep, user: PageUser) -> Response:
     export = exports.get_visible(db, export_id, user)
-    exports.delete(db, export, user)
+    exports.delete(db, export, user, data_dir=request.app.state.settings.data_dir)
     return RedirectResponse(f"/projects/{export.project_id}/exports", status_code=303)

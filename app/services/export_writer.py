@@ -610,6 +610,30 @@ def _is_conversational(conn: Connection, project_id: int) -> bool:
     return conn.execute(stmt).first() is not None
 
 
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _publish(tmp: Path, out_dir: Path) -> None:
+    """Make `tmp` the export directory: on disk first (the row's hashes must describe bytes that survive a power
+    cut), then by rename. A retried export's earlier directory is renamed aside before it is removed, so the
+    path never holds a mix of two attempts."""
+    for path in [*tmp.rglob("*"), tmp]:
+        _fsync(path)
+    if out_dir.exists():
+        aside = out_dir.parent / f".old-{out_dir.name}-{uuid.uuid4().hex[:8]}"
+        os.replace(out_dir, aside)
+        os.replace(tmp, out_dir)
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        os.replace(tmp, out_dir)
+    _fsync(out_dir.parent)  # the rename itself
+
+
 def write_export(engine: Engine, spec: ExportSpec, out_dir: Path, *, secret: str,
                  batch_size: int = DEFAULT_BATCH, progress: Progress | None = None) -> WriteResult:
     """Write the export into `out_dir` (created by an atomic rename of a temp directory beside it).
@@ -649,9 +673,7 @@ def write_export(engine: Engine, spec: ExportSpec, out_dir: Path, *, secret: str
                                conversational=conversational)
         (tmp / "README.md").write_text(card, encoding="utf-8")
         files = data_files | {"README.md": file_sha256(tmp / "README.md")}
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
+        _publish(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

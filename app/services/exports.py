@@ -228,8 +228,10 @@ def file_path(export: Export, name: str) -> Path:
     return path
 
 
-def delete(db: Session, export: Export, actor: User) -> Export:
-    """Remove the files and keep the row as a tombstone (filters, counts, hashes stay on record)."""
+def delete(db: Session, export: Export, actor: User, *, data_dir: Path | None = None) -> Export:
+    """Remove the files and keep the row as a tombstone (filters, counts, hashes stay on record).
+
+    With `data_dir`, also the temp directory a killed, never-retried attempt left behind."""
     project = db.get(Project, export.project_id)
     assert project is not None
     projects.require_project_role(db, project, actor, CAN_DELETE, "delete exports")
@@ -241,6 +243,10 @@ def delete(db: Session, export: Export, actor: User) -> Export:
         jobs.cancel(db, job, actor)  # the handler sees the tombstone and removes what it wrote
     if export.path:
         shutil.rmtree(export.path, ignore_errors=True)
+    if data_dir is not None and (job is None or job.state in jobs.TERMINAL):
+        # nothing writes this export any more: a temp directory beside it is a dead attempt's
+        for leftover in export_dir(data_dir, export.id).parent.glob(f".tmp-{export.id}-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
     audit.record(db, actor, "export.delete", project_id=project.id, object_type="export", object_id=export.id,
                  sha256=export.sha256)
     return export

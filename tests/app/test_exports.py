@@ -417,7 +417,12 @@ def test_download_delete_and_tombstone(db, app, make_user, make_project, token_f
     assert stranger.get(f"/api/exports/{out['id']}/files/README.md").status_code == 404
     assert stranger.delete(f"/api/exports/{out['id']}").status_code == 404
     assert eng.delete(f"/api/exports/{out['id']}").status_code == 403  # engineers export; leads delete
+    # as a killed attempt that was never retried would have left it
+    leftover = Path(db.get(Export, out["id"]).path).parent / f".tmp-{out['id']}-deadbeef"
+    db.rollback()
+    (leftover / "pairs").mkdir(parents=True)
     gone = boss.delete(f"/api/exports/{out['id']}")
+    assert not leftover.exists()
     assert gone.status_code == 200 and gone.json()["status"] == "deleted"
     assert gone.json()["sha256"] == out["sha256"] and gone.json()["files"] == out["files"]  # the tombstone
     assert not Path(db.get(Export, out["id"]).path).exists()
