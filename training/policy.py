@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from training.generation import StopOnText
 from training.weights import SAFE_LOAD, require_safetensors
 
 Prompt = str | list[dict[str, Any]]
@@ -66,7 +67,8 @@ def load_policy(path: str | Path, lora: LoraSettings | None = None, dtype: torch
     """Load `AutoModelForCausalLM` + tokenizer from a local directory, optionally wrapped with a LoRA adapter.
 
     Dropout is switched off (the model stays in eval mode while training): the importance ratio
-    π_θ/π_old must compare the same function, not two dropout masks.
+    π_θ/π_old must compare the same function, not two dropout masks. Tanh-GELUs written as Python
+    expressions run as torch's fused kernel (`fuse_activations`).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -79,6 +81,7 @@ def load_policy(path: str | Path, lora: LoraSettings | None = None, dtype: torch
     if dtype is not None:
         kwargs["dtype"] = dtype
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    fuse_activations(model)
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:
         model.resize_token_embeddings(len(tokenizer))
     if model.generation_config.pad_token_id is None:
@@ -93,6 +96,20 @@ def load_policy(path: str | Path, lora: LoraSettings | None = None, dtype: torch
         model.to(device)
     model.eval()
     return model, tokenizer
+
+
+def fuse_activations(model: torch.nn.Module) -> int:
+    """Swap GPT-2's "gelu_new" (and "gelu_fast"), a chain of Python tensor ops, for torch's fused tanh-GELU:
+    the same formula 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), equal up to float rounding (transformers
+    documents the two as equivalent), in one kernel forward and backward. Returns the modules swapped."""
+    from transformers.activations import FastGELUActivation, GELUTanh, NewGELUActivation
+
+    slow = (NewGELUActivation, FastGELUActivation)
+    swaps = [(parent, name) for parent in model.modules() for name, child in parent.named_children()
+             if type(child) in slow]
+    for parent, name in swaps:
+        setattr(parent, name, GELUTanh())
+    return len(swaps)
 
 
 def is_peft_model(model: torch.nn.Module) -> bool:
@@ -347,6 +364,72 @@ def _uniforms(seeds: Sequence[int], steps: int) -> Tensor:
     return out
 
 
+def _choose(logits: Tensor, uniforms: Tensor | None, temperature: float, top_p: float) -> Tensor:
+    """(B, 1) next tokens: argmax without uniforms, else inverse-CDF sampling of each row from its own uniform
+    over the temperature/top-p distribution (the same arithmetic as the app's hf backend, `SeededSampler`)."""
+    if uniforms is None:
+        return logits.argmax(dim=-1, keepdim=True)
+    probs = torch.softmax(logits / temperature, dim=-1)  # (B, V)
+    order = None
+    if top_p < 1.0:
+        probs, order = probs.sort(dim=-1, descending=True)
+        # keep a token while the mass before it is below top_p (the first token always stays)
+        probs = torch.where(probs.cumsum(-1) - probs < top_p, probs, torch.zeros_like(probs))
+    cdf = probs.cumsum(dim=-1)
+    pos = torch.searchsorted(cdf, uniforms.to(cdf) * cdf[:, -1:], right=True).clamp(max=cdf.shape[1] - 1)
+    return order.gather(-1, pos) if order is not None else pos
+
+
+def _sample(model: torch.nn.Module, tokenizer: Any, input_ids: Tensor, attention_mask: Tensor, reps: int,
+            uniforms: Tensor | None, temperature: float, top_p: float, max_new_tokens: int, eos_ids: Sequence[int],
+            stop: Sequence[str] | None) -> tuple[Tensor, Tensor]:
+    """Decode with a KV cache: the prompts are read once, their cache repeated `reps` times, then one token per
+    row per step until every row has ended (an EOS id, a stop string) or max_new_tokens.
+
+    Returns (response_ids, logits) of shapes (B·reps, T) and (B·reps, T, V): the raw logits each token was
+    chosen from. Rows that ended are fed padding, which nothing reads. No generation-config processors
+    (repetition penalty, forced tokens) apply: the tokens come from exactly the policy's distribution.
+    """
+    import inspect
+
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=getattr(unwrap(model), "config", None))
+    # transformers 5 names the argument `cache`; 4.x (and peft's wrapper, through **kwargs) `past_key_values`
+    bare = model.get_base_model() if hasattr(model, "get_base_model") else model
+    name = "cache" if "cache" in inspect.signature(bare.forward).parameters else "past_key_values"
+    positions = position_ids_from_mask(attention_mask)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True,
+                logits_to_keep=1, **{name: cache})
+    if reps > 1:
+        cache.batch_repeat_interleave(reps)
+    mask = attention_mask.repeat_interleave(reps, 0)
+    position = positions[:, -1:].repeat_interleave(reps, 0)
+    logits = out.logits[:, -1, :].float().repeat_interleave(reps, 0)  # (N, V)
+    n = logits.shape[0]
+    eos = torch.tensor(list(eos_ids), device=logits.device)
+    pad = torch.full((n, 1), tokenizer.pad_token_id, device=logits.device)
+    done = torch.zeros(n, dtype=torch.bool, device=logits.device)
+    tokens: list[Tensor] = []
+    raw: list[Tensor] = []
+    text_stop = StopOnText(tokenizer, list(stop), 0) if stop else None
+    for t in range(max_new_tokens):
+        choice = _choose(logits, uniforms[:, t:t + 1] if uniforms is not None else None, temperature, top_p)
+        choice = torch.where(done.unsqueeze(1), pad, choice)
+        tokens.append(choice)
+        raw.append(logits)
+        done = done | torch.isin(choice[:, 0], eos)
+        if text_stop is not None:
+            done = done | text_stop(torch.cat(tokens, dim=1), None).to(done.device)
+        if t + 1 == max_new_tokens or bool(done.all()):
+            break
+        mask = torch.cat([mask, torch.ones_like(choice)], dim=1)
+        position = position + 1
+        out = model(input_ids=choice, attention_mask=mask, position_ids=position, use_cache=True, **{name: cache})
+        logits = out.logits[:, -1, :].float()
+    return torch.cat(tokens, dim=1), torch.stack(raw, dim=1)
+
+
 @torch.no_grad()
 def generate_rollouts(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[Prompt], n: int = 1,
                       temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int = 64,
@@ -355,22 +438,19 @@ def generate_rollouts(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[
                       batch_size: int | None = None, prompt_offset: int = 0) -> Rollouts:
     """Sample `n` responses per prompt; rows [i*n, (i+1)*n) belong to prompt i.
 
-    Sample j of prompt i is drawn from its own random stream, seeded with `row_seed(seed, prompt_offset + i, j)`
-    (inverse-CDF sampling over the temperature/top-p distribution, as the app's hf backend does), so a row's
-    tokens do not depend on the other prompts of the call or of its batch: data-parallel processes that each
-    take a slice of a global prompt batch, passing the slice's start as `prompt_offset`, sample what one
-    process sampling the whole batch would. Without a seed, a base seed is drawn from torch's global RNG;
-    with one, the global RNG is left alone.
+    Decoding runs with a KV cache, each prompt read once for its n samples (`_sample`). Sample j of prompt i
+    is drawn from its own random stream, seeded with `row_seed(seed, prompt_offset + i, j)` (inverse-CDF
+    sampling over the temperature/top-p distribution, as the app's hf backend does), so a row's tokens do
+    not depend on the other prompts of the call or of its batch: data-parallel processes that each take a
+    slice of a global prompt batch, passing the slice's start as `prompt_offset`, sample what one process
+    sampling the whole batch would. Without a seed, a base seed is drawn from torch's global RNG; with one,
+    the global RNG is left alone.
 
     Old log-probs are those of the sampling distribution (logits / temperature, before top-p),
     taken from the logits that produced each token, so no second forward pass is needed. Any of the
     model's EOS ids ends a response. With a `server`, text comes from the OpenAI-compatible endpoint
     and the local model scores it.
     """
-    from transformers import LogitsProcessorList, StoppingCriteriaList
-
-    from training.generation import SeededSampler, StopOnText
-
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}")
     if temperature <= 0 and not greedy:
@@ -391,24 +471,14 @@ def generate_rollouts(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[
     for start in range(0, len(rendered), size):
         part = rendered[start:start + size]
         enc = tokenizer(part, return_tensors="pt", padding=True, add_special_tokens=False, **truncation)
-        width = enc["input_ids"].shape[1]
-        reps = 1 if greedy else n  # greedy decoding gives the same answer n times: decode once, repeat after
-        processors = None
+        uniforms = None
         if not greedy:
             seeds = [row_seed(seed, prompt_offset + start + i, j) for i in range(len(part)) for j in range(n)]
-            # the sampler leaves one finite logit per row, so greedy search over it is the seeded sample
-            processors = LogitsProcessorList([SeededSampler(_uniforms(seeds, max_new_tokens).to(device),
-                                                            temperature, top_p, start=width)])
-        out = base.generate(
-            input_ids=enc["input_ids"].repeat_interleave(reps, 0).to(device),
-            attention_mask=enc["attention_mask"].repeat_interleave(reps, 0).to(device),
-            do_sample=False, num_beams=1, temperature=None, top_p=None, top_k=None, max_new_tokens=max_new_tokens,
-            min_new_tokens=0, return_dict_in_generate=True, output_logits=True, logits_processor=processors,
-            stopping_criteria=StoppingCriteriaList([StopOnText(tokenizer, list(stop), width)]) if stop else None,
-            pad_token_id=tokenizer.pad_token_id, eos_token_id=eos_ids,
-        )
-        response_ids = out.sequences[:, width:]
-        logits = torch.stack(out.logits, dim=1).float()  # (N, R, V) raw, before processors
+            uniforms = _uniforms(seeds, max_new_tokens).to(device)
+        # greedy decoding gives the same answer n times: decode once, repeat after
+        reps = 1 if greedy else n
+        response_ids, logits = _sample(base, tokenizer, enc["input_ids"].to(device), enc["attention_mask"].to(device),
+                                       reps, uniforms, temperature, top_p, max_new_tokens, eos_ids, stop)
         if not greedy and temperature != 1.0:
             logits = logits / temperature
         old_logp = logits.gather(-1, response_ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)

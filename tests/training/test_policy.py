@@ -269,3 +269,27 @@ def test_server_errors_give_the_status_not_the_remote_body():
         server.shutdown()
     message = str(caught.value)
     assert "500" in message and "sk-secret" not in message and "/srv/models" not in message
+
+
+def test_kv_cache_decoding_matches_transformers_generate_greedily(tiny_dir):
+    # the sampling loop reads each prompt once and repeats its cache; greedy, it must pick generate()'s tokens
+    model, tok = load_policy(tiny_dir)
+    ours = generate_rollouts(model, tok, PROMPTS, n=2, max_new_tokens=6, greedy=True)
+    enc = tok(PROMPTS, return_tensors="pt", padding=True, add_special_tokens=False)
+    theirs = model.generate(**enc, do_sample=False, max_new_tokens=6, pad_token_id=tok.pad_token_id,
+                            eos_token_id=tok.eos_token_id)[:, enc["input_ids"].shape[1]:]
+    for i in range(len(PROMPTS)):
+        length = int(ours.response_mask[2 * i].sum())
+        assert ours.response_ids[2 * i, :length].tolist() == theirs[i, :length].tolist()
+        assert torch.equal(ours.response_ids[2 * i], ours.response_ids[2 * i + 1])
+
+
+def test_gpt2_gelu_runs_fused_with_the_same_outputs(tiny_dir):
+    from transformers import AutoModelForCausalLM
+    from transformers.activations import GELUTanh
+
+    model, tok = load_policy(tiny_dir)
+    plain = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
+    assert all(isinstance(block.mlp.act, GELUTanh) for block in model.transformer.h)
+    ids = tok(PROMPTS[:1], return_tensors="pt", add_special_tokens=False)["input_ids"]
+    assert torch.allclose(model(ids).logits, plain(ids).logits, atol=1e-5)
