@@ -42,8 +42,8 @@ def _problems() -> list[tuple[str, str]]:
     return addition_problems(100, seed=0)
 
 
-def time_preflab(model_dir: Path, steps: int) -> float:
-    """Seconds per step over `steps` steps after one warm-up step."""
+def time_preflab(model_dir: Path, steps: int) -> tuple[float, float]:
+    """(wall, CPU) seconds per step over `steps` steps after one warm-up step."""
     from training.data import PromptRow
     from training.grpo import GRPOConfig, GRPOTrainer
     from training.policy import load_policy
@@ -55,25 +55,25 @@ def time_preflab(model_dir: Path, steps: int) -> float:
                         lr=LR, steps=steps + 1, seed=0, mixed_precision="no")
     trainer = GRPOTrainer(config, model, tok, build_reward_functions(["gsm8k_exact_match"]), rows)
     trainer.step()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for _ in range(steps):
         trainer.step()
-    return (time.perf_counter() - start) / steps
+    return (time.perf_counter() - start) / steps, (time.process_time() - cpu) / steps
 
 
-def time_trl(model_dir: Path, steps: int, out: Path) -> float:
-    """Seconds per step of TRL's GRPOTrainer, timed between the ends of step 1 and step 1 + steps."""
+def time_trl(model_dir: Path, steps: int, out: Path) -> tuple[float, float]:
+    """(wall, CPU) seconds per step of TRL's GRPOTrainer, timed between the ends of step 1 and step 1 + steps."""
     import datasets
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from training.rewards import gsm8k_exact_match
 
-    stamps: list[float] = []
+    stamps: list[tuple[float, float]] = []
 
     class Clock(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001 - TRL's callback signature
-            stamps.append(time.perf_counter())
+            stamps.append((time.perf_counter(), time.process_time()))
 
     problems = _problems()
     data = datasets.Dataset.from_dict({"prompt": [p for p, _ in problems], "reference": [a for _, a in problems]})
@@ -89,7 +89,7 @@ def time_trl(model_dir: Path, steps: int, out: Path) -> float:
     trainer = GRPOTrainer(model=model, reward_funcs=gsm8k_exact_match, args=config, train_dataset=data,
                           processing_class=tok, callbacks=[Clock()])
     trainer.train()
-    return (stamps[-1] - stamps[0]) / steps
+    return (stamps[-1][0] - stamps[0][0]) / steps, (stamps[-1][1] - stamps[0][1]) / steps
 
 
 def run(steps: int = 8, repeats: int = 3) -> list[dict]:
@@ -109,14 +109,21 @@ def run(steps: int = 8, repeats: int = 3) -> list[dict]:
                 theirs.append(time_trl(model_dir, steps, Path(tmp) / f"trl{i}"))
     shape = {"group_size": G, "prompts_per_step": PROMPTS_PER_STEP, "max_new_tokens": MAX_NEW_TOKENS, "beta": BETA,
              "steps": steps, "repeats": repeats, "device": "cuda" if torch.cuda.is_available() else "cpu",
-             "threads": torch.get_num_threads()}
-    rows = [{"task": "grpo", "tool": "preflab", "steps_per_s": 1 / statistics.median(ours),
-             "s_per_step": [round(x, 4) for x in ours], **shape}]
+             "threads": torch.get_num_threads(), "load_average": [round(x, 2) for x in os.getloadavg()]}
+
+    def row(tool: str, runs: list[tuple[float, float]]) -> dict:
+        # CPU seconds (this process, all threads) next to wall seconds: on a shared machine the wall clock also
+        # counts the time other jobs held the cores, the CPU clock mostly does not
+        return {"task": "grpo", "tool": tool, "steps_per_s": 1 / statistics.median(w for w, _ in runs),
+                "s_per_step": [round(w, 4) for w, _ in runs], "cpu_s_per_step": [round(c, 4) for _, c in runs],
+                **shape}
+
+    rows = [row("preflab", ours)]
     if theirs:
-        rows.append({"task": "grpo", "tool": "trl", "steps_per_s": 1 / statistics.median(theirs),
-                     "s_per_step": [round(x, 4) for x in theirs], **shape})
-        rows.append({"task": "grpo", "tool": "ratio",
-                     "preflab_over_trl": statistics.median(theirs) / statistics.median(ours)})
+        rows.append(row("trl", theirs))
+        wall = statistics.median(w for w, _ in theirs) / statistics.median(w for w, _ in ours)
+        cpu = statistics.median(c for _, c in theirs) / statistics.median(c for _, c in ours)
+        rows.append({"task": "grpo", "tool": "ratio", "preflab_over_trl": wall, "cpu_preflab_over_trl": cpu})
     return rows
 
 
@@ -124,8 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     for row in run(args.steps, args.repeats):
         print(json.dumps(row), flush=True)
     return 0
