@@ -63,7 +63,10 @@ def trl_available() -> bool:
 
 
 def machine() -> dict[str, Any]:
-    return {"device": "cuda" if torch.cuda.is_available() else "cpu", "threads": torch.get_num_threads()}
+    import os
+
+    return {"device": "cuda" if torch.cuda.is_available() else "cpu", "threads": torch.get_num_threads(),
+            "load_average": [round(x, 2) for x in os.getloadavg()]}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -74,7 +77,9 @@ def run_preflab_reward(model_dir: str, train: list[PairRow], heldout: list[PairR
                        ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as out:
         result = train_reward_model(config, train, heldout, out)
-    return {"pairs_per_s": result.pairs_per_second, "seconds": result.seconds, "accuracy": result.eval["accuracy"],
+    return {"pairs_per_s": result.pairs_per_second, "seconds": result.seconds,
+            "cpu_pairs_per_s": result.train_pairs * config.epochs / max(result.cpu_seconds, 1e-9),
+            "accuracy": result.eval["accuracy"],
             "heldout_pairs": result.eval["pairs"], "truncated_train": result.train_truncated,
             "truncated_heldout": result.eval["truncated"], "steps": result.steps}
 
@@ -83,7 +88,7 @@ def run_trl_reward(model_dir: str, train: list[PairRow], heldout: list[PairRow],
                    ) -> dict[str, Any]:
     import datasets
     from accelerate.utils import set_seed
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback
     from trl import RewardConfig as TRLRewardConfig
     from trl import RewardTrainer
 
@@ -104,7 +109,17 @@ def run_trl_reward(model_dir: str, train: list[PairRow], heldout: list[PairRow],
             logging_steps=10_000, save_strategy="no", eval_strategy="no", report_to="none",
             dataloader_num_workers=0, use_cpu=not torch.cuda.is_available(), disable_tqdm=True,
         )
-        trainer = RewardTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+        cpu: list[float] = []
+
+        class CPUClock(TrainerCallback):  # CPU time of the training loop, as preflab's
+            def on_train_begin(self, *args, **kwargs):  # noqa: ANN002, ANN003 - the Trainer's callback signature
+                cpu.append(time.process_time())
+
+            def on_train_end(self, *args, **kwargs):  # noqa: ANN002, ANN003
+                cpu.append(time.process_time())
+
+        trainer = RewardTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+                                callbacks=[CPUClock()])
         output = trainer.train()
     seconds = float(output.metrics["train_runtime"])
     trained = trainer.model.eval()
@@ -113,6 +128,7 @@ def run_trl_reward(model_dir: str, train: list[PairRow], heldout: list[PairRow],
     r_r = score_ids(trained, enc_heldout.rejected, tokenizer.pad_token_id, config.eval_batch_size, device)
     correct = torch.where(r_c == r_r, torch.full_like(r_c, 0.5), (r_c > r_r).float())
     return {"pairs_per_s": len(dataset) * config.epochs / seconds, "seconds": seconds,
+            "cpu_pairs_per_s": len(dataset) * config.epochs / max(cpu[-1] - cpu[0], 1e-9),
             "accuracy": correct.mean().item(), "heldout_pairs": len(heldout), "steps": output.global_step}
 
 
@@ -131,12 +147,15 @@ def compare_reward(task: str, model_dir: str, train: list[PairRow], heldout: lis
             continue
         rows.append({"task": task, "tool": tool,
                      "pairs_per_s": statistics.median(r["pairs_per_s"] for r in runs),
+                     "cpu_pairs_per_s": statistics.median(r["cpu_pairs_per_s"] for r in runs),
                      "accuracy": statistics.median(r["accuracy"] for r in runs),
                      "runs_pairs_per_s": [round(r["pairs_per_s"], 2) for r in runs],
-                     **{k: v for k, v in runs[0].items() if k not in {"pairs_per_s", "accuracy", "seconds"}},
+                     **{k: v for k, v in runs[0].items()
+                        if k not in {"pairs_per_s", "cpu_pairs_per_s", "accuracy", "seconds"}},
                      **shape, **machine()})
     if theirs:
         rows.append({"task": task, "tool": "ratio", "preflab_over_trl": rows[0]["pairs_per_s"] / rows[1]["pairs_per_s"],
+                     "cpu_preflab_over_trl": rows[0]["cpu_pairs_per_s"] / rows[1]["cpu_pairs_per_s"],
                      "accuracy_difference": rows[0]["accuracy"] - rows[1]["accuracy"]})
     return rows
 

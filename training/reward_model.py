@@ -378,6 +378,8 @@ class TrainResult:
     stopped_early: bool = False
     history: list[dict[str, Any]] = field(default_factory=list)
     main_process: bool = True
+    cpu_seconds: float = 0.0
+    """CPU time of this process in the training loop (all threads): on a shared machine, the work done."""
 
 
 def train_reward_model(config: RewardConfig, train_rows: Sequence[PairRow], eval_rows: Sequence[PairRow] | None,
@@ -478,6 +480,7 @@ def train_reward_model(config: RewardConfig, train_rows: Sequence[PairRow], eval
         progress = tqdm(total=total_steps, initial=state["step"], desc="reward model", unit="step")
     model.train()
     started, pairs_seen, window_start, window_pairs = time.perf_counter(), 0, time.perf_counter(), 0
+    cpu_started = time.process_time()
     epoch = state["step"] // steps_per_epoch
     while state["step"] < total_steps and not stopped_early:
         plan = plan_batches(train.lengths, config.batch_size, config.seed, epoch, config.group_by_length,
@@ -545,7 +548,7 @@ def train_reward_model(config: RewardConfig, train_rows: Sequence[PairRow], eval
             if stopped_early:
                 break
         epoch += 1
-    seconds = time.perf_counter() - started
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     if progress is not None:
         progress.close()
 
@@ -567,7 +570,7 @@ def train_reward_model(config: RewardConfig, train_rows: Sequence[PairRow], eval
         write_json(out / "eval.json", final)
     accelerator.wait_for_everyone()
     return TrainResult(eval=final, steps=state["step"], train_pairs=len(train), train_truncated=train.truncated,
-                       seconds=seconds, pairs_per_second=pairs_seen / max(seconds, 1e-9),
+                       seconds=seconds, pairs_per_second=pairs_seen / max(seconds, 1e-9), cpu_seconds=cpu_seconds,
                        stopped_early=stopped_early, history=history, main_process=accelerator.is_main_process)
 
 
