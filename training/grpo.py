@@ -3,8 +3,11 @@
 One step: sample G responses for each of a batch of prompts → score them → group-relative
 advantages (outcome or process) → μ optimisation passes of `grpo_loss` / `gspo_loss`. The math
 lives in `training/losses.py`; this module moves tensors between those functions, logs, evaluates
-and saves. `accelerate launch -m training grpo ...` runs it data-parallel: each process samples
-its own prompts, DDP averages the gradients.
+and saves. `accelerate launch --num_processes N -m training grpo ...` runs it data-parallel (on a machine
+without GPUs add `--multi_gpu`, so that accelerate starts N gloo processes: `--cpu` alone starts one, or use
+`torchrun --nproc_per_node N -m training grpo ...`): each process samples its slice of every step's global
+prompt batch, with sampling streams keyed by the global prompt index, and DDP averages the gradients, so N
+processes follow the one-process run (tests/training/test_grpo.py).
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ forward of the actor-critic), reference log-probs, and score the responses; the 
 minibatches of L = L_policy + c_v·L_value − c_e·H, stopping early when the approx-KL to the rollout
 policy passes `target_kl`. β is fixed or follows the adaptive controller. The formulas live in
 `training/losses.py`; this module moves tensors between them, logs, evaluates and saves.
-`accelerate launch -m training ppo ...` runs it data-parallel.
+`accelerate launch --num_processes N -m training ppo ...` runs it data-parallel (add `--multi_gpu` on a machine
+without GPUs: `--cpu` alone starts one process).
 """
 
 from __future__ import annotations
