@@ -38,6 +38,8 @@ def _annotator_project(db: Session, project_id: int, user: User) -> Project:
         raise NotFound("no such project")
     if user.role != "admin" and row.role not in projects.CAN_ANNOTATE:
         raise Forbidden("you may not annotate in this project")
+    # The identity map holds objects weakly: pin the rubric for the request, or it is collected and re-read.
+    db.info.setdefault("pinned", []).append(row.Rubric)
     return row.Project
 
 
@@ -54,14 +56,13 @@ def _api_caller(request: Request, db: Session) -> User:
 
 def _task_view(db, project: Project, assignment: Assignment) -> TaskOut:  # type: ignore[no-untyped-def]
     prompt = db.get(Prompt, assignment.prompt_id)
-    shown = set(queue.task_completion_ids(db, prompt.id, project.completions_per_prompt))
-    completions = {c.id: c for c in prompt.completions if c.id in shown}
+    completions = queue.task_completion_texts(db, prompt.id, project.completions_per_prompt)
     order = queue.display_order(list(completions), assignment.annotator_id, prompt.id, assignment.round)
     rubric = rubrics.current(db, project)
     return TaskOut(
         assignment_id=assignment.id,
         prompt=PromptView(id=prompt.id, text=None if prompt.messages else prompt.text, messages=prompt.messages),
-        completions=[CompletionView(id=cid, text=completions[cid].text) for cid in order],
+        completions=[CompletionView(id=cid, text=completions[cid]) for cid in order],
         rubric=RubricView(version=rubric.version, text=rubric.text, criteria=rubric.criteria) if rubric else None,
         lease_expires_at=assignment.leased_until, flags=list(project.flags or []),
         skip_reasons=list(project.skip_reasons or []), allow_ties=project.allow_ties,

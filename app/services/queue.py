@@ -13,8 +13,9 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from sqlalchemy import and_, exists, func, or_, select
+from sqlalchemy import Select, and_, exists, func, or_, select
 from sqlalchemy.orm import Session
 
 from app.errors import NotFound
@@ -211,12 +212,19 @@ def progress(db: Session, project: Project, annotator: User, *, now: datetime | 
     return Progress(done_today, done_total, left_for_you, left_in_project)
 
 
+def _task_completions(prompt_id: int, k: int, *columns: Any) -> Select[Any]:
+    return (select(*columns).where(Completion.prompt_id == prompt_id, Completion.source != "revision")
+            .order_by(Completion.id.desc()).limit(k))
+
+
 def task_completion_ids(db: Session, prompt_id: int, k: int) -> list[int]:
     """The completions a task ranks: the prompt's K most recent, so a new round ranks the newest policy's answers."""
-    ids = list(db.scalars(select(Completion.id).where(Completion.prompt_id == prompt_id,
-                                                      Completion.source != "revision")
-                          .order_by(Completion.id.desc()).limit(k)))
-    return sorted(ids)
+    return sorted(db.scalars(_task_completions(prompt_id, k, Completion.id)))
+
+
+def task_completion_texts(db: Session, prompt_id: int, k: int) -> dict[int, str]:
+    """`task_completion_ids` with their texts, in one query (the ranking page and the next-task API show them)."""
+    return dict(sorted(db.execute(_task_completions(prompt_id, k, Completion.id, Completion.text)).tuples()))
 
 
 def _rankable_count():  # type: ignore[no-untyped-def]

@@ -159,14 +159,19 @@ def create_token(db: Session, user: User, name: str = "") -> tuple[ApiToken, str
 
 
 def user_for_token(db: Session, token: str) -> User | None:
-    row = db.scalar(select(ApiToken).where(ApiToken.token_hash == security.token_hash(token)))
-    if row is None or row.revoked_at is not None or not row.user.active:
+    # The user in the same query: every API request authenticates, so this is one round trip instead of two.
+    found = db.execute(select(ApiToken, User).join(User, User.id == ApiToken.user_id)
+                       .where(ApiToken.token_hash == security.token_hash(token))).first()
+    if found is None:
+        return None
+    row, user = found
+    if row.revoked_at is not None or not user.active:
         return None
     now = utcnow()
     # Touch at most once a minute: a script hammering the API should not write on every call.
     if row.last_used_at is None or now - row.last_used_at > timedelta(minutes=1):
         row.last_used_at = now
-    return row.user
+    return user
 
 
 def revoke_token(db: Session, user: User, token_id: int) -> None:
