@@ -197,6 +197,32 @@ def progress(db: Session, project: Project, annotator: User, *, now: datetime | 
                                                 Ranking.annotator_id == annotator.id, Ranking.skipped.is_(False))
     done_total = int(db.scalar(mine) or 0)
     done_today = int(db.scalar(mine.where(Ranking.created_at >= start_of_day)) or 0)
+    key = (id(db.get_bind()), project.id, project.current_round, annotator.id)  # one app's database
+    with _floors_lock:
+        cached = _progress_cache.get(key)
+    if cached is not None and cached[0] > time.monotonic():
+        # The caller's own rankings since the counts were taken are subtracted exactly; others' show at expiry.
+        _, left_for_you, left_in_project, done_then = cached
+        mine_since = done_total - done_then
+        return Progress(done_today, done_total, max(0, left_for_you - mine_since),
+                        max(0, left_in_project - mine_since))
+    left_for_you, left_in_project = _left(db, project, annotator, now)
+    with _floors_lock:
+        if len(_progress_cache) > PROGRESS_CACHE_MAX:
+            _progress_cache.clear()
+        _progress_cache[key] = (time.monotonic() + PROGRESS_TTL_S, left_for_you, left_in_project, done_total)
+    return Progress(done_today, done_total, left_for_you, left_in_project)
+
+
+PROGRESS_TTL_S = 5.0
+"""How long the two project-wide counts of the progress bar are reused: each is a scan over the project's prompts
+(60+ ms at a few thousand), and the ranking page shows them on every task."""
+PROGRESS_CACHE_MAX = 10_000
+_progress_cache: dict[tuple[int, int, int, int], tuple[float, int, int, int]] = {}
+
+
+def _left(db: Session, project: Project, annotator: User, now: datetime) -> tuple[int, int]:
+    """(tasks left for this annotator, rankings still wanted in the project)."""
     round_ = project.current_round
     completions = _rankable_count()
     submitted = (select(func.count(Assignment.id))
@@ -209,7 +235,7 @@ def progress(db: Session, project: Project, annotator: User, *, now: datetime | 
                                     .where(ready.c.n < project.overlap)) or 0)
     left_for_you = int(db.scalar(select(func.count()).select_from(
         _candidates(project, annotator, now, gold=None).subquery())) or 0)
-    return Progress(done_today, done_total, left_for_you, left_in_project)
+    return left_for_you, left_in_project
 
 
 def _task_completions(prompt_id: int, k: int, *columns: Any) -> Select[Any]:
