@@ -268,3 +268,263 @@ class RLConfig:
 
         return LoraSettings(r=self.lora_r, alpha=self.lora_alpha, dropout=self.lora_dropout,
                             target_modules=self.lora_target_modules)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The trainers' configs: here, not beside the trainers, so the app validates them without importing torch
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class RewardConfig:
+    """Training a reward model on chosen/rejected pairs."""
+
+    model: str = ""
+    """Local directory of an AutoModelForSequenceClassification-compatible model; empty: the shipped MiniLM."""
+    max_length: int = 512
+    """Tokens per prompt+response, special tokens included; longer inputs lose their oldest (leftmost) tokens."""
+    batch_size: int = 16
+    """Pairs per optimisation step, across all processes (each process takes batch_size / processes)."""
+    eval_batch_size: int = 64
+    """Pairs per forward pass when evaluating or scoring."""
+    learning_rate: float = 2e-5
+    """AdamW peak learning rate."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    lr_scheduler: str = "linear"
+    """Learning-rate schedule after warm-up: "linear" (decay to 0), "cosine" or "constant"."""
+    warmup_ratio: float = 0.0
+    """Fraction of the steps spent warming the learning rate up from 0."""
+    epochs: float = 1.0
+    """Passes over the training pairs (fractions allowed); ignored when max_steps is set."""
+    max_steps: int = 0
+    """Stop after this many optimisation steps; 0 means run `epochs` epochs."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this value; 0 disables clipping."""
+    seed: int = 0
+    """Seeds model-head initialisation, shuffling and dropout, so CPU runs repeat exactly."""
+    disable_dropout: bool = True
+    """Set every dropout probability to 0: the BT loss compares two forward passes, and dropout makes them noisy."""
+    group_by_length: bool = True
+    """Batch pairs of similar length together (within shuffled mega-batches) to cut padding."""
+    megabatch_factor: int = 50
+    """Mega-batch size in batches for length grouping; larger groups tighter but shuffle less."""
+    use_soft_labels: bool = True
+    """Use the export's `p` column (soft label) when present; otherwise every pair is a hard label."""
+    use_margin: bool = True
+    """Subtract the export's `margin` column inside the loss, −log σ(r_c − r_r − margin)."""
+    margin_scale: float = 1.0
+    """Multiplier on the margin column (tiers apart are not reward units)."""
+    use_weights: bool = True
+    """Weight pairs by the export's `weight` column."""
+    center_rewards_coef: float = 0.0
+    """c in the reward-centering term c·(r_c + r_r)²; 0 turns it off (Eisenstein et al. use 0.01)."""
+    eval_every: int = 100
+    """Evaluate on the held-out pairs every this many steps (and always at the end); 0: only at the end."""
+    early_stopping_patience: int = 0
+    """Stop after this many evaluations without a lower held-out loss, keeping the best model; 0 disables."""
+    early_stopping_min_delta: float = 0.0
+    """A held-out loss must drop by more than this to count as an improvement."""
+    checkpoint_every: int = 0
+    """Save a resumable checkpoint (model, optimiser, scheduler, RNG) to OUT/checkpoint every N steps; 0: never."""
+    resume: bool = False
+    """Continue from OUT/checkpoint when it exists."""
+    log_every: int = 10
+    """Write a training row to metrics.jsonl every this many steps."""
+    calibration_bins: int = 5
+    """Bins of predicted confidence max(σ(Δ), 1 − σ(Δ)) over [0.5, 1] for the calibration table."""
+    length_buckets: int = 4
+    """Quantile buckets of pair length (tokens) for accuracy by length."""
+    mixed_precision: str = "auto"
+    """"auto" (bf16 on a GPU that supports it, else full precision), "no", "bf16" or "fp16"."""
+    tensorboard: bool = True
+    """Also write TensorBoard scalars to OUT/tensorboard when TensorBoard is installed."""
+    progress: bool = True
+    """Show a progress bar on the main process."""
+
+    def __post_init__(self) -> None:
+        positive = ("max_length", "batch_size", "eval_batch_size", "megabatch_factor", "log_every",
+                    "calibration_bins", "length_buckets")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        non_negative = ("weight_decay", "max_steps", "max_grad_norm", "center_rewards_coef", "eval_every",
+                        "early_stopping_patience", "early_stopping_min_delta", "checkpoint_every")
+        for name in non_negative:
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be non-negative, got {getattr(self, name)}")
+        if self.max_length < 8:
+            raise ValueError(f"max_length must be at least 8 tokens, got {self.max_length}")
+        if not self.learning_rate > 0:
+            raise ValueError(f"learning_rate must be positive, got {self.learning_rate}")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.max_steps == 0 and not self.epochs > 0:
+            raise ValueError(f"epochs must be positive when max_steps is 0, got {self.epochs}")
+        if self.lr_scheduler not in {"linear", "cosine", "constant"}:
+            raise ValueError(f"lr_scheduler must be 'linear', 'cosine' or 'constant', got {self.lr_scheduler!r}")
+        if self.mixed_precision not in {"auto", "no", "bf16", "fp16"}:
+            raise ValueError(f"mixed_precision must be 'auto', 'no', 'bf16' or 'fp16', got {self.mixed_precision!r}")
+
+
+@dataclasses.dataclass
+class GRPOConfig(RLConfig):
+    """Everything a GRPO/GSPO run needs: the shared fields of RLConfig (data, rewards, optimiser, sampling, LoRA,
+    evaluation) and these; `python -m training grpo --help` lists them all."""
+
+    loss_type: Literal["grpo", "gspo"] = "grpo"
+    """"grpo": token-level ratio and clipping (DeepSeekMath); "gspo": sequence-level ratio and clipping (Qwen)."""
+    group_size: int = 8
+    """G: completions sampled per prompt; advantages are normalised within each group."""
+    prompts_per_step: int = 8
+    """Prompts per step across all processes; the rollout batch is prompts_per_step × group_size."""
+    mu: int = 1
+    """μ: optimisation passes over each rollout batch (1 = on-policy, the ratio is then exactly 1)."""
+    micro_batch_size: int = 0
+    """Rows per forward/backward (gradient accumulation inside a pass); 0 = the whole batch at once."""
+    beta: float = 0.04
+    """Weight of the k3 KL term against the reference policy (DeepSeekMath used 0.04; 0 drops the term)."""
+    clip_eps: float | None = None
+    """ε of the clipped ratio; default 0.2 for grpo, 3e-4 for gspo (GSPO's sequence ratios are near 1)."""
+    clip_eps_high: float | None = None
+    """Upper clip ε_high ("clip-higher", DAPO); default ε for grpo, 4e-4 for gspo."""
+    aggregation: Literal["sequence", "token", "dr_grpo"] = "sequence"
+    """GRPO loss aggregation: per-response mean then batch mean, token mean (DAPO), or constant normaliser."""
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """Advantage scaling: divide by the group std, by the batch std, or not at all (Dr. GRPO)."""
+    advantage_eps: float = 1e-4
+    """Added to the std before dividing advantages."""
+    mask_truncated: bool = False
+    """Leave responses that hit max_new_tokens without ending out of the loss (DAPO's overlong filtering)."""
+
+    server_base_url: str | None = None
+    """Sample from an OpenAI-compatible server (vLLM, TGI) at this URL instead of the local model."""
+    server_model: str | None = None
+    """Model name on that server."""
+
+    ref_reset_steps: int = 0
+    """Iterative GRPO: set π_ref ← π_θ every this many steps (0: the reference stays the starting model)."""
+    kl_metric: bool = True
+    """Compute reference log-probs for the logged KL even when beta is 0."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.loss_type not in ("grpo", "gspo"):
+            raise ValueError(f"loss_type must be 'grpo' or 'gspo', got {self.loss_type!r}")
+        if self.group_size < 2:
+            raise ValueError(f"group_size must be at least 2 to compare answers, got {self.group_size}")
+        for name in ("prompts_per_step", "mu"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("micro_batch_size", "ref_reset_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.beta < 0:
+            raise ValueError(f"beta must be >= 0, got {self.beta}")
+        if self.clip_eps is None:
+            self.clip_eps = 0.2 if self.loss_type == "grpo" else 3e-4
+        if self.clip_eps_high is None and self.loss_type == "gspo":
+            self.clip_eps_high = 4e-4
+        if not 0 < self.clip_eps < 1:
+            raise ValueError(f"clip_eps must be in (0, 1), got {self.clip_eps}")
+        if self.clip_eps_high is not None and self.clip_eps_high <= 0:
+            raise ValueError(f"clip_eps_high must be positive, got {self.clip_eps_high}")
+        if self.aggregation not in ("sequence", "token", "dr_grpo"):
+            raise ValueError(f"aggregation must be 'sequence', 'token' or 'dr_grpo', got {self.aggregation!r}")
+        if self.scale_rewards not in ("group", "batch", "none"):
+            raise ValueError(f"scale_rewards must be 'group', 'batch' or 'none', got {self.scale_rewards!r}")
+        if (self.server_base_url is None) != (self.server_model is None):
+            raise ValueError("server_model must be given together with server_base_url")
+
+
+@dataclasses.dataclass
+class PPOConfig(RLConfig):
+    """Everything a PPO run needs: the shared fields of RLConfig (data, rewards, optimiser, sampling, LoRA,
+    evaluation) and these; `python -m training ppo --help` lists them all."""
+
+    reward_model: str | None = None
+    """A preflab reward model directory scoring (prompt, response): the RM score put on the last token."""
+    critic: str | None = None
+    """Separate critic: a causal-LM directory whose decoder carries the value head. None: the head sits on the
+    policy's own hidden states (one forward, no second model; see training/value_head.py for the memory cost)."""
+
+    prompts_per_step: int = 64
+    """Prompts per step across all processes."""
+    samples_per_prompt: int = 1
+    """Responses sampled per prompt; the rollout batch is prompts_per_step × samples_per_prompt."""
+    minibatch_size: int = 16
+    """Responses per optimiser step (per process); the rollout batch is shuffled and cut into minibatches."""
+    ppo_epochs: int = 4
+    """Passes over each rollout batch."""
+    clip_eps: float = 0.2
+    """ε of the clipped policy ratio."""
+    clip_value: float | None = 0.2
+    """ε of the clipped value loss (values stay within ±ε of the rollout values); None: unclipped."""
+    vf_coef: float = 0.1
+    """c_v: weight of the value loss in L = L_policy + c_v·L_value − c_e·H."""
+    ent_coef: float = 0.0
+    """c_e: weight of the entropy bonus."""
+    gamma: float = 1.0
+    """γ: discount of GAE (1: the score at the end counts fully for every token)."""
+    lam: float = 0.95
+    """λ: GAE bias/variance trade-off (1: Monte-Carlo returns minus values; 0: one-step TD)."""
+    whiten_advantages: bool = True
+    """Whiten the advantages over the batch's response tokens before the policy loss."""
+    target_kl: float = 0.0
+    """Stop the epoch loop after the minibatch whose approx-KL to the rollout policy exceeds this (0: never)."""
+
+    kl_control: Literal["fixed", "adaptive"] = "fixed"
+    """β schedule: fixed, or adaptive towards kl_target (Ziegler et al. 2019)."""
+    beta: float = 0.05
+    """β: per-token KL penalty −β·(log π − log π_ref); the initial value under adaptive control (0: no penalty)."""
+    kl_target: float = 6.0
+    """Adaptive control: target sequence KL in nats (Ziegler et al. used 6)."""
+    kl_horizon: int = 10000
+    """Adaptive control: responses over which β moves by at most ±20% per target-relative error."""
+    reward_clip: float = 0.0
+    """Clip the score to [−c, c] after normalisation (0: no clipping)."""
+    normalize_reward: bool = False
+    """Divide the score by a running std and subtract a running mean (statistics of all scores so far)."""
+    missing_eos_penalty: float = 0.0
+    """Subtracted from the score of responses that run out of tokens without ending (EOS or stop string)."""
+
+    lr: float = 1e-5
+    """AdamW learning rate (policy and value model)."""
+
+    max_new_tokens: int = 128
+    """Longest response sampled."""
+
+    hack_kl_threshold: float = 10.0
+    """Reward-hacking watch: warn when the score keeps rising while the sequence KL is above this (nats)."""
+    hack_window: int = 10
+    """Steps over which "the score keeps rising" is judged (mean of the later half above the earlier half)."""
+    sample_every: int = 10
+    """Append a few rollouts (prompt, response, score, KL) to OUT/rollout_samples.jsonl every this many steps
+    (0: never)."""
+    sample_rows: int = 4
+    """Rollouts written each time."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("prompts_per_step", "samples_per_prompt", "minibatch_size", "ppo_epochs", "kl_horizon",
+                     "hack_window", "sample_rows"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("sample_every", "beta", "ent_coef", "target_kl", "reward_clip", "missing_eos_penalty",
+                     "reward_model_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 < self.clip_eps < 1:
+            raise ValueError(f"clip_eps must be in (0, 1), got {self.clip_eps}")
+        if self.clip_value is not None and self.clip_value <= 0:
+            raise ValueError(f"clip_value must be positive or None, got {self.clip_value}")
+        if self.vf_coef <= 0:
+            raise ValueError(f"vf_coef must be positive (the value model must learn), got {self.vf_coef}")
+        for name in ("gamma", "lam"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.kl_control not in ("fixed", "adaptive"):
+            raise ValueError(f"kl_control must be 'fixed' or 'adaptive', got {self.kl_control!r}")
+        if self.kl_control == "adaptive" and (self.kl_target <= 0 or self.beta <= 0):
+            raise ValueError(f"kl_target and beta must be positive for adaptive KL control, got kl_target="
+                             f"{self.kl_target}, beta={self.beta}")

@@ -17,14 +17,13 @@ import json
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from training.config import RLConfig
+from training.config import GRPOConfig
 from training.data import PromptRow
 from training.evaluate import EvalConfig, eval_metrics, evaluate, public, reward_columns
 from training.losses import (
@@ -48,77 +47,6 @@ from training.policy import (
     unwrap,
 )
 from training.rewards import RewardFunction, RewardResult, compute_rewards
-
-
-@dataclass
-class GRPOConfig(RLConfig):
-    """Everything a GRPO/GSPO run needs: the shared fields of RLConfig (data, rewards, optimiser, sampling, LoRA,
-    evaluation) and these; `python -m training grpo --help` lists them all."""
-
-    loss_type: Literal["grpo", "gspo"] = "grpo"
-    """"grpo": token-level ratio and clipping (DeepSeekMath); "gspo": sequence-level ratio and clipping (Qwen)."""
-    group_size: int = 8
-    """G: completions sampled per prompt; advantages are normalised within each group."""
-    prompts_per_step: int = 8
-    """Prompts per step across all processes; the rollout batch is prompts_per_step × group_size."""
-    mu: int = 1
-    """μ: optimisation passes over each rollout batch (1 = on-policy, the ratio is then exactly 1)."""
-    micro_batch_size: int = 0
-    """Rows per forward/backward (gradient accumulation inside a pass); 0 = the whole batch at once."""
-    beta: float = 0.04
-    """Weight of the k3 KL term against the reference policy (DeepSeekMath used 0.04; 0 drops the term)."""
-    clip_eps: float | None = None
-    """ε of the clipped ratio; default 0.2 for grpo, 3e-4 for gspo (GSPO's sequence ratios are near 1)."""
-    clip_eps_high: float | None = None
-    """Upper clip ε_high ("clip-higher", DAPO); default ε for grpo, 4e-4 for gspo."""
-    aggregation: Literal["sequence", "token", "dr_grpo"] = "sequence"
-    """GRPO loss aggregation: per-response mean then batch mean, token mean (DAPO), or constant normaliser."""
-    scale_rewards: Literal["group", "batch", "none"] = "group"
-    """Advantage scaling: divide by the group std, by the batch std, or not at all (Dr. GRPO)."""
-    advantage_eps: float = 1e-4
-    """Added to the std before dividing advantages."""
-    mask_truncated: bool = False
-    """Leave responses that hit max_new_tokens without ending out of the loss (DAPO's overlong filtering)."""
-
-    server_base_url: str | None = None
-    """Sample from an OpenAI-compatible server (vLLM, TGI) at this URL instead of the local model."""
-    server_model: str | None = None
-    """Model name on that server."""
-
-    ref_reset_steps: int = 0
-    """Iterative GRPO: set π_ref ← π_θ every this many steps (0: the reference stays the starting model)."""
-    kl_metric: bool = True
-    """Compute reference log-probs for the logged KL even when beta is 0."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.loss_type not in ("grpo", "gspo"):
-            raise ValueError(f"loss_type must be 'grpo' or 'gspo', got {self.loss_type!r}")
-        if self.group_size < 2:
-            raise ValueError(f"group_size must be at least 2 to compare answers, got {self.group_size}")
-        for name in ("prompts_per_step", "mu"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("micro_batch_size", "ref_reset_steps"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.beta < 0:
-            raise ValueError(f"beta must be >= 0, got {self.beta}")
-        if self.clip_eps is None:
-            self.clip_eps = 0.2 if self.loss_type == "grpo" else 3e-4
-        if self.clip_eps_high is None and self.loss_type == "gspo":
-            self.clip_eps_high = 4e-4
-        if not 0 < self.clip_eps < 1:
-            raise ValueError(f"clip_eps must be in (0, 1), got {self.clip_eps}")
-        if self.clip_eps_high is not None and self.clip_eps_high <= 0:
-            raise ValueError(f"clip_eps_high must be positive, got {self.clip_eps_high}")
-        if self.aggregation not in ("sequence", "token", "dr_grpo"):
-            raise ValueError(f"aggregation must be 'sequence', 'token' or 'dr_grpo', got {self.aggregation!r}")
-        if self.scale_rewards not in ("group", "batch", "none"):
-            raise ValueError(f"scale_rewards must be 'group', 'batch' or 'none', got {self.scale_rewards!r}")
-        if (self.server_base_url is None) != (self.server_model is None):
-            raise ValueError("server_model must be given together with server_base_url")
-
 
 # ---------------------------------------------------------------------------------------------
 # pieces of a step, each usable on its own (PPO reuses the rollout/reward plumbing)

@@ -21,12 +21,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from training.config import RLConfig
+from training.config import PPOConfig
 from training.data import PromptRow
 from training.evaluate import EvalConfig, eval_metrics, evaluate, public, reward_columns
 from training.losses import (
@@ -46,100 +46,6 @@ from training.optim import lr_lambda, make_accelerator
 from training.policy import Reference, Rollouts, generate_rollouts, unwrap
 from training.rewards import RewardFunction, compute_rewards
 from training.value_head import ActorCritic
-
-
-@dataclass
-class PPOConfig(RLConfig):
-    """Everything a PPO run needs: the shared fields of RLConfig (data, rewards, optimiser, sampling, LoRA,
-    evaluation) and these; `python -m training ppo --help` lists them all."""
-
-    reward_model: str | None = None
-    """A preflab reward model directory scoring (prompt, response): the RM score put on the last token."""
-    critic: str | None = None
-    """Separate critic: a causal-LM directory whose decoder carries the value head. None: the head sits on the
-    policy's own hidden states (one forward, no second model; see training/value_head.py for the memory cost)."""
-
-    prompts_per_step: int = 64
-    """Prompts per step across all processes."""
-    samples_per_prompt: int = 1
-    """Responses sampled per prompt; the rollout batch is prompts_per_step × samples_per_prompt."""
-    minibatch_size: int = 16
-    """Responses per optimiser step (per process); the rollout batch is shuffled and cut into minibatches."""
-    ppo_epochs: int = 4
-    """Passes over each rollout batch."""
-    clip_eps: float = 0.2
-    """ε of the clipped policy ratio."""
-    clip_value: float | None = 0.2
-    """ε of the clipped value loss (values stay within ±ε of the rollout values); None: unclipped."""
-    vf_coef: float = 0.1
-    """c_v: weight of the value loss in L = L_policy + c_v·L_value − c_e·H."""
-    ent_coef: float = 0.0
-    """c_e: weight of the entropy bonus."""
-    gamma: float = 1.0
-    """γ: discount of GAE (1: the score at the end counts fully for every token)."""
-    lam: float = 0.95
-    """λ: GAE bias/variance trade-off (1: Monte-Carlo returns minus values; 0: one-step TD)."""
-    whiten_advantages: bool = True
-    """Whiten the advantages over the batch's response tokens before the policy loss."""
-    target_kl: float = 0.0
-    """Stop the epoch loop after the minibatch whose approx-KL to the rollout policy exceeds this (0: never)."""
-
-    kl_control: Literal["fixed", "adaptive"] = "fixed"
-    """β schedule: fixed, or adaptive towards kl_target (Ziegler et al. 2019)."""
-    beta: float = 0.05
-    """β: per-token KL penalty −β·(log π − log π_ref); the initial value under adaptive control (0: no penalty)."""
-    kl_target: float = 6.0
-    """Adaptive control: target sequence KL in nats (Ziegler et al. used 6)."""
-    kl_horizon: int = 10000
-    """Adaptive control: responses over which β moves by at most ±20% per target-relative error."""
-    reward_clip: float = 0.0
-    """Clip the score to [−c, c] after normalisation (0: no clipping)."""
-    normalize_reward: bool = False
-    """Divide the score by a running std and subtract a running mean (statistics of all scores so far)."""
-    missing_eos_penalty: float = 0.0
-    """Subtracted from the score of responses that run out of tokens without ending (EOS or stop string)."""
-
-    lr: float = 1e-5
-    """AdamW learning rate (policy and value model)."""
-
-    max_new_tokens: int = 128
-    """Longest response sampled."""
-
-    hack_kl_threshold: float = 10.0
-    """Reward-hacking watch: warn when the score keeps rising while the sequence KL is above this (nats)."""
-    hack_window: int = 10
-    """Steps over which "the score keeps rising" is judged (mean of the later half above the earlier half)."""
-    sample_every: int = 10
-    """Append a few rollouts (prompt, response, score, KL) to OUT/rollout_samples.jsonl every this many steps
-    (0: never)."""
-    sample_rows: int = 4
-    """Rollouts written each time."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        for name in ("prompts_per_step", "samples_per_prompt", "minibatch_size", "ppo_epochs", "kl_horizon",
-                     "hack_window", "sample_rows"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("sample_every", "beta", "ent_coef", "target_kl", "reward_clip", "missing_eos_penalty",
-                     "reward_model_weight"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not 0 < self.clip_eps < 1:
-            raise ValueError(f"clip_eps must be in (0, 1), got {self.clip_eps}")
-        if self.clip_value is not None and self.clip_value <= 0:
-            raise ValueError(f"clip_value must be positive or None, got {self.clip_value}")
-        if self.vf_coef <= 0:
-            raise ValueError(f"vf_coef must be positive (the value model must learn), got {self.vf_coef}")
-        for name in ("gamma", "lam"):
-            if not 0 <= getattr(self, name) <= 1:
-                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        if self.kl_control not in ("fixed", "adaptive"):
-            raise ValueError(f"kl_control must be 'fixed' or 'adaptive', got {self.kl_control!r}")
-        if self.kl_control == "adaptive" and (self.kl_target <= 0 or self.beta <= 0):
-            raise ValueError(f"kl_target and beta must be positive for adaptive KL control, got kl_target="
-                             f"{self.kl_target}, beta={self.beta}")
-
 
 # ---------------------------------------------------------------------------------------------
 # pieces of a step, each usable and testable on its own

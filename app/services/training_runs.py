@@ -26,17 +26,14 @@ RESERVED = {"prompts", "model", "out", "reward_model", "resume"}
 
 
 def config_class(kind: str) -> type:
-    if kind == "reward":
-        from training.reward_model import RewardConfig
+    # training.config is torch-free: validating a run's config must not stall the web process importing torch.
+    from training.config import GRPOConfig, PPOConfig, RewardConfig
 
+    if kind == "reward":
         return RewardConfig
     if kind == "grpo":
-        from training.grpo import GRPOConfig
-
         return GRPOConfig
     if kind == "ppo":
-        from training.ppo import PPOConfig
-
         return PPOConfig
     raise Invalid("must be reward, grpo or ppo", field="kind")
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -253,3 +255,15 @@ def test_compare_page_shows_two_runs_and_their_config_difference(db, app, make_u
 
     assert re.search(r'<span class="d-del">-\s+&#34;max_steps&#34;: 2,</span>', html)
     assert re.search(r'<span class="d-add">\+\s+&#34;max_steps&#34;: 3,</span>', html)
+
+
+def test_validating_a_run_config_does_not_import_torch() -> None:
+    # The web process checks every run's config against the trainer's dataclass; importing torch for that took
+    # 3 s (12 s under load) of GIL-holding work on the first training request, stalling every annotator.
+    code = ("import sys\n"
+            "from app.services import training_runs\n"
+            "for kind, cfg in (('reward', {'epochs': 2}), ('grpo', {'group_size': 4}), ('ppo', {'samples_per_prompt': 2})):\n"
+            "    training_runs._validate_config(kind, cfg, {})\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
