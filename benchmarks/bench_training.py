@@ -234,8 +234,9 @@ def task_reward_hh(args: argparse.Namespace) -> list[dict[str, Any]]:
         train, heldout = load_pairs(train_path), load_pairs(heldout_path)
     model_dir = default_model_path()
     config = RewardConfig(model=model_dir, batch_size=8, eval_batch_size=32, learning_rate=5e-5, max_length=256,
-                          epochs=1, eval_every=0, progress=False, tensorboard=False)
-    shape = {"model": "all-MiniLM-L6-v2", "train_lines": list(train_lines), "heldout_lines": list(heldout_lines),
+                          epochs=1, eval_every=0, progress=False, tensorboard=False, seed=args.seed)
+    shape = {"model": "all-MiniLM-L6-v2", "seed": args.seed, "train_lines": list(train_lines),
+             "heldout_lines": list(heldout_lines),
              "batch_size": config.batch_size, "max_length": config.max_length, "learning_rate": config.learning_rate,
              "epochs": config.epochs, "repeats": args.repeats, "quick": args.quick}
     return compare_reward("reward-hh", model_dir, train, heldout, config, args.repeats, shape)
@@ -273,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="alternating runs per tool (default 3, quick 1)")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--tools", default="preflab,trl", help="preflab,trl (default) or preflab alone")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="reward-hh: the seed of both tools (head initialisation, shuffling)")
     args = parser.parse_args(argv)
     global SKIP_TRL
     SKIP_TRL = "trl" not in args.tools.split(",")
