@@ -47,6 +47,7 @@ from training.policy import (
     unwrap,
 )
 from training.rewards import RewardFunction, RewardResult, compute_rewards
+from training.run_info import atomic_dir
 
 # ---------------------------------------------------------------------------------------------
 # pieces of a step, each usable on its own (PPO reuses the rollout/reward plumbing)
@@ -307,10 +308,12 @@ class GRPOTrainer:
         if hasattr(model, "merge_and_unload"):
             import copy
 
-            model.save_pretrained(path.parent / (path.name + "-adapter"))
+            with atomic_dir(path.parent / (path.name + "-adapter")) as adapter:
+                model.save_pretrained(adapter)
             model = copy.deepcopy(model).merge_and_unload()
-        model.save_pretrained(path, safe_serialization=True)
-        self.tokenizer.save_pretrained(path)
+        with atomic_dir(path) as out:
+            model.save_pretrained(out, safe_serialization=True)
+            self.tokenizer.save_pretrained(out)
 
     def save_checkpoint(self, path: str | Path) -> None:
         path = Path(path)

@@ -45,6 +45,7 @@ from training.losses import (
 from training.optim import lr_lambda, make_accelerator
 from training.policy import Reference, Rollouts, generate_rollouts, unwrap
 from training.rewards import RewardFunction, compute_rewards
+from training.run_info import atomic_dir
 from training.value_head import ActorCritic
 
 # ---------------------------------------------------------------------------------------------
@@ -417,12 +418,15 @@ class PPOTrainer:
         if hasattr(model, "merge_and_unload"):
             import copy
 
-            model.save_pretrained(path.parent / (path.name + "-adapter"))
+            with atomic_dir(path.parent / (path.name + "-adapter")) as adapter:
+                model.save_pretrained(adapter)
             model = copy.deepcopy(model).merge_and_unload()
-        model.save_pretrained(path, safe_serialization=True)
-        self.tokenizer.save_pretrained(path)
+        with atomic_dir(path) as out:
+            model.save_pretrained(out, safe_serialization=True)
+            self.tokenizer.save_pretrained(out)
         if value_path is not None:
-            self.actor_critic.save_value_model(value_path)
+            with atomic_dir(value_path) as out:
+                self.actor_critic.save_value_model(out)
 
     def save_checkpoint(self, path: str | Path) -> None:
         path = Path(path)

@@ -26,7 +26,7 @@ from training.config import RewardConfig, field_docs, load_config
 from training.data import DataError, PairRow, Text, load_pairs, render_prompt, split_train_heldout
 from training.losses import bradley_terry_loss, reward_centering_loss, soft_bradley_terry_loss
 from training.optim import make_accelerator
-from training.run_info import MetricsWriter, write_json, write_run_config
+from training.run_info import MetricsWriter, atomic_dir, write_json, write_run_config
 from training.weights import SAFE_LOAD, require_safetensors
 
 META_FILE = "preflab_reward.json"
@@ -498,9 +498,10 @@ def _save_model(accelerator: Any, model: Any, tokenizer: Any, path: Path, config
     state_dict = accelerator.get_state_dict(model)  # gathers shards under FSDP/DeepSpeed
     if accelerator.is_main_process:
         unwrapped = accelerator.unwrap_model(model)
-        unwrapped.save_pretrained(str(path), state_dict=state_dict)
-        tokenizer.save_pretrained(str(path))
-        write_json(path / META_FILE, {"kind": "reward", "max_length": config.max_length})
+        with atomic_dir(path) as out:
+            unwrapped.save_pretrained(str(out), state_dict=state_dict)
+            tokenizer.save_pretrained(str(out))
+            write_json(out / META_FILE, {"kind": "reward", "max_length": config.max_length})
     accelerator.wait_for_everyone()
 
 

@@ -8,8 +8,11 @@ import importlib.metadata
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +57,33 @@ def _jsonable(value: Any) -> Any:
     if hasattr(value, "item") and callable(value.item):  # 0-dim tensors and numpy scalars
         return value.item()
     return value
+
+
+@contextmanager
+def atomic_dir(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary directory beside `path` to write into; on success it replaces `path` by rename.
+
+    A model directory is therefore complete or absent, never half-written: a trainer killed mid-save leaves
+    only a `.name.tmp-PID` directory, which the next save of the same path removes.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{path.name}.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if path.exists():
+        aside = path.parent / f".{path.name}.old-{os.getpid()}"
+        os.replace(path, aside)
+        os.replace(tmp, path)
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        os.replace(tmp, path)
 
 
 def write_json(path: str | Path, obj: Any) -> Path:
