@@ -147,6 +147,14 @@ def test_lora_settings_validate():
         ServerGenerator(base_url="localhost:8000", model="m")
 
 
+def _send_json(handler: BaseHTTPRequestHandler, status: int, payload: bytes) -> None:
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(payload)))
+    handler.end_headers()
+    handler.wfile.write(payload)
+
+
 class _Completions(BaseHTTPRequestHandler):
     requests: list[dict] = []
 
@@ -159,12 +167,7 @@ class _Completions(BaseHTTPRequestHandler):
                 finished = j == 0
                 choices.append({"index": i * body["n"] + j, "text": str(i + j) if finished else "99999999",
                                 "finish_reason": "stop" if finished else "length"})
-        payload = json.dumps({"choices": choices}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
+        _send_json(self, 200, json.dumps({"choices": choices}).encode())
 
     def log_message(self, *args):
         pass
@@ -246,12 +249,7 @@ def test_every_eos_id_of_the_generation_config_ends_a_response():
 class _Failing(BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802 - http.server's name
         self.rfile.read(int(self.headers["Content-Length"]))
-        payload = b'{"error": "internal: token sk-secret-123 at /srv/models/policy"}'
-        self.send_response(500)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
+        _send_json(self, 500, b'{"error": "internal: token sk-secret-123 at /srv/models/policy"}')
 
     def log_message(self, *args):
         pass
