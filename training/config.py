@@ -154,6 +154,13 @@ def config_to_dict(config: Any) -> dict[str, Any]:
 # the fields GRPO and PPO share
 
 
+def at_least(config: Any, minimum: int, *names: str) -> None:
+    """ValueError naming the first field of `names` below `minimum` (the configs' shared bound check)."""
+    for name in names:
+        if getattr(config, name) < minimum:
+            raise ValueError(f"{name} must be at least {minimum}, got {getattr(config, name)}")
+
+
 @dataclasses.dataclass
 class RLConfig:
     """Fields every policy-optimisation run shares (GRPOConfig, PPOConfig): data, rewards, optimiser, sampling,
@@ -236,13 +243,9 @@ class RLConfig:
     """Mirror metrics to OUT/tensorboard when TensorBoard is installed."""
 
     def __post_init__(self) -> None:
-        for name in ("steps", "max_new_tokens", "eval_k", "log_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("warmup_steps", "max_prompt_length", "generation_batch_size", "eval_every", "eval_max_prompts",
-                     "save_every", "weight_decay", "max_grad_norm"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        at_least(self, 1, "steps", "max_new_tokens", "eval_k", "log_every")
+        at_least(self, 0, "warmup_steps", "max_prompt_length", "generation_batch_size", "eval_every",
+                 "eval_max_prompts", "save_every", "weight_decay", "max_grad_norm")
         if self.lr <= 0:
             raise ValueError(f"lr must be positive, got {self.lr}")
         if self.lr_schedule not in ("constant", "linear", "cosine"):
@@ -343,16 +346,10 @@ class RewardConfig:
     """Show a progress bar on the main process."""
 
     def __post_init__(self) -> None:
-        positive = ("max_length", "batch_size", "eval_batch_size", "megabatch_factor", "log_every",
-                    "calibration_bins", "length_buckets")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        non_negative = ("weight_decay", "max_steps", "max_grad_norm", "center_rewards_coef", "eval_every",
-                        "early_stopping_patience", "early_stopping_min_delta", "checkpoint_every")
-        for name in non_negative:
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be non-negative, got {getattr(self, name)}")
+        at_least(self, 1, "max_length", "batch_size", "eval_batch_size", "megabatch_factor", "log_every",
+                 "calibration_bins", "length_buckets")
+        at_least(self, 0, "weight_decay", "max_steps", "max_grad_norm", "center_rewards_coef", "eval_every",
+                 "early_stopping_patience", "early_stopping_min_delta", "checkpoint_every")
         if self.max_length < 8:
             raise ValueError(f"max_length must be at least 8 tokens, got {self.max_length}")
         if not self.learning_rate > 0:
@@ -413,12 +410,8 @@ class GRPOConfig(RLConfig):
             raise ValueError(f"loss_type must be 'grpo' or 'gspo', got {self.loss_type!r}")
         if self.group_size < 2:
             raise ValueError(f"group_size must be at least 2 to compare answers, got {self.group_size}")
-        for name in ("prompts_per_step", "mu"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("micro_batch_size", "ref_reset_steps"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        at_least(self, 1, "prompts_per_step", "mu")
+        at_least(self, 0, "micro_batch_size", "ref_reset_steps")
         if self.beta < 0:
             raise ValueError(f"beta must be >= 0, got {self.beta}")
         if self.clip_eps is None:
@@ -506,14 +499,10 @@ class PPOConfig(RLConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("prompts_per_step", "samples_per_prompt", "minibatch_size", "ppo_epochs", "kl_horizon",
-                     "hack_window", "sample_rows"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("sample_every", "beta", "ent_coef", "target_kl", "reward_clip", "missing_eos_penalty",
-                     "reward_model_weight"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        at_least(self, 1, "prompts_per_step", "samples_per_prompt", "minibatch_size", "ppo_epochs", "kl_horizon",
+                 "hack_window", "sample_rows")
+        at_least(self, 0, "sample_every", "beta", "ent_coef", "target_kl", "reward_clip", "missing_eos_penalty",
+                 "reward_model_weight")
         if not 0 < self.clip_eps < 1:
             raise ValueError(f"clip_eps must be in (0, 1), got {self.clip_eps}")
         if self.clip_value is not None and self.clip_value <= 0:
