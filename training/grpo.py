@@ -47,7 +47,7 @@ from training.policy import (
     unwrap,
 )
 from training.rewards import RewardFunction, RewardResult, compute_rewards
-from training.run_info import atomic_dir
+from training.run_info import atomic_dir, recover_dir, staged_dir
 
 # ---------------------------------------------------------------------------------------------
 # pieces of a step, each usable on its own (PPO reuses the rollout/reward plumbing)
@@ -316,15 +316,15 @@ class GRPOTrainer:
             self.tokenizer.save_pretrained(out)
 
     def save_checkpoint(self, path: str | Path) -> None:
-        path = Path(path)
-        self.save(path / "model")
-        if self.accelerator.is_main_process:
-            state = {"step": self.step_count, "order": self._order, "epoch": self._epoch,
-                     "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                     "rng": torch.get_rng_state()}
-            if self.config.ref_reset_steps:
-                state["reference"] = self._reference_state()
-            torch.save(state, path / "trainer.pt")
+        with staged_dir(path, self.accelerator) as stage:
+            self.save(stage / "model")
+            if self.accelerator.is_main_process:
+                state = {"step": self.step_count, "order": self._order, "epoch": self._epoch,
+                         "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                         "rng": torch.get_rng_state()}
+                if self.config.ref_reset_steps:
+                    state["reference"] = self._reference_state()
+                torch.save(state, stage / "trainer.pt")
 
     def _reference_state(self) -> dict[str, Tensor]:
         if self.reference._lora:
@@ -379,6 +379,9 @@ def train(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     trainer = GRPOTrainer(config, model, tokenizer, functions, train_rows, eval_rows, server=server)
     out = Path(config.out)
     checkpoint = out / "checkpoint"
+    if config.resume and trainer.accelerator.is_main_process:
+        recover_dir(checkpoint)
+    trainer.accelerator.wait_for_everyone()
     resumed = config.resume and (checkpoint / "trainer.pt").exists()
     if resumed:
         trainer.load_checkpoint(checkpoint)
@@ -388,7 +391,7 @@ def train(config: GRPOConfig, progress: bool = True) -> dict[str, Any]:
                          extra={"processes": trainer.accelerator.num_processes,
                                 "resumed_from_step": trainer.step_count})
     writer = MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if config.tensorboard else None,
-                           append=resumed) if main_process else None
+                           append=resumed, resume_step=trainer.step_count) if main_process else None
     bar = tqdm(total=config.steps, initial=trainer.step_count, disable=not (progress and main_process), desc="grpo")
     try:
         while trainer.step_count < config.steps:

@@ -45,7 +45,7 @@ from training.losses import (
 from training.optim import lr_lambda, make_accelerator
 from training.policy import Reference, Rollouts, generate_rollouts, unwrap
 from training.rewards import RewardFunction, compute_rewards
-from training.run_info import atomic_dir
+from training.run_info import atomic_dir, recover_dir, staged_dir
 from training.value_head import ActorCritic
 
 # ---------------------------------------------------------------------------------------------
@@ -429,15 +429,15 @@ class PPOTrainer:
                 self.actor_critic.save_value_model(out)
 
     def save_checkpoint(self, path: str | Path) -> None:
-        path = Path(path)
-        self.save(path / "model", path / "value_model")
-        if self.accelerator.is_main_process:
-            state = {"step": self.step_count, "order": self._order, "epoch": self._epoch,
-                     "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                     "rng": torch.get_rng_state(), "beta": self.kl_controller.beta,
-                     "moments": vars(self.moments) if self.moments is not None else None,
-                     "watch": self.watch.state_dict()}
-            torch.save(state, path / "trainer.pt")
+        with staged_dir(path, self.accelerator) as stage:
+            self.save(stage / "model", stage / "value_model")
+            if self.accelerator.is_main_process:
+                state = {"step": self.step_count, "order": self._order, "epoch": self._epoch,
+                         "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                         "rng": torch.get_rng_state(), "beta": self.kl_controller.beta,
+                         "moments": vars(self.moments) if self.moments is not None else None,
+                         "watch": self.watch.state_dict()}
+                torch.save(state, stage / "trainer.pt")
 
     def load_checkpoint(self, path: str | Path) -> None:
         from safetensors.torch import load_file
@@ -489,6 +489,9 @@ def train(config: PPOConfig, progress: bool = True) -> dict[str, Any]:
     trainer = PPOTrainer(config, model, tokenizer, functions, train_rows, eval_rows, critic=critic)
     out = Path(config.out)
     checkpoint = out / "checkpoint"
+    if config.resume and trainer.accelerator.is_main_process:
+        recover_dir(checkpoint)
+    trainer.accelerator.wait_for_everyone()
     resumed = config.resume and (checkpoint / "trainer.pt").exists()
     if resumed:
         trainer.load_checkpoint(checkpoint)
@@ -498,7 +501,7 @@ def train(config: PPOConfig, progress: bool = True) -> dict[str, Any]:
                          extra={"processes": trainer.accelerator.num_processes,
                                 "resumed_from_step": trainer.step_count})
     writer = MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if config.tensorboard else None,
-                           append=resumed) if main_process else None
+                           append=resumed, resume_step=trainer.step_count) if main_process else None
     samples_file = (out / "rollout_samples.jsonl").open("a" if resumed else "w", encoding="utf-8") \
         if main_process else None
     bar = tqdm(total=config.steps, initial=trainer.step_count, disable=not (progress and main_process), desc="ppo")

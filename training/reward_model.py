@@ -26,7 +26,7 @@ from training.config import RewardConfig, field_docs, load_config
 from training.data import DataError, PairRow, Text, load_pairs, render_prompt, split_train_heldout
 from training.losses import bradley_terry_loss, reward_centering_loss, soft_bradley_terry_loss
 from training.optim import make_accelerator
-from training.run_info import MetricsWriter, atomic_dir, write_json, write_run_config
+from training.run_info import MetricsWriter, atomic_dir, recover_dir, staged_dir, write_json, write_run_config
 from training.weights import SAFE_LOAD, require_safetensors
 
 META_FILE = "preflab_reward.json"
@@ -336,6 +336,9 @@ def train_reward_model(config: RewardConfig, train_rows: Sequence[PairRow], eval
 
     state = {"step": 0, "best_loss": math.inf, "bad_evals": 0, "best_step": 0}
     checkpoint_dir = out / "checkpoint"
+    if config.resume and accelerator.is_main_process:
+        recover_dir(checkpoint_dir)
+    accelerator.wait_for_everyone()
     resumed = config.resume and (checkpoint_dir / "trainer_state.json").exists()
     if resumed:
         accelerator.load_state(str(checkpoint_dir))
@@ -351,7 +354,7 @@ def train_reward_model(config: RewardConfig, train_rows: Sequence[PairRow], eval
         out.mkdir(parents=True, exist_ok=True)
         write_run_config(out, config, data=data_paths, extra={"resolved_model": model_path, "processes": world})
         metrics = MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if config.tensorboard else None,
-                                append=resumed)
+                                append=resumed, resume_step=state["step"])
 
     def forward_rewards(chosen: Sequence[list[int]], rejected: Sequence[list[int]]) -> tuple[Tensor, Tensor]:
         # chosen and rejected in one forward pass: one padded (2b, L) batch
@@ -484,14 +487,14 @@ def train_reward_model(config: RewardConfig, train_rows: Sequence[PairRow], eval
 
 def _save_checkpoint(accelerator: Any, path: Path, state: dict[str, Any], best_state: dict[str, Tensor] | None
                      ) -> None:
-    accelerator.save_state(str(path))
-    if accelerator.is_main_process:
-        if best_state is not None:
-            from safetensors.torch import save_file
+    with staged_dir(path, accelerator) as stage:
+        accelerator.save_state(str(stage))
+        if accelerator.is_main_process:
+            if best_state is not None:
+                from safetensors.torch import save_file
 
-            save_file({k: v.contiguous() for k, v in best_state.items()}, str(path / "best.safetensors"))
-        write_json(path / "trainer_state.json", state)
-    accelerator.wait_for_everyone()
+                save_file({k: v.contiguous() for k, v in best_state.items()}, str(stage / "best.safetensors"))
+            write_json(stage / "trainer_state.json", state)
 
 
 def _save_model(accelerator: Any, model: Any, tokenizer: Any, path: Path, config: RewardConfig) -> None:

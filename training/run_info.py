@@ -77,6 +77,23 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    replace_dir(tmp, path)
+
+
+def replace_dir(tmp: Path, path: Path) -> None:
+    """Move the finished directory `tmp` to `path`, replacing what is there.
+
+    Files are fsynced first so a power cut cannot leave a renamed directory of empty files. A directory
+    cannot be swapped in one rename, so the old one is moved aside first; `recover_dir` undoes a kill
+    between the two renames.
+    """
+    for file in tmp.rglob("*"):
+        if file.is_file():
+            fd = os.open(file, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
     if path.exists():
         aside = path.parent / f".{path.name}.old-{os.getpid()}"
         os.replace(path, aside)
@@ -84,6 +101,41 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
         shutil.rmtree(aside, ignore_errors=True)
     else:
         os.replace(tmp, path)
+
+
+def recover_dir(path: str | Path) -> Path:
+    """Put back the previous complete `path` when a replace was killed between its two renames."""
+    path = Path(path)
+    if not path.exists():
+        asides = sorted(path.parent.glob(f".{path.name}.old-*"), key=lambda p: p.stat().st_mtime)
+        if asides:
+            os.replace(asides[-1], path)
+    return path
+
+
+@contextmanager
+def staged_dir(path: str | Path, accelerator: Any = None) -> Iterator[Path]:
+    """A checkpoint written whole or not at all, by every process of a distributed run.
+
+    All processes write into one staging directory beside `path` (sharded optimiser states need each
+    rank's files); only once every rank is done does the main process rename it over `path`. A run killed
+    mid-save therefore resumes from the previous checkpoint, never from a mix of two.
+    """
+    path = Path(path)
+    stage = path.parent / f".{path.name}.staging"
+    main = accelerator is None or accelerator.is_main_process
+    if main:
+        shutil.rmtree(stage, ignore_errors=True)
+        stage.mkdir(parents=True)
+    if accelerator is not None:
+        accelerator.wait_for_everyone()
+    yield stage
+    if accelerator is not None:
+        accelerator.wait_for_everyone()
+    if main:
+        replace_dir(stage, path)
+    if accelerator is not None:
+        accelerator.wait_for_everyone()
 
 
 def write_json(path: str | Path, obj: Any) -> Path:
@@ -115,9 +167,12 @@ class MetricsWriter:
     """Appends one JSON object per call to `metrics.jsonl` (flushed, so a crashed run keeps its history),
     and mirrors scalars to TensorBoard when it is installed and `tensorboard_dir` is given."""
 
-    def __init__(self, path: str | Path, tensorboard_dir: str | Path | None = None, append: bool = False) -> None:
+    def __init__(self, path: str | Path, tensorboard_dir: str | Path | None = None, append: bool = False,
+                 resume_step: int | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if append and resume_step is not None and self.path.exists():
+            _truncate_after(self.path, resume_step)
         self._fh = open(self.path, "a" if append else "w", encoding="utf-8")  # closed in close()
         self._tb = None
         if tensorboard_dir is not None:
@@ -147,6 +202,22 @@ class MetricsWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _truncate_after(path: Path, step: int) -> None:
+    """Drop the rows a killed run logged after its last checkpoint (the resumed run logs those steps again)
+    and a last line cut mid-write, so the history has each step once."""
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if line.endswith("\n") and row.get("step", 0) <= step:
+            kept.append(line)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
