@@ -58,10 +58,17 @@ def migrate(revision: Annotated[str, typer.Argument(help="Target revision")] = "
     typer.echo(f"database at {revision}: {_redact(settings.database_url)}")
 
 
+KEEP_ALIVE_S = 75
+"""uvicorn's default is 5 s, shorter than an annotator's think time: every task would open a new connection."""
+
+
 @cli.command()
 def serve(host: Annotated[str, typer.Option(help="Interface to bind")] = "127.0.0.1",
           port: Annotated[int, typer.Option(help="Port to listen on")] = 8000,
-          workers: Annotated[int, typer.Option(help="uvicorn worker processes (Postgres only)")] = 1) -> None:
+          workers: Annotated[int, typer.Option(help="uvicorn worker processes (Postgres only)")] = 1,
+          keep_alive: Annotated[int, typer.Option(
+              help="Seconds an idle HTTP connection stays open: annotators send a request every few seconds, "
+                   "and a reused connection saves the server a new one each time")] = KEEP_ALIVE_S) -> None:
     """Serve the web app and API with uvicorn. SQLite databases in dev/demo are migrated first."""
     import uvicorn
 
@@ -76,13 +83,14 @@ def serve(host: Annotated[str, typer.Option(help="Interface to bind")] = "127.0.
     if workers > 1 and settings.is_sqlite:
         _fail("--workers > 1 needs Postgres; SQLite is the single-process embedded mode")
     if workers > 1:
-        uvicorn.run("app.asgi:app", host=host, port=port, workers=workers, proxy_headers=settings.trust_proxy_headers)
+        uvicorn.run("app.asgi:app", host=host, port=port, workers=workers, proxy_headers=settings.trust_proxy_headers,
+                    timeout_keep_alive=keep_alive)
         return
     from app.main import create_app
 
     typer.echo(f"preflab serving on http://{host}:{port}  (API docs: http://{host}:{port}/docs)")
     uvicorn.run(create_app(settings), host=host, port=port, proxy_headers=settings.trust_proxy_headers,
-                log_level="info")
+                log_level="info", timeout_keep_alive=keep_alive)
 
 
 @cli.command()

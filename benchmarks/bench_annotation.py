@@ -34,6 +34,7 @@ from sqlalchemy import create_engine, text
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from app.cli import KEEP_ALIVE_S  # noqa: E402 - as `preflab serve` runs it
 from app.settings import Settings  # noqa: E402
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/preflab_bench"
@@ -143,7 +144,7 @@ def start_server(url: str, workers: int, data_dir: str) -> tuple[subprocess.Pope
     env = os.environ | {"PREFLAB_DATABASE_URL": url, "PREFLAB_SECRET_KEY": SECRET, "PREFLAB_ENV": "dev",
                         "PREFLAB_DATA_DIR": data_dir}
     cmd = [sys.executable, "-m", "uvicorn", "app.asgi:app", "--host", "127.0.0.1", "--port", str(port),
-           "--log-level", "warning", "--no-access-log"]
+           "--log-level", "warning", "--no-access-log", "--timeout-keep-alive", str(KEEP_ALIVE_S)]
     if workers > 1:
         cmd += ["--workers", str(workers)]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env)

@@ -36,7 +36,8 @@ import httpx
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _pg import fresh_database  # noqa: E402 - after the sys.path set-up
+from _http import KeepAliveClient, ProtocolError, Response, StaleConnection  # noqa: E402 - after the sys.path set-up
+from _pg import fresh_database  # noqa: E402
 from bench_annotation import REPO, SECRET, _cpu_seconds, _ms, check_database, seed, start_server  # noqa: E402
 
 from app.settings import Settings  # noqa: E402
@@ -44,8 +45,6 @@ from app.settings import Settings  # noqa: E402
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/preflab_load"
 # The annotation budget (README, Performance): p95 of next-task and of submit within 50 ms.
 P95_BUDGET_MS = 50.0
-# Transport errors of a request sent on a keep-alive connection the server was closing at that moment.
-STALE_CONNECTION = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 # How long past the end of the load the lead still waits for the export to be ready (a busy machine is slow).
 EXPORT_GRACE_S = 60.0
 
@@ -94,22 +93,23 @@ async def _annotator(base: str, project_id: int, token: str, k: int, cfg: LoadCo
     def think() -> float:
         return rng.uniform(lo, hi) * cfg.think
 
-    async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=30) as http:
+    # A lean client (benchmarks/_http.py): httpx would spend more of the shared CPU than the server it measures.
+    async with KeepAliveClient(base, headers={"Authorization": f"Bearer {token}"}, timeout=30) as http:
         # Staggered start: 200 people do not press "next" in the same millisecond.
         await asyncio.sleep(rng.uniform(0, min(cfg.warmup, hi * cfg.think)))
         n = 0
 
-        async def call(kind: str, method: str, url: str, **kw: Any) -> tuple[httpx.Response | None, bool]:
+        async def call(kind: str, method: str, url: str, json: Any = None) -> tuple[Response | None, bool]:
             """The response (None after a transport error) and whether it took a second try."""
             t0 = time.perf_counter()
             retried = False
             while True:
                 stats.sent += 1
                 try:
-                    r = await http.request(method, url, **kw)
+                    r = await http.request(method, url, json=json)
                     break
-                except STALE_CONNECTION as exc:
-                    # The server closed the idle keep-alive connection (uvicorn: after 5 s) as the request went out
+                except StaleConnection as exc:
+                    # The server closed the idle keep-alive connection (`--keep-alive`, 75 s) as the request went out
                     # on it. Browsers resend on a fresh connection in that case, and both calls are safe to repeat
                     # (next returns the caller's lease, submit is idempotent by submission id), so resend once.
                     if retried:
@@ -117,7 +117,7 @@ async def _annotator(base: str, project_id: int, token: str, k: int, cfg: LoadCo
                         return None, retried
                     retried = True
                     stats.stale_connection_retries += 1
-                except httpx.HTTPError as exc:
+                except (OSError, TimeoutError, ProtocolError) as exc:
                     stats.error(f"{kind} {type(exc).__name__}")
                     return None, retried
             t1 = time.perf_counter()
