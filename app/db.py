@@ -52,7 +52,7 @@ def is_transient(exc: BaseException) -> bool:
     return _sqlite_busy(exc)
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, pool_size: int = 20) -> Engine:
     if url.startswith("sqlite"):
         database = make_url(url).database
         if database and database != ":memory:":
@@ -80,7 +80,7 @@ def make_engine(url: str) -> Engine:
             dbapi_conn.isolation_level = None
 
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    return create_engine(url, pool_pre_ping=True, pool_size=pool_size, max_overflow=pool_size)
 
 
 def _begin_immediate(conn: Any) -> None:

@@ -75,7 +75,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   dependencies=[Depends(csrf_guard)], docs_url="/docs", redoc_url=None)
     app.state.settings = settings
     app.state.secret = settings.resolved_secret()
-    app.state.engine = make_engine(settings.database_url)
+    app.state.engine = make_engine(settings.database_url, settings.database_pool_size)
     app.state.session_factory = make_session_factory(app.state.engine)
     app.state.login_throttle = LoginThrottle()
 

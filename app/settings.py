@@ -25,6 +25,10 @@ class Settings(BaseSettings):
     """dev: local work; demo: the bundled demo; production: secure cookies, a real secret required."""
     database_url: str = DEFAULT_DATABASE_URL
     """SQLAlchemy URL. `postgresql://` is mapped to the psycopg 3 driver."""
+    database_pool_size: int = Field(default=20, ge=1, le=500)
+    """Postgres connections each server process keeps open (as many again may open briefly under a burst).
+    Kept connections keep their prepared statements; a pool smaller than the concurrent requests makes each
+    burst open and close connections, which costs more than the requests themselves."""
     secret_key: str | None = None
     """Signs cookies and CSRF tokens. Required in production; generated into DATA_DIR otherwise."""
     data_dir: Path = Path("./data")

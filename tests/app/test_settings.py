@@ -51,3 +51,17 @@ def test_dev_secret_is_generated_once_with_owner_only_permissions(tmp_path) -> N
 def test_production_cookies_are_secure() -> None:
     assert Settings(env="production", secret_key="x" * 40).cookies_secure
     assert not Settings(env="dev").cookies_secure
+
+
+def test_the_postgres_pool_keeps_the_configured_connections(monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.db import make_engine
+
+    monkeypatch.setenv("PREFLAB_DATABASE_POOL_SIZE", "0")
+    with pytest.raises(SettingsError, match="PREFLAB_DATABASE_POOL_SIZE"):
+        load_settings()
+    monkeypatch.setenv("PREFLAB_DATABASE_POOL_SIZE", "32")
+    settings = load_settings()
+    # No connection is opened here: the pool only records its size until the first checkout.
+    engine = make_engine("postgresql+psycopg://u@127.0.0.1:1/db", settings.database_pool_size)
+    assert engine.pool.size() == 32
+    engine.dispose()
