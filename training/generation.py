@@ -499,6 +499,52 @@ def _retry_after(value: str | None) -> float | None:
     return None
 
 
+AddressCheck = Callable[[str], None]
+"""Called with each IP address a client is about to connect to; raises ValueError to refuse it."""
+
+
+class AddressRefused(GenerationError):
+    """The server's host resolved to an address the caller's address check refuses."""
+
+
+def checked_transport(check: AddressCheck, max_connections: int) -> Any:
+    """An httpx transport that resolves each host itself, passes every address to `check` and connects to an
+    address it checked, so DNS cannot answer one address to a URL check and another to the connection (DNS
+    rebinding). No proxy from the environment: through a proxy the address connected to is the proxy's."""
+    import socket
+
+    import httpcore
+    import httpx
+
+    class CheckedBackend(httpcore.SyncBackend):
+        def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+                        socket_options: Any = None) -> Any:
+            try:
+                infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            except OSError as exc:
+                raise httpcore.ConnectError(f"{host} did not resolve: {exc}") from exc
+            addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+            for address in addresses:
+                try:
+                    check(address)
+                except ValueError as exc:
+                    raise AddressRefused(f"refused to connect to {host} at {address}: {exc}") from None
+            error: Exception | None = None
+            for address in addresses:
+                try:
+                    return super().connect_tcp(address, port, timeout, local_address, socket_options)
+                except httpcore.ConnectError as exc:
+                    error = exc
+            raise error or httpcore.ConnectError(f"{host} has no address")
+
+    transport = httpx.HTTPTransport(trust_env=False, limits=httpx.Limits(max_connections=max_connections))
+    # HTTPTransport takes no network backend, so its pool is rebuilt with the same TLS context around ours;
+    # TLS still verifies the certificate against the URL's host name (httpcore's SNI is the origin host).
+    transport._pool = httpcore.ConnectionPool(ssl_context=transport._pool._ssl_context, max_connections=max_connections,
+                                              network_backend=CheckedBackend())
+    return transport
+
+
 class OpenAIGenerator:
     """Backend "openai": any OpenAI-compatible server (vLLM, TGI, llama.cpp, Ollama, OpenAI).
 
@@ -514,7 +560,8 @@ class OpenAIGenerator:
 
     def __init__(self, base_url: str, model: str, *, api_key: str | None = None, api: str = "chat",
                  timeout_s: float = 120.0, max_retries: int = 4, concurrency: int = 8, max_n: int = 16,
-                 max_k: int = DEFAULT_MAX_K, backoff_s: float = 0.5, max_backoff_s: float = 30.0) -> None:
+                 max_k: int = DEFAULT_MAX_K, backoff_s: float = 0.5, max_backoff_s: float = 30.0,
+                 address_check: AddressCheck | None = None) -> None:
         if not isinstance(base_url, str) or not base_url:
             raise SpecError("base_url", "must be a URL such as http://localhost:8000/v1")
         if not isinstance(model, str) or not model:
@@ -538,6 +585,7 @@ class OpenAIGenerator:
         self.max_backoff_s = max_backoff_s
         self.name = f"openai:{model}"
         self.__api_key = api_key or None  # name-mangled and left out of repr/describe on purpose
+        self.address_check = address_check
         self._client: Any = None
         self._client_lock = threading.Lock()
 
@@ -589,9 +637,11 @@ class OpenAIGenerator:
             if self._client is None:
                 headers = {"Authorization": f"Bearer {self.__api_key}"} if self.__api_key else {}
                 # Never follow redirects: the base URL was checked, a Location header pointing inward was not.
+                transport = (None if self.address_check is None
+                             else checked_transport(self.address_check, self.concurrency))
                 self._client = httpx.Client(timeout=httpx.Timeout(self.timeout_s), headers=headers,
                                             limits=httpx.Limits(max_connections=self.concurrency),
-                                            follow_redirects=False)
+                                            follow_redirects=False, transport=transport)
             return self._client
 
     def _sleep(self, seconds: float, should_stop: ShouldStop | None) -> None:
@@ -802,14 +852,15 @@ def params_from_spec(spec: dict[str, Any]) -> GenerationParams:
     return GenerationParams(**values)
 
 
-def make_generator(spec: dict[str, Any]) -> Generator:
+def make_generator(spec: dict[str, Any], *, address_check: AddressCheck | None = None) -> Generator:
     """A generator from a spec such as `{"backend": "hf", "model": "/path"}` or
     `{"backend": "openai", "base_url": "http://host:8000/v1", "model": "name", "api_key"?, "api"?}`.
 
     Generation parameter keys (see `params_from_spec`) may sit in the same dict and are ignored
     here; any other unknown key is an error. Raises `SpecError` (a ValueError and a
     GenerationError) whose `field` names the bad key. Nothing is loaded or contacted: call
-    `check()` for the cheap up-front validation.
+    `check()` for the cheap up-front validation. `address_check` vets every address an openai backend
+    connects to (see `checked_transport`).
     """
     if not isinstance(spec, dict):
         raise SpecError("generator", "must be an object")
@@ -846,7 +897,7 @@ def make_generator(spec: dict[str, Any]) -> Generator:
         base_url, model, api_key=api_key or None, api=spec.get("api", "chat"),
         timeout_s=_spec_float(spec, "timeout_s", 120.0, 0), max_retries=_spec_int(spec, "max_retries", 4, 0),
         concurrency=_spec_int(spec, "concurrency", 8, 1), max_n=_spec_int(spec, "max_n", 16, 1), max_k=max_k,
-        backoff_s=_spec_float(spec, "backoff_s", 0.5, 0),
+        backoff_s=_spec_float(spec, "backoff_s", 0.5, 0), address_check=address_check,
     )
 
 

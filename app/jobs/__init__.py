@@ -23,15 +23,15 @@ def handler_for(kind: str) -> Callable[[Any], dict[str, Any]]:
     return getattr(importlib.import_module(module), name)
 
 
-def generator_spec(ctx: Any, stored: dict[str, Any], what: str = "generator") -> dict[str, Any]:
-    """The spec to build a generator from, resolved now: a model endpoint's URL and key are read (and the URL
-    checked again) when the job runs, so neither ever sits in the job's payload."""
+def runtime_generator(ctx: Any, stored: dict[str, Any], what: str = "generator") -> tuple[Any, dict[str, Any]]:
+    """(generator, spec) built now: a model endpoint's URL and key are read (and the URL checked again) when the job
+    runs, so neither ever sits in the job's payload; its client checks every address it connects to as well."""
     from app.errors import DomainError
     from app.services import endpoints
     from app.worker import JobError
 
     with ctx.session_factory() as db:
         try:
-            return endpoints.runtime_spec(db, dict(stored))
+            return endpoints.runtime_generator(db, dict(stored), field=what)
         except DomainError as exc:
             raise JobError(f"{what}: {exc.message}") from None

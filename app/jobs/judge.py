@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from app.jobs import generator_spec
+from app.jobs import runtime_generator
 from app.models import Completion, Constitution, JudgeRun, Pair, Project, Prompt, Ranking
 from app.services.pairs import expand_tiers
 from app.services.queue import task_completion_ids
@@ -44,7 +44,7 @@ def run(ctx: Any) -> dict[str, Any]:
     try:
         config = JudgeConfig(mode=params.get("mode", "logprob"), principles=params.get("principles", "sample"),
                              seed=int(params.get("seed", 0)), low_confidence=float(params.get("low_confidence", 0.6)))
-        judge = Judge(generator_spec(ctx, ctx.payload["generator"], "judge"), config)
+        judge = Judge(runtime_generator(ctx, ctx.payload["generator"], "judge")[0], config)
         judge.generator.check()
     except JobError:  # the model endpoint is gone or its URL is refused now
         _set_state(ctx, run_id, "failed")

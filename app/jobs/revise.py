@@ -12,19 +12,18 @@ from typing import Any
 
 from sqlalchemy import select
 
-from app.jobs import generator_spec
+from app.jobs import runtime_generator
 from app.models import Completion, Constitution, Prompt
 
 
 def run(ctx: Any) -> dict[str, Any]:
     from app.db import session_scope
     from app.worker import JobError
-    from training.generation import GenerationError, make_generator, params_from_spec
+    from training.generation import GenerationError, params_from_spec
     from training.judge import critique_and_revise
     from training.judge_prompts import format_conversation
 
     payload = ctx.payload
-    spec = generator_spec(ctx, payload["generator"])
     with session_scope(ctx.session_factory) as db:
         constitution = db.get(Constitution, payload["constitution_id"])
         if constitution is None:
@@ -34,7 +33,7 @@ def run(ctx: Any) -> dict[str, Any]:
     if not principles:
         raise JobError("no principle of this constitution has both a critique and a revision request")
     try:
-        generator = make_generator(spec)
+        generator, spec = runtime_generator(ctx, payload["generator"])
         generator.check()
         params = params_from_spec({"temperature": 0.0, "max_new_tokens": 256, "seed": 0} | spec)
     except (GenerationError, ValueError) as exc:

@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from app.jobs import generator_spec
+from app.jobs import runtime_generator
 from app.models import Completion, Prompt
 
 BATCH_PROMPTS = 8
@@ -23,19 +23,17 @@ def run(ctx: Any) -> dict[str, Any]:
         GenerationError,
         GenerationParams,
         diversity,
-        make_generator,
         near_duplicates,
         params_from_spec,
     )
 
     payload = ctx.payload
-    spec = generator_spec(ctx, payload["generator"])
     k = int(payload["k"])
     tries = int(payload.get("resample_duplicates", 0))
     base_seed = payload.get("seed")
     try:
+        generator, spec = runtime_generator(ctx, payload["generator"])
         params = params_from_spec(spec | {"seed": base_seed})
-        generator = make_generator(spec)
         generator.check()
     except (GenerationError, ValueError, TypeError) as exc:
         raise JobError(f"generator: {exc}") from None

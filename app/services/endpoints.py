@@ -152,13 +152,28 @@ def choose(db: Session, actor: User, generator: dict[str, Any], *, field: str = 
 def runtime_spec(db: Session, spec: dict[str, Any], *, field: str = "generator") -> dict[str, Any]:
     """The spec `training.generation.make_generator` takes: the endpoint's URL and key filled in, the URL checked
     again now (DNS may have changed since the job was queued). Raises Invalid; never stored anywhere."""
+    return _resolve(db, spec, field)[0]
+
+
+def runtime_generator(db: Session, spec: dict[str, Any], *, field: str = "generator") -> tuple[Any, dict[str, Any]]:
+    """(generator, resolved spec) for a job: `runtime_spec`, and an openai client that checks every address it
+    connects to by the endpoint's trust, so a DNS answer that changes after the URL check is refused too.
+    Raises Invalid, or the generator's SpecError (a ValueError) naming the bad key."""
+    from training.generation import make_generator
+
+    resolved, allow_private = _resolve(db, spec, field)
+    guard = outbound.address_guard(allow_private) if resolved.get("backend") == "openai" else None
+    return make_generator(resolved, address_check=guard), resolved
+
+
+def _resolve(db: Session, spec: dict[str, Any], field: str) -> tuple[dict[str, Any], bool]:
     spec = dict(spec)
     if spec.get("backend") != "openai":
-        return spec
+        return spec, False
     endpoint_id = spec.pop("endpoint_id", None)
     if endpoint_id is None:  # an admin's free-form public URL (or a job queued before endpoints existed)
         spec["base_url"] = outbound.check_base_url(str(spec.get("base_url") or ""), field=f"{field}.base_url")
-        return spec
+        return spec, False
     endpoint = db.get(ModelEndpoint, int(endpoint_id))
     if endpoint is None:
         raise Invalid(f"model endpoint {endpoint_id} no longer exists", field=f"{field}.endpoint_id")
@@ -167,18 +182,17 @@ def runtime_spec(db: Session, spec: dict[str, Any], *, field: str = "generator")
     spec["model"] = spec.get("model") or endpoint.model
     if endpoint.api_key:
         spec["api_key"] = endpoint.api_key
-    return spec
-
+    return spec, endpoint.allow_private
 
 
 def prepare(db: Session, actor: User, generator: dict[str, Any], *, field: str = "generator") -> dict[str, Any]:
     """`choose`, then the cheap up-front check of the generator a worker will build from it (a model directory
     exists; a URL is well formed). The spec to store, or Invalid naming the field."""
-    from training.generation import GenerationError, make_generator
+    from training.generation import GenerationError
 
     spec = choose(db, actor, generator, field=field)
     try:
-        make_generator(runtime_spec(db, spec, field=field)).check()
+        runtime_generator(db, spec, field=field)[0].check()
     except (GenerationError, ValueError) as exc:
         raise Invalid(str(exc), field=f"{field}.model" if spec.get("backend") == "hf" else field) from None
     return spec

@@ -3,13 +3,15 @@
 Two tiers: cloud metadata services, link-local, multicast and reserved space are never a model server and are
 always refused; private and loopback addresses (a vLLM box on the LAN, a server on localhost) are refused too
 unless an admin marked that model endpoint as trusted (`allow_private`). The check runs when a job is asked
-for and again when the worker starts it, so a host whose DNS changed in between is caught at run time.
+for, again when the worker starts it, and on every connection the worker's client opens (`address_guard`), so
+a host whose DNS answer changes (DNS rebinding) is caught at connect time.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import socket
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from app.errors import Invalid
@@ -62,12 +64,34 @@ def check_base_url(url: str, *, field: str = "base_url", resolve: bool = True, a
     if host in BLOCKED_HOSTS:
         raise Invalid("points at a cloud metadata service", field=field)
     for ip in _addresses(host, port, resolve):
-        if ip in BLOCKED_ADDRESSES:
-            raise Invalid(f"points at a cloud metadata service ({ip})", field=field)
-        # ::1 sits inside IPv6's reserved ::/8, so loopback is let through to the private tier below.
-        if ip.is_link_local or ip.is_multicast or ip.is_unspecified or (ip.is_reserved and not ip.is_loopback):
-            raise Invalid(f"points at a link-local or reserved address ({ip})", field=field)
-        if not ip.is_global and not allow_private:
-            raise Invalid(f"points at a private or loopback address ({ip}); an admin must mark the model endpoint "
-                          "as a trusted private host", field=field)
+        reason = _refusal(ip, allow_private)
+        if reason:
+            raise Invalid(reason, field=field)
     return url.strip().rstrip("/")
+
+
+def _refusal(ip: IPAddress, allow_private: bool) -> str | None:
+    if ip in BLOCKED_ADDRESSES:
+        return f"points at a cloud metadata service ({ip})"
+    # ::1 sits inside IPv6's reserved ::/8, so loopback is let through to the private tier below.
+    if ip.is_link_local or ip.is_multicast or ip.is_unspecified or (ip.is_reserved and not ip.is_loopback):
+        return f"points at a link-local or reserved address ({ip})"
+    if not ip.is_global and not allow_private:
+        return (f"points at a private or loopback address ({ip}); an admin must mark the model endpoint "
+                "as a trusted private host")
+    return None
+
+
+def address_guard(allow_private: bool) -> Callable[[str], None]:
+    """The same rules, applied to each address at the moment a client connects (`make_generator`'s
+    `address_check`): a host whose DNS answer changes after `check_base_url` (DNS rebinding) is still refused."""
+
+    def check(address: str) -> None:
+        ip = ipaddress.ip_address(address.split("%")[0])
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        reason = _refusal(ip, allow_private)
+        if reason:
+            raise ValueError(reason)
+
+    return check

@@ -293,3 +293,53 @@ def test_the_worker_checks_the_endpoint_again_when_the_job_runs(app: Any, client
     assert first["state"] == "failed" and "private or loopback" in first["error"], first
     assert second["state"] == "failed" and "no longer exists" in second["error"], second
     assert remote.hits == []  # refused before any request left the worker
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_host_whose_dns_turns_inward_after_the_check_is_refused_at_connect_time(
+        app: Any, client: Any, world: World, servers: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DNS rebinding: the name answers a public address to every URL check and a loopback one to the connection.
+    The worker's client resolves the name itself and checks the address it is about to connect to."""
+    import socket
+
+    remote, _ = servers
+    host, public = "model.rebind.test", "93.184.216.34"
+    real = socket.getaddrinfo
+
+    def rebinding(name: str, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if name == host:  # what a second, later lookup of an attacker's name answers
+            return real("127.0.0.1", port, *args, **kwargs)
+        return real(name, port, *args, **kwargs)
+
+    class CheckTimeDns:  # what the URL checks see
+        @staticmethod
+        def getaddrinfo(name: str, port: Any, *args: Any, **kwargs: Any) -> Any:
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (public, port))] if name == host else real(
+                name, port, *args, **kwargs)
+
+        IPPROTO_TCP = socket.IPPROTO_TCP
+
+    monkeypatch.setattr(outbound, "socket", CheckTimeDns)
+    monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+    url = f"http://{host}:{remote.server_port}/v1"
+    response = client.post("/api/model-endpoints", headers=world.headers("admin"),
+                           json={"name": "rebinding", "base_url": url, "model": "m"})  # a public host: no trust
+    assert response.status_code == 201, response.text
+    job_id = _sample(client, world, int(response.json()["id"]))
+    _run_worker(app)
+    status, _ = _finished(client, world, job_id)
+    assert status["state"] == "failed", status
+    assert "refused to connect" in status["error"] and "127.0.0.1" in status["error"], status
+    assert remote.hits == []  # no request reached the inward address
+
+
+def test_the_connect_time_guard_keeps_an_endpoints_trust() -> None:
+    trusted, untrusted = outbound.address_guard(True), outbound.address_guard(False)
+    trusted("10.1.2.3")
+    trusted("::1")
+    with pytest.raises(ValueError, match="private or loopback"):
+        untrusted("10.1.2.3")
+    for address in ("169.254.169.254", "::ffff:169.254.169.254", "fd00:ec2::254", "fe80::1%eth0"):
+        with pytest.raises(ValueError, match="metadata|link-local"):
+            trusted(address)
+    untrusted("93.184.216.34")
