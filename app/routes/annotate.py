@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
-from sqlalchemy import and_, select
+from sqlalchemy import and_, bindparam, select
 from sqlalchemy.orm import Session
 
 from app.deps import PageUser, SessionDep, api_user, get_db, optional_user
@@ -24,16 +24,21 @@ router = APIRouter()
 RESPONSE_LETTERS = "ABCDEFGHIJKLMNOP"
 
 
+# Built once with bind parameters (annotation hot path: see app.services.queue).
+_PROJECT_ROLE_RUBRIC = (select(Project, ProjectMember.role, Rubric)
+                        .outerjoin(ProjectMember, and_(ProjectMember.project_id == Project.id,
+                                                       ProjectMember.user_id == bindparam("user_id")))
+                        .outerjoin(Rubric, Rubric.id == Project.current_rubric_id)
+                        .where(Project.id == bindparam("project_id")))
+_PROMPT_TEXT = select(Prompt.id, Prompt.text, Prompt.messages).where(Prompt.id == bindparam("prompt_id"))
+
+
 def _annotator_project(db: Session, project_id: int, user: User) -> Project:
     """The project, 404 unless the caller may see it and 403 unless they may annotate: one query, not four.
 
     The current rubric comes in the same query, so `rubrics.current` later finds it in the session's identity map.
     """
-    row = db.execute(select(Project, ProjectMember.role, Rubric)
-                     .outerjoin(ProjectMember, and_(ProjectMember.project_id == Project.id,
-                                                    ProjectMember.user_id == user.id))
-                     .outerjoin(Rubric, Rubric.id == Project.current_rubric_id)
-                     .where(Project.id == project_id)).first()
+    row = db.execute(_PROJECT_ROLE_RUBRIC, {"project_id": project_id, "user_id": user.id}).first()
     if row is None or (user.role != "admin" and row.role is None):
         raise NotFound("no such project")
     if user.role != "admin" and row.role not in projects.CAN_ANNOTATE:
@@ -55,7 +60,7 @@ def _api_caller(request: Request, db: Session) -> User:
 
 
 def _task_view(db, project: Project, assignment: Assignment) -> TaskOut:  # type: ignore[no-untyped-def]
-    prompt = db.get(Prompt, assignment.prompt_id)
+    prompt = db.execute(_PROMPT_TEXT, {"prompt_id": assignment.prompt_id}).one()
     completions = queue.task_completion_texts(db, prompt.id, project.completions_per_prompt)
     order = queue.display_order(list(completions), assignment.annotator_id, prompt.id, assignment.round)
     rubric = rubrics.current(db, project)

@@ -8,6 +8,7 @@ writers are serialised.
 
 from __future__ import annotations
 
+import functools
 import random
 import threading
 import time
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Select, and_, exists, func, or_, select
+from sqlalchemy import Select, and_, bindparam, exists, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.errors import NotFound
@@ -25,7 +26,7 @@ GOLD_RATE_DEFAULT = 0.1
 """Share of tasks drawn from gold prompts, when the annotator has unseen ones."""
 
 
-def _active_load(prompt_id, round_: int, now: datetime):  # type: ignore[no-untyped-def]
+def _active_load(prompt_id, round_, now):  # type: ignore[no-untyped-def]
     """Assignments that occupy one unit of a prompt's overlap: submitted, or leased and not yet expired."""
     return (
         select(func.count(Assignment.id))
@@ -36,36 +37,80 @@ def _active_load(prompt_id, round_: int, now: datetime):  # type: ignore[no-unty
     )
 
 
-def _candidates(project: Project, annotator: User, now: datetime, *, gold: bool | None):  # type: ignore[no-untyped-def]
-    round_ = project.current_round
-    completions = _rankable_count()
-    mine_done = exists().where(Assignment.prompt_id == Prompt.id, Assignment.annotator_id == annotator.id,
-                               Assignment.round == round_, Assignment.state.in_(("submitted", "skipped")))
-    ranked = exists().where(Ranking.prompt_id == Prompt.id, Ranking.annotator_id == annotator.id,
-                            Ranking.round == round_)
-    query = select(Prompt.id).where(
-        Prompt.project_id == project.id,
-        completions >= project.completions_per_prompt,
-        ~mine_done,
-        ~ranked,
-    )
+# The hot path's statements are built once with bind parameters: building a SQLAlchemy expression and its cache key
+# costs more CPU than the database spends running it. Every one of them takes these parameters by name.
+_PROJECT, _ANNOTATOR, _ROUND, _NOW = (bindparam("project_id"), bindparam("annotator_id"), bindparam("round"),
+                                      bindparam("now", type_=Assignment.leased_until.type))
+_K, _OVERLAP, _FLOOR = bindparam("k"), bindparam("overlap"), bindparam("floor")
+
+
+def _params(project: Project, annotator: User, now: datetime, floor: int = 0) -> dict[str, Any]:
+    return {"project_id": project.id, "annotator_id": annotator.id, "round": project.current_round, "now": now,
+            "k": project.completions_per_prompt, "overlap": project.overlap, "floor": floor}
+
+
+@functools.cache
+def _candidates_stmt(gold: bool | None, columns: str = "id", floor: bool = False,
+                     lock: str | None = None) -> Select[Any]:
+    """Prompts the annotator may get next, by id. `columns`: "id", or "lease" (id and the caller's own earlier
+    assignment on it); `lock`: None, "skip" (FOR UPDATE SKIP LOCKED) or "wait" (FOR UPDATE)."""
+    mine_done = exists().where(Assignment.prompt_id == Prompt.id, Assignment.annotator_id == _ANNOTATOR,
+                               Assignment.round == _ROUND, Assignment.state.in_(("submitted", "skipped")))
+    ranked = exists().where(Ranking.prompt_id == Prompt.id, Ranking.annotator_id == _ANNOTATOR,
+                            Ranking.round == _ROUND)
+    if columns == "lease":
+        # The caller's own expired or released lease on the candidate, fetched with it (evaluated for one row only).
+        mine = (select(Assignment.id).where(Assignment.prompt_id == Prompt.id, Assignment.annotator_id == _ANNOTATOR,
+                                            Assignment.round == _ROUND).scalar_subquery())
+        query = select(Prompt.id, mine)
+    else:
+        query = select(Prompt.id)
+    query = query.where(Prompt.project_id == _PROJECT, _rankable_count() >= _K, ~mine_done, ~ranked)
     if gold is True:
         # Gold prompts test every annotator, so they are not capped by the overlap.
         query = query.where(Prompt.gold_tiers.is_not(None))
     else:
         if gold is False:
             query = query.where(Prompt.gold_tiers.is_(None))
-        query = query.where(or_(Prompt.gold_tiers.is_not(None), _active_load(Prompt.id, round_, now) < project.overlap))
+        query = query.where(or_(Prompt.gold_tiers.is_not(None), _active_load(Prompt.id, _ROUND, _NOW) < _OVERLAP))
+    if floor:
+        query = query.where(Prompt.id >= _FLOOR)
+    if columns == "lease":
+        query = query.order_by(Prompt.id).limit(1)
+    if lock is not None:
+        query = query.with_for_update(of=Prompt, skip_locked=lock == "skip")
     return query
 
 
+def _candidates(project: Project, annotator: User, now: datetime, *, gold: bool | None):  # type: ignore[no-untyped-def]
+    """`_candidates_stmt` with this caller's values bound (for counting what is left)."""
+    return _candidates_stmt(gold).params(_params(project, annotator, now))
+
+
+_OWN_ACTIVE = (select(Assignment.id, Assignment.prompt_id, Assignment.leased_until, Assignment.created_at)
+               .where(Assignment.project_id == _PROJECT, Assignment.annotator_id == _ANNOTATOR,
+                      Assignment.round == _ROUND, Assignment.state == "leased", Assignment.leased_until > _NOW)
+               .order_by(Assignment.id).limit(1))
+_LOAD_NOW = select(_active_load(bindparam("prompt_id"), _ROUND, _NOW))
+_RENEW = (update(Assignment).where(Assignment.id == bindparam("assignment_id"))
+          .values(state="leased", leased_until=bindparam("until", type_=Assignment.leased_until.type))
+          .execution_options(synchronize_session=False))
+_LEASE = (insert(Assignment).values(project_id=_PROJECT, prompt_id=bindparam("prompt_id"), annotator_id=_ANNOTATOR,
+                                    round=_ROUND, state="leased", leased_until=bindparam("until",
+                                                                                        type_=Assignment.leased_until.type))
+          .returning(Assignment.id, Assignment.created_at))
+
+
+def _assignment(project: Project, annotator: User, **values: Any) -> Assignment:
+    """The session's view of a task written by a Core statement (not added to the session: nothing to flush)."""
+    return Assignment(project_id=project.id, annotator_id=annotator.id, round=project.current_round, state="leased",
+                      **values)
+
+
 def _own_active(db: Session, project: Project, annotator: User, now: datetime) -> Assignment | None:
-    return db.scalar(
-        select(Assignment).where(Assignment.project_id == project.id, Assignment.annotator_id == annotator.id,
-                                 Assignment.round == project.current_round, Assignment.state == "leased",
-                                 Assignment.leased_until > now)
-        .order_by(Assignment.id).limit(1)
-    )
+    row = db.execute(_OWN_ACTIVE, _params(project, annotator, now)).first()
+    return None if row is None else _assignment(project, annotator, id=row.id, prompt_id=row.prompt_id,
+                                                leased_until=row.leased_until, created_at=row.created_at)
 
 
 # Where the scan for a non-gold prompt starts, per (project, round, overlap): a prompt id below which every prompt
@@ -76,6 +121,11 @@ FLOOR_STEP_S = 0.5
 FLOOR_FULL_S = 5.0
 _floors: dict[tuple[int, int, int], tuple[int, float, float]] = {}
 _floors_lock = threading.Lock()
+
+
+_FLOOR_SCAN = (select(Prompt.id).where(Prompt.project_id == _PROJECT, Prompt.id >= _FLOOR, Prompt.gold_tiers.is_(None),
+                                      _active_load(Prompt.id, _ROUND, _NOW) < _OVERLAP)
+               .order_by(Prompt.id).limit(1))
 
 
 def _scan_floor(db: Session, project: Project, now: datetime) -> int:
@@ -89,10 +139,8 @@ def _scan_floor(db: Session, project: Project, now: datetime) -> int:
         start = floor
     else:
         return floor
-    open_prompt = db.scalar(
-        select(Prompt.id).where(Prompt.project_id == project.id, Prompt.id >= start, Prompt.gold_tiers.is_(None),
-                                _active_load(Prompt.id, project.current_round, now) < project.overlap)
-        .order_by(Prompt.id).limit(1))
+    open_prompt = db.scalar(_FLOOR_SCAN, {"project_id": project.id, "floor": start, "round": project.current_round,
+                                          "now": now, "overlap": project.overlap})
     floor = open_prompt if open_prompt is not None else start
     with _floors_lock:
         _floors[key] = (floor, full_at, clock)
@@ -107,37 +155,30 @@ def next_task(db: Session, project: Project, annotator: User, *, now: datetime |
     current = _own_active(db, project, annotator, now)
     if current is not None:
         current.leased_until = now + lease  # opening the task again renews its lease
+        db.execute(_RENEW, {"assignment_id": current.id, "until": current.leased_until})
         return current
     gold_rate = float((project.settings or {}).get("gold_rate", GOLD_RATE_DEFAULT))
     prefer_gold = (rng or random).random() < gold_rate
     order = [True, False] if prefer_gold else [False, True]
     postgres = db.get_bind().dialect.name == "postgresql"
-    round_ = project.current_round
-    # The caller's own expired or released lease on the candidate, fetched with it (evaluated for one row only).
-    mine = (select(Assignment.id).where(Assignment.prompt_id == Prompt.id, Assignment.annotator_id == annotator.id,
-                                        Assignment.round == round_).scalar_subquery())
     # First pass skips prompts other requests hold locked (no waiting); if that finds nothing, a second pass waits
     # for those locks: with overlap > 1 a locked prompt may still have room once its holder commits.
-    for skip_locked in (True, False) if postgres else (False,):
+    for lock in ("skip", "wait") if postgres else (None,):
         for gold in order:
             floors = [0] if gold else [_scan_floor(db, project, now), 0]
             for floor in dict.fromkeys(floors):
                 skip: list[int] = []
                 while True:
-                    query = _candidates(project, annotator, now, gold=gold).with_only_columns(Prompt.id, mine)
-                    if floor:
-                        query = query.where(Prompt.id >= floor)
-                    if skip:
+                    query = _candidates_stmt(gold, "lease", floor=bool(floor), lock=lock)
+                    if skip:  # rare: prompts found full under their lock by this very call
                         query = query.where(Prompt.id.not_in(skip))
-                    query = query.order_by(Prompt.id).limit(1)
-                    if postgres:
-                        query = query.with_for_update(of=Prompt, skip_locked=skip_locked)
-                    row = db.execute(query).first()
+                    row = db.execute(query, _params(project, annotator, now, floor)).first()
                     if row is None:
                         break
                     prompt_id, existing_id = row
                     # Re-count under the row lock: a lease committed after our snapshot may have filled the prompt.
-                    if not gold and db.scalar(select(_active_load(prompt_id, round_, now))) >= project.overlap:
+                    if not gold and db.scalar(_LOAD_NOW, {"prompt_id": prompt_id, "round": project.current_round,
+                                                          "now": now}) >= project.overlap:
                         skip.append(prompt_id)
                         continue
                     return _lease(db, project, annotator, prompt_id, now + lease, existing_id)
@@ -153,11 +194,10 @@ def _lease(db: Session, project: Project, annotator: User, prompt_id: int, until
         existing.leased_until = until
         db.flush()
         return existing
-    assignment = Assignment(project_id=project.id, prompt_id=prompt_id, annotator_id=annotator.id,
-                            round=project.current_round, state="leased", leased_until=until)
-    db.add(assignment)
-    db.flush()
-    return assignment
+    row = db.execute(_LEASE, {"project_id": project.id, "prompt_id": prompt_id, "annotator_id": annotator.id,
+                              "round": project.current_round, "until": until}).one()
+    return _assignment(project, annotator, id=row.id, prompt_id=prompt_id, leased_until=until,
+                       created_at=row.created_at)
 
 
 def release(db: Session, assignment: Assignment) -> None:
@@ -238,19 +278,23 @@ def _left(db: Session, project: Project, annotator: User, now: datetime) -> tupl
     return left_for_you, left_in_project
 
 
-def _task_completions(prompt_id: int, k: int, *columns: Any) -> Select[Any]:
-    return (select(*columns).where(Completion.prompt_id == prompt_id, Completion.source != "revision")
-            .order_by(Completion.id.desc()).limit(k))
+def _task_completions(*columns: Any) -> Select[Any]:
+    return (select(*columns).where(Completion.prompt_id == bindparam("prompt_id"), Completion.source != "revision")
+            .order_by(Completion.id.desc()).limit(bindparam("k")))
+
+
+_TASK_IDS = _task_completions(Completion.id)
+_TASK_TEXTS = _task_completions(Completion.id, Completion.text)
 
 
 def task_completion_ids(db: Session, prompt_id: int, k: int) -> list[int]:
     """The completions a task ranks: the prompt's K most recent, so a new round ranks the newest policy's answers."""
-    return sorted(db.scalars(_task_completions(prompt_id, k, Completion.id)))
+    return sorted(db.scalars(_TASK_IDS, {"prompt_id": prompt_id, "k": k}))
 
 
 def task_completion_texts(db: Session, prompt_id: int, k: int) -> dict[int, str]:
     """`task_completion_ids` with their texts, in one query (the ranking page and the next-task API show them)."""
-    return dict(sorted(db.execute(_task_completions(prompt_id, k, Completion.id, Completion.text)).tuples()))
+    return dict(sorted((row[0], row[1]) for row in db.execute(_TASK_TEXTS, {"prompt_id": prompt_id, "k": k})))
 
 
 def _rankable_count():  # type: ignore[no-untyped-def]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
-from sqlalchemy import func, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from app.errors import Conflict, Invalid
 from app.models import Assignment, Pair, Project, Prompt, Ranking, User, utcnow
@@ -30,9 +32,31 @@ class RankingInput:
     seconds_spent: float | None = None
 
 
+# Built once with bind parameters: this is the annotation hot path (see app.services.queue).
+_BY_SUBMISSION = select(Ranking).where(Ranking.annotator_id == bindparam("annotator_id"),
+                                       Ranking.client_submission_id == bindparam("submission_id"))
+_TASK_LOCKED = (select(Assignment.project_id, Assignment.prompt_id, Assignment.annotator_id, Assignment.round,
+                       Assignment.state, Assignment.leased_until, Assignment.created_at)
+                .where(Assignment.id == bindparam("assignment_id")).with_for_update())
+_RANKINGS, _PAIRS, _ASSIGNMENTS = Ranking.__table__, Pair.__table__, Assignment.__table__
+_INSERT_PAIRS = insert(_PAIRS)
+_COMPLETE_TASK = (update(_ASSIGNMENTS).where(_ASSIGNMENTS.c.id == bindparam("assignment_id"))
+                  .values(state=bindparam("state"), completed_at=bindparam("completed_at")))
+
+
+@functools.cache
+def _insert_ranking(dialect: str) -> Any:
+    """INSERT … ON CONFLICT DO NOTHING RETURNING id: a twin submission or a second ranking of the prompt inserts
+    nothing and says so, instead of an IntegrityError that would need a savepoint around the insert."""
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as dialect_insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert as dialect_insert
+    return dialect_insert(_RANKINGS).on_conflict_do_nothing().returning(_RANKINGS.c.id)
+
+
 def existing_submission(db: Session, annotator: User, submission_id: str) -> Ranking | None:
-    return db.scalar(select(Ranking).where(Ranking.annotator_id == annotator.id,
-                                           Ranking.client_submission_id == submission_id))
+    return db.scalar(_BY_SUBMISSION, {"annotator_id": annotator.id, "submission_id": submission_id})
 
 
 def submit(db: Session, project: Project, annotator: User, body: RankingInput) -> tuple[Ranking, bool]:
@@ -46,7 +70,7 @@ def submit(db: Session, project: Project, annotator: User, body: RankingInput) -
         return earlier, False
 
     try:
-        assignment, prompt = _resolve_task(db, project, annotator, body)
+        assignment, prompt_id = _resolve_task(db, project, annotator, body)
     except Conflict:
         # A twin request with this submission_id committed while we waited on the task's row lock.
         earlier = existing_submission(db, annotator, body.submission_id)
@@ -57,7 +81,7 @@ def submit(db: Session, project: Project, annotator: User, body: RankingInput) -
     if current is None or body.rubric_version != current.version:
         raise Invalid(f"the rubric changed: you ranked under version {body.rubric_version}, the current version is "
                       f"{current.version if current else 'none'}; reload the task", field="rubric_version")
-    completion_ids = queue.task_completion_ids(db, prompt.id, project.completions_per_prompt)
+    completion_ids = queue.task_completion_ids(db, prompt_id, project.completions_per_prompt)
     if body.skipped:
         reason = (body.skip_reason or "").strip()
         if not reason:
@@ -71,47 +95,47 @@ def submit(db: Session, project: Project, annotator: User, body: RankingInput) -
     flags = _validate_flags(body.flags, set(completion_ids), set(project.flags or []))
     seconds = _seconds(body.seconds_spent, assignment)
 
-    ranking = Ranking(
-        project_id=project.id, prompt_id=prompt.id, round=project.current_round, source="human",
+    values = dict(
+        project_id=project.id, prompt_id=prompt_id, round=project.current_round, source="human",
         annotator_id=annotator.id, rubric_id=current.id, tiers=tiers,
-        display_order=queue.display_order(completion_ids, annotator.id, prompt.id, project.current_round),
+        display_order=queue.display_order(completion_ids, annotator.id, prompt_id, project.current_round),
         flags=flags, skipped=body.skipped, skip_reason=(body.skip_reason or "").strip() if body.skipped else None,
         seconds_spent=seconds, client_submission_id=body.submission_id,
     )
-    try:
-        with db.begin_nested():
-            db.add(ranking)
-            db.flush()
-            db.add_all(Pair(ranking_id=ranking.id, prompt_id=prompt.id, chosen_id=p.chosen, rejected_id=p.rejected,
-                            margin=p.margin, source="human", weight=1.0, p=1.0) for p in expand_tiers(tiers))
-            assignment.state = "skipped" if body.skipped else "submitted"
-            assignment.completed_at = utcnow()
-            db.flush()
-    except IntegrityError:
-        # A concurrent request with the same submission_id won the race: answer with its ranking.
+    # Core statements, not the unit of work: this is the annotation hot path.
+    ranking_id = db.execute(_insert_ranking(db.get_bind().dialect.name).values(**values)).scalar()
+    if ranking_id is None:
         earlier = existing_submission(db, annotator, body.submission_id)
         if earlier is not None:
             return earlier, False
-        raise Conflict("you have already ranked this prompt in this round", field="prompt_id") from None
-    return ranking, True
+        raise Conflict("you have already ranked this prompt in this round", field="prompt_id")
+    pairs = [dict(ranking_id=ranking_id, prompt_id=prompt_id, chosen_id=p.chosen, rejected_id=p.rejected,
+                  margin=p.margin, source="human", weight=1.0, p=1.0) for p in expand_tiers(tiers)]
+    if pairs:
+        db.execute(_INSERT_PAIRS, pairs)
+    state, completed_at = "skipped" if body.skipped else "submitted", utcnow()
+    db.execute(_COMPLETE_TASK, {"assignment_id": assignment.id, "state": state, "completed_at": completed_at})
+    # The session's copy of the task shows what was written, without a flush of its own.
+    set_committed_value(assignment, "state", state)
+    set_committed_value(assignment, "completed_at", completed_at)
+    return Ranking(id=ranking_id, **values), True
 
 
-def _resolve_task(db: Session, project: Project, annotator: User, body: RankingInput) -> tuple[Assignment, Prompt]:
+def _resolve_task(db: Session, project: Project, annotator: User, body: RankingInput) -> tuple[Assignment, int]:
+    """(the task, its prompt id), the task's row locked."""
     now = utcnow()
     if body.assignment_id is not None:
         # Lock the task: double-clicked submits of it queue here instead of racing to the unique constraints.
-        assignment = db.get(Assignment, body.assignment_id, with_for_update=True)
-        if assignment is None or assignment.project_id != project.id or assignment.annotator_id != annotator.id:
+        row = db.execute(_TASK_LOCKED, {"assignment_id": body.assignment_id}).first()
+        if row is None or row.project_id != project.id or row.annotator_id != annotator.id:
             raise Invalid("no such task for you in this project", field="assignment_id")
-        if assignment.state in ("submitted", "skipped"):
+        if row.state in ("submitted", "skipped"):
             raise Conflict("this task was already submitted", field="assignment_id")
-        if assignment.state != "leased" or assignment.leased_until <= now:
+        if row.state != "leased" or row.leased_until <= now:
             raise Invalid("the lease on this task expired; open the next task to get it again", field="assignment_id")
-        if body.prompt_id is not None and body.prompt_id != assignment.prompt_id:
+        if body.prompt_id is not None and body.prompt_id != row.prompt_id:
             raise Invalid("does not match the task's prompt", field="prompt_id")
-        prompt = db.get(Prompt, assignment.prompt_id)
-        assert prompt is not None
-        return assignment, prompt
+        return Assignment(id=body.assignment_id, **row._asdict()), row.prompt_id
     if body.prompt_id is None:
         raise Invalid("give assignment_id or prompt_id", field="assignment_id")
     prompt = db.get(Prompt, body.prompt_id)
@@ -134,7 +158,7 @@ def _resolve_task(db: Session, project: Project, annotator: User, body: RankingI
                                 round=project.current_round, state="leased", leased_until=now)
         db.add(assignment)
         db.flush()
-    return assignment, prompt
+    return assignment, prompt.id
 
 
 def validate_tiers(tiers: object, allowed: set[int], *, allow_ties: bool, allow_partial: bool) -> list[list[int]]:
