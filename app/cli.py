@@ -58,6 +58,16 @@ def migrate(revision: Annotated[str, typer.Argument(help="Target revision")] = "
     typer.echo(f"database at {revision}: {_redact(settings.database_url)}")
 
 
+def _die_with_parent() -> None:
+    """In the demo's worker, before exec: the kernel sends it SIGTERM when the demo process dies. uvicorn re-raises
+    the SIGTERM it handled after shutting down, so the demo's own `finally` never runs and cannot stop it."""
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 KEEP_ALIVE_S = 75
 """uvicorn's default is 5 s, shorter than an annotator's think time: every task would open a new connection."""
 
@@ -112,7 +122,8 @@ def demo(host: Annotated[str, typer.Option(help="Interface to bind")] = "127.0.0
         # One process group: the worker runs beside the server and stops with it.
         import subprocess
 
-        worker_proc = subprocess.Popen([sys.executable, "-m", "app.cli", "worker"], env=os.environ.copy())
+        worker_proc = subprocess.Popen([sys.executable, "-m", "app.cli", "worker"], env=os.environ.copy(),
+                                       preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         typer.echo(f"  A job worker is running beside the server (pid {worker_proc.pid}).\n")
         try:
             serve(host=host, port=port, workers=1)

@@ -44,7 +44,7 @@ def demo_server(tmp_path: Path):  # type: ignore[no-untyped-def]
                     re.finditer(r"^\s+(\w+)\s+(\S+@example\.org)\s+(\S+)$", output, re.M) if m.group(1) != "annotator"}
         accounts["annotator"] = next((m.group(1), m.group(2)) for m in
                                      re.finditer(r"^\s+annotator\s+(\S+)\s+(\S+)$", output, re.M))
-        yield f"http://127.0.0.1:{port}", accounts, output
+        yield f"http://127.0.0.1:{port}", accounts, output, proc
     finally:
         proc.terminate()
         try:
@@ -63,7 +63,7 @@ def _login(base: str, email: str, password: str) -> tuple[httpx.Client, str]:
 
 @pytest.mark.slow
 def test_demo_serves_a_working_project(demo_server) -> None:  # type: ignore[no-untyped-def]
-    base, accounts, output = demo_server
+    base, accounts, output, _ = demo_server
     assert "Log in at" in output and set(accounts) == {"admin", "lead", "annotator"}
     assert httpx.get(f"{base}/healthz").json() == {"status": "ok", "database": "ok"}
 
@@ -88,3 +88,26 @@ def test_demo_serves_a_working_project(demo_server) -> None:  # type: ignore[no-
                          files={"file": ("extra.jsonl", rows.encode())})
     assert imported.status_code == 201 and "Imported 3 prompts, 6 completions" in imported.text, imported.text[-1500:]
     assert '<dd id="count-prompts">103</dd>' in lead.get(project_path).text
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="the worker is tied to the demo with Linux's PR_SET_PDEATHSIG")
+def test_stopping_the_demo_stops_its_worker(demo_server) -> None:  # type: ignore[no-untyped-def]
+    """uvicorn re-raises the SIGTERM it handled, so the demo's own clean-up never runs: the kernel stops the worker
+    (one left behind would keep polling the database and writing into the data directory)."""
+    _, _, output, proc = demo_server
+    worker = int(re.search(r"job worker is running beside the server \(pid (\d+)\)", output).group(1))  # type: ignore[union-attr]
+
+    def alive() -> bool:
+        try:
+            return Path(f"/proc/{worker}/stat").read_text().split(")")[-1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    assert alive()
+    proc.terminate()
+    proc.wait(timeout=10)
+    deadline = time.monotonic() + 20
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(), "the demo's worker outlived the demo"
