@@ -95,10 +95,8 @@ _LOAD_NOW = select(_active_load(bindparam("prompt_id"), _ROUND, _NOW))
 _RENEW = (update(Assignment).where(Assignment.id == bindparam("assignment_id"))
           .values(state="leased", leased_until=bindparam("until", type_=Assignment.leased_until.type))
           .execution_options(synchronize_session=False))
-_LEASE = (insert(Assignment).values(project_id=_PROJECT, prompt_id=bindparam("prompt_id"), annotator_id=_ANNOTATOR,
-                                    round=_ROUND, state="leased", leased_until=bindparam("until",
-                                                                                        type_=Assignment.leased_until.type))
-          .returning(Assignment.id, Assignment.created_at))
+_ASSIGNMENTS = Assignment.__table__
+_LEASE = insert(_ASSIGNMENTS).returning(_ASSIGNMENTS.c.id, _ASSIGNMENTS.c.created_at)
 
 
 def _assignment(project: Project, annotator: User, **values: Any) -> Assignment:
@@ -195,7 +193,7 @@ def _lease(db: Session, project: Project, annotator: User, prompt_id: int, until
         db.flush()
         return existing
     row = db.execute(_LEASE, {"project_id": project.id, "prompt_id": prompt_id, "annotator_id": annotator.id,
-                              "round": project.current_round, "until": until}).one()
+                              "round": project.current_round, "state": "leased", "leased_until": until}).one()
     return _assignment(project, annotator, id=row.id, prompt_id=prompt_id, leased_until=until,
                        created_at=row.created_at)
 

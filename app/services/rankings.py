@@ -103,7 +103,7 @@ def submit(db: Session, project: Project, annotator: User, body: RankingInput) -
         seconds_spent=seconds, client_submission_id=body.submission_id,
     )
     # Core statements, not the unit of work: this is the annotation hot path.
-    ranking_id = db.execute(_insert_ranking(db.get_bind().dialect.name).values(**values)).scalar()
+    ranking_id = db.execute(_insert_ranking(db.get_bind().dialect.name), values).scalar()
     if ranking_id is None:
         earlier = existing_submission(db, annotator, body.submission_id)
         if earlier is not None:
