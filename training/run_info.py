@@ -81,19 +81,15 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
 
 
 def replace_dir(tmp: Path, path: Path) -> None:
-    """Move the finished directory `tmp` to `path`, replacing what is there.
+    """Move the finished directory `tmp` to `path`, replacing what is there, durably.
 
-    Files are fsynced first so a power cut cannot leave a renamed directory of empty files. A directory
-    cannot be swapped in one rename, so the old one is moved aside first; `recover_dir` undoes a kill
-    between the two renames.
+    Everything in `tmp` is fsynced first (a power cut must not leave a renamed directory of empty files), and the
+    parent after the rename (the rename itself). A directory cannot be swapped in one rename, so the old one is
+    moved aside first; `recover_dir` undoes a kill between the two renames. Used for model directories,
+    checkpoints and the app's exports.
     """
-    for file in tmp.rglob("*"):
-        if file.is_file():
-            fd = os.open(file, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+    for entry in [*tmp.rglob("*"), tmp]:
+        _fsync(entry)
     if path.exists():
         aside = path.parent / f".{path.name}.old-{os.getpid()}"
         os.replace(path, aside)
@@ -101,6 +97,15 @@ def replace_dir(tmp: Path, path: Path) -> None:
         shutil.rmtree(aside, ignore_errors=True)
     else:
         os.replace(tmp, path)
+    _fsync(path.parent)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)  # directories too: on Linux fsync on a directory descriptor persists its entries
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def recover_dir(path: str | Path) -> Path:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
 import shutil
 import uuid
 from collections import Counter
@@ -46,6 +45,7 @@ from app.services.export_queries import (
     snapshot,
 )
 from app.services.export_sinks import WriteBehind, file_sha256, hf_features, make_sink, manifest_sha256
+from training.run_info import replace_dir
 
 __all__ = ["ExportSpec", "WriteResult", "annotator_pseudonym", "hf_features", "manifest_sha256", "schema_for",
            "write_export"]
@@ -610,30 +610,6 @@ def _is_conversational(conn: Connection, project_id: int) -> bool:
     return conn.execute(stmt).first() is not None
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _publish(tmp: Path, out_dir: Path) -> None:
-    """Make `tmp` the export directory: on disk first (the row's hashes must describe bytes that survive a power
-    cut), then by rename. A retried export's earlier directory is renamed aside before it is removed, so the
-    path never holds a mix of two attempts."""
-    for path in [*tmp.rglob("*"), tmp]:
-        _fsync(path)
-    if out_dir.exists():
-        aside = out_dir.parent / f".old-{out_dir.name}-{uuid.uuid4().hex[:8]}"
-        os.replace(out_dir, aside)
-        os.replace(tmp, out_dir)
-        shutil.rmtree(aside, ignore_errors=True)
-    else:
-        os.replace(tmp, out_dir)
-    _fsync(out_dir.parent)  # the rename itself
-
-
 def write_export(engine: Engine, spec: ExportSpec, out_dir: Path, *, secret: str,
                  batch_size: int = DEFAULT_BATCH, progress: Progress | None = None) -> WriteResult:
     """Write the export into `out_dir` (created by an atomic rename of a temp directory beside it).
@@ -673,7 +649,8 @@ def write_export(engine: Engine, spec: ExportSpec, out_dir: Path, *, secret: str
                                conversational=conversational)
         (tmp / "README.md").write_text(card, encoding="utf-8")
         files = data_files | {"README.md": file_sha256(tmp / "README.md")}
-        _publish(tmp, out_dir)
+        # On disk before the rename: the row's hashes must describe bytes that survive a power cut.
+        replace_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
