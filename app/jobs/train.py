@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -110,10 +111,16 @@ def _run(ctx: Any) -> dict[str, Any]:
     ctx.log("$ " + " ".join(shlex.quote(c) for c in cmd))
     env = os.environ.copy() | {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                                RUN_MARKER: str(run_id)}
-    supervised = [sys.executable, "-m", "app.jobs.train", "--supervise", str(os.getpid()), "--", *cmd]
-    with open(ctx.log_path, "ab") as log:
-        proc = subprocess.Popen(supervised, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                cwd=str(out))
+    # The supervisor's lifeline: this process holds the only write end, so the kernel closes it when the worker
+    # dies, however it dies, and the supervisor wakes at once to that end of file.
+    lifeline, keep = os.pipe()
+    supervised = [sys.executable, "-m", "app.jobs.train", "--supervise", str(lifeline), "--", *cmd]
+    try:
+        with open(ctx.log_path, "ab") as log:
+            proc = subprocess.Popen(supervised, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True, cwd=str(out), pass_fds=(lifeline,))
+        os.close(lifeline)
+        lifeline = -1
         stopped = False
         while proc.poll() is None:
             if ctx.should_stop() and not stopped:
@@ -122,6 +129,11 @@ def _run(ctx: Any) -> dict[str, Any]:
             steps = _count_lines(out / "metrics.jsonl")
             ctx.progress(steps, max(total, steps), f"step {steps}" + (f" of {total}" if total else ""))
             time.sleep(0.5)
+    finally:
+        # Closing our end takes the trainer down too: it never outlives the job that supervises it.
+        for fd in (lifeline, keep):
+            if fd >= 0:
+                os.close(fd)
     steps = _count_lines(out / "metrics.jsonl")
     if stopped:
         if ctx.stop_reason == "cancelled":
@@ -214,24 +226,33 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def supervise(parent_pid: int, cmd: list[str]) -> int:
-    """Run `cmd` in this process group and take the whole group down if the worker (`parent_pid`) dies.
+def supervise(lifeline: int, cmd: list[str]) -> int:
+    """Run `cmd` in this process group and take the whole group down the moment the worker dies.
 
     The worker starts this with start_new_session, so the group is the trainer and everything it spawns
-    (accelerate's ranks too). A SIGKILLed worker cannot clean up; its orphaned supervisor notices the new
-    parent within a fraction of a second and SIGKILLs the group. SIGTERM from the worker (cancel, shutdown)
-    reaches the trainer through the group; the supervisor just waits for it.
+    (accelerate's ranks too). `lifeline` is the read end of a pipe whose only write end the worker holds and
+    never writes to: when the worker dies, even by SIGKILL, the kernel closes that end and the read here returns
+    end of file at once, with no polling interval for an orphaned trainer to keep training in. Pipes behave so on
+    every POSIX system; preflab's workers need POSIX anyway (process groups), so there is no polling fallback.
+    SIGTERM from the worker (cancel, shutdown) reaches the trainer through the group; the supervisor just waits.
     """
     signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
-    child = subprocess.Popen(cmd)
+    child = subprocess.Popen(cmd)  # close_fds: the trainer does not inherit the lifeline
+    threading.Thread(target=_kill_group_when_closed, args=(lifeline,), daemon=True).start()
+    code = child.wait()
+    return code if code >= 0 else 128 - code
+
+
+def _kill_group_when_closed(lifeline: int) -> None:
     while True:
         try:
-            code = child.wait(timeout=0.2)
-            return code if code >= 0 else 128 - code
-        except subprocess.TimeoutExpired:
-            pass
-        if os.getppid() != parent_pid:
-            os.killpg(os.getpgrp(), signal.SIGKILL)
+            if not os.read(lifeline, 64):  # end of file: the worker is gone
+                break
+        except InterruptedError:
+            continue
+        except OSError:  # the descriptor is unusable: treat it as a dead worker rather than run unsupervised
+            break
+    os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
 def _count_lines(path: Path) -> int:
@@ -267,7 +288,7 @@ def check_against_humans(ctx: Any) -> dict[str, Any]:
                                               f"since export {report['accuracy_after_export']}"}
 
 
-if __name__ == "__main__":  # python -m app.jobs.train --supervise <worker pid> -- <trainer command…>
+if __name__ == "__main__":  # python -m app.jobs.train --supervise <lifeline fd> -- <trainer command…>
     if len(sys.argv) < 5 or sys.argv[1] != "--supervise" or sys.argv[3] != "--":
-        sys.exit("usage: python -m app.jobs.train --supervise WORKER_PID -- COMMAND...")
+        sys.exit("usage: python -m app.jobs.train --supervise LIFELINE_FD -- COMMAND...")
     sys.exit(supervise(int(sys.argv[2]), sys.argv[4:]))
