@@ -25,6 +25,7 @@ from app.db import make_engine, make_session_factory, run_transaction, session_s
 from app.jobs import handler_for
 from app.services import jobs
 from app.settings import Settings
+from training.hold import hold
 
 log = logging.getLogger("preflab.worker")
 
@@ -64,6 +65,7 @@ class JobContext:
     def progress(self, done: int, total: int, message: str | None = None) -> None:
         with self._lock:
             self._progress = (done, total, message)
+        hold(f"job.{self.kind}.progress.{done}", give_up=self.should_stop)  # crash tests stop a job mid-work here
 
     def should_stop(self) -> bool:
         if self.worker.terminating and self.stop_reason is None:

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from training.config import RewardConfig, field_docs, load_config
 from training.data import DataError, PairRow, Text, load_pairs, render_prompt, split_train_heldout
+from training.hold import hold
 from training.losses import bradley_terry_loss, reward_centering_loss, soft_bradley_terry_loss
 from training.optim import make_accelerator
 from training.run_info import MetricsWriter, atomic_dir, recover_dir, staged_dir, write_json, write_run_config
@@ -456,6 +457,7 @@ def train_reward_model(config: RewardConfig, train_rows: Sequence[PairRow], eval
                             stopped_early = True
             if config.checkpoint_every and (step % config.checkpoint_every == 0 or stopped_early):
                 _save_checkpoint(accelerator, checkpoint_dir, state, best_state)
+            hold(f"train.step.{step}")  # crash tests stop the trainer here, with step logged and checkpointed
             if stopped_early:
                 break
         epoch += 1

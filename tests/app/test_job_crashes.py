@@ -27,6 +27,9 @@ from app.services import export_writer, projects
 from app.services.pairs import expand_tiers
 from app.worker import Worker
 from tests.conftest import TEST_SECRET
+from training.hold import ENV as HOLD_ENV
+
+pytestmark = pytest.mark.crash
 
 K = 4
 
@@ -50,12 +53,15 @@ def _fresh_data_dir(app: Any) -> None:
             path.unlink(missing_ok=True)
 
 
-def _spawn_worker(app: Any, *options: str) -> subprocess.Popen:  # type: ignore[type-arg]
-    """`preflab worker` in its own process, on the test app's database, data directory and secret."""
+def _spawn_worker(app: Any, *options: str, hold: str | None = None) -> subprocess.Popen:  # type: ignore[type-arg]
+    """`preflab worker` in its own process, on the test app's database, data directory and secret; `hold`
+    ("POINT=PATH", training.hold) stops it, or the trainer it starts, at that point until PATH exists."""
     settings = app.state.settings
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFLAB_")}
     env.update(PREFLAB_DATABASE_URL=settings.database_url, PREFLAB_DATA_DIR=str(settings.data_dir),
                PREFLAB_SECRET_KEY=TEST_SECRET)
+    if hold:
+        env[HOLD_ENV] = hold
     # Frequent heartbeats: progress reaches the database quickly, and the lease lapses soon after a kill.
     with open(Path(settings.data_dir) / "worker-output.log", "ab") as output:  # the child keeps its own copy
         return subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--poll", "0.1", "--heartbeat", "0.1",
@@ -296,16 +302,16 @@ def models_dir(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.mark.slow
 def test_a_training_run_killed_mid_run_resumes_once_with_no_orphan_and_a_complete_model(
-        db, app, make_user, make_project, token_for, api, models_dir) -> None:
+        db, app, make_user, make_project, token_for, api, models_dir, tmp_path) -> None:
     project_id, token = _ranked_project(db, make_user, make_project, token_for, n_prompts=40)
     client = api(token)
     export_id, _ = _request_export(client, project_id)
     assert _run_in_process(app) == 1
-    steps = 40
+    steps, held = 40, 8
     r = client.post(f"/api/projects/{project_id}/training-runs", json={
         "kind": "reward", "export_id": export_id, "base_model": str(models_dir["reward"]),
         "config": {"max_steps": steps, "batch_size": 4, "log_every": 1, "eval_every": 1000000,
-                   "checkpoint_every": 5}})
+                   "checkpoint_every": 4}})
     assert r.status_code == 202, r.text
     run_id, job_id = r.json()["run_id"], r.json()["job_id"]
     run_dir = Path(app.state.settings.data_dir) / "runs" / str(run_id)
@@ -314,23 +320,24 @@ def test_a_training_run_killed_mid_run_resumes_once_with_no_orphan_and_a_complet
     def logged_steps() -> int:
         return len(metrics.read_text().splitlines()) if metrics.exists() else 0
 
-    proc = _spawn_worker(app)
+    # The trainer stops after logging and checkpointing step 8 and waits for `release`: the kill lands mid-run
+    # on any machine, however fast its trainer.
+    release = tmp_path / "release"
+    proc = _spawn_worker(app, hold=f"train.step.{held}={release}")
     try:
-        _wait_for("a checkpoint", lambda: (run_dir / "checkpoint" / "trainer_state.json").exists()
-                  and logged_steps() >= 7, every=0.02)
-        trainers = _marked_processes(run_id)
-        assert trainers
+        _wait_for("the trainer to be held at step 8", Path(f"{release}.held").exists, every=0.02)
+        assert logged_steps() == held and (run_dir / "checkpoint" / "trainer_state.json").exists()
+        assert _marked_processes(run_id)
         _kill(proc)
     finally:
         if proc.poll() is None:
             proc.kill()
-    at_kill = logged_steps()
-    assert at_kill < steps, "the kill must land mid-run"
-    # The supervisor takes the trainer down with the worker: nothing keeps writing into the run directory.
+    # The supervisor takes the trainer down with the worker; then the hold is let go, so anything of the trainer
+    # still alive would go on writing into the run directory.
     _wait_for("the orphaned trainer to be stopped", lambda: not _marked_processes(run_id), timeout=10)
-    frozen = logged_steps()
-    time.sleep(0.5)
-    assert logged_steps() == frozen and not (run_dir / "model").exists()
+    release.touch()
+    assert logged_steps() == held, "a step was logged after the worker died"
+    assert not (run_dir / "model").exists()
     assert client.get(f"/api/training-runs/{run_id}").json()["state"] == "running"
 
     _let_lease_lapse(db, job_id, stale_after=1)
