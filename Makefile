@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: demo test lint audit setup setup-dev vendor browser serve bench clean
+.PHONY: demo test lint audit setup setup-dev vendor browser serve bench soak clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' \
@@ -48,6 +48,11 @@ browser:
 
 test: setup-dev browser
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# The slow, crash and browser tests 10 times idle, then 3 times with every core busy (tests/soak.py; set
+# PREFLAB_TEST_DATABASE_URL for Postgres too). SOAK_ARGS, e.g. "--idle 2 --busy 1", shortens it.
+soak: setup-dev browser
+	$(BIN)/python tests/soak.py $(SOAK_ARGS)
 
 lint: setup-dev
 	$(BIN)/ruff check .

@@ -18,6 +18,8 @@ from sqlalchemy import and_, func, or_, select
 from app.models import Assignment, Completion, Pair, Prompt, Ranking, utcnow
 from app.services import projects
 
+pytestmark = pytest.mark.crash
+
 N_CLIENTS = 50
 N_PROMPTS = 10
 

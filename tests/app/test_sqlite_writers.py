@@ -20,6 +20,8 @@ from sqlalchemy import func, select
 from app.models import Assignment, Completion, Pair, Prompt, Ranking, Rubric
 from app.services import projects
 
+pytestmark = pytest.mark.crash
+
 ANNOTATORS = 14
 ROUNDS = 3  # rankings per annotator
 IMPORTERS = 3

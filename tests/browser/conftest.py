@@ -94,3 +94,16 @@ def page(chromium):  # type: ignore[no-untyped-def]
     page.on("pageerror", lambda e: page.console_errors.append(str(e)))  # type: ignore[attr-defined]
     yield page
     context.close()
+
+
+def settle(page) -> None:  # type: ignore[no-untyped-def]
+    """Let the page run what it has queued (event handlers, violation reports) before a test looks: two animation
+    frames and a task, an order the browser keeps, instead of a sleep that assumes its speed."""
+    page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => setTimeout(r, 0))))")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.browser)

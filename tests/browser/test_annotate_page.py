@@ -91,25 +91,27 @@ def test_drag_with_the_mouse_and_a_draft_survives_reload(live_server, page) -> N
     page.goto(f"{base}/projects/{project_id}/annotate")
 
     def drag_first_unranked_to_end_of_ranked() -> int:
+        # Sortable animates the cards into place after a drop (`el.animated` holds its timer meanwhile): a card is
+        # grabbed where it stands once they stand still, not where it is passing through.
+        page.wait_for_function("() => [...document.querySelectorAll('.resp')].every(e => !e.animated)")
         card = page.locator("#unranked > .resp").first
         cid = int(card.get_attribute("data-cid"))
         box = card.locator(".letter").bounding_box()
         page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
         page.mouse.down()
         page.mouse.move(box["x"] + 10, box["y"] + 10, steps=5)
-        page.wait_for_timeout(100)
+        page.wait_for_selector(".sortable-fallback", state="attached")  # the card is lifted: the drag has begun
         # The target is measured once the card is lifted: the drag itself may shift the layout.
         target = page.locator("#ranked").bounding_box()
         x, y = target["x"] + target["width"] / 2, target["y"] + target["height"] - 12  # the drop room at the end
         page.mouse.move(x, y, steps=20)
-        # Hold still over the drop room, as a hand does: Sortable's pointer fallback tests the position under the
-        # pointer every 50 ms, so a release in the same instant as the last move can land before it looked (seen
-        # once in CI, on a loaded machine).
-        page.wait_for_timeout(200)
-        page.mouse.move(x, y + 1)
-        page.wait_for_timeout(100)
+        # Hold still over the drop room until Sortable has placed the card there, as a hand waits for the gap to
+        # open: its pointer fallback tests the position under the pointer on a timer, so a release in the same
+        # instant as the last move can land before it looked (seen once in CI, on a loaded machine).
+        page.wait_for_selector(f'#ranked .resp.sortable-ghost[data-cid="{cid}"]', state="attached")
         page.mouse.up()
-        page.wait_for_function(f"() => document.querySelector('#ranked .resp[data-cid=\"{cid}\"]') !== null")
+        page.wait_for_function(f"() => document.querySelector('#ranked .resp[data-cid=\"{cid}\"]:not(.sortable-ghost)')"
+                               " !== null && !document.querySelector('.sortable-fallback')")
         return cid
 
     order = [drag_first_unranked_to_end_of_ranked() for _ in range(2)]

@@ -15,6 +15,7 @@ import pytest
 
 from app.models import Completion, Job, ModelEndpoint, Prompt
 from app.services import constitutions, projects, users
+from tests.browser.conftest import settle
 
 PASSWORD = "correct horse battery staple"
 pytestmark = pytest.mark.slow
@@ -77,8 +78,8 @@ def _login(page, base: str, email: str) -> None:  # type: ignore[no-untyped-def]
 
 def _check(page, base: str, url: str, problems: list[str]) -> None:  # type: ignore[no-untyped-def]
     page.goto(base + url)
-    page.wait_for_load_state("networkidle")
-    page.wait_for_timeout(150)  # let htmx process the document (hx-trigger=load would fire now)
+    page.wait_for_load_state("networkidle")  # htmx has processed the document (hx-trigger=load would have fired)
+    settle(page)
     csp = page.evaluate("window.__csp || []")
     if csp:
         problems.append(f"{url}: CSP violations {csp}")
@@ -119,7 +120,9 @@ def test_the_xss_corpus_is_inert_on_every_page(live_server, chromium) -> None:  
         # The rubric editor's live preview (an HTMX partial of sanitised Markdown).
         page.goto(f"{base}/projects/{pid}/rubric")
         page.fill("textarea[name=text]", XSS)
-        page.wait_for_timeout(900)
+        # The saved rubric's preview starts with its heading; the corpus alone has none.
+        page.wait_for_function("() => document.querySelector('#preview') && !document.querySelector('#preview h1')")
+        settle(page)
         # An import whose error message echoes the payload (a CSV header and a JSON line made of it).
         page.goto(f"{base}/projects/{pid}/import")
         page.set_input_files("input[type=file]", {"name": "evil<img src=x onerror=alert(7)>.jsonl",
@@ -130,7 +133,7 @@ def test_the_xss_corpus_is_inert_on_every_page(live_server, chromium) -> None:  
         with page.expect_navigation():
             page.evaluate("document.querySelector(\"form[enctype='multipart/form-data']\").submit()")
         page.wait_for_selector("#result table", timeout=10_000)
-        page.wait_for_timeout(300)
+        settle(page)
         assert "Nothing was imported" in page.inner_text("#result")
         csp = page.evaluate("window.__csp || []")
         if csp:
