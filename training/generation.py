@@ -4,6 +4,10 @@ OpenAI-compatible server ("openai"), plus cheap diversity measures over the samp
 The app's sampling jobs, the AI judge and the closed loop all call `generate(prompts, n, params)` on
 what `make_generator(spec)` returns, so "how a completion was produced" is recorded one way:
 `generator.describe(params)` for the generator and its parameters, `Sample.seed` for the sample.
+GRPO rollouts from a vLLM server go through the same interface (`training.policy.rollout_server` makes
+an `OpenAIGenerator` on the completions API). The hf backend decodes with the shared core in
+training.sampling, the same loop and token choice as RL rollouts; this module never imports
+training.policy, and imports torch only when a model is loaded.
 
 Seeds (hf): sample i of a prompt has seed `params.seed + i` (recorded in `Sample.seed`) and is drawn
 from its own random stream, seeded by that seed and the prompt's rendered text (so sample 0 of two
@@ -33,9 +37,19 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from training.sampling import (
+    context_length,
+    decode,
+    draw_uniforms,
+    eos_token_ids,
+    finish_row,
+    left_pad,
+    prepare_tokenizer,
+    render_prompt,
+)
 from training.weights import SAFE_LOAD, UnsafeWeights, require_safetensors
 
 Prompt = str | list[dict[str, Any]]
@@ -45,9 +59,9 @@ ShouldStop = Callable[[], bool]
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json",
                    "pytorch_model.bin.index.json")
 DEFAULT_MAX_K = 256
+"""Most samples per prompt a generator accepts unless configured otherwise; a guard against typos."""
 _LOAD_LOCK = threading.Lock()
 """transformers' loading (meta-device init) is not thread-safe: two generators in one process load in turn."""
-"""Most samples per prompt a generator accepts unless configured otherwise; a guard against typos."""
 
 
 class GenerationError(Exception):
@@ -130,6 +144,12 @@ class Sample:
     """The seed this sample was drawn with (see the module docstring); None when unknown."""
 
 
+class SampleGenerator(Protocol):
+    """Anything that gives `n` samples per prompt: both backends, and what `generate_rollouts(server=...)` takes."""
+
+    def generate(self, prompts: Sequence[Prompt], n: int, params: GenerationParams) -> list[list[Sample]]: ...
+
+
 # ---------------------------------------------------------------------------------------------- helpers
 
 
@@ -154,11 +174,6 @@ def _check_n(n: int, max_k: int) -> None:
         raise GenerationError(f"n={n} samples per prompt is more than this backend allows (max_k={max_k})")
 
 
-def _first_stop(text: str, stop: Sequence[str]) -> int | None:
-    hits = [i for s in stop if (i := text.find(s)) >= 0]
-    return min(hits) if hits else None
-
-
 def _spec_int(spec: dict[str, Any], key: str, default: int, low: int) -> int:
     value = spec.get(key, default)
     if not _is_int(value) or value < low:
@@ -174,59 +189,6 @@ def _spec_float(spec: dict[str, Any], key: str, default: float, low: float) -> f
 
 
 # ------------------------------------------------------------------------------------------- hf backend
-
-
-class SeededSampler:
-    """Logits processor that samples each row from its own pre-drawn uniforms and leaves only the
-    chosen token finite, so `generate` runs greedy over it. Row r at step t uses `uniforms[r, t]`:
-    inverse-CDF sampling over the temperature/top-p distribution, independent of the other rows."""
-
-    def __init__(self, uniforms: Any, temperature: float, top_p: float, start: int) -> None:
-        self.uniforms = uniforms  # (B, T) in [0, 1)
-        self.temperature = temperature
-        self.top_p = top_p
-        self.start = start
-
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
-        import torch
-
-        t = input_ids.shape[1] - self.start
-        if self.temperature == 0:
-            choice = scores.argmax(dim=-1, keepdim=True)
-        else:
-            probs = torch.softmax(scores.float() / self.temperature, dim=-1)  # (B, V)
-            if self.top_p < 1.0:
-                probs, order = probs.sort(dim=-1, descending=True)
-                # keep a token while the mass before it is below top_p (the first token always stays)
-                probs = torch.where(probs.cumsum(-1) - probs < self.top_p, probs, torch.zeros_like(probs))
-            else:
-                order = None
-            cdf = probs.cumsum(dim=-1)  # (B, V)
-            target = self.uniforms[:, t:t + 1].to(cdf) * cdf[:, -1:]
-            pos = torch.searchsorted(cdf, target, right=True).clamp(max=cdf.shape[1] - 1)  # (B, 1)
-            choice = order.gather(-1, pos) if order is not None else pos
-        out = torch.full_like(scores, float("-inf"))
-        return out.scatter_(1, choice, 0.0)
-
-
-class StopOnText:
-    """Stopping criterion: a row is done once its decoded text (special tokens skipped, as in the
-    returned text) contains a stop string. transformers' StopStringCriteria matches against raw token
-    strings, so a sampled special token such as "<pad>" would end a sample on the stop string "a".
-    Only a tail window is decoded: a new occurrence must end in the newest token."""
-
-    def __init__(self, tokenizer: Any, stop: list[str], start: int) -> None:
-        self.tokenizer = tokenizer
-        self.stop = stop
-        self.start = start
-        self.window = max(len(s) for s in stop) + 8  # tokens; every text token decodes to ≥ 1 character
-
-    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-        import torch
-
-        begin = max(self.start, input_ids.shape[1] - self.window)
-        tails = self.tokenizer.batch_decode(input_ids[:, begin:].tolist(), skip_special_tokens=True)
-        return torch.tensor([_first_stop(t, self.stop) is not None for t in tails], device=input_ids.device)
 
 
 def _stream_seed(seed: int, prompt_text: str) -> int:
@@ -254,8 +216,9 @@ class HFGenerator:
     a chat template formats both (a string becomes one user turn); without one, strings are used as
     they are and messages become "role: content" lines. Rows (prompt × sample) are batched
     `batch_size` at a time in prompt order; each row has its own seeded random stream, so results do
-    not depend on batching (see the module docstring). CUDA is used when present unless `device` says
-    otherwise.
+    not depend on batching (see the module docstring). Decoding is `training.sampling.decode`: exactly
+    the model's distribution under temperature/top-p, with no generation-config processors (repetition
+    penalty, forced tokens). CUDA is used when present unless `device` says otherwise.
     """
 
     backend = "hf"
@@ -307,8 +270,6 @@ class HFGenerator:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from training.policy import prepare_tokenizer
-
         if self.device_option == "auto":
             device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         else:
@@ -350,18 +311,10 @@ class HFGenerator:
     def context_length(self) -> int | None:
         """Positions the model can attend over, from its config (or the tokenizer), if it says."""
         self._load()
-        config = self._model.config.get_text_config()
-        for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-            value = getattr(config, key, None)
-            if _is_int(value) and value > 0:
-                return value
-        limit = getattr(self._tokenizer, "model_max_length", None)
-        return limit if _is_int(limit) and limit < 10**8 else None
+        return context_length(self._model, self._tokenizer)
 
     def render(self, prompt: Prompt) -> tuple[str, bool]:
         """Prompt text and whether it came from the chat template (then no special tokens are added)."""
-        from training.policy import render_prompt
-
         self._load()
         has_template = bool(getattr(self._tokenizer, "chat_template", None))
         use = has_template if self.use_chat_template is None else self.use_chat_template
@@ -430,56 +383,23 @@ class HFGenerator:
 
     def _eos_ids(self) -> set[int]:
         # the model's generation config may list several (Llama 3: <|end_of_text|> and <|eot_id|>)
-        configured = self._model.generation_config.eos_token_id
-        ids = set(configured if isinstance(configured, list) else [configured] if configured is not None else [])
-        ids.add(self._tokenizer.eos_token_id)
-        return ids
+        return set(eos_token_ids(self._model, self._tokenizer))
 
     def _generate_batch(self, encoded: list[list[int]], seeds: list[int], params: GenerationParams,
                         eos_ids: set[int]) -> list[tuple[str, str, int]]:
+        """(text, finish_reason, completion tokens) per row; row r samples from the stream seeded `seeds[r]`."""
         import torch
-        from transformers import LogitsProcessorList, StoppingCriteriaList
 
         tokenizer = self._tokenizer
-        pad = tokenizer.pad_token_id
-        width = max(len(ids) for ids in encoded)
-        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in encoded], device=self._device)
-        attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in encoded],
-                                      device=self._device)
+        input_ids, attention_mask = left_pad(encoded, tokenizer.pad_token_id, self._device)
         steps = params.max_new_tokens
-        uniforms = torch.stack([torch.rand(steps, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
-                                for s in seeds]).to(self._device)
-        sampler = SeededSampler(uniforms, params.temperature, params.top_p, start=width)
+        uniforms = draw_uniforms(seeds, steps).to(self._device) if params.temperature > 0 else None  # 0: greedy
         with torch.no_grad():
-            out = self._model.generate(
-                input_ids=input_ids, attention_mask=attention_mask, logits_processor=LogitsProcessorList([sampler]),
-                do_sample=False, num_beams=1, temperature=None, top_p=None, top_k=None,
-                max_new_tokens=steps, min_new_tokens=0, eos_token_id=sorted(eos_ids), pad_token_id=pad,
-                stopping_criteria=StoppingCriteriaList([StopOnText(tokenizer, params.stop, width)]) if params.stop
-                else None,
-            )
-        return [self._finish(row.tolist(), params.stop, eos_ids) for row in out[:, width:].cpu()]
-
-    def _finish(self, ids: list[int], stop: list[str], eos_ids: set[int]) -> tuple[str, str, int]:
-        """(text, finish_reason, completion tokens) of one generated row."""
-        tokenizer = self._tokenizer
-        end = next((k for k, tok in enumerate(ids) if tok in eos_ids), None)
-        body = ids if end is None else ids[:end]
-        text = tokenizer.decode(body, skip_special_tokens=True)
-        cut = _first_stop(text, stop) if stop else None
-        if cut is not None:
-            # fewest tokens whose text contains the stop string: containment only grows with length
-            lo, hi = 1, len(body)
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if _first_stop(tokenizer.decode(body[:mid], skip_special_tokens=True), stop) is None:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            return text[:cut], "stop", lo
-        if end is not None:
-            return text, "stop", end + 1
-        return text, "length", len(ids)
+            tokens, _ = decode(self._model, tokenizer, input_ids, attention_mask, max_new_tokens=steps,
+                               eos_ids=sorted(eos_ids), uniforms=uniforms, temperature=params.temperature,
+                               top_p=params.top_p, stop=params.stop)
+        rows = [finish_row(tokenizer, row, params.stop, sorted(eos_ids)) for row in tokens.cpu().tolist()]
+        return [(r.text, "stop" if r.ended else "length", r.length) for r in rows]
 
 
 # --------------------------------------------------------------------------------------- openai backend

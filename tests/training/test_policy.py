@@ -10,16 +10,17 @@ import pytest
 import torch
 
 from tests.training.tiny import char_tokenizer, save_tiny, tiny_gpt2
+from training.generation import GenerationError, GenerationParams, OpenAIGenerator
 from training.policy import (
     LoraSettings,
     Reference,
-    ServerGenerator,
-    _finish,
     generate_rollouts,
     load_policy,
     prepare_tokenizer,
+    rollout_server,
     token_logprobs,
 )
+from training.sampling import finish_rows
 
 PROMPTS = ["1+2=", "13+4=", "9+9="]
 
@@ -94,7 +95,7 @@ def test_mask_runs_through_first_eos_and_stop_strings_cut():
         ids("12345a"),                        # ran out of tokens
         ids("1") + ids("\n") + ids("2345"),   # stop string "\n" after 2 tokens
     ])
-    mask, ended, texts = _finish(tok, rows, stop=["\n"])
+    mask, ended, texts = finish_rows(tok, rows, stop=["\n"])
     assert mask.sum(1).tolist() == [3, 6, 2]
     assert ended.tolist() == [True, False, True]
     assert texts == ["12", "12345a", "1"]
@@ -144,7 +145,7 @@ def test_lora_settings_validate():
     with pytest.raises(ValueError, match="lora r"):
         LoraSettings(r=0)
     with pytest.raises(ValueError, match="base_url"):
-        ServerGenerator(base_url="localhost:8000", model="m")
+        rollout_server(base_url="localhost:8000", model="m")
 
 
 def _send_json(handler: BaseHTTPRequestHandler, status: int, payload: bytes) -> None:
@@ -156,17 +157,17 @@ def _send_json(handler: BaseHTTPRequestHandler, status: int, payload: bytes) -> 
 
 
 class _Completions(BaseHTTPRequestHandler):
+    """One prompt per request (as OpenAIGenerator sends them): sample 0 of prompt i is str(i) and finished,
+    the others run out of tokens."""
+
     requests: list[dict] = []
 
     def do_POST(self):  # noqa: N802 - http.server's naming
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).requests.append({"path": self.path, "body": body})
-        choices = []
-        for i, _ in enumerate(body["prompt"]):
-            for j in range(body["n"]):
-                finished = j == 0
-                choices.append({"index": i * body["n"] + j, "text": str(i + j) if finished else "99999999",
-                                "finish_reason": "stop" if finished else "length"})
+        i = PROMPTS.index(body["prompt"])
+        choices = [{"index": j, "text": str(i + j) if j == 0 else "99999999",
+                    "finish_reason": "stop" if j == 0 else "length"} for j in range(body["n"])]
         _send_json(self, 200, json.dumps({"choices": choices}).encode())
 
     def log_message(self, *args):
@@ -179,7 +180,7 @@ def test_server_rollouts_are_scored_by_the_local_model(tiny_dir):
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        gen = ServerGenerator(base_url=f"http://127.0.0.1:{server.server_port}/v1", model="policy")
+        gen = rollout_server(base_url=f"http://127.0.0.1:{server.server_port}/v1", model="policy")
         r = generate_rollouts(model, tok, PROMPTS[:2], n=2, max_new_tokens=4, temperature=0.5, server=gen, seed=3)
     finally:
         server.shutdown()
@@ -193,6 +194,14 @@ def test_server_rollouts_are_scored_by_the_local_model(tiny_dir):
     assert r.response_mask.sum(1).tolist() == [2, 4, 2, 4]
     logp, _ = token_logprobs(model, r.input_ids, r.attention_mask, r.response_mask, temperature=0.5)
     assert torch.allclose(logp, r.old_logp, atol=1e-5)
+
+
+def test_server_rollouts_refuse_a_chat_api_server(tiny_dir):
+    # the prompt is sent rendered; a chat API would template it a second time
+    model, tok = load_policy(tiny_dir)
+    chat = OpenAIGenerator("http://127.0.0.1:9/v1", "policy")  # refused before anything is sent
+    with pytest.raises(ValueError, match='api="completions"'):
+        generate_rollouts(model, tok, PROMPTS, max_new_tokens=4, server=chat)
 
 
 # --- seeds per row, EOS ids, stop strings, server errors ---------------------------------------
@@ -242,7 +251,7 @@ def test_every_eos_id_of_the_generation_config_ends_a_response():
     assert r.ended.all() and r.response_mask.sum(1).tolist() == [1] * 6
     assert r.response_ids[:, 0].tolist() == [x] * 6 and r.texts == ["x"] * 6
     # the mask helper takes the same list: "x" ends the row, the tokenizer's EOS alone would not
-    mask, ended, _ = _finish(tok, torch.tensor([[x, x, x]]), None, [tok.eos_token_id, x])
+    mask, ended, _ = finish_rows(tok, torch.tensor([[x, x, x]]), None, [tok.eos_token_id, x])
     assert mask.tolist() == [[1, 0, 0]] and ended.tolist() == [True]
 
 
@@ -260,9 +269,11 @@ def test_server_errors_give_the_status_not_the_remote_body():
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        gen = ServerGenerator(base_url=f"http://127.0.0.1:{server.server_port}/v1", model="policy")
-        with pytest.raises(RuntimeError) as caught:
-            gen.complete(["1+1="], n=1, temperature=1.0, top_p=1.0, max_tokens=2, stop=None, seed=None)
+        # rollout_server's generator, without its retries so the test does not wait out the backoff
+        gen = OpenAIGenerator(f"http://127.0.0.1:{server.server_port}/v1", "policy", api="completions",
+                              max_retries=0)
+        with pytest.raises(GenerationError) as caught:
+            gen.generate(["1+1="], 1, GenerationParams(max_new_tokens=2))
     finally:
         server.shutdown()
     message = str(caught.value)
