@@ -6,7 +6,10 @@ import importlib
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
+    "sft": ("training.sft", "supervised fine-tuning on an SFT export (prompt/completion or chat messages)"),
     "reward": ("training.reward_model", "train a Bradley–Terry reward model on a pairs export"),
+    "dpo": ("training.dpo", "direct preference optimisation (DPO or IPO) of a policy on a pairs export"),
+    "rft": ("training.rft", "rejection-sampling fine-tuning, offline or online, on a prompts export"),
     "grpo": ("training.grpo", "train a policy with GRPO or GSPO on a prompts export"),
     "ppo": ("training.ppo", "train a policy with PPO (value model, reference, reward model)"),
     "evaluate": ("training.evaluate", "compare a policy with its reference on held-out prompts"),

@@ -1,4 +1,10 @@
-"""Loading dataclass configs from TOML files and `--set key=value` overrides, with errors that name the field."""
+"""Every trainer's config, torch-free (the web app validates runs without importing torch), and how configs load:
+TOML files and `--set key=value` overrides, with errors that name the field and old field names kept working.
+
+`TrainConfig` holds what every method shares (model, output, the step budget `steps`, the optimiser, logging,
+checkpoints, trackers); `OfflineConfig` adds batches over a data file (reward, sft, dpo), `RLConfig` rollouts
+from prompts (grpo, ppo, rft). Each method's config adds only its own fields.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,8 @@ import json
 import tomllib
 import types
 import typing
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -118,19 +126,70 @@ def parse_sets(pairs: list[str]) -> dict[str, str]:
     return out
 
 
+def renamed(**old: str | tuple[str, Callable[[Any], Any]]) -> Callable[[type[T]], type[T]]:
+    """Class decorator: old field names keep working, with a DeprecationWarning naming the new one.
+
+    `renamed(max_steps="steps")` maps `max_steps=…` to `steps`; a (new name, convert) tuple also converts the
+    value, e.g. `tensorboard=("report_to", lambda on: ["tensorboard"] if on else [])`. Works for direct
+    construction, TOML files, `--set` and the app's run configs alike.
+    """
+    def wrap(cls: type[T]) -> type[T]:
+        own = {k: (v if isinstance(v, tuple) else (v, None)) for k, v in old.items()}
+        table = {**getattr(cls, "RENAMED", {}), **own}
+        init = cls.__init__
+
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            init(self, *args, **translate(cls, kwargs))
+
+        cls.RENAMED = table  # type: ignore[attr-defined]
+        cls.__init__ = __init__  # type: ignore[method-assign]
+        return cls
+    return wrap
+
+
+def translate(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """`values` with deprecated field names replaced by their new ones (warning once per name)."""
+    table: dict[str, tuple[str, Callable[[Any], Any] | None]] = getattr(cls, "RENAMED", {})
+    if not table or not any(k in table for k in values):
+        return values
+    out = dict(values)
+    for key, (new, convert) in table.items():
+        if key not in out:
+            continue
+        value = out.pop(key)
+        warnings.warn(f"config field {key!r} is deprecated; use {new!r}", DeprecationWarning, stacklevel=4)
+        if new in out and out[new] is not None:
+            continue  # the new name, given too, wins
+        out[new] = convert(value) if convert is not None else value
+    return out
+
+
+def known_fields(cls: type) -> set[str]:
+    """Field names a config accepts: its fields and the deprecated names still mapped to them."""
+    return {f.name for f in dataclasses.fields(cls)} | set(getattr(cls, "RENAMED", {}))  # type: ignore[arg-type]
+
+
 def build_config(cls: type[T], *sources: dict[str, Any]) -> T:
     """Merge sources left to right into `cls`, coercing types; unknown keys raise with the known ones listed."""
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    renames: dict[str, tuple[str, Any]] = getattr(cls, "RENAMED", {})
     values: dict[str, Any] = {}
     for source in sources:
         for key, raw in source.items():
             if raw is None and key not in values:
                 continue
+            if key in renames:
+                values[key] = raw  # translated (and warned about) when the config is built
+                continue
             if key not in fields:
                 raise ValueError(f"unknown config field {key!r}; known fields: {', '.join(sorted(fields))}")
             values[key] = _coerce(key, raw, hints[key]) if raw is not None else None
-    return cls(**values)
+    translated = translate(cls, values)
+    for key in set(translated) - set(values):  # a value given under an old name, coerced to the new field's type
+        if translated[key] is not None:
+            translated[key] = _coerce(key, translated[key], hints[key])
+    return cls(**translated)
 
 
 def load_config(cls: type[T], path: str | Path | None = None, sets: list[str] | None = None,
@@ -146,12 +205,8 @@ def load_config(cls: type[T], path: str | Path | None = None, sets: list[str] | 
                         parse_sets(sets or []))
 
 
-def config_to_dict(config: Any) -> dict[str, Any]:
-    return dataclasses.asdict(config)
-
-
 # ---------------------------------------------------------------------------------------------
-# the fields GRPO and PPO share
+# what every method shares
 
 
 def at_least(config: Any, minimum: int, *names: str) -> None:
@@ -161,17 +216,269 @@ def at_least(config: Any, minimum: int, *names: str) -> None:
             raise ValueError(f"{name} must be at least {minimum}, got {getattr(config, name)}")
 
 
+def require(config: Any, *names: str) -> None:
+    """ValueError naming the first of `names` left empty (paths a run cannot start without)."""
+    for name in names:
+        if not getattr(config, name):
+            raise ValueError(f"{name}: required (--{name.replace('_', '-')} or --set {name}=...)")
+
+
+def one_of(config: Any, name: str, choices: tuple[str, ...]) -> None:
+    """ValueError naming the field when its value is not one of `choices`."""
+    if getattr(config, name) not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {getattr(config, name)!r}")
+
+
+TRACKERS = ("tensorboard", "mlflow", "wandb")
+PRECISIONS = ("auto", "no", "bf16", "fp16")
+SCHEDULES = ("constant", "linear", "cosine")
+
+
 @dataclasses.dataclass
-class RLConfig:
-    """Fields every policy-optimisation run shares (GRPOConfig, PPOConfig): data, rewards, optimiser, sampling,
-    LoRA, evaluation and bookkeeping. Each trainer adds its own fields and checks after these."""
+class TrainConfig:
+    """Fields every training method shares: where from and to, the step budget, the optimiser and its schedule,
+    logging, checkpoints and trackers. Each method's config adds its own fields after these."""
+
+    model: str = ""
+    """Local directory of the starting model (safetensors)."""
+    out: str = ""
+    """Output directory: model/, checkpoint/, metrics.jsonl, eval.json and run.json (config, versions, data)."""
+    steps: int = 0
+    """Optimisation steps to run; 0 means `epochs` passes over the data (methods that read a data file)."""
+    lr: float = 2e-5
+    """AdamW peak learning rate."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "linear"
+    """Decay after warm-up: none, linear to 0, or cosine to 0 at the last step."""
+    warmup_steps: int = 0
+    """Linear warm-up steps from 0 to `lr`."""
+    warmup_ratio: float = 0.0
+    """Warm-up as a fraction of all steps (used when warmup_steps is 0)."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay (not applied to biases and norms)."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this value; 0 disables clipping."""
+    seed: int = 0
+    """Seeds initialisation, the data order, sampling and dropout, so a CPU run with the same seed repeats exactly."""
+    eval_every: int = 0
+    """Evaluate on the held-out data every this many steps (and always at the end); 0: only at the end."""
+    save_every: int = 0
+    """Write a resumable checkpoint (model, optimiser, schedule, RNG, data position) to OUT/checkpoint every this
+    many steps; 0: never."""
+    resume: bool = False
+    """Continue from OUT/checkpoint when it exists."""
+    log_every: int = 0
+    """Write a metrics.jsonl row every this many steps; 0: every step up to 1,000 steps, then about 1,000 rows."""
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
+    """"auto" (bf16 on a GPU that supports it, else full precision), "no", "bf16" or "fp16"."""
+    report_to: list[str] = dataclasses.field(default_factory=list)
+    """Experiment trackers beside metrics.jsonl: any of "tensorboard", "mlflow", "wandb" (accelerate's trackers,
+    writing under OUT; set MLFLOW_TRACKING_URI or WANDB_* for a server). Empty: none."""
+    run_name: str = ""
+    """Name of the run in the trackers (default: the output directory's name)."""
+    progress: bool = True
+    """Show a progress bar on the main process."""
+
+    def __post_init__(self) -> None:
+        at_least(self, 0, "steps", "warmup_steps", "weight_decay", "max_grad_norm", "eval_every", "save_every",
+                 "log_every")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be positive, got {self.lr}")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        one_of(self, "lr_schedule", SCHEDULES)
+        one_of(self, "mixed_precision", PRECISIONS)
+        if isinstance(self.report_to, str):
+            self.report_to = [self.report_to]
+        unknown = [t for t in self.report_to if t not in TRACKERS]
+        if unknown:
+            raise ValueError(f"report_to: unknown tracker {unknown[0]!r}; choose from {', '.join(TRACKERS)}")
+
+    def warmup(self, total_steps: int) -> int:
+        """Warm-up steps of a run of `total_steps`: warmup_steps, else warmup_ratio of the run."""
+        return self.warmup_steps or int(self.warmup_ratio * total_steps)
+
+    def log_interval(self, total_steps: int) -> int:
+        """Steps between metrics.jsonl rows: log_every, else every step for short runs and ~1,000 rows for long."""
+        return self.log_every or max(1, total_steps // 1000)
+
+
+@dataclasses.dataclass
+class LoraFields:
+    """LoRA fields of the methods that train a causal LM (sft, dpo, grpo, ppo, rft). Mixed in first
+    (`class SFTConfig(LoraFields, OfflineConfig)`), so these fields come after the base's in `--help`."""
+
+    lora: bool = False
+    """Train a LoRA adapter instead of all weights; the reference (dpo, grpo, ppo) is then the adapter-disabled
+    base."""
+    lora_r: int = 16
+    """LoRA rank."""
+    lora_alpha: int = 32
+    """LoRA alpha (scale alpha / r)."""
+    lora_dropout: float = 0.0
+    """LoRA dropout (keep 0 for RL, so sampling and training log-probs agree)."""
+    lora_target_modules: list[str] | str = "all-linear"
+    """Modules to adapt."""
+
+    def __post_init__(self) -> None:
+        getattr(super(), "__post_init__", lambda: None)()  # the base config's checks first
+        if self.lora:
+            at_least(self, 1, "lora_r", "lora_alpha")
+            if not 0 <= self.lora_dropout < 1:
+                raise ValueError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
+
+    @property
+    def lora_settings(self) -> Any:
+        """LoraSettings for `load_policy`, or None without LoRA."""
+        if not self.lora:
+            return None
+        from training.policy import LoraSettings
+
+        return LoraSettings(r=self.lora_r, alpha=self.lora_alpha, dropout=self.lora_dropout,
+                            target_modules=self.lora_target_modules)
+
+
+@dataclasses.dataclass
+class OfflineConfig(TrainConfig):
+    """Methods that learn from a data file in batches (reward, sft, dpo): the data, batches and epochs, early
+    stopping on the held-out loss."""
+
+    train: str = ""
+    """Training data: an export file (JSONL, Parquet) or a datasets directory."""
+    eval: str = ""
+    """Held-out data; empty: the rows of `train` whose split is held-out."""
+    batch_size: int = 16
+    """Examples per optimisation step, across all processes (each process takes batch_size / processes)."""
+    eval_batch_size: int = 64
+    """Examples per forward pass when evaluating."""
+    epochs: float = 1.0
+    """Passes over the training data (fractions allowed); ignored when `steps` is set."""
+    max_length: int = 512
+    """Tokens per example, prompt and response together; longer examples lose their oldest (leftmost) tokens."""
+    group_by_length: bool = True
+    """Batch examples of similar length together (within shuffled mega-batches) to cut padding."""
+    megabatch_factor: int = 50
+    """Mega-batch size in batches for length grouping; larger groups tighter but shuffle less."""
+    disable_dropout: bool = True
+    """Set every dropout probability to 0 (pairwise losses compare forward passes, and dropout makes them noisy)."""
+    early_stopping_patience: int = 0
+    """Stop after this many evaluations without a lower held-out loss, keeping the best model; 0 disables."""
+    early_stopping_min_delta: float = 0.0
+    """A held-out loss must drop by more than this to count as an improvement."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        at_least(self, 1, "batch_size", "eval_batch_size", "megabatch_factor")
+        at_least(self, 0, "early_stopping_patience", "early_stopping_min_delta")
+        if self.max_length < 8:
+            raise ValueError(f"max_length must be at least 8 tokens, got {self.max_length}")
+        if self.steps == 0 and not self.epochs > 0:
+            raise ValueError(f"epochs must be positive when steps is 0, got {self.epochs}")
+
+
+# Old names of the reward model's fields, from before every method shared one vocabulary.
+REWARD_RENAMES: dict[str, Any] = {
+    "max_steps": "steps", "learning_rate": "lr", "lr_scheduler": "lr_schedule", "checkpoint_every": "save_every",
+    "tensorboard": ("report_to", lambda on: ["tensorboard"] if on else []),
+}
+
+
+@renamed(**REWARD_RENAMES)
+@dataclasses.dataclass
+class RewardConfig(OfflineConfig):
+    """Training a Bradley–Terry reward model on chosen/rejected pairs."""
+
+    model: str = ""
+    """Local directory of an AutoModelForSequenceClassification-compatible model; empty: the shipped MiniLM."""
+    eval_every: int = 100
+    """Evaluate on the held-out pairs every this many steps (and always at the end); 0: only at the end."""
+    use_soft_labels: bool = True
+    """Use the export's `p` column (soft label) when present; otherwise every pair is a hard label."""
+    use_margin: bool = True
+    """Subtract the export's `margin` column inside the loss, −log σ(r_c − r_r − margin)."""
+    margin_scale: float = 1.0
+    """Multiplier on the margin column (tiers apart are not reward units)."""
+    use_weights: bool = True
+    """Weight pairs by the export's `weight` column."""
+    center_rewards_coef: float = 0.0
+    """c in the reward-centering term c·(r_c + r_r)²; 0 turns it off (Eisenstein et al. use 0.01)."""
+    calibration_bins: int = 5
+    """Bins of predicted confidence max(σ(Δ), 1 − σ(Δ)) over [0.5, 1] for the calibration table."""
+    length_buckets: int = 4
+    """Quantile buckets of pair length (tokens) for accuracy by length."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        at_least(self, 1, "calibration_bins", "length_buckets")
+        at_least(self, 0, "center_rewards_coef")
+
+
+@renamed(tensorboard=("report_to", lambda on: ["tensorboard"] if on else []))
+@dataclasses.dataclass
+class SFTConfig(LoraFields, OfflineConfig):
+    """Supervised fine-tuning of a causal LM on (prompt, completion) rows or chat `messages` (the SFT export)."""
+
+    max_length: int = 1024
+    """Tokens per example; a longer prompt loses its oldest tokens first, then the completion its last ones."""
+    packing: bool = False
+    """Pack several examples into each row of `max_length` tokens (attention kept within each example)."""
+    completion_only: bool = True
+    """Loss on completion tokens only (the prompt is context); false: on every token."""
+    eval_every: int = 0
+    """Evaluate held-out loss and perplexity every this many steps (and always at the end); 0: only at the end."""
+
+
+@dataclasses.dataclass
+class DPOConfig(LoraFields, OfflineConfig):
+    """Direct preference optimisation of a causal LM on chosen/rejected pairs (the pairs export)."""
+
+    lr: float = 5e-7
+    """AdamW peak learning rate (DPO wants a small one: Rafailov et al. used 1e-6 with batch 64)."""
+    beta: float = 0.1
+    """β: strength of the implicit KL constraint; the implicit reward is β·log π/π_ref."""
+    loss_type: Literal["sigmoid", "ipo"] = "sigmoid"
+    """"sigmoid": DPO (Rafailov et al. 2023); "ipo": IPO's squared loss towards margin 1/(2β) (Azar et al. 2023)."""
+    reference: str = ""
+    """Reference model directory; empty: a frozen copy of `model` (under LoRA, the adapter-disabled base)."""
+    precompute_ref_logps: bool = False
+    """Score every pair under the reference once before training, then free the reference model."""
+    label_smoothing: float = 0.0
+    """ε of conservative DPO: every hard label is trusted with probability 1 − ε."""
+    rpo_alpha: float = 0.0
+    """α of RPO (Pang et al. 2024): add α × the NLL of the chosen responses, so DPO cannot satisfy the preference
+    by making the chosen answers less likely too (it often does on small data); 0 is plain DPO."""
+    use_soft_labels: bool = True
+    """Use the export's `p` column (AI judges' soft labels) as the pair's own label smoothing 1 − p."""
+    use_weights: bool = True
+    """Weight pairs by the export's `weight` column."""
+    use_margin: bool = False
+    """Subtract the export's `margin` column (× margin_scale) inside the sigmoid, as in the reward model."""
+    margin_scale: float = 1.0
+    """Multiplier on the margin column."""
+    max_prompt_length: int = 0
+    """Tokens kept of each prompt (its newest ones); 0: as many as max_length allows."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        one_of(self, "loss_type", ("sigmoid", "ipo"))
+        if not self.beta > 0:
+            raise ValueError(f"beta must be positive, got {self.beta}")
+        if not 0 <= self.label_smoothing < 0.5:
+            raise ValueError(f"label_smoothing must be in [0, 0.5), got {self.label_smoothing}")
+        at_least(self, 0, "max_prompt_length", "rpo_alpha")
+
+
+@renamed(tensorboard=("report_to", lambda on: ["tensorboard"] if on else []))
+@dataclasses.dataclass
+class RLConfig(LoraFields, TrainConfig):
+    """Fields every method that samples from the policy shares (GRPO, PPO, RFT): prompts, rewards, sampling and
+    evaluation. Each trainer adds its own fields and checks after these."""
 
     prompts: str = ""
     """Prompts export (JSONL, Parquet or a datasets directory); rows with a held-out split are evaluation only."""
     model: str = ""
     """Local directory of the starting policy (any AutoModelForCausalLM), usually the SFT model."""
     out: str = ""
-    """Output directory: model/, metrics.jsonl, eval.json, config.json, checkpoint/ (PPO adds value_model/)."""
+    """Output directory: model/, metrics.jsonl, eval.json, run.json, checkpoint/ (PPO adds value_model/)."""
     reward_fn: list[str] = dataclasses.field(default_factory=list)
     """Reward functions, `module:function` or built-in names (gsm8k_exact_match, format_regex, length_penalty)."""
     reward_weights: list[float] | None = None
@@ -187,12 +494,6 @@ class RLConfig:
     """AdamW learning rate."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
     """Decay after warm-up: none, linear to 0, or cosine to 0 at the last step."""
-    warmup_steps: int = 0
-    """Linear warm-up steps (counted in steps, i.e. rollout batches)."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    max_grad_norm: float = 1.0
-    """Gradient-norm clip over every trained parameter (0 disables)."""
     steps: int = 100
     """Steps: rollout batches, each followed by its optimisation passes."""
 
@@ -201,7 +502,7 @@ class RLConfig:
     top_p: float = 1.0
     """Nucleus sampling threshold of the rollouts."""
     max_new_tokens: int = 256
-    """Longest response sampled."""
+    """Longest response sampled (clamped, with a warning, to what the model's positions leave after the prompt)."""
     max_prompt_length: int = 0
     """Truncate prompts to this many tokens (0: no limit)."""
     stop: list[str] = dataclasses.field(default_factory=list)
@@ -209,19 +510,6 @@ class RLConfig:
     generation_batch_size: int = 0
     """Prompts per generate call (0: all prompts of the step at once)."""
 
-    lora: bool = False
-    """Train a LoRA adapter instead of all weights; the reference is then the adapter-disabled base."""
-    lora_r: int = 16
-    """LoRA rank."""
-    lora_alpha: int = 32
-    """LoRA alpha (scale alpha / r)."""
-    lora_dropout: float = 0.0
-    """LoRA dropout (keep 0 for RL)."""
-    lora_target_modules: list[str] | str = "all-linear"
-    """Modules to adapt."""
-
-    eval_every: int = 0
-    """Evaluate on the held-out prompts every this many steps (0: only at the end)."""
     eval_k: int = 4
     """Samples per held-out prompt for Pass@K / Maj@K."""
     eval_max_prompts: int = 200
@@ -229,27 +517,10 @@ class RLConfig:
     eval_temperature: float | None = None
     """Sampling temperature of the evaluation (default: the rollout temperature)."""
 
-    seed: int = 0
-    """Seed of the prompt order, the sampling and any shuffles; a CPU run with the same seed repeats exactly."""
-    save_every: int = 0
-    """Write OUT/checkpoint/ every this many steps (0: never) for resume."""
-    resume: bool = False
-    """Continue from OUT/checkpoint/ when it exists."""
-    log_every: int = 1
-    """Update the progress line every this many steps (metrics.jsonl gets every step)."""
-    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
-    """accelerate mixed precision; "auto" is bf16 on a CUDA device that supports it, else none."""
-    tensorboard: bool = False
-    """Mirror metrics to OUT/tensorboard when TensorBoard is installed."""
-
     def __post_init__(self) -> None:
-        at_least(self, 1, "steps", "max_new_tokens", "eval_k", "log_every")
-        at_least(self, 0, "warmup_steps", "max_prompt_length", "generation_batch_size", "eval_every",
-                 "eval_max_prompts", "save_every", "weight_decay", "max_grad_norm")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be positive, got {self.lr}")
-        if self.lr_schedule not in ("constant", "linear", "cosine"):
-            raise ValueError(f"lr_schedule must be 'constant', 'linear' or 'cosine', got {self.lr_schedule!r}")
+        super().__post_init__()
+        at_least(self, 1, "steps", "max_new_tokens", "eval_k")
+        at_least(self, 0, "max_prompt_length", "generation_batch_size", "eval_max_prompts")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be positive, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -259,109 +530,11 @@ class RLConfig:
         if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_fn):
             raise ValueError(f"reward_weights: {len(self.reward_weights)} weights for "
                              f"{len(self.reward_fn)} reward functions")
-        if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
-            raise ValueError(f"mixed_precision must be auto, no, bf16 or fp16, got {self.mixed_precision!r}")
 
-    @property
-    def lora_settings(self) -> Any:
-        """LoraSettings for `load_policy`, or None without LoRA."""
-        if not self.lora:
-            return None
-        from training.policy import LoraSettings
-
-        return LoraSettings(r=self.lora_r, alpha=self.lora_alpha, dropout=self.lora_dropout,
-                            target_modules=self.lora_target_modules)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# The trainers' configs: here, not beside the trainers, so the app validates them without importing torch
-# ---------------------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class RewardConfig:
-    """Training a reward model on chosen/rejected pairs."""
-
-    model: str = ""
-    """Local directory of an AutoModelForSequenceClassification-compatible model; empty: the shipped MiniLM."""
-    max_length: int = 512
-    """Tokens per prompt+response, special tokens included; longer inputs lose their oldest (leftmost) tokens."""
-    batch_size: int = 16
-    """Pairs per optimisation step, across all processes (each process takes batch_size / processes)."""
-    eval_batch_size: int = 64
-    """Pairs per forward pass when evaluating or scoring."""
-    learning_rate: float = 2e-5
-    """AdamW peak learning rate."""
-    weight_decay: float = 0.0
-    """AdamW decoupled weight decay."""
-    lr_scheduler: str = "linear"
-    """Learning-rate schedule after warm-up: "linear" (decay to 0), "cosine" or "constant"."""
-    warmup_ratio: float = 0.0
-    """Fraction of the steps spent warming the learning rate up from 0."""
-    epochs: float = 1.0
-    """Passes over the training pairs (fractions allowed); ignored when max_steps is set."""
-    max_steps: int = 0
-    """Stop after this many optimisation steps; 0 means run `epochs` epochs."""
-    max_grad_norm: float = 1.0
-    """Clip the global gradient norm to this value; 0 disables clipping."""
-    seed: int = 0
-    """Seeds model-head initialisation, shuffling and dropout, so CPU runs repeat exactly."""
-    disable_dropout: bool = True
-    """Set every dropout probability to 0: the BT loss compares two forward passes, and dropout makes them noisy."""
-    group_by_length: bool = True
-    """Batch pairs of similar length together (within shuffled mega-batches) to cut padding."""
-    megabatch_factor: int = 50
-    """Mega-batch size in batches for length grouping; larger groups tighter but shuffle less."""
-    use_soft_labels: bool = True
-    """Use the export's `p` column (soft label) when present; otherwise every pair is a hard label."""
-    use_margin: bool = True
-    """Subtract the export's `margin` column inside the loss, −log σ(r_c − r_r − margin)."""
-    margin_scale: float = 1.0
-    """Multiplier on the margin column (tiers apart are not reward units)."""
-    use_weights: bool = True
-    """Weight pairs by the export's `weight` column."""
-    center_rewards_coef: float = 0.0
-    """c in the reward-centering term c·(r_c + r_r)²; 0 turns it off (Eisenstein et al. use 0.01)."""
-    eval_every: int = 100
-    """Evaluate on the held-out pairs every this many steps (and always at the end); 0: only at the end."""
-    early_stopping_patience: int = 0
-    """Stop after this many evaluations without a lower held-out loss, keeping the best model; 0 disables."""
-    early_stopping_min_delta: float = 0.0
-    """A held-out loss must drop by more than this to count as an improvement."""
-    checkpoint_every: int = 0
-    """Save a resumable checkpoint (model, optimiser, scheduler, RNG) to OUT/checkpoint every N steps; 0: never."""
-    resume: bool = False
-    """Continue from OUT/checkpoint when it exists."""
-    log_every: int = 10
-    """Write a training row to metrics.jsonl every this many steps."""
-    calibration_bins: int = 5
-    """Bins of predicted confidence max(σ(Δ), 1 − σ(Δ)) over [0.5, 1] for the calibration table."""
-    length_buckets: int = 4
-    """Quantile buckets of pair length (tokens) for accuracy by length."""
-    mixed_precision: str = "auto"
-    """"auto" (bf16 on a GPU that supports it, else full precision), "no", "bf16" or "fp16"."""
-    tensorboard: bool = True
-    """Also write TensorBoard scalars to OUT/tensorboard when TensorBoard is installed."""
-    progress: bool = True
-    """Show a progress bar on the main process."""
-
-    def __post_init__(self) -> None:
-        at_least(self, 1, "max_length", "batch_size", "eval_batch_size", "megabatch_factor", "log_every",
-                 "calibration_bins", "length_buckets")
-        at_least(self, 0, "weight_decay", "max_steps", "max_grad_norm", "center_rewards_coef", "eval_every",
-                 "early_stopping_patience", "early_stopping_min_delta", "checkpoint_every")
-        if self.max_length < 8:
-            raise ValueError(f"max_length must be at least 8 tokens, got {self.max_length}")
-        if not self.learning_rate > 0:
-            raise ValueError(f"learning_rate must be positive, got {self.learning_rate}")
-        if not 0 <= self.warmup_ratio < 1:
-            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
-        if self.max_steps == 0 and not self.epochs > 0:
-            raise ValueError(f"epochs must be positive when max_steps is 0, got {self.epochs}")
-        if self.lr_scheduler not in {"linear", "cosine", "constant"}:
-            raise ValueError(f"lr_scheduler must be 'linear', 'cosine' or 'constant', got {self.lr_scheduler!r}")
-        if self.mixed_precision not in {"auto", "no", "bf16", "fp16"}:
-            raise ValueError(f"mixed_precision must be 'auto', 'no', 'bf16' or 'fp16', got {self.mixed_precision!r}")
+    def check_reward(self) -> None:
+        """ValueError unless a reward is configured (the CLI and `train` check it; a config alone may lack one)."""
+        if not self.reward_fn and not self.reward_model:
+            raise ValueError("reward_fn: give --reward-fn and/or --reward-model")
 
 
 @dataclasses.dataclass
@@ -406,8 +579,7 @@ class GRPOConfig(RLConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.loss_type not in ("grpo", "gspo"):
-            raise ValueError(f"loss_type must be 'grpo' or 'gspo', got {self.loss_type!r}")
+        one_of(self, "loss_type", ("grpo", "gspo"))
         if self.group_size < 2:
             raise ValueError(f"group_size must be at least 2 to compare answers, got {self.group_size}")
         at_least(self, 1, "prompts_per_step", "mu")
@@ -422,10 +594,8 @@ class GRPOConfig(RLConfig):
             raise ValueError(f"clip_eps must be in (0, 1), got {self.clip_eps}")
         if self.clip_eps_high is not None and self.clip_eps_high <= 0:
             raise ValueError(f"clip_eps_high must be positive, got {self.clip_eps_high}")
-        if self.aggregation not in ("sequence", "token", "dr_grpo"):
-            raise ValueError(f"aggregation must be 'sequence', 'token' or 'dr_grpo', got {self.aggregation!r}")
-        if self.scale_rewards not in ("group", "batch", "none"):
-            raise ValueError(f"scale_rewards must be 'group', 'batch' or 'none', got {self.scale_rewards!r}")
+        one_of(self, "aggregation", ("sequence", "token", "dr_grpo"))
+        one_of(self, "scale_rewards", ("group", "batch", "none"))
         if (self.server_base_url is None) != (self.server_model is None):
             raise ValueError("server_model must be given together with server_base_url")
 
@@ -512,8 +682,51 @@ class PPOConfig(RLConfig):
         for name in ("gamma", "lam"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        if self.kl_control not in ("fixed", "adaptive"):
-            raise ValueError(f"kl_control must be 'fixed' or 'adaptive', got {self.kl_control!r}")
+        one_of(self, "kl_control", ("fixed", "adaptive"))
         if self.kl_control == "adaptive" and (self.kl_target <= 0 or self.beta <= 0):
             raise ValueError(f"kl_target and beta must be positive for adaptive KL control, got kl_target="
                              f"{self.kl_target}, beta={self.beta}")
+
+
+@dataclasses.dataclass
+class RFTConfig(RLConfig):
+    """Rejection-sampling fine-tuning: sample N answers per prompt, keep the ones the reward accepts, fine-tune on
+    them (SFT on the kept set). Offline, the samples come once from the starting model; online (the lecture's online
+    RFT), every round resamples from the current policy. Both sample the same number of answers in all."""
+
+    lr: float = 1e-5
+    """AdamW learning rate of the fine-tuning steps."""
+    steps: int = 100
+    """Fine-tuning steps (batches of kept samples) in all."""
+    samples_per_prompt: int = 8
+    """N: answers sampled per prompt."""
+    prompts_per_round: int = 16
+    """Prompts sampled per round; a run has ceil(steps / steps_per_round) rounds."""
+    steps_per_round: int = 10
+    """Fine-tuning steps between two rounds of sampling (online); offline, all rounds are sampled up front."""
+    online: bool = False
+    """Resample every round from the current policy (online RFT); false: sample every round's prompts once, from
+    the starting model, before training (offline RFT)."""
+    keep: Literal["threshold", "top_k"] = "threshold"
+    """Which samples to keep: reward at least `threshold`, or the best `top_k` of each prompt."""
+    threshold: float = 1.0
+    """Smallest reward a kept sample has (keep = "threshold"); 1.0 keeps exact matches of a 0/1 reward."""
+    top_k: int = 1
+    """Samples kept per prompt (keep = "top_k"), the best first; ties broken by sampling order."""
+    distinct: bool = True
+    """Keep each distinct answer of a prompt once (identical samples would weigh that answer twice)."""
+    batch_size: int = 16
+    """Kept samples per fine-tuning step, across all processes."""
+    max_length: int = 512
+    """Tokens per fine-tuning example (prompt + answer)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        at_least(self, 1, "samples_per_prompt", "prompts_per_round", "steps_per_round", "top_k", "batch_size")
+        one_of(self, "keep", ("threshold", "top_k"))
+        if self.max_length < 8:
+            raise ValueError(f"max_length must be at least 8 tokens, got {self.max_length}")
+
+    def rounds(self) -> int:
+        """Rounds of sampling in the run."""
+        return -(-self.steps // self.steps_per_round)

@@ -1,35 +1,26 @@
-"""What every trainer in `training/` sets up the same way: the accelerator, the learning-rate schedule.
-
-GRPO, PPO and the reward model import these instead of each other's private helpers.
-"""
+"""What every trainer in `training/` sets up the same way: the accelerator and the learning-rate schedule."""
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 import torch
 
 
-class Schedule(Protocol):
-    """The config fields a learning-rate schedule reads (GRPOConfig and PPOConfig have them)."""
-
-    warmup_steps: int
-    lr_schedule: str
-    steps: int
-
-
-def lr_lambda(config: Schedule) -> Callable[[int], float]:
-    """LambdaLR factor: linear warm-up over `warmup_steps`, then constant, linear to 0 or cosine to 0 at `steps`."""
+def lr_lambda(warmup_steps: int, schedule: str, total_steps: int) -> Callable[[int], float]:
+    """LambdaLR factor: linear warm-up over `warmup_steps`, then constant, linear to 0 or cosine to 0 at
+    `total_steps`."""
     def factor(step: int) -> float:
-        if config.warmup_steps and step < config.warmup_steps:
-            return (step + 1) / config.warmup_steps
-        if config.lr_schedule == "constant":
+        if warmup_steps and step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if schedule == "constant":
             return 1.0
-        progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
-        if config.lr_schedule == "linear":
+        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+        if schedule == "linear":
             return max(0.0, 1.0 - progress)
         return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
     return factor
@@ -49,8 +40,10 @@ def cpu_processes() -> bool:
     return world > 1 and not torch.cuda.is_available()
 
 
-def make_accelerator(precision: str) -> Any:
-    """The Accelerator of a run: data-parallel under `accelerate launch` (gloo on CPU, NCCL on GPUs)."""
+def make_accelerator(precision: str, report_to: Sequence[str] = (), project_dir: str | Path | None = None) -> Any:
+    """The Accelerator of a run: data-parallel under `accelerate launch` (gloo on CPU, NCCL on GPUs), logging to
+    the experiment trackers in `report_to` (their files under `project_dir`)."""
     from accelerate import Accelerator
 
-    return Accelerator(mixed_precision=mixed_precision(precision), cpu=cpu_processes())
+    return Accelerator(mixed_precision=mixed_precision(precision), cpu=cpu_processes(),
+                       log_with=list(report_to) or None, project_dir=str(project_dir) if project_dir else None)

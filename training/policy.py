@@ -418,7 +418,3 @@ def _server_rollouts(server: SampleGenerator, model: torch.nn.Module, tokenizer:
         prompts=[p for p in rendered for _ in range(n)], texts=texts,
     )
 
-
-ServerGenerator = rollout_server
-"""Transitional, not part of the interface: training/grpo.py still imports this name and calls
-`ServerGenerator(base_url, model)`. Delete it together with that call's switch to `rollout_server`."""

@@ -14,9 +14,7 @@ without GPUs: `--cpu` alone starts one process).
 
 from __future__ import annotations
 
-import argparse
 import json
-import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,9 +24,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from training.config import PPOConfig
+from training import cli
+from training.cli import Command, Flag
+from training.config import PPOConfig, RLConfig
 from training.data import PromptRow
-from training.evaluate import EvalConfig, eval_metrics, evaluate, public, reward_columns
+from training.evaluate import reward_columns
+from training.loop import RunResult, run
 from training.losses import (
     clip_fraction,
     gae,
@@ -42,11 +43,13 @@ from training.losses import (
     ppo_clip_loss,
     value_loss,
 )
-from training.optim import lr_lambda, make_accelerator
-from training.policy import Reference, Rollouts, generate_rollouts, unwrap
+from training.policy import Rollouts, generate_rollouts, unwrap
 from training.rewards import RewardFunction, compute_rewards
-from training.run_info import atomic_dir, recover_dir, staged_dir
-from training.value_head import ActorCritic
+from training.rl import RLMethod, load_run, rl_summary
+from training.run_info import atomic_dir, truncate_after
+from training.value_head import ActorCritic, load_critic
+
+SAMPLES_FILE = "rollout_samples.jsonl"
 
 # ---------------------------------------------------------------------------------------------
 # pieces of a step, each usable and testable on its own
@@ -200,71 +203,38 @@ class Batch:
     entropy: Tensor
 
 
-class PPOTrainer:
-    """Holds the actor-critic, reference, optimiser, KL controller and data order of one run; `step()` is one
-    rollout phase plus its update phase."""
+class PPOTrainer(RLMethod):
+    """PPO on the shared loop: holds the actor-critic, KL controller, score statistics and reward-hacking watch;
+    `step()` is one rollout phase plus its update phase."""
+
+    name = "ppo"
+    config: PPOConfig
 
     def __init__(self, config: PPOConfig, model: torch.nn.Module, tokenizer: Any, functions: Sequence[RewardFunction],
                  train_rows: Sequence[PromptRow], eval_rows: Sequence[PromptRow] = (),
                  critic: torch.nn.Module | None = None, accelerator: Any = None) -> None:
-        if not train_rows:
-            raise ValueError("prompts: no training prompts")
         if not functions:
-            raise ValueError("no reward: give a reward model or a reward function")
-        self.config = config
-        self.accelerator = accelerator or make_accelerator(config.mixed_precision)
-        if config.prompts_per_step % self.accelerator.num_processes:
-            raise ValueError(f"prompts_per_step={config.prompts_per_step} must be divisible by the "
-                             f"{self.accelerator.num_processes} processes")
-        self.tokenizer = tokenizer
-        self.functions = list(functions)
-        self.train_rows = list(train_rows)
-        self.eval_rows = list(eval_rows)
-        torch.manual_seed(config.seed)
-        model.eval()  # no dropout: π_θ and π_old must be the same function for the ratio
-        self.reference = Reference(model)
-        if not self.reference._lora:
-            self.reference.model.to(self.accelerator.device)
+            raise ValueError("reward_fn: no reward; give a reward model or a reward function")
+        super().__init__(config, model, tokenizer, functions, train_rows, eval_rows, accelerator)
         actor_critic = ActorCritic(model, critic)
         actor_critic.eval()
-        params = [p for p in actor_critic.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(config))  # type: ignore[arg-type]
-        # the scheduler stays unprepared: accelerate would step it once per process, and `steps` are global steps
-        self.model, self.optimizer = self.accelerator.prepare(actor_critic, optimizer)
-        self.scheduler = scheduler
+        self.prepare(actor_critic)
         self.kl_controller = KLController(config.beta, config.kl_target if config.kl_control == "adaptive" else None,
                                           config.kl_horizon)
         self.moments = RunningMoments() if config.normalize_reward else None
         self.watch = HackingWatch(config.hack_kl_threshold, config.hack_window)
-        self.step_count = 0
-        self._order: list[int] = []
-        self._epoch = 0
-        self._ref_eval: dict[str, Any] | None = None
         self.samples: list[dict[str, Any]] = []
+        self._last_kl = 0.0
+        self._warning: str | None = None
+        self._resumed = self._samples_written = False
 
     @property
     def actor_critic(self) -> ActorCritic:
-        return unwrap(self.accelerator.unwrap_model(self.model))  # type: ignore[return-value]
+        return unwrap(self.unwrapped())  # type: ignore[return-value]
 
     @property
     def policy(self) -> torch.nn.Module:
         return self.actor_critic.policy
-
-    # -- data -------------------------------------------------------------------------------------
-
-    def next_prompts(self) -> list[PromptRow]:
-        """This process's share of the next prompts_per_step prompts, in a seeded per-epoch shuffle."""
-        need = self.config.prompts_per_step
-        while len(self._order) < need:
-            order = list(range(len(self.train_rows)))
-            random.Random(self.config.seed * 1_000_003 + self._epoch).shuffle(order)
-            self._order += order
-            self._epoch += 1
-        batch, self._order = self._order[:need], self._order[need:]
-        share = need // self.accelerator.num_processes
-        mine = batch[self.accelerator.process_index * share:(self.accelerator.process_index + 1) * share]
-        return [self.train_rows[i] for i in mine]
 
     # -- phase 1: rollouts --------------------------------------------------------------------------
 
@@ -320,10 +290,7 @@ class PPOTrainer:
                                             batch.returns[idx], entropy, mask[idx], c.clip_eps, c.clip_value,
                                             c.vf_coef, c.ent_coef)
                 self.accelerator.backward(loss)
-                if c.max_grad_norm > 0:
-                    grad_norm = float(self.accelerator.clip_grad_norm_(self.model.parameters(), c.max_grad_norm))
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
+                grad_norm = self.optimizer_step()
                 updates += 1
                 stats["loss"] = loss.detach()
                 for key, value in stats.items():
@@ -335,7 +302,6 @@ class PPOTrainer:
                     break
             if stopped:
                 break
-        self.scheduler.step()
         metrics = {k: v / updates for k, v in totals.items()}
         if c.ent_coef == 0:
             metrics.pop("entropy")  # not computed during the update; the rollout entropy is logged instead
@@ -356,13 +322,12 @@ class PPOTrainer:
         non_score = -beta * kl_seq
         metrics = self.update(batch)
         elapsed = time.perf_counter() - started
-        self.step_count += 1
+        self.finish_step()
         kl_global = float(self.accelerator.reduce(kl_seq.mean().reshape(1), reduction="mean"))
         responses = len(batch.rollouts) * self.accelerator.num_processes
         self.kl_controller.update(kl_global, responses)
         lengths = batch.rollouts.lengths.float()
         metrics.update(
-            step=self.step_count,
             reward_mean=batch.score.mean().item(),
             reward_std=batch.score.std().item() if len(batch.score) > 1 else 0.0,
             score_shaped_mean=batch.shaped_score.mean().item(),
@@ -386,191 +351,88 @@ class PPOTrainer:
         if warning:
             metrics["warning"] = warning
         if c.sample_every and self.step_count % c.sample_every == 0:
-            self.samples = [{"step": self.step_count, "prompt": batch.rollouts.prompts[i],
-                             "response": batch.rollouts.texts[i], "score": batch.score[i].item(),
-                             "kl": kl_seq[i].item(), "ended": bool(batch.rollouts.ended[i])}
-                            for i in range(min(c.sample_rows, len(batch.rollouts)))]
-        else:
-            self.samples = []
+            self._write_samples([{"step": self.step_count, "prompt": batch.rollouts.prompts[i],
+                                  "response": batch.rollouts.texts[i], "score": batch.score[i].item(),
+                                  "kl": kl_seq[i].item(), "ended": bool(batch.rollouts.ended[i])}
+                                 for i in range(min(c.sample_rows, len(batch.rollouts)))])
+        self._last_kl = metrics["kl"]
         return metrics
 
-    # -- evaluation, saving -----------------------------------------------------------------------
+    def postfix(self, metrics: dict[str, Any]) -> dict[str, str]:
+        return {"reward": f"{metrics['reward_mean']:.3f}", "kl": f"{metrics['kl']:.3f}",
+                "beta": f"{metrics['beta']:.4f}"}
 
-    def evaluate(self, samples_path: str | Path | None = None) -> dict[str, Any] | None:
-        if not self.eval_rows:
-            return None
-        c = self.config
-        config = EvalConfig(k=c.eval_k, temperature=c.eval_temperature or c.temperature, top_p=c.top_p,
-                            max_new_tokens=c.max_new_tokens, max_prompts=c.eval_max_prompts, stop=c.stop,
-                            seed=c.seed + 4242)
-        result = evaluate(self.policy, self.tokenizer, self.eval_rows, self.functions, self.reference, config,
-                          samples_path=samples_path, reference_summary=self._ref_eval)
-        self._ref_eval = result.get("reference")
+    def _write_samples(self, rows: list[dict[str, Any]]) -> None:
+        """A few rollouts per `sample_every` steps, appended to OUT/rollout_samples.jsonl (main process)."""
+        self.samples = rows
+        if not self.config.out or not self.accelerator.is_main_process:
+            return
+        path = Path(self.config.out) / SAMPLES_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fresh = not (self._resumed or self._samples_written)  # a new run starts the file, a resumed one continues it
+        with path.open("w" if fresh else "a", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(r) + "\n" for r in rows)
+        self._samples_written = True
+
+    # -- evaluation, resume, saving ----------------------------------------------------------------
+
+    def evaluate(self, samples_path: Path | None = None) -> dict[str, Any] | None:
+        result = super().evaluate(samples_path)
+        if result is not None and "win_rate" in result and self.watch.scores and samples_path is None:
+            # the step's score was just observed; judge the win-rate trend against it
+            self._warning = self.watch.observe(self.watch.scores.pop(), self._last_kl, result["win_rate"])
         return result
 
-    def save(self, path: str | Path, value_path: str | Path | None = None) -> None:
-        """save_pretrained (safetensors) of the policy (merged under LoRA, plus the adapter) and the value model."""
-        path = Path(path)
-        self.accelerator.wait_for_everyone()
-        if not self.accelerator.is_main_process:
-            return
-        model = self.policy
-        if hasattr(model, "merge_and_unload"):
-            import copy
+    def eval_row(self, result: dict[str, Any]) -> dict[str, Any]:
+        row: dict[str, Any] = dict(super().eval_row(result))
+        warning, self._warning = self._warning, None
+        if warning:
+            row["warning"] = warning
+        return row
 
-            with atomic_dir(path.parent / (path.name + "-adapter")) as adapter:
-                model.save_pretrained(adapter)
-            model = copy.deepcopy(model).merge_and_unload()
-        with atomic_dir(path) as out:
-            model.save_pretrained(out, safe_serialization=True)
-            self.tokenizer.save_pretrained(out)
-        if value_path is not None:
-            with atomic_dir(value_path) as out:
-                self.actor_critic.save_value_model(out)
+    def state_dict(self) -> dict[str, Any]:
+        return super().state_dict() | {"beta": self.kl_controller.beta, "watch": self.watch.state_dict(),
+                                       "moments": vars(self.moments) if self.moments is not None else None}
 
-    def save_checkpoint(self, path: str | Path) -> None:
-        with staged_dir(path, self.accelerator) as stage:
-            self.save(stage / "model", stage / "value_model")
-            if self.accelerator.is_main_process:
-                state = {"step": self.step_count, "order": self._order, "epoch": self._epoch,
-                         "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                         "rng": torch.get_rng_state(), "beta": self.kl_controller.beta,
-                         "moments": vars(self.moments) if self.moments is not None else None,
-                         "watch": self.watch.state_dict()}
-                torch.save(state, stage / "trainer.pt")
-
-    def load_checkpoint(self, path: str | Path) -> None:
-        from safetensors.torch import load_file
-
-        path = Path(path)
-        model = self.policy
-        if hasattr(model, "merge_and_unload"):
-            from peft import set_peft_model_state_dict
-
-            set_peft_model_state_dict(model, load_file(str(path / "model-adapter" / "adapter_model.safetensors")))
-        else:
-            missing, _ = model.load_state_dict(load_file(str(path / "model" / "model.safetensors")), strict=False)
-            if [m for m in missing if not m.endswith("lm_head.weight")]:
-                raise ValueError(f"checkpoint {path} lacks weights: {missing[:5]}")
-            if hasattr(model, "tie_weights"):
-                model.tie_weights()
-        self.actor_critic.load_value_model(path / "value_model")
-        state = torch.load(path / "trainer.pt", map_location="cpu", weights_only=True)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.step_count, self._order, self._epoch = state["step"], state["order"], state["epoch"]
-        torch.set_rng_state(state["rng"])
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
         self.kl_controller.beta = state["beta"]
-        if self.moments is not None and state["moments"] is not None:
+        if self.moments is not None and state.get("moments") is not None:
             self.moments = RunningMoments(**state["moments"])
         self.watch.load_state_dict(state["watch"])
+        self._resumed = True
+        if self.config.out and self.accelerator.is_main_process and (Path(self.config.out) / SAMPLES_FILE).exists():
+            truncate_after(Path(self.config.out) / SAMPLES_FILE, self.step_count)  # rows of steps run again
+
+    def save(self, path: str | Path) -> None:
+        """The policy into OUT/model (the shared layout) and the value model into OUT/value_model."""
+        super().save(path)
+        if self.accelerator.is_main_process:
+            with atomic_dir(Path(path).parent / "value_model") as out:
+                self.actor_critic.save_value_model(out)
+        self.accelerator.wait_for_everyone()
 
 
-def train(config: PPOConfig, progress: bool = True) -> dict[str, Any]:
-    """Run PPO end to end from `config` (paths in it); returns the final evaluation (or {})."""
-    from tqdm.auto import tqdm
-
-    from training.data import load_prompts, split_train_heldout
-    from training.policy import load_policy
-    from training.rewards import build_reward_functions
-    from training.run_info import MetricsWriter, write_json, write_run_config
-    from training.value_head import load_critic
-
-    for name in ("prompts", "model", "out"):
-        if not getattr(config, name):
-            raise ValueError(f"{name} is required")
-    if not config.reward_fn and not config.reward_model:
-        raise ValueError("give --reward-model and/or --reward-fn")
-    functions = build_reward_functions(config.reward_fn, config.reward_weights, config.reward_kwargs,
-                                       config.reward_model, config.reward_model_weight)
-    train_rows, eval_rows = split_train_heldout(load_prompts(config.prompts))
-    model, tokenizer = load_policy(config.model, lora=config.lora_settings)
+def train(config: PPOConfig) -> RunResult:
+    """Run PPO end to end from `config` (paths in it): OUT/model, value_model, eval.json, metrics.jsonl, run.json."""
+    functions, train_rows, eval_rows, model, tokenizer = load_run(config)
     critic = load_critic(config.critic) if config.critic else None
     trainer = PPOTrainer(config, model, tokenizer, functions, train_rows, eval_rows, critic=critic)
-    out = Path(config.out)
-    checkpoint = out / "checkpoint"
-    if config.resume and trainer.accelerator.is_main_process:
-        recover_dir(checkpoint)
-    trainer.accelerator.wait_for_everyone()
-    resumed = config.resume and (checkpoint / "trainer.pt").exists()
-    if resumed:
-        trainer.load_checkpoint(checkpoint)
-    main_process = trainer.accelerator.is_main_process
-    if main_process:
-        write_run_config(out, config, data={"prompts": config.prompts},
-                         extra={"processes": trainer.accelerator.num_processes,
-                                "resumed_from_step": trainer.step_count})
-    writer = MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if config.tensorboard else None,
-                           append=resumed, resume_step=trainer.step_count) if main_process else None
-    samples_file = (out / "rollout_samples.jsonl").open("a" if resumed else "w", encoding="utf-8") \
-        if main_process else None
-    bar = tqdm(total=config.steps, initial=trainer.step_count, disable=not (progress and main_process), desc="ppo")
-    try:
-        while trainer.step_count < config.steps:
-            metrics = trainer.step()
-            if config.eval_every and trainer.step_count % config.eval_every == 0 and trainer.step_count < config.steps:
-                result = trainer.evaluate()
-                if result is not None:
-                    metrics.update(eval_metrics(result))
-                    if "win_rate" in result:
-                        # the score was just observed; judge the win-rate trend against it
-                        warning = trainer.watch.observe(trainer.watch.scores.pop(), metrics["kl"], result["win_rate"])
-                        if warning:
-                            metrics["warning"] = warning
-            if "warning" in metrics:
-                bar.write(f"step {trainer.step_count}: {metrics['warning']}")
-            if writer is not None:
-                writer.log(**metrics)
-            if samples_file is not None and trainer.samples:
-                samples_file.writelines(json.dumps(s) + "\n" for s in trainer.samples)
-                samples_file.flush()
-            bar.update(1)
-            if trainer.step_count % config.log_every == 0:
-                bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", kl=f"{metrics['kl']:.3f}",
-                                beta=f"{metrics['beta']:.4f}")
-            if config.save_every and trainer.step_count % config.save_every == 0:
-                trainer.save_checkpoint(checkpoint)
-    finally:
-        bar.close()
-        if writer is not None:
-            writer.close()
-        if samples_file is not None:
-            samples_file.close()
-    trainer.save(out / "model", out / "value_model")
-    result = trainer.evaluate(samples_path=out / "samples.jsonl" if main_process else None)
-    final = public(result) if result is not None else {}
-    if main_process:
-        write_json(out / "eval.json", final)
-    return final
+    return run(trainer, data={"prompts": config.prompts})
+
+
+COMMAND = Command(
+    name="ppo", config=PPOConfig, description="PPO with a value model, a frozen reference and a reward model.",
+    train=train, summary=rl_summary, check=RLConfig.check_reward,
+    flags=[Flag("--prompts", "prompts", "prompts export (JSONL, Parquet or datasets directory)"),
+           Flag("--model", "model", "starting policy directory"),
+           Flag("--out", "out", "output directory"),
+           Flag("--reward-model", "reward_model", "preflab reward model directory"),
+           Flag("--reward-fn", "reward_fn", "module:function or a built-in name (repeatable)", repeat=True),
+           Flag("--critic", "critic", "separate critic directory (default: value head on the policy)")])
 
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m training ppo --prompts PATH --model DIR --out DIR (--reward-model DIR | --reward-fn F ...)
     [--critic DIR] [--config run.toml] [--set key=value ...]`."""
-    from training.config import field_docs, load_config
-
-    docs = field_docs(PPOConfig)
-    parser = argparse.ArgumentParser(
-        prog="python -m training ppo", description="PPO with a value model, a frozen reference and a reward model.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="config fields (--set key=value or a TOML file):\n" + "\n".join(f"  {k}: {v}" for k, v in docs.items()))
-    parser.add_argument("--prompts", help="prompts export (JSONL, Parquet or datasets directory)")
-    parser.add_argument("--model", help="starting policy directory")
-    parser.add_argument("--out", help="output directory")
-    parser.add_argument("--reward-model", help="preflab reward model directory")
-    parser.add_argument("--reward-fn", action="append", default=None, help="module:function or a built-in name")
-    parser.add_argument("--critic", help="separate critic directory (default: value head on the policy)")
-    parser.add_argument("--config", help="TOML file with PPOConfig fields")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    args = parser.parse_args(argv)
-    try:
-        config = load_config(PPOConfig, args.config, args.set, prompts=args.prompts, model=args.model, out=args.out,
-                             reward_fn=args.reward_fn, reward_model=args.reward_model, critic=args.critic)
-        if not config.reward_fn and not config.reward_model:
-            raise ValueError("give --reward-model and/or --reward-fn")
-        result = train(config, progress=not args.quiet)
-    except ValueError as exc:
-        parser.error(str(exc))
-    print(json.dumps({k: result[k] for k in ("reward_mean", "kl", "win_rate") if k in result}))
-    return 0
+    return cli.main(COMMAND, argv)

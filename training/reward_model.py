@@ -1,17 +1,16 @@
 """Bradley–Terry reward model: `RewardConfig`, the trainer, `RewardModel.load(dir).score(...)`, and the `reward` CLI.
 
 `python -m training reward --train PATH [--eval PATH] [--model DIR] --out DIR [--config run.toml] [--set k=v ...]`
-writes OUT/model/ (safetensors), OUT/metrics.jsonl, OUT/eval.json and OUT/config.json. The same command
-under `accelerate launch --num_processes N -m training reward …` trains data-parallel (DDP; on a machine without
-GPUs add `--multi_gpu` so accelerate starts N gloo processes); `batch_size` is the global batch, split across
-processes, so N processes follow the same loss curve as one.
+writes OUT/model/ (safetensors), OUT/metrics.jsonl, OUT/eval.json and OUT/run.json (the shared loop,
+training/loop.py). The same command under `accelerate launch --num_processes N -m training reward …` trains
+data-parallel (DDP; on a machine without GPUs add `--multi_gpu` so accelerate starts N gloo processes);
+`batch_size` is the global batch, split across processes, so N processes follow the same loss curve as one.
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
-import math
 import sys
 import time
 from collections.abc import Sequence
@@ -22,12 +21,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from training.config import RewardConfig, field_docs, load_config
+from training import cli
+from training.cli import Command, Flag
+from training.config import RewardConfig, require
 from training.data import DataError, PairRow, Text, load_pairs, render_prompt, split_train_heldout
-from training.hold import hold
+from training.loop import BatchMethod, run
 from training.losses import bradley_terry_loss, reward_centering_loss, soft_bradley_terry_loss
-from training.optim import make_accelerator
-from training.run_info import MetricsWriter, atomic_dir, recover_dir, staged_dir, write_json, write_run_config
+from training.run_info import write_json
 from training.weights import SAFE_LOAD, require_safetensors
 
 META_FILE = "preflab_reward.json"
@@ -204,28 +204,6 @@ def pair_loss(r_c: Tensor, r_r: Tensor, p: Tensor, margin: Tensor, weight: Tenso
     return bradley_terry_loss(r_c, r_r, margin, weight)
 
 
-def plan_batches(lengths: Sequence[int], batch_size: int, seed: int, epoch: int, group_by_length: bool,
-                 megabatch_factor: int, min_batch: int = 1) -> list[list[int]]:
-    """One epoch of global batches of pair indices: a seeded shuffle, then (optionally) length-sorted mega-batches.
-
-    The plan depends only on (seed, epoch), so a resumed run replays the same batches.
-    """
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    perm = torch.randperm(len(lengths), generator=gen).tolist()
-    if not group_by_length:
-        batches = [perm[i:i + batch_size] for i in range(0, len(perm), batch_size)]
-    else:
-        mega = batch_size * megabatch_factor
-        batches = []
-        for start in range(0, len(perm), mega):
-            chunk = sorted(perm[start:start + mega], key=lambda i: -lengths[i])
-            batches += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
-        order = torch.randperm(len(batches), generator=gen).tolist()
-        batches = [batches[i] for i in order]
-    # every process needs at least one pair of each batch
-    return [b for b in batches if len(b) >= min_batch]
-
-
 def pairwise_metrics(r_c: Tensor, r_r: Tensor, p: Tensor, margin: Tensor, weight: Tensor, lengths: Tensor,
                      soft: bool, calibration_bins: int, length_buckets: int) -> dict[str, Any]:
     """Held-out metrics: loss, accuracy, mean margin, calibration by confidence bin, accuracy by length bucket."""
@@ -274,6 +252,108 @@ def pairwise_metrics(r_c: Tensor, r_r: Tensor, p: Tensor, margin: Tensor, weight
 # the trainer
 
 
+class RewardTrainer(BatchMethod):
+    """The Bradley–Terry reward model on the shared loop: a sequence-classification model scores chosen and
+    rejected in one forward pass; the loss is `pair_loss` (hard, soft or with margins) plus optional centering."""
+
+    name = "reward"
+    config: RewardConfig
+
+    def __init__(self, config: RewardConfig, train_rows: Sequence[PairRow], eval_rows: Sequence[PairRow] | None,
+                 accelerator: Any = None) -> None:
+        from accelerate.utils import set_seed
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        super().__init__(config, accelerator)
+        set_seed(config.seed)  # before the model: the new head's initialisation
+        self.model_path = config.model or default_model_path()
+        require_safetensors(self.model_path, "model")
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        model = AutoModelForSequenceClassification.from_pretrained(self.model_path, num_labels=1, **SAFE_LOAD)
+        prepare_tokenizer_and_model(self.tokenizer, model)
+        if config.disable_dropout:
+            disable_dropout(model)
+        encoder = PairEncoder(self.tokenizer, config.max_length)
+        self.pad_id = self.tokenizer.pad_token_id
+        self.train = encode_pairs(train_rows, encoder, config)
+        self.heldout = encode_pairs(eval_rows, encoder, config) if eval_rows else None
+        if self.accelerator.is_main_process and self.train.truncated:
+            print(f"{self.train.truncated} of {len(self.train)} training pairs exceed max_length={config.max_length} "
+                  "tokens and were truncated from the left (the response kept)", file=sys.stderr)
+        self.set_lengths(self.train.lengths)
+        self.prepare(model)
+        self.pairs_seen = 0
+
+    def batch_loss(self, local: list[int], global_batch: list[int]) -> tuple[Tensor, dict[str, float]]:
+        c, train = self.config, self.train
+        idx = torch.tensor(local)
+        batch = collate([train.chosen[i] for i in local] + [train.rejected[i] for i in local], self.pad_id,
+                        self.accelerator.device)
+        rewards = self.model(**batch).logits[:, 0].float()  # (2b,): chosen and rejected in one forward pass
+        r_c, r_r = rewards[:len(local)], rewards[len(local):]
+        p, margin, weight = (t[idx].to(r_c.device) for t in (train.p, train.margin, train.weight))
+        # DDP averages gradients over processes, so each local mean is rescaled by its share of the global batch
+        # (by weight for the weighted BT mean, by count for the rest): the average is the global-batch mean exactly
+        global_weight = train.weight[torch.tensor(global_batch)].sum().clamp(min=1e-8)
+        weight_share = self.accelerator.num_processes * train.weight[idx].sum() / global_weight
+        count_share = self.share(local, global_batch)
+        loss = pair_loss(r_c, r_r, p, margin, weight, train.soft) * weight_share.to(r_c.device)
+        if c.center_rewards_coef:
+            loss = loss + reward_centering_loss(r_c, r_r, c.center_rewards_coef) * count_share
+        accuracy = self.accelerator.reduce(((r_c > r_r).float().mean() * count_share).detach(), reduction="mean")
+        self.pairs_seen += len(global_batch)
+        return loss, {"accuracy": accuracy.item()}
+
+    def step(self) -> dict[str, Any]:
+        started = time.perf_counter()
+        metrics = super().step()
+        metrics["pairs_per_s"] = self.config.batch_size / max(time.perf_counter() - started, 1e-9)
+        return metrics
+
+    def evaluate(self, samples_path: Path | None = None) -> dict[str, Any]:
+        """Pairwise metrics on the held-out pairs (the training pairs when there are none)."""
+        pairs = self.heldout if self.heldout is not None else self.train
+        result = self._score(pairs)
+        result["split"] = "heldout" if self.heldout is not None else "train"
+        result.update(train_pairs=len(self.train), train_truncated=self.train.truncated)
+        return result
+
+    def _score(self, pairs: EncodedPairs) -> dict[str, Any]:
+        from accelerate.utils import gather_object
+
+        acc, c = self.accelerator, self.config
+        self.model.eval()
+        unwrapped = self.unwrapped()
+        local = list(range(acc.process_index, len(pairs), acc.num_processes))  # every process scores a shard
+        with acc.autocast():
+            r_c = score_ids(unwrapped, [pairs.chosen[i] for i in local], self.pad_id, c.eval_batch_size, acc.device)
+            r_r = score_ids(unwrapped, [pairs.rejected[i] for i in local], self.pad_id, c.eval_batch_size,
+                            acc.device)
+        rows = sorted(gather_object([(i, a, b) for i, a, b in zip(local, r_c.tolist(), r_r.tolist(), strict=True)]))
+        self.model.train()
+        idx = torch.tensor([i for i, _, _ in rows])
+        result = pairwise_metrics(torch.tensor([a for _, a, _ in rows]), torch.tensor([b for _, _, b in rows]),
+                                  pairs.p[idx], pairs.margin[idx], pairs.weight[idx], torch.tensor(pairs.lengths)[idx],
+                                  pairs.soft, c.calibration_bins, c.length_buckets)
+        result["truncated"] = pairs.truncated
+        return result
+
+    def eval_row(self, result: dict[str, Any]) -> dict[str, float]:
+        return super().eval_row({k: v for k, v in result.items() if k not in ("train_pairs", "train_truncated")})
+
+    def save_model(self, path: Path, state_dict: dict[str, Tensor]) -> None:
+        self.unwrapped().save_pretrained(str(path), state_dict=state_dict)
+        self.tokenizer.save_pretrained(str(path))
+        write_json(path / META_FILE, {"kind": "reward", "max_length": self.config.max_length})
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """Every dropout probability to 0: pairwise losses compare two forward passes, and dropout makes them noisy."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+
+
 @dataclass
 class TrainResult:
     """What `train_reward_model` returns (the same figures are written to OUT/)."""
@@ -294,261 +374,47 @@ class TrainResult:
 def train_reward_model(config: RewardConfig, train_rows: Sequence[PairRow], eval_rows: Sequence[PairRow] | None,
                        out_dir: str | Path, data_paths: dict[str, Any] | None = None) -> TrainResult:
     """Train on `train_rows`, evaluate on `eval_rows` (or the training pairs when None), write OUT/."""
-    from accelerate.utils import gather_object, set_seed
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer, get_scheduler
-
-    out = Path(out_dir)
-    accelerator = make_accelerator(config.mixed_precision)
-    world, rank = accelerator.num_processes, accelerator.process_index
-    if config.batch_size % world:
-        raise ValueError(f"batch_size ({config.batch_size}) must be a multiple of the number of processes ({world})")
-    set_seed(config.seed)
-    model_path = config.model or default_model_path()
-    require_safetensors(model_path, "model")
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=1, **SAFE_LOAD)
-    prepare_tokenizer_and_model(tokenizer, model)
-    if config.disable_dropout:
-        for module in model.modules():
-            if isinstance(module, torch.nn.Dropout):
-                module.p = 0.0
-    encoder = PairEncoder(tokenizer, config.max_length)
-    pad_id = tokenizer.pad_token_id
-
-    train = encode_pairs(train_rows, encoder, config)
-    heldout = encode_pairs(eval_rows, encoder, config) if eval_rows else None
-    if accelerator.is_main_process and train.truncated:
-        print(f"{train.truncated} of {len(train)} training pairs exceed max_length={config.max_length} tokens "
-              "and were truncated from the left (the response kept)", file=sys.stderr)
-
-    steps_per_epoch = len(plan_batches(train.lengths, config.batch_size, config.seed, 0, config.group_by_length,
-                                       config.megabatch_factor, min_batch=world))
-    total_steps = config.max_steps or max(1, math.ceil(config.epochs * steps_per_epoch))
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "LayerNorm" not in n]
-    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "LayerNorm" not in n)]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=config.learning_rate)
-    scheduler = get_scheduler(config.lr_scheduler, optimizer, num_warmup_steps=int(config.warmup_ratio * total_steps),
-                              num_training_steps=total_steps)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    # the scheduler stays unprepared: we step it once per global step ourselves (accelerate would step it per
-    # process), and register it so save_state/load_state carry it
-    accelerator.register_for_checkpointing(scheduler)
-
-    state = {"step": 0, "best_loss": math.inf, "bad_evals": 0, "best_step": 0}
-    checkpoint_dir = out / "checkpoint"
-    if config.resume and accelerator.is_main_process:
-        recover_dir(checkpoint_dir)
-    accelerator.wait_for_everyone()
-    resumed = config.resume and (checkpoint_dir / "trainer_state.json").exists()
-    if resumed:
-        accelerator.load_state(str(checkpoint_dir))
-        state.update(json.loads((checkpoint_dir / "trainer_state.json").read_text()))
-    best_state: dict[str, Tensor] | None = None
-    if resumed and (checkpoint_dir / "best.safetensors").exists():
-        from safetensors.torch import load_file
-
-        best_state = load_file(str(checkpoint_dir / "best.safetensors"))
-
-    metrics = None
-    if accelerator.is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        write_run_config(out, config, data=data_paths, extra={"resolved_model": model_path, "processes": world})
-        metrics = MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if config.tensorboard else None,
-                                append=resumed, resume_step=state["step"])
-
-    def forward_rewards(chosen: Sequence[list[int]], rejected: Sequence[list[int]]) -> tuple[Tensor, Tensor]:
-        # chosen and rejected in one forward pass: one padded (2b, L) batch
-        batch = collate(list(chosen) + list(rejected), pad_id, accelerator.device)
-        rewards = model(**batch).logits[:, 0].float()  # (2b,)
-        return rewards[:len(chosen)], rewards[len(chosen):]
-
-    def evaluate(pairs: EncodedPairs) -> dict[str, Any]:
-        model.eval()
-        unwrapped = accelerator.unwrap_model(model)
-        local = list(range(rank, len(pairs), world))  # every process scores a strided shard
-        with accelerator.autocast():
-            r_c = score_ids(unwrapped, [pairs.chosen[i] for i in local], pad_id, config.eval_batch_size,
-                            accelerator.device)
-            r_r = score_ids(unwrapped, [pairs.rejected[i] for i in local], pad_id, config.eval_batch_size,
-                            accelerator.device)
-        rows = gather_object([(i, c, r) for i, c, r in zip(local, r_c.tolist(), r_r.tolist(), strict=True)])
-        rows.sort()
-        model.train()
-        idx = torch.tensor([i for i, _, _ in rows])
-        result = pairwise_metrics(torch.tensor([c for _, c, _ in rows]), torch.tensor([r for _, _, r in rows]),
-                                  pairs.p[idx], pairs.margin[idx], pairs.weight[idx],
-                                  torch.tensor(pairs.lengths)[idx], pairs.soft, config.calibration_bins,
-                                  config.length_buckets)
-        result["truncated"] = pairs.truncated
-        return result
-
-    history: list[dict[str, Any]] = []
-    stopped_early = False
-    progress = None
-    if accelerator.is_main_process and config.progress:
-        from tqdm.auto import tqdm
-
-        progress = tqdm(total=total_steps, initial=state["step"], desc="reward model", unit="step")
-    model.train()
-    started, pairs_seen, window_start, window_pairs = time.perf_counter(), 0, time.perf_counter(), 0
-    cpu_started = time.process_time()
-    epoch = state["step"] // steps_per_epoch
-    while state["step"] < total_steps and not stopped_early:
-        plan = plan_batches(train.lengths, config.batch_size, config.seed, epoch, config.group_by_length,
-                            config.megabatch_factor, min_batch=world)
-        for position, global_batch in enumerate(plan):
-            if epoch * steps_per_epoch + position < state["step"]:
-                continue  # replaying a resumed epoch up to the checkpoint
-            if state["step"] >= total_steps:
-                break
-            local = global_batch[rank::world]  # strided: each process gets a similar mix of lengths
-            idx = torch.tensor(local)
-            r_c, r_r = forward_rewards([train.chosen[i] for i in local], [train.rejected[i] for i in local])
-            p, margin, weight = (t[idx].to(r_c.device) for t in (train.p, train.margin, train.weight))
-            # DDP averages gradients over processes, so each local mean is rescaled by its share of the global
-            # batch: the average is then the global-batch mean exactly, as one process would compute it
-            global_weight = train.weight[torch.tensor(global_batch)].sum().clamp(min=1e-8)
-            weight_share = world * train.weight[idx].sum() / global_weight
-            count_share = world * len(local) / len(global_batch)
-            loss = pair_loss(r_c, r_r, p, margin, weight, train.soft) * weight_share.to(r_c.device)
-            if config.center_rewards_coef:
-                loss = loss + reward_centering_loss(r_c, r_r, config.center_rewards_coef) * count_share
-            scaled = loss
-            accelerator.backward(scaled)
-            if config.max_grad_norm:
-                grad_norm = accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-            else:
-                grad_norm = torch.tensor(float("nan"))
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            state["step"] += 1
-            step = state["step"]
-            global_loss = accelerator.reduce(scaled.detach(), reduction="mean").item()
-            accuracy = accelerator.reduce(((r_c > r_r).float().mean() * count_share).detach(),
-                                          reduction="mean").item()
-            pairs_seen += len(global_batch)
-            window_pairs += len(global_batch)
-            if progress is not None:
-                progress.update(1)
-                progress.set_postfix(loss=f"{global_loss:.4f}")
-            if metrics is not None and (step % config.log_every == 0 or step == total_steps):
-                now = time.perf_counter()
-                row = {"epoch": epoch + (position + 1) / steps_per_epoch, "loss": global_loss,
-                       "accuracy": accuracy, "lr": scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
-                       "pairs_per_s": window_pairs / max(now - window_start, 1e-9)}
-                metrics.log(step, **row)
-                history.append({"step": step, **row})
-                window_start, window_pairs = now, 0
-            if heldout is not None and config.eval_every and step % config.eval_every == 0 and step < total_steps:
-                result = evaluate(heldout)
-                if metrics is not None:
-                    metrics.log(step, **{f"eval_{k}": v for k, v in result.items()})
-                history.append({"step": step, **{f"eval_{k}": v for k, v in result.items()}})
-                if config.early_stopping_patience:
-                    if result["loss"] < state["best_loss"] - config.early_stopping_min_delta:
-                        state.update(best_loss=result["loss"], bad_evals=0, best_step=step)
-                        best_state = {k: v.detach().cpu().clone()
-                                      for k, v in accelerator.unwrap_model(model).state_dict().items()}
-                    else:
-                        state["bad_evals"] += 1
-                        if state["bad_evals"] >= config.early_stopping_patience:
-                            stopped_early = True
-            if config.checkpoint_every and (step % config.checkpoint_every == 0 or stopped_early):
-                _save_checkpoint(accelerator, checkpoint_dir, state, best_state)
-            hold(f"train.step.{step}")  # crash tests stop the trainer here, with step logged and checkpointed
-            if stopped_early:
-                break
-        epoch += 1
-    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
-    if progress is not None:
-        progress.close()
-
-    if heldout is not None and config.early_stopping_patience:
-        final = evaluate(heldout)
-        if best_state is not None and final["loss"] >= state["best_loss"] - config.early_stopping_min_delta:
-            # keep the best held-out model, not the last one
-            accelerator.unwrap_model(model).load_state_dict(best_state)
-            final = evaluate(heldout)
-    else:
-        final = evaluate(heldout if heldout is not None else train)
-    final.update(split="heldout" if heldout is not None else "train", train_pairs=len(train),
-                 train_truncated=train.truncated, steps=state["step"], stopped_early=stopped_early,
-                 best_step=state["best_step"] or state["step"])
-    _save_model(accelerator, model, tokenizer, out / "model", config)
-    if metrics is not None:
-        metrics.log(state["step"], **{f"eval_{k}": v for k, v in final.items() if k not in {"split"}})
-        metrics.close()
-        write_json(out / "eval.json", final)
-    accelerator.wait_for_everyone()
-    return TrainResult(eval=final, steps=state["step"], train_pairs=len(train), train_truncated=train.truncated,
-                       seconds=seconds, pairs_per_second=pairs_seen / max(seconds, 1e-9), cpu_seconds=cpu_seconds,
-                       stopped_early=stopped_early, history=history, main_process=accelerator.is_main_process)
-
-
-def _save_checkpoint(accelerator: Any, path: Path, state: dict[str, Any], best_state: dict[str, Tensor] | None
-                     ) -> None:
-    with staged_dir(path, accelerator) as stage:
-        accelerator.save_state(str(stage))
-        if accelerator.is_main_process:
-            if best_state is not None:
-                from safetensors.torch import save_file
-
-                save_file({k: v.contiguous() for k, v in best_state.items()}, str(stage / "best.safetensors"))
-            write_json(stage / "trainer_state.json", state)
-
-
-def _save_model(accelerator: Any, model: Any, tokenizer: Any, path: Path, config: RewardConfig) -> None:
-    state_dict = accelerator.get_state_dict(model)  # gathers shards under FSDP/DeepSpeed
-    if accelerator.is_main_process:
-        unwrapped = accelerator.unwrap_model(model)
-        with atomic_dir(path) as out:
-            unwrapped.save_pretrained(str(out), state_dict=state_dict)
-            tokenizer.save_pretrained(str(out))
-            write_json(out / META_FILE, {"kind": "reward", "max_length": config.max_length})
-    accelerator.wait_for_everyone()
-
+    config = dataclasses.replace(config, out=str(out_dir))
+    trainer = RewardTrainer(config, train_rows, eval_rows)
+    result = run(trainer, data=data_paths)
+    return TrainResult(eval=result.eval, steps=result.steps, train_pairs=len(trainer.train),
+                       train_truncated=trainer.train.truncated, seconds=result.seconds,
+                       pairs_per_second=trainer.pairs_seen / max(result.seconds, 1e-9),
+                       stopped_early=result.stopped_early, history=result.history,
+                       main_process=result.main_process, cpu_seconds=result.cpu_seconds)
 
 # ----------------------------------------------------------------------------------------------
 # the command line
 
 
-def build_parser() -> argparse.ArgumentParser:
-    docs = field_docs(RewardConfig)
-    epilog = "config fields (--set key=value or in --config TOML):\n" + "\n".join(
-        f"  {name:<24} {doc}" for name, doc in docs.items())
-    parser = argparse.ArgumentParser(prog="python -m training reward", description=__doc__.splitlines()[0],
-                                     epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--train", required=True, help="pairs export: JSONL, Parquet or a datasets directory")
-    parser.add_argument("--eval", help="held-out pairs; default: the rows of --train whose split is held-out")
-    parser.add_argument("--model", help="model directory (default: the shipped MiniLM)")
-    parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--config", help="TOML file of config fields")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
-    parser.add_argument("--resume", action="store_true", default=None, help="continue from OUT/checkpoint")
-    return parser
+def train_from_files(config: RewardConfig) -> TrainResult:
+    """The `reward` command: pairs from `config.train` (its held-out split, or `config.eval`), trained into OUT."""
+    require(config, "train", "out")
+    rows = load_pairs(config.train)
+    if config.eval:
+        train_rows, eval_rows = rows, load_pairs(config.eval)
+    else:
+        train_rows, eval_rows = split_train_heldout(rows)
+        if not train_rows:
+            raise DataError(f"{config.train}: every row is in a held-out split; nothing to train on")
+    return train_reward_model(config, train_rows, eval_rows or None, config.out,
+                              data_paths={"train": config.train, "eval": config.eval or None})
+
+
+def summary(result: TrainResult) -> dict[str, Any] | None:
+    if not result.main_process:
+        return None
+    picked = {k: result.eval[k] for k in ("accuracy", "pairs", "truncated", "loss", "mean_margin")}
+    return {**picked, "steps": result.steps, "pairs_per_s": round(result.pairs_per_second, 2)}
+
+
+COMMAND = Command(
+    name="reward", config=RewardConfig, description=__doc__.splitlines()[0], train=train_from_files, summary=summary,
+    flags=[Flag("--train", "train", "pairs export: JSONL, Parquet or a datasets directory"),
+           Flag("--eval", "eval", "held-out pairs; default: the rows of --train whose split is held-out"),
+           Flag("--model", "model", "model directory (default: the shipped MiniLM)"),
+           Flag("--out", "out", "output directory")])
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        config = load_config(RewardConfig, args.config, args.set, model=args.model, resume=args.resume)
-        rows = load_pairs(args.train)
-        if args.eval:
-            train_rows, eval_rows = rows, load_pairs(args.eval)
-        else:
-            train_rows, eval_rows = split_train_heldout(rows)
-            if not train_rows:
-                raise DataError(f"{args.train}: every row is in a held-out split; nothing to train on")
-        result = train_reward_model(config, train_rows, eval_rows or None, args.out,
-                                    data_paths={"train": args.train, "eval": args.eval})
-    except (DataError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if not result.main_process:
-        return 0
-    summary = {k: result.eval[k] for k in ("accuracy", "pairs", "truncated", "loss", "mean_margin")}
-    print(json.dumps({**summary, "steps": result.steps, "pairs_per_s": round(result.pairs_per_second, 2)}))
-    return 0
-
+    return cli.main(COMMAND, argv)

@@ -1,4 +1,4 @@
-"""What a run writes next to its outputs: `metrics.jsonl`, `config.json` (config, versions, git commit, data sha256)."""
+"""What a run writes next to its outputs: `metrics.jsonl`, `run.json` (config, versions, git commit, data sha256)."""
 
 from __future__ import annotations
 
@@ -155,7 +155,7 @@ def write_json(path: str | Path, obj: Any) -> Path:
 
 def write_run_config(out_dir: str | Path, config: Any, data: dict[str, str | Path | None] | None = None,
                      extra: dict[str, Any] | None = None) -> Path:
-    """OUT/config.json: the resolved config, package versions, git commit, command line and data sha256s."""
+    """OUT/run.json: the resolved config, package versions, git commit, command line and data sha256s."""
     record: dict[str, Any] = {
         "config": config,
         "versions": package_versions(),
@@ -165,7 +165,7 @@ def write_run_config(out_dir: str | Path, config: Any, data: dict[str, str | Pat
         "data": {name: {"path": str(p), "sha256": sha256_of(p)} for name, p in (data or {}).items() if p},
     }
     record.update(extra or {})
-    return write_json(Path(out_dir) / "config.json", record)
+    return write_json(Path(out_dir) / "run.json", record)
 
 
 class MetricsWriter:
@@ -177,7 +177,7 @@ class MetricsWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if append and resume_step is not None and self.path.exists():
-            _truncate_after(self.path, resume_step)
+            truncate_after(self.path, resume_step)
         self._fh = open(self.path, "a" if append else "w", encoding="utf-8")  # closed in close()
         self._tb = None
         if tensorboard_dir is not None:
@@ -209,7 +209,7 @@ class MetricsWriter:
         self.close()
 
 
-def _truncate_after(path: Path, step: int) -> None:
+def truncate_after(path: Path, step: int) -> None:
     """Drop the rows a killed run logged after its last checkpoint (the resumed run logs those steps again)
     and a last line cut mid-write, so the history has each step once."""
     kept = []

@@ -18,7 +18,7 @@ def test_grpo_and_ppo_share_the_rl_fields_with_their_own_defaults():
     # a subclass may redeclare a shared field for another default, in the shared field's place
     assert (GRPOConfig().lr, PPOConfig().lr) == (1e-6, 1e-5)
     assert (GRPOConfig().max_new_tokens, PPOConfig().max_new_tokens) == (256, 128)
-    assert [f.name for f in dataclasses.fields(PPOConfig)][:3] == ["prompts", "model", "out"]
+    assert [f.name for f in dataclasses.fields(PPOConfig)][:3] == ["model", "out", "steps"]  # TrainConfig's first
 
 
 def test_every_field_has_its_doc_inherited_or_its_own():

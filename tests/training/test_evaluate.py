@@ -66,4 +66,4 @@ def test_cli_writes_eval_json(tiny_dir, tmp_path):
     assert result["prompts"] == 2 and result["k"] == 2
     assert set(result["reward_mean"]) == {"policy", "reference"}
     assert {"kl", "win_rate", "pass_at_k", "maj_at_k"} <= set(result)
-    assert (out / "config.json").exists() and (out / "samples.jsonl").exists()
+    assert (out / "run.json").exists() and (out / "samples.jsonl").exists()

@@ -272,8 +272,8 @@ def a_reward_model(tmp_path_factory):
         lo, hi = sorted(rng.sample(range(4), 2))
         pairs.append(PairRow(prompt=rng.choice(PROMPTS).prompt, chosen=_letters(rng, hi), rejected=_letters(rng, lo)))
     out = tmp_path_factory.mktemp("rm")
-    config = RewardConfig(model=str(base), max_length=24, batch_size=16, learning_rate=3e-3, epochs=2, seed=0,
-                          eval_every=0, progress=False, tensorboard=False)
+    config = RewardConfig(model=str(base), max_length=24, batch_size=16, lr=3e-3, epochs=2, seed=0,
+                          eval_every=0, progress=False)
     result = train_reward_model(config, pairs[:500], pairs[500:], out)
     assert result.eval["accuracy"] > 0.85, result.eval
     return out / "model"
@@ -326,7 +326,7 @@ def test_cli_end_to_end_with_reward_model_separate_critic_and_resume(tiny_dir, a
     assert len(set(betas)) == 4 and betas[0] == 0.05
     result = json.loads((out / "eval.json").read_text())
     assert set(result["reward_mean"]) == {"policy", "reference"} and {"kl", "win_rate"} <= set(result)
-    config = json.loads((out / "config.json").read_text())
+    config = json.loads((out / "run.json").read_text())
     assert config["config"]["critic"] == str(tiny_dir) and config["resumed_from_step"] == 2
     assert (out / "model" / "model.safetensors").exists() and (out / "samples.jsonl").exists()
     assert (out / "value_model" / "value_head.safetensors").exists()
@@ -339,6 +339,5 @@ def test_cli_end_to_end_with_reward_model_separate_critic_and_resume(tiny_dir, a
 
 
 def test_cli_rejects_missing_reward(tmp_path, capsys):
-    with pytest.raises(SystemExit):
-        main(["--prompts", "p.jsonl", "--model", "m", "--out", str(tmp_path)])
+    assert main(["--prompts", "p.jsonl", "--model", "m", "--out", str(tmp_path)]) == 2
     assert "--reward-model" in capsys.readouterr().err

@@ -21,6 +21,7 @@ from transformers import (
 )
 
 from training.data import PairRow
+from training.loop import plan_batches
 from training.losses import bradley_terry_loss
 from training.reward_model import (
     PairEncoder,
@@ -29,7 +30,6 @@ from training.reward_model import (
     main,
     pair_loss,
     pairwise_metrics,
-    plan_batches,
     prepare_tokenizer_and_model,
     train_reward_model,
 )
@@ -95,7 +95,7 @@ def write_jsonl(path: Path, rows) -> Path:
     return path
 
 
-FAST = dict(batch_size=16, learning_rate=1e-3, max_length=32, progress=False, tensorboard=False)
+FAST = dict(batch_size=16, lr=1e-3, max_length=32, progress=False)
 
 
 @pytest.fixture(autouse=True)
@@ -115,12 +115,26 @@ def bert_dir(tmp_path_factory) -> Path:
 # --- config and building blocks ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("field", "value"), [("batch_size", 0), ("learning_rate", 0.0), ("warmup_ratio", 1.0),
-                                               ("lr_scheduler", "step"), ("mixed_precision", "fp8"),
+@pytest.mark.parametrize(("field", "value"), [("batch_size", 0), ("lr", 0.0), ("warmup_ratio", 1.0),
+                                               ("lr_schedule", "step"), ("mixed_precision", "fp8"),
                                                ("max_length", 4), ("eval_every", -1)])
 def test_config_errors_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         RewardConfig(**{field: value})
+
+
+def test_the_old_field_names_still_work_and_name_the_new_ones():
+    from training.config import load_config
+
+    with pytest.warns(DeprecationWarning, match="'max_steps' is deprecated; use 'steps'"):
+        config = RewardConfig(max_steps=7, learning_rate=1e-3, lr_scheduler="constant", checkpoint_every=2,
+                              tensorboard=True)
+    assert (config.steps, config.lr, config.lr_schedule, config.save_every, config.report_to) == (
+        7, 1e-3, "constant", 2, ["tensorboard"])
+    with pytest.warns(DeprecationWarning, match="use 'lr'"):
+        assert load_config(RewardConfig, None, ["learning_rate=0.5", "max_steps=3"]).lr == 0.5
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="^lr must be positive"):
+        RewardConfig(learning_rate=0.0)
 
 
 def test_encoder_truncates_from_the_left_and_keeps_the_response():
@@ -229,7 +243,7 @@ def test_soft_labels_train_towards_the_label_probability(bert_dir, tmp_path):
     # so the model should become far less confident than with hard labels
     soft = as_rows(synthetic_pairs(400, seed=3, p=0.75))
     hard = as_rows(synthetic_pairs(400, seed=3))
-    config = RewardConfig(model=str(bert_dir), epochs=6, eval_every=0, **dict(FAST, learning_rate=3e-3))
+    config = RewardConfig(model=str(bert_dir), epochs=6, eval_every=0, **dict(FAST, lr=3e-3))
     soft_result = train_reward_model(config, soft, soft, tmp_path / "soft")
     train_reward_model(config, hard, hard, tmp_path / "hard")
 
@@ -249,7 +263,7 @@ def test_early_stopping_keeps_the_best_heldout_model(bert_dir, tmp_path):
     # stops after `patience` evaluations and the model kept is the one at the best (first) evaluation
     flipped = [dict(r, chosen=r["rejected"], rejected=r["chosen"]) for r in synthetic_pairs(320, seed=4)]
     config = RewardConfig(model=str(bert_dir), epochs=3, eval_every=2, early_stopping_patience=2,
-                          **dict(FAST, learning_rate=3e-3))
+                          **dict(FAST, lr=3e-3))
     result = train_reward_model(config, as_rows(flipped), as_rows(synthetic_pairs(100, seed=5)), tmp_path / "out")
     assert result.stopped_early and result.steps < 60
     evals = [r for r in result.history if "eval_loss" in r]
@@ -269,10 +283,10 @@ def test_cli_end_to_end_with_split_column_and_truncation(bert_dir, tmp_path, cap
     expected_truncated = sum(n > 10 for n in words)
     assert 0 < expected_truncated < 32
     toml = tmp_path / "run.toml"
-    toml.write_text("batch_size = 16\nlearning_rate = 1e-3\nprogress = false\n")
+    toml.write_text("batch_size = 16\nlr = 1e-3\nprogress = false\n")
     out = tmp_path / "out"
     code = main(["--train", str(data), "--model", str(bert_dir), "--out", str(out), "--config", str(toml),
-                 "--set", "max_length=12", "--set", "epochs=2", "--set", "tensorboard=false"])
+                 "--set", "max_length=12", "--set", "epochs=2"])
     assert code == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     report = json.loads((out / "eval.json").read_text())
@@ -280,10 +294,10 @@ def test_cli_end_to_end_with_split_column_and_truncation(bert_dir, tmp_path, cap
     assert isinstance(report["accuracy"], float) and report["train_pairs"] == 96 and report["steps"] == 12
     assert (out / "model" / "model.safetensors").exists() and (out / "model" / "tokenizer.json").exists()
     assert json.loads((out / "model" / "preflab_reward.json").read_text())["max_length"] == 12
-    run = json.loads((out / "config.json").read_text())
+    run = json.loads((out / "run.json").read_text())
     assert run["config"]["max_length"] == 12 and run["config"]["batch_size"] == 16
     assert len(run["data"]["train"]["sha256"]) == 64 and "torch" in run["versions"] and "git_commit" in run
-    assert read_metrics(out / "metrics.jsonl")[0]["step"] == 10
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")][:3] == [1, 2, 3]  # a short run logs every step
     assert RewardModel.load(out / "model").score(["what is rain"], ["great"]).shape == (1,)
 
 
@@ -301,12 +315,12 @@ def test_cli_errors_name_file_line_and_field(tmp_path, capsys):
 
 def test_resume_continues_exactly_where_the_checkpoint_left_off(bert_dir, tmp_path):
     train, heldout = as_rows(synthetic_pairs(96, seed=8)), as_rows(synthetic_pairs(32, seed=9))
-    base = dict(FAST, model=str(bert_dir), lr_scheduler="constant", log_every=1, eval_every=0, epochs=2)
+    base = dict(FAST, model=str(bert_dir), lr_schedule="constant", log_every=1, eval_every=0, epochs=2)
     full = train_reward_model(RewardConfig(**base), train, heldout, tmp_path / "full")
     # the same run, interrupted after 5 of its 12 steps (the checkpoint at step 5), then resumed
-    train_reward_model(RewardConfig(**base, max_steps=5, checkpoint_every=5), train, heldout, tmp_path / "cut")
+    train_reward_model(RewardConfig(**base, steps=5, save_every=5), train, heldout, tmp_path / "cut")
     assert (tmp_path / "cut" / "checkpoint" / "trainer_state.json").exists()
-    resumed = train_reward_model(RewardConfig(**base, max_steps=12, resume=True), train, heldout, tmp_path / "cut")
+    resumed = train_reward_model(RewardConfig(**base, steps=12, resume=True), train, heldout, tmp_path / "cut")
     assert resumed.steps == full.steps == 12
     losses = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "cut" / "metrics.jsonl") if "loss" in r}
     expected = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "full" / "metrics.jsonl") if "loss" in r}
@@ -325,8 +339,8 @@ def test_resume_continues_exactly_where_the_checkpoint_left_off(bert_dir, tmp_pa
 def test_two_process_ddp_matches_one_process_with_the_same_global_batch(bert_dir, tmp_path):
     train = write_jsonl(tmp_path / "train.jsonl", synthetic_pairs(64, seed=10))
     heldout = write_jsonl(tmp_path / "eval.jsonl", synthetic_pairs(32, seed=11))
-    sets = ["batch_size=16", "learning_rate=5e-3", "lr_scheduler=constant", "max_length=32", "epochs=3", "log_every=1",
-            "progress=false", "tensorboard=false"]
+    sets = ["batch_size=16", "lr=5e-3", "lr_schedule=constant", "max_length=32", "epochs=3", "log_every=1",
+            "progress=false"]
     args = ["-m", "training", "reward", "--train", str(train), "--eval", str(heldout), "--model", str(bert_dir)]
     for s in sets:
         args += ["--set", s]
@@ -339,7 +353,7 @@ def test_two_process_ddp_matches_one_process_with_the_same_global_batch(bert_dir
     one = subprocess.run([sys.executable, *args, "--out", str(tmp_path / "one")], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=300)
     assert one.returncode == 0, one.stderr[-3000:]
-    assert json.loads((tmp_path / "two" / "config.json").read_text())["processes"] == 2
+    assert json.loads((tmp_path / "two" / "run.json").read_text())["processes"] == 2
     curve_two = [r["loss"] for r in read_metrics(tmp_path / "two" / "metrics.jsonl") if "loss" in r]
     curve_one = [r["loss"] for r in read_metrics(tmp_path / "one" / "metrics.jsonl") if "loss" in r]
     assert len(curve_one) == len(curve_two) == 12

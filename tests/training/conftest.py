@@ -1,0 +1,21 @@
+"""Fixtures the training tests share: the careless-addition SFT model every learning test starts from."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.training.tiny import addition_split, careless_sft_set, char_tokenizer, save_tiny, sft, tiny_gpt2
+from training.policy import prepare_tokenizer
+
+
+@pytest.fixture(scope="session")
+def addition_sft(tmp_path_factory):
+    """A tiny GPT-2 that learned single-digit addition with a systematic +1 slip (3 of 5 SFT targets)."""
+    tok = prepare_tokenizer(char_tokenizer())
+    rl, heldout = addition_split(60, 40, seed=0)
+    model = tiny_gpt2(tok, seed=0)
+    sft(model, tok, careless_sft_set(rl + heldout), steps=300, seed=0)
+    path = save_tiny(model, tok, tmp_path_factory.mktemp("sft"))
+    return path, rl, heldout
+
+
