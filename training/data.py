@@ -40,6 +40,20 @@ class PromptRow:
 
 
 @dataclass
+class SFTRow:
+    """One example of an SFT export: a prompt and the target completion."""
+
+    prompt: Text
+    """The prompt as text, or as chat messages (every turn before the target)."""
+    completion: str
+    """The target response: what the loss covers."""
+    split: str | None = None
+    """"train", "heldout", … when the export carries a split column."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Every other column (origin, votes, …)."""
+
+
+@dataclass
 class PairRow:
     """One chosen/rejected pair of a pairs export (the TRL preference layout plus our soft-label columns)."""
 
@@ -218,6 +232,7 @@ def split_implicit_prompt(chosen: str, rejected: str) -> tuple[str, str, str]:
 
 PAIR_FIELDS = {"prompt", "chosen", "rejected", "p", "margin", "weight", "split"}
 PROMPT_FIELDS = {"prompt", "messages", "reference", "split"}
+SFT_FIELDS = {"prompt", "completion", "messages", "split"}
 
 
 def load_pairs(path: str | Path, split: str | None = None) -> list[PairRow]:
@@ -283,6 +298,32 @@ def load_prompts(path: str | Path, split: str | None = None) -> list[PromptRow]:
             rows.append(row)
     if not rows:
         raise DataError(f"{path}: no prompts" + (f" in split {split!r}" if split else ""))
+    return rows
+
+
+def load_sft(path: str | Path, split: str | None = None) -> list[SFTRow]:
+    """Read an SFT export: `prompt` (text or messages) and `completion`, or chat `messages` whose last turn is the
+    assistant's target; optional `split`. `split` keeps only rows whose split equals it (rows without one stay)."""
+    rows: list[SFTRow] = []
+    for where, record in read_records(path):
+        if record.get("completion") is not None:
+            if record.get("prompt") is None:
+                raise DataError(f"{where}: missing field 'prompt' (a completion needs the prompt it answers)")
+            prompt = _text(where, "prompt", record["prompt"], allow_messages=True)
+            completion = _response(where, "completion", record["completion"])
+        elif isinstance(record.get("messages"), list):
+            messages = _messages(where, "messages", record["messages"])
+            if messages[-1]["role"] != "assistant" or len(messages) < 2:
+                raise DataError(f"{where}: field 'messages' must end with an assistant turn after at least one other")
+            prompt, completion = messages[:-1], messages[-1]["content"]
+        else:
+            raise DataError(f"{where}: missing field 'completion' (or chat 'messages')")
+        row = SFTRow(prompt=prompt, completion=completion, split=_split(where, record.get("split")),
+                     extra={k: v for k, v in record.items() if k not in SFT_FIELDS})
+        if split is None or row.split is None or row.split == split:
+            rows.append(row)
+    if not rows:
+        raise DataError(f"{path}: no SFT rows" + (f" in split {split!r}" if split else ""))
     return rows
 
 

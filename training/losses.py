@@ -1,4 +1,4 @@
-"""Pure tensor functions for reward modelling, PPO and GRPO/GSPO: one function per formula.
+"""Pure tensor functions for reward modelling, SFT, DPO/IPO, PPO and GRPO/GSPO: one function per formula.
 
 Conventions: `B` responses, `T` tokens, `V` vocabulary. `mask` is 1.0 on response tokens and 0.0 on
 padding (right padding unless a function says otherwise). Log-probs are per token, already gathered
@@ -76,6 +76,44 @@ def soft_bradley_terry_loss(r_c: Tensor, r_r: Tensor, p: Tensor, weight: Tensor 
 def reward_centering_loss(r_c: Tensor, r_r: Tensor, coef: float) -> Tensor:
     """L = c·mean((r_c + r_r)²): pulls rewards towards zero mean (Eisenstein et al. 2023, "Helping or Herding")."""
     return coef * ((r_c + r_r) ** 2).mean()
+
+
+# ----------------------------------------------------------------------------------------------
+# supervised fine-tuning
+
+
+def sft_loss(logp: Tensor, mask: Tensor, num_tokens: Tensor | float | None = None) -> Tensor:
+    """L = −Σ_t m_t·log π(y_t | x, y_<t) / N, N = Σ_t m_t unless given: the token-mean NLL of the targets."""
+    # logp, mask: (B, T); N is passed in when the mean is over a larger (global) batch than this one
+    total = mask.sum().clamp(min=1.0) if num_tokens is None else num_tokens
+    return -(logp * mask).sum() / total
+
+
+# ----------------------------------------------------------------------------------------------
+# direct preference optimisation
+
+
+def dpo_logits(logp_c: Tensor, logp_r: Tensor, ref_logp_c: Tensor, ref_logp_r: Tensor) -> Tensor:
+    """h = (log π(y_c) − log π_ref(y_c)) − (log π(y_r) − log π_ref(y_r)): the log-ratio margin; (B,) sequence sums."""
+    return (logp_c - ref_logp_c.detach()) - (logp_r - ref_logp_r.detach())
+
+
+def dpo_loss(h: Tensor, beta: float, p: Tensor | None = None, margin: Tensor | None = None,
+             weight: Tensor | None = None) -> Tensor:
+    """L = −[p·log σ(β·h − m) + (1 − p)·log σ(−(β·h − m))] (Rafailov et al. 2023; p < 1: conservative DPO's label
+    smoothing, Mitchell 2023; m: a margin, as in the reward model), weighted mean over pairs."""
+    z = beta * h  # (B,)
+    if margin is not None:
+        z = z - margin
+    loss = -F.logsigmoid(z) if p is None else -(p * F.logsigmoid(z) + (1 - p) * F.logsigmoid(-z))
+    return _weighted_mean(loss, weight)
+
+
+def ipo_loss(h: Tensor, beta: float, p: Tensor | None = None, weight: Tensor | None = None) -> Tensor:
+    """L = (h − (2p − 1)/(2β))² (Azar et al. 2023, IPO: h regressed to 1/(2β) for a sure preference, p = 1; to 0 for
+    a coin flip), weighted mean over pairs."""
+    target = 1 / (2 * beta) if p is None else (2 * p - 1) / (2 * beta)  # () or (B,)
+    return _weighted_mean((h - target) ** 2, weight)
 
 
 # ----------------------------------------------------------------------------------------------

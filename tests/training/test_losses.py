@@ -8,12 +8,15 @@ import torch
 from training.losses import (
     bradley_terry_loss,
     clip_fraction,
+    dpo_logits,
+    dpo_loss,
     entropy_from_logits,
     gae,
     group_advantages,
     grpo_loss,
     gspo_clip_fraction,
     gspo_loss,
+    ipo_loss,
     kl_k1,
     kl_k2,
     kl_k3,
@@ -26,6 +29,7 @@ from training.losses import (
     ppo_clip_loss,
     process_advantages,
     reward_centering_loss,
+    sft_loss,
     soft_bradley_terry_loss,
     value_loss,
 )
@@ -373,3 +377,45 @@ def test_gspo_kl_term_and_shape_check():
     assert loss.item() == pytest.approx(0.1 * (0.5 + LOG2 - 1))  # −mean(1, −1) = 0, plus β·k3
     with pytest.raises(ValueError, match="per sequence"):
         gspo_loss(logp, logp, None, t([[1.0, 1.0, 1.0]] * 2), MASK, 0.2, 0.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# SFT, DPO, IPO
+
+
+def test_sft_loss_is_the_token_mean_nll_of_the_targets_only():
+    # row 1 targets log p = −1, −3 (−5 is prompt, masked); row 2 target −2: NLL (1 + 3 + 2) / 3 tokens = 2
+    logp, mask = t([[-5.0, -1.0, -3.0], [-4.0, -2.0, 0.0]]), t([[0, 1, 1], [0, 1, 0]])
+    assert sft_loss(logp, mask).item() == pytest.approx(2.0)
+    # over a global batch of 12 target tokens (this process holds 3 of them): 6 / 12
+    assert sft_loss(logp, mask, num_tokens=12).item() == pytest.approx(0.5)
+
+
+def test_dpo_logits_are_the_difference_of_log_ratios():
+    # (−1 − (−2)) − (−3 − (−2.5)) = 1 + 0.5 = 1.5
+    assert dpo_logits(t([-1.0]), t([-3.0]), t([-2.0]), t([-2.5])).item() == pytest.approx(1.5)
+
+
+def test_dpo_loss_by_hand_hard_soft_and_with_a_margin():
+    h = t([1.5, -0.5])
+    # β = 2: z = 3, −1 → −log σ(3) = 0.048587, −log σ(−1) = 1.313262; mean 0.680925
+    assert dpo_loss(h, beta=2.0).item() == pytest.approx((0.048587 + 1.313262) / 2, abs=1e-6)
+    # p = 0.8 on the first pair: 0.8·0.048587 + 0.2·3.048587 = 0.648587; p = 1 on the second: 1.313262
+    assert dpo_loss(h, 2.0, p=t([0.8, 1.0])).item() == pytest.approx((0.648587 + 1.313262) / 2, abs=1e-6)
+    # margin 1 on the first: z = 2 → −log σ(2) = 0.126928; weights 3 : 1
+    loss = dpo_loss(h, 2.0, margin=t([1.0, 0.0]), weight=t([3.0, 1.0]))
+    assert loss.item() == pytest.approx((3 * 0.126928 + 1.313262) / 4, abs=1e-6)
+
+
+def test_a_coin_flip_label_has_no_gradient_at_the_reference():
+    # p = 0.5 at h = 0: d/dh of −½[log σ(βh) + log σ(−βh)] = −½β(1 − σ) + ½βσ = 0
+    h = t([0.0]).requires_grad_()
+    dpo_loss(h, 0.1, p=t([0.5])).backward()
+    assert h.grad.item() == pytest.approx(0.0, abs=1e-12)
+
+
+def test_ipo_loss_regresses_h_to_one_over_two_beta():
+    # β = 0.25: target 1/(2β) = 2; h = 3 → (3 − 2)² = 1; h = 2 → 0
+    assert ipo_loss(t([3.0, 2.0]), beta=0.25).item() == pytest.approx(0.5)
+    # p = 0.75: target (2·0.75 − 1)/(2·0.25) = 1; h = 3 → 4
+    assert ipo_loss(t([3.0]), 0.25, p=t([0.75])).item() == pytest.approx(4.0)
