@@ -304,9 +304,10 @@ def _queue_training_run(args: list[str]) -> None:
     from training.config import parse_sets
 
     parser = argparse.ArgumentParser(prog="preflab train KIND --project ID")
-    parser.add_argument("kind", choices=["reward", "grpo", "ppo"])
+    parser.add_argument("kind", choices=list(training_runs.KINDS))
     parser.add_argument("--project", type=int, required=True)
-    parser.add_argument("--export", type=int, required=True, help="export id (pairs for reward, prompts for policies)")
+    parser.add_argument("--export", type=int, required=True,
+                        help="export id (sft rows for sft, pairs for reward and dpo, prompts for rft, grpo and ppo)")
     parser.add_argument("--user", required=True, help="email of the engineer the run is recorded for")
     parser.add_argument("--base-model", default=None)
     parser.add_argument("--reward-run", type=int, default=None)

@@ -39,7 +39,7 @@ SPLITS = ("train", "heldout")
 LABEL_SOURCES = ("human", "ai", "imported")
 ASSIGNMENT_STATES = ("leased", "submitted", "skipped", "expired", "released")
 JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
-RUN_KINDS = ("reward", "ppo", "grpo")
+RUN_KINDS = ("reward", "prm", "sft", "rft", "dpo", "grpo", "ppo")
 RUN_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 
 

@@ -337,11 +337,14 @@ class AILabelsIn(Strict):
 
 
 class TrainingRunIn(Strict):
-    kind: Literal["reward", "ppo", "grpo"]
-    export_id: int = Field(ge=1, description="A pairs export for reward runs, a prompts export for policy runs.")
+    kind: Literal["sft", "reward", "dpo", "rft", "grpo", "ppo"]
+    export_id: int = Field(ge=1, description="An SFT export for sft, a pairs export for reward and dpo, a prompts "
+                                             "export for rft, grpo and ppo.")
     base_model: str | None = Field(default=None, max_length=1000,
-                                   description="Local model directory (reward runs default to the shipped MiniLM).")
-    reward_run_id: int | None = Field(default=None, ge=1, description="The reward-model run a policy run optimises.")
+                                   description="Local model directory: a causal LM for sft, dpo, rft, grpo and ppo "
+                                               "(reward runs default to the shipped MiniLM).")
+    reward_run_id: int | None = Field(default=None, ge=1,
+                                      description="The reward-model run an rft, grpo or ppo run optimises.")
     config: dict = Field(default_factory=dict, description="Trainer config fields (see `python -m training KIND "
                                                            "--help`); validated before any job exists.")
 

@@ -3,7 +3,7 @@
 `start_trackers` starts the trackers a config's `report_to` names and writes OUT/trackers.json: per tracker, where
 its records are (a directory, a tracking URI) and, when there is one, a link to the run (MLflow's UI, W&B). The app's
 run page reads that file. Without configuration everything stays under OUT, so nothing leaves the machine:
-TensorBoard writes OUT/tensorboard/, MLflow a file store OUT/mlruns/ (MLFLOW_TRACKING_URI points it at a server),
+TensorBoard writes OUT/tensorboard/, MLflow a local store OUT/mlflow.db (MLFLOW_TRACKING_URI points it at a server),
 W&B needs its own WANDB_* settings (WANDB_MODE=offline keeps it local). A resumed run continues the same
 MLflow run.
 """
@@ -31,15 +31,17 @@ def start_trackers(accelerator: Any, config: Any, out: Path, resumed: bool) -> d
     if "mlflow" in config.report_to:
         import mlflow
 
-        if not os.environ.get("MLFLOW_TRACKING_URI"):
-            mlflow.set_tracking_uri((out / "mlruns").as_uri())
+        if not os.environ.get("MLFLOW_TRACKING_URI"):  # MLflow's local store (its file store is deprecated)
+            mlflow.set_tracking_uri(f"sqlite:///{out / 'mlflow.db'}")
         init_kwargs["mlflow"] = {"run_name": name}
         if previous.get("mlflow", {}).get("run_id"):
             init_kwargs["mlflow"]["run_id"] = previous["mlflow"]["run_id"]
     if "wandb" in config.report_to:
         init_kwargs["wandb"] = {"name": name, "dir": str(out), "resume": "allow"}
     accelerator.project_configuration.logging_dir = str(out / "tensorboard")  # TensorBoard: OUT/tensorboard/NAME
-    accelerator.init_trackers(name, config=hyperparameters(config), init_kwargs=init_kwargs)
+    # A resumed run keeps the hyper-parameters it started with (MLflow refuses to change a logged parameter, and a
+    # resume changes `resume` itself, `steps` often).
+    accelerator.init_trackers(name, config=None if previous else hyperparameters(config), init_kwargs=init_kwargs)
     if not accelerator.is_main_process:
         return {}
     found = {tracker: _where(accelerator, tracker, out, name) for tracker in config.report_to}

@@ -7,7 +7,9 @@ from its checkpoint. A non-zero exit fails the run with the tail of its log.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -43,12 +45,10 @@ def write_toml(path: Path, config: dict[str, Any]) -> None:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def command(kind: str, config_path: Path, *, train_file: str | None, accelerate_config: str | None) -> list[str]:
-    args = ["-m", "training", kind, "--config", str(config_path)]
-    if kind == "reward":
-        args += ["--train", str(train_file), "--out", str(config_path.parent)]
-    else:
-        args += ["--quiet"]
+def command(kind: str, config_path: Path, *, accelerate_config: str | None) -> list[str]:
+    """`python -m training KIND --config run.toml` (under `accelerate launch` with a config): every path the run
+    needs (data, model, output) is in the config."""
+    args = ["-m", "training", kind, "--config", str(config_path), "--quiet"]
     if accelerate_config:
         return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", accelerate_config, *args]
     return [sys.executable, *args]
@@ -69,7 +69,7 @@ def run(ctx: Any) -> dict[str, Any]:
 
 def _run(ctx: Any) -> dict[str, Any]:
     from app.db import session_scope
-    from app.models import Export, TrainingRun
+    from app.models import TrainingRun
     from app.services import training_runs
     from app.worker import JobError, JobStopped
 
@@ -83,20 +83,16 @@ def _run(ctx: Any) -> dict[str, Any]:
         tr.state = "running"
         kind = tr.kind
         resolved = dict((tr.config or {}).get("resolved") or {})
-        export = db.get(Export, tr.export_id)
-        train_file = str(training_runs.export_file(ctx.settings.data_dir, export)) if kind == "reward" else None
     out = training_runs.run_dir(ctx.settings.data_dir, run_id)
     out.mkdir(parents=True, exist_ok=True)
-    config = {k: v for k, v in resolved.items() if k not in ("out",)}
-    if kind != "reward":
-        config["out"] = str(out)
+    config = resolved | {"out": str(out)}
     if ctx.attempts > 1:
         # The worker died mid-run: nothing of that attempt may still write here, and what it finished writing
         # (a model directory saved half-way) is not the result. Continue from the trainer's checkpoint.
         killed = kill_leftovers(run_id)
         if killed:
             ctx.log(f"killed {len(killed)} process(es) left by the previous attempt: {killed}")
-        for name in ("model", "value_model", "model-adapter", "eval.json", "human_check.json"):
+        for name in ("model", "value_model", "eval.json", "human_check.json"):
             path = out / name
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
@@ -106,8 +102,7 @@ def _run(ctx: Any) -> dict[str, Any]:
     config_path = out / "run.toml"
     write_toml(config_path, config)
     accelerate = os.environ.get("PREFLAB_ACCELERATE_CONFIG") or None
-    cmd = command(kind, config_path, train_file=train_file, accelerate_config=accelerate)
-    total = int(config.get("steps") or config.get("max_steps") or 0)
+    cmd = command(kind, config_path, accelerate_config=accelerate)
     ctx.log("$ " + " ".join(shlex.quote(c) for c in cmd))
     env = os.environ.copy() | {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                                RUN_MARKER: str(run_id)}
@@ -126,7 +121,7 @@ def _run(ctx: Any) -> dict[str, Any]:
             if ctx.should_stop() and not stopped:
                 stopped = True
                 _stop_group(proc, ctx)
-            steps = _count_lines(out / "metrics.jsonl")
+            steps, total = progress(out, int(config.get("steps") or 0))
             ctx.progress(steps, max(total, steps), f"step {steps}" + (f" of {total}" if total else ""))
             time.sleep(0.5)
     finally:
@@ -134,7 +129,7 @@ def _run(ctx: Any) -> dict[str, Any]:
         for fd in (lifeline, keep):
             if fd >= 0:
                 os.close(fd)
-    steps = _count_lines(out / "metrics.jsonl")
+    steps, _ = progress(out, 0)
     if stopped:
         if ctx.stop_reason == "cancelled":
             _set_state(ctx, run_id, "cancelled")
@@ -144,7 +139,7 @@ def _run(ctx: Any) -> dict[str, Any]:
         raise JobStopped(ctx.stop_reason or "stopped")
     if proc.returncode != 0:
         _set_state(ctx, run_id, "failed")
-        raise JobError(f"the trainer exited with code {proc.returncode}:\n{_tail(ctx.log_path)}")
+        raise JobError(f"the trainer exited with code {proc.returncode}: {failure_reason(ctx.log_path)}")
     if not _complete_model(out / "model"):
         _set_state(ctx, run_id, "failed")
         raise JobError(f"the trainer exited 0 but {out / 'model'} holds no complete model (config.json and "
@@ -159,8 +154,6 @@ def _run(ctx: Any) -> dict[str, Any]:
 
 def write_human_check(ctx: Any, run_id: int) -> dict[str, Any]:
     """Score the project's held-out human pairs and the pairs labelled since the export; saved beside the run."""
-    import json
-
     from app.db import session_scope
     from app.models import Export, TrainingRun
     from app.services import rm_check, training_runs
@@ -255,12 +248,47 @@ def _kill_group_when_closed(lifeline: int) -> None:
     os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
-def _count_lines(path: Path) -> int:
+def progress(out: Path, configured_steps: int) -> tuple[int, int]:
+    """(last step logged, total steps) of a run: what the trainer itself wrote, the same figures as its log.
+
+    The total is the trainer's own (run.json's `total_steps`: an epoch-based run knows it only once its data is
+    read); until then the configured `steps`. The step is the `step` of metrics.jsonl's last complete row.
+    """
+    total = configured_steps
+    try:
+        total = int(json.loads((out / "run.json").read_text(encoding="utf-8")).get("total_steps") or total)
+    except (OSError, ValueError):
+        pass
+    return _last_step(out / "metrics.jsonl"), total
+
+
+def _last_step(path: Path) -> int:
     try:
         with open(path, "rb") as fh:
-            return sum(1 for line in fh if line.endswith(b"\n"))
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 65536))  # the last rows are enough: a row is far shorter than this
+            lines = fh.read().split(b"\n")[:-1]  # the part after the last newline may be a row still being written
     except OSError:
         return 0
+    for line in reversed(lines):
+        try:
+            return int(json.loads(line).get("step", 0))
+        except ValueError:
+            continue
+    return 0
+
+
+ERROR_LINE = re.compile(r"^(?:[\w.]+(?:Error|Exception|Interrupt)(?::|$)|error: )")
+
+
+def failure_reason(path: Path) -> str:
+    """Why the trainer failed, in one line: the last exception line of its log (`ValueError: …`, `error: …`), else
+    its last line; the whole traceback stays in the job's log."""
+    lines = [line.strip() for line in _tail(path, 200).splitlines() if line.strip()]
+    for line in reversed(lines):
+        if ERROR_LINE.match(line):
+            return line[:500]
+    return lines[-1][:500] if lines else "no output (see the job log)"
 
 
 def _tail(path: Path, lines: int = 25) -> str:

@@ -29,7 +29,7 @@ def _out(db, run: TrainingRun, last: int = 50) -> TrainingRunOut:  # type: ignor
 
 
 @router.post("/api/projects/{project_id}/training-runs", status_code=202, tags=["training"],
-             summary="Train a reward model, PPO or GRPO policy on an export (a background job)")
+             summary="Train on an export (a background job): SFT, a reward model, DPO, RFT, GRPO or PPO")
 def create_run(request: Request, project_id: int, body: TrainingRunIn, db: SessionDep,
                user: CurrentUser) -> TrainingRunAccepted:
     project = projects.get_visible(db, project_id, user)
@@ -65,8 +65,8 @@ def cancel_run(run_id: int, db: SessionDep, user: CurrentUser) -> TrainingRunOut
 def _sample_into_project(db, run: TrainingRun, user, body: SampleIntoProjectIn):  # type: ignore[no-untyped-def]
     projects.require_project_role(db, db.get(Project, run.project_id), user, sampling.CAN_SAMPLE,
                                   "sample into the project")
-    if run.kind not in ("grpo", "ppo"):
-        raise Invalid("only policy runs (grpo, ppo) can sample", field="run_id")
+    if run.kind not in training_runs.POLICY_KINDS:
+        raise Invalid(f"only policy runs ({', '.join(training_runs.POLICY_KINDS)}) can sample", field="run_id")
     if run.state != "succeeded" or not run.model_dir:
         raise Invalid("the run has not finished", field="run_id")
     project = db.get(Project, run.project_id)
@@ -127,7 +127,8 @@ def _list_context(db, project, user) -> dict:  # type: ignore[no-untyped-def]
     rows = [(r, training_runs.read_eval(r), (training_runs.read_metrics(r, last=1) or [{}])[-1]) for r in runs]
     return {"project": project, "rows": rows, "exports": _exports(db, project), "form": {},
             "reward_runs": [r for r in runs if r.kind == "reward" and r.state == "succeeded"],
-            "can_train": projects.may(db, project, user, training_runs.CAN_TRAIN)}
+            "can_train": projects.may(db, project, user, training_runs.CAN_TRAIN),
+            "kinds": training_runs.KINDS, "fields": {k: training_runs.config_fields(k) for k in training_runs.KINDS}}
 
 
 @router.get("/projects/{project_id}/training", include_in_schema=False)
@@ -186,7 +187,8 @@ def run_page(request: Request, run_id: int, db: SessionDep, user: PageUser) -> R
            "human_check": training_runs.read_human_check(run),
            "log": jobs.log_tail(request.app.state.settings.data_dir, run.job_id) if run.job_id else "",
            "samples": samples, "config_json": json.dumps((run.config or {}).get("user", {}), indent=2),
-           "can_train": projects.may(db, project, user, training_runs.CAN_TRAIN)}
+           "can_train": projects.may(db, project, user, training_runs.CAN_TRAIN),
+           "trackers": training_runs.read_trackers(run), "policy_kinds": training_runs.POLICY_KINDS}
     return render(request, "training_run.html", ctx, block="live")
 
 

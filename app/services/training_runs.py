@@ -20,22 +20,42 @@ from app.services import audit, endpoints, jobs, projects
 from training.weights import UnsafeWeights, require_safetensors
 
 CAN_TRAIN = {"engineer", "lead"}
-EXPORT_KIND = {"reward": "pairs", "grpo": "prompts", "ppo": "prompts"}
+# Each run kind: the export it trains on, and the config field that export's file goes into.
+KINDS: dict[str, tuple[str, str]] = {
+    "sft": ("sft", "train"), "reward": ("pairs", "train"), "dpo": ("pairs", "train"),
+    "rft": ("prompts", "prompts"), "grpo": ("prompts", "prompts"), "ppo": ("prompts", "prompts"),
+}
+POLICY_KINDS = ("sft", "dpo", "rft", "grpo", "ppo")
+"""Kinds whose model is a causal LM: they need a base model, and can sample into the project."""
+ONLINE_KINDS = ("rft", "grpo", "ppo")
+"""Kinds that score their own samples: they need a reward run or reward functions."""
+EXPORT_KIND = {kind: export for kind, (export, _) in KINDS.items()}
 # Fields the app fills in itself: a config that sets them would point the run somewhere else.
-RESERVED = {"prompts", "model", "out", "reward_model", "resume"}
+RESERVED = {"prompts", "train", "eval", "model", "out", "reward_model", "resume"}
 
 
 def config_class(kind: str) -> type:
     # training.config is torch-free: validating a run's config must not stall the web process importing torch.
-    from training.config import GRPOConfig, PPOConfig, RewardConfig
+    from training import config
 
-    if kind == "reward":
-        return RewardConfig
-    if kind == "grpo":
-        return GRPOConfig
-    if kind == "ppo":
-        return PPOConfig
-    raise Invalid("must be reward, grpo or ppo", field="kind")
+    classes = {"sft": config.SFTConfig, "reward": config.RewardConfig, "dpo": config.DPOConfig,
+               "rft": config.RFTConfig, "grpo": config.GRPOConfig, "ppo": config.PPOConfig}
+    if kind not in classes:
+        raise Invalid(f"must be one of {', '.join(KINDS)}", field="kind")
+    return classes[kind]
+
+
+def config_fields(kind: str) -> list[dict[str, Any]]:
+    """Every config field of a run kind with its default and meaning, for the training form's field list."""
+    from training.config import field_docs
+
+    cls = config_class(kind)
+    docs = field_docs(cls)
+    defaults = {f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())  # type: ignore[misc]
+                for f in dataclasses.fields(cls)
+                if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
+    return [{"name": name, "default": defaults.get(name), "doc": doc} for name, doc in docs.items()
+            if name not in RESERVED]
 
 
 def run_dir(data_dir: Path, run_id: int) -> Path:
@@ -55,29 +75,36 @@ def export_file(data_dir: Path, export: Export) -> Path:
 
 def _validate_config(kind: str, config: dict[str, Any], filled: dict[str, Any]) -> dict[str, Any]:
     """The resolved config as the trainer will see it, or Invalid naming `config.<field>`."""
-    from training.config import build_config
+    import warnings
+
+    from training.config import build_config, known_fields
 
     cls = config_class(kind)
-    known = {f.name for f in dataclasses.fields(cls)}
+    known = known_fields(cls)
+    renamed = {old: new for old, (new, _) in getattr(cls, "RENAMED", {}).items()}
     for key in config:
         if key in RESERVED:
             raise Invalid("is set by preflab from the run's export, base model and reward run", field=f"config.{key}")
         if key not in known:
             raise Invalid(f"unknown {kind} config field", field=f"config.{key}")
     try:
-        resolved = build_config(cls, {k: v for k, v in filled.items() if k in known}, config)
+        with warnings.catch_warnings():  # an old field name is accepted; the resolved config shows the new one
+            warnings.simplefilter("ignore", DeprecationWarning)
+            resolved = build_config(cls, {k: v for k, v in filled.items() if k in known}, config)
     except (ValueError, TypeError) as exc:
         message = str(exc)
         field = next((f for f in sorted(known, key=len, reverse=True) if message.startswith(f)), None)
-        raise Invalid(message, field=f"config.{field}" if field else "config") from None
+        # a field given under its old name is reported under the name the user typed
+        typed = next((old for old, new in renamed.items() if new == field and old in config), field)
+        raise Invalid(message, field=f"config.{typed}" if typed else "config") from None
     return dataclasses.asdict(resolved)
 
 
 def request_run(db: Session, project: Project, actor: User, *, data_dir: Path, kind: str, export_id: int,
                 base_model: str | None, reward_run_id: int | None, config: dict[str, Any]) -> tuple[TrainingRun, Job]:
     projects.require_project_role(db, project, actor, CAN_TRAIN, "start training runs")
-    if kind not in EXPORT_KIND:
-        raise Invalid("must be reward, grpo or ppo", field="kind")
+    if kind not in KINDS:
+        raise Invalid(f"must be one of {', '.join(KINDS)}", field="kind")
     export = db.get(Export, export_id)
     if export is None or export.project_id != project.id:
         raise Invalid("no such export in this project", field="export_id")
@@ -96,8 +123,8 @@ def request_run(db: Session, project: Project, actor: User, *, data_dir: Path, k
             require_safetensors(model_path)
         except UnsafeWeights as exc:  # said now, not after a job starts: pickle weights are never loaded
             raise Invalid(str(exc).removeprefix("model: "), field="base_model") from None
-    elif kind != "reward":
-        raise Invalid("a policy run needs a base model directory", field="base_model")
+    elif kind in POLICY_KINDS:
+        raise Invalid(f"a {kind} run needs a base model directory (a causal LM)", field="base_model")
     parent = None
     if reward_run_id is not None:
         parent = db.get(TrainingRun, reward_run_id)
@@ -108,21 +135,19 @@ def request_run(db: Session, project: Project, actor: User, *, data_dir: Path, k
     if isinstance(config.get("server_base_url"), str):  # GRPO sampling through a server: a fetch the server makes
         config = dict(config) | {"server_base_url": endpoints.check_server_url(
             db, actor, config["server_base_url"], field="config.server_base_url")}
-    if kind == "ppo" and parent is None and not config.get("reward_fn"):
-        raise Invalid("PPO needs a reward model run (or config.reward_fn)", field="reward_run_id")
-    if kind == "grpo" and parent is None and not config.get("reward_fn"):
-        raise Invalid("GRPO needs a reward model run or config.reward_fn", field="reward_run_id")
+    if kind in ONLINE_KINDS and parent is None and not config.get("reward_fn"):
+        raise Invalid(f"{kind.upper()} needs a reward model run or config.reward_fn", field="reward_run_id")
+    if kind in ("sft", "dpo") and parent is not None:  # (a reward run's parent is the one it is retrained from)
+        raise Invalid(f"a {kind} run learns from its export and takes no reward run", field="reward_run_id")
 
     run = TrainingRun(project_id=project.id, kind=kind, export_id=export.id, parent_run_id=reward_run_id,
                       base_model=model_path or None, state="queued", created_by_id=actor.id, config={})
     db.add(run)
     db.flush()
     out = run_dir(data_dir, run.id)
-    filled: dict[str, Any] = {"model": model_path, "out": str(out)}
-    if kind != "reward":
-        filled["prompts"] = str(export_file(data_dir, export))
-        if parent is not None:
-            filled["reward_model"] = str(Path(parent.model_dir))
+    filled: dict[str, Any] = {"model": model_path, "out": str(out), KINDS[kind][1]: str(export_file(data_dir, export))}
+    if parent is not None:
+        filled["reward_model"] = str(Path(parent.model_dir))
     run.config = {"user": config, "resolved": _validate_config(kind, config, filled)}
     run.model_dir = str(out / "model")
     run.metrics_path = str(out / "metrics.jsonl")
@@ -168,6 +193,18 @@ def read_eval(run: TrainingRun) -> dict[str, Any] | None:
         return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
     except (OSError, json.JSONDecodeError):
         return None
+
+
+def read_trackers(run: TrainingRun) -> dict[str, Any]:
+    """Where the run's experiment trackers keep it (OUT/trackers.json, written by the trainer): per tracker a link
+    or the command that opens it."""
+    if not run.model_dir:
+        return {}
+    try:
+        found = json.loads((Path(run.model_dir).parent / "trackers.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return {str(k): v for k, v in found.items() if isinstance(v, dict)} if isinstance(found, dict) else {}
 
 
 def read_human_check(run: TrainingRun) -> dict[str, Any] | None:

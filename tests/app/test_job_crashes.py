@@ -265,7 +265,7 @@ def test_a_job_killed_on_every_attempt_fails_with_the_reason_and_its_run_with_it
     assert _run_in_process(app) == 1
     r = client.post(f"/api/projects/{project_id}/training-runs", json={
         "kind": "reward", "export_id": export_id, "base_model": str(models_dir["reward"]),
-        "config": {"max_steps": 100000, "batch_size": 2, "log_every": 1, "eval_every": 1000000}})
+        "config": {"steps": 100000, "batch_size": 2, "log_every": 1, "eval_every": 1000000}})
     assert r.status_code == 202, r.text
     run_id, job_id = r.json()["run_id"], r.json()["job_id"]
     max_attempts = _job(db, job_id).max_attempts
@@ -310,8 +310,8 @@ def test_a_training_run_killed_mid_run_resumes_once_with_no_orphan_and_a_complet
     steps, held = 40, 8
     r = client.post(f"/api/projects/{project_id}/training-runs", json={
         "kind": "reward", "export_id": export_id, "base_model": str(models_dir["reward"]),
-        "config": {"max_steps": steps, "batch_size": 4, "log_every": 1, "eval_every": 1000000,
-                   "checkpoint_every": 4}})
+        "config": {"steps": steps, "batch_size": 4, "log_every": 1, "eval_every": 1000000,
+                   "save_every": 4}})
     assert r.status_code == 202, r.text
     run_id, job_id = r.json()["run_id"], r.json()["job_id"]
     run_dir = Path(app.state.settings.data_dir) / "runs" / str(run_id)
