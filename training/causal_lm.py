@@ -163,7 +163,18 @@ def packed_logprobs(model: torch.nn.Module, rows: Sequence[PackedRow], pad_id: i
 
 
 # ----------------------------------------------------------------------------------------------
-# saving
+# loading, saving
+
+
+def model_to_train(config: Any, model: torch.nn.Module | None, tokenizer: Any) -> tuple[torch.nn.Module, Any]:
+    """The causal LM a method fine-tunes: the one given (tests, callers holding one), else `config.model`, wrapped
+    in a LoRA adapter when the config asks for one."""
+    if model is not None:
+        return model, tokenizer
+    from training.policy import load_policy
+
+    return load_policy(config.model, lora=config.lora_settings)
+
 
 
 def save_policy(model: torch.nn.Module, tokenizer: Any, path: Path) -> None:

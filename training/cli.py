@@ -50,6 +50,22 @@ class Command:
     """Checks beyond the config's own (e.g. that a reward is given), raising ValueError naming the field."""
 
 
+def eval_summary(*keys: str) -> Callable[[Any], dict[str, Any] | None]:
+    """A command's printed line: these figures of the final evaluation (on the main process only)."""
+    def summary(result: Any) -> dict[str, Any] | None:
+        if not result.main_process:
+            return None
+        return {k: result.eval[k] for k in keys if k in result.eval}
+    return summary
+
+
+def data_flags(what: str, model_help: str) -> list[Flag]:
+    """The flags of the methods that read a data file: --train, --eval, --model, --out."""
+    return [Flag("--train", "train", f"{what}: JSONL, Parquet or a datasets directory"),
+            Flag("--eval", "eval", "held-out rows; default: the rows of --train whose split is held-out"),
+            Flag("--model", "model", model_help), Flag("--out", "out", "output directory")]
+
+
 def build_parser(command: Command) -> argparse.ArgumentParser:
     defaults = {f.name: f.default for f in dataclasses.fields(command.config)
                 if f.default is not dataclasses.MISSING}

@@ -10,7 +10,7 @@ import gzip
 import hashlib
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -325,6 +325,18 @@ def load_sft(path: str | Path, split: str | None = None) -> list[SFTRow]:
     if not rows:
         raise DataError(f"{path}: no SFT rows" + (f" in split {split!r}" if split else ""))
     return rows
+
+
+def train_and_heldout(load: Callable[[str], list[Any]], train: str, heldout: str | None = None
+                      ) -> tuple[list[Any], list[Any]]:
+    """(train rows, held-out rows) of a method's data: `heldout`'s rows when given, else the rows of `train` whose
+    split is held-out; DataError when nothing is left to train on."""
+    if heldout:
+        return load(train), load(heldout)
+    train_rows, heldout_rows = split_train_heldout(load(train))
+    if not train_rows:
+        raise DataError(f"{train}: every row is in a held-out split; nothing to train on")
+    return train_rows, heldout_rows
 
 
 def split_train_heldout(rows: list[Any]) -> tuple[list[Any], list[Any]]:

@@ -23,10 +23,10 @@ import torch
 from torch import Tensor
 
 from training import cli
-from training.causal_lm import Example, collate, encode_examples, save_policy, sequence_logprobs
+from training.causal_lm import Example, collate, encode_examples, model_to_train, save_policy, sequence_logprobs
 from training.cli import Command, Flag
 from training.config import DPOConfig, require
-from training.data import DataError, PairRow, load_pairs, split_train_heldout
+from training.data import PairRow, load_pairs, train_and_heldout
 from training.loop import BatchMethod, RunResult, run
 from training.losses import dpo_logits, dpo_loss, ipo_loss, sft_loss
 from training.policy import Reference, load_policy, token_logprobs
@@ -61,14 +61,10 @@ class DPOTrainer(BatchMethod):
     def __init__(self, config: DPOConfig, train_rows: Sequence[PairRow], eval_rows: Sequence[PairRow] = (),
                  accelerator: Any = None, model: torch.nn.Module | None = None, tokenizer: Any = None,
                  reference: torch.nn.Module | None = None) -> None:
-        from accelerate.utils import set_seed
-
         if not train_rows:
             raise ValueError("train: no training pairs")
         super().__init__(config, accelerator)
-        set_seed(config.seed)
-        if model is None:
-            model, tokenizer = load_policy(config.model, lora=config.lora_settings)
+        model, tokenizer = model_to_train(config, model, tokenizer)
         if reference is None and config.reference:
             reference, _ = load_policy(config.reference)
         self.reference: Reference | None = Reference(model, model=reference)
@@ -196,31 +192,16 @@ class DPOTrainer(BatchMethod):
 def train(config: DPOConfig) -> RunResult:
     """The `dpo` command: pairs from `config.train` (its held-out split, or `config.eval`), trained into OUT."""
     require(config, "train", "model", "out")
-    rows = load_pairs(config.train)
-    if config.eval:
-        train_rows, eval_rows = rows, load_pairs(config.eval)
-    else:
-        train_rows, eval_rows = split_train_heldout(rows)
-        if not train_rows:
-            raise DataError(f"{config.train}: every row is in a held-out split; nothing to train on")
-    trainer = DPOTrainer(config, train_rows, eval_rows)
+    trainer = DPOTrainer(config, *train_and_heldout(load_pairs, config.train, config.eval))
     return run(trainer, data={"train": config.train, "eval": config.eval or None,
                               "reference": config.reference or None})
 
 
-def summary(result: RunResult) -> dict[str, Any] | None:
-    if not result.main_process:
-        return None
-    return {k: result.eval[k] for k in ("loss", "accuracy", "margin", "pairs", "steps") if k in result.eval}
-
-
 COMMAND = Command(
-    name="dpo", config=DPOConfig, description=__doc__.splitlines()[0], train=train, summary=summary,
-    flags=[Flag("--train", "train", "pairs export: JSONL, Parquet or a datasets directory"),
-           Flag("--eval", "eval", "held-out pairs; default: the rows of --train whose split is held-out"),
-           Flag("--model", "model", "starting causal LM directory (usually the SFT model)"),
-           Flag("--reference", "reference", "reference model directory (default: a frozen copy of --model)"),
-           Flag("--out", "out", "output directory")])
+    name="dpo", config=DPOConfig, description=__doc__.splitlines()[0], train=train,
+    summary=cli.eval_summary("loss", "accuracy", "margin", "pairs", "steps"),
+    flags=[*cli.data_flags("pairs export", "starting causal LM directory (usually the SFT model)"),
+           Flag("--reference", "reference", "reference model directory (default: a frozen copy of --model)")])
 
 
 def main(argv: list[str] | None = None) -> int:

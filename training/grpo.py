@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from training import cli
-from training.cli import Command, Flag
+from training.cli import Command
 from training.config import GRPOConfig, RLConfig
 from training.data import PromptRow
 from training.evaluate import reward_columns
@@ -39,7 +39,7 @@ from training.losses import (
 )
 from training.policy import Rollouts, generate_rollouts, rollout_server, token_logprobs, unwrap
 from training.rewards import RewardFunction, RewardResult, compute_rewards
-from training.rl import RLMethod, load_run, rl_summary
+from training.rl import RLMethod, load_run, rl_flags, rl_summary
 
 # ---------------------------------------------------------------------------------------------
 # pieces of a step, each usable on its own (PPO reuses the rollout/reward plumbing)
@@ -249,11 +249,7 @@ def train(config: GRPOConfig) -> RunResult:
 COMMAND = Command(
     name="grpo", config=GRPOConfig, description="GRPO / GSPO on a prompts export.", train=train, summary=rl_summary,
     check=RLConfig.check_reward,
-    flags=[Flag("--prompts", "prompts", "prompts export (JSONL, Parquet or datasets directory)"),
-           Flag("--model", "model", "starting policy directory"),
-           Flag("--out", "out", "output directory"),
-           Flag("--reward-fn", "reward_fn", "module:function or a built-in name (repeatable)", repeat=True),
-           Flag("--reward-model", "reward_model", "preflab reward model directory")])
+    flags=rl_flags())
 
 
 def main(argv: list[str] | None = None) -> int:

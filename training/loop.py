@@ -148,7 +148,10 @@ class BatchMethod(Method):
     config: OfflineConfig
 
     def __init__(self, config: OfflineConfig, accelerator: Any = None) -> None:
+        from accelerate.utils import set_seed
+
         super().__init__(config, accelerator)
+        set_seed(config.seed)  # before the subclass builds its model: a new head's initialisation
         self.lengths: list[int] = []
         self._steps_per_epoch = 0
 

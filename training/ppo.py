@@ -45,7 +45,7 @@ from training.losses import (
 )
 from training.policy import Rollouts, generate_rollouts, unwrap
 from training.rewards import RewardFunction, compute_rewards
-from training.rl import RLMethod, load_run, rl_summary
+from training.rl import RLMethod, load_run, rl_flags, rl_summary
 from training.run_info import atomic_dir, truncate_after
 from training.value_head import ActorCritic, load_critic
 
@@ -424,12 +424,7 @@ def train(config: PPOConfig) -> RunResult:
 COMMAND = Command(
     name="ppo", config=PPOConfig, description="PPO with a value model, a frozen reference and a reward model.",
     train=train, summary=rl_summary, check=RLConfig.check_reward,
-    flags=[Flag("--prompts", "prompts", "prompts export (JSONL, Parquet or datasets directory)"),
-           Flag("--model", "model", "starting policy directory"),
-           Flag("--out", "out", "output directory"),
-           Flag("--reward-model", "reward_model", "preflab reward model directory"),
-           Flag("--reward-fn", "reward_fn", "module:function or a built-in name (repeatable)", repeat=True),
-           Flag("--critic", "critic", "separate critic directory (default: value head on the policy)")])
+    flags=[*rl_flags(), Flag("--critic", "critic", "separate critic directory (default: value head on the policy)")])
 
 
 def main(argv: list[str] | None = None) -> int:

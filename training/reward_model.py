@@ -22,9 +22,9 @@ import torch
 from torch import Tensor
 
 from training import cli
-from training.cli import Command, Flag
+from training.cli import Command
 from training.config import RewardConfig, require
-from training.data import DataError, PairRow, Text, load_pairs, render_prompt, split_train_heldout
+from training.data import PairRow, Text, load_pairs, render_prompt, train_and_heldout
 from training.loop import BatchMethod, run
 from training.losses import bradley_terry_loss, reward_centering_loss, soft_bradley_terry_loss
 from training.run_info import write_json
@@ -261,11 +261,9 @@ class RewardTrainer(BatchMethod):
 
     def __init__(self, config: RewardConfig, train_rows: Sequence[PairRow], eval_rows: Sequence[PairRow] | None,
                  accelerator: Any = None) -> None:
-        from accelerate.utils import set_seed
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        super().__init__(config, accelerator)
-        set_seed(config.seed)  # before the model: the new head's initialisation
+        super().__init__(config, accelerator)  # seeds: the new head's initialisation repeats
         self.model_path = config.model or default_model_path()
         require_safetensors(self.model_path, "model")
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
@@ -390,30 +388,20 @@ def train_reward_model(config: RewardConfig, train_rows: Sequence[PairRow], eval
 def train_from_files(config: RewardConfig) -> TrainResult:
     """The `reward` command: pairs from `config.train` (its held-out split, or `config.eval`), trained into OUT."""
     require(config, "train", "out")
-    rows = load_pairs(config.train)
-    if config.eval:
-        train_rows, eval_rows = rows, load_pairs(config.eval)
-    else:
-        train_rows, eval_rows = split_train_heldout(rows)
-        if not train_rows:
-            raise DataError(f"{config.train}: every row is in a held-out split; nothing to train on")
+    train_rows, eval_rows = train_and_heldout(load_pairs, config.train, config.eval)
     return train_reward_model(config, train_rows, eval_rows or None, config.out,
                               data_paths={"train": config.train, "eval": config.eval or None})
 
 
 def summary(result: TrainResult) -> dict[str, Any] | None:
-    if not result.main_process:
-        return None
-    picked = {k: result.eval[k] for k in ("accuracy", "pairs", "truncated", "loss", "mean_margin")}
-    return {**picked, "steps": result.steps, "pairs_per_s": round(result.pairs_per_second, 2)}
+    picked = cli.eval_summary("accuracy", "pairs", "truncated", "loss", "mean_margin")(result)
+    return None if picked is None else {**picked, "steps": result.steps,
+                                        "pairs_per_s": round(result.pairs_per_second, 2)}
 
 
-COMMAND = Command(
-    name="reward", config=RewardConfig, description=__doc__.splitlines()[0], train=train_from_files, summary=summary,
-    flags=[Flag("--train", "train", "pairs export: JSONL, Parquet or a datasets directory"),
-           Flag("--eval", "eval", "held-out pairs; default: the rows of --train whose split is held-out"),
-           Flag("--model", "model", "model directory (default: the shipped MiniLM)"),
-           Flag("--out", "out", "output directory")])
+COMMAND = Command(name="reward", config=RewardConfig, description=__doc__.splitlines()[0], train=train_from_files,
+                  summary=summary,
+                  flags=cli.data_flags("pairs export", "model directory (default: the shipped MiniLM)"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,7 +24,7 @@ import torch
 
 from training import cli
 from training.causal_lm import Example, fit, target_logprobs
-from training.cli import Command, Flag
+from training.cli import Command
 from training.config import RFTConfig, RLConfig
 from training.data import PromptRow
 from training.evaluate import reward_columns
@@ -32,7 +32,7 @@ from training.loop import RunResult, run
 from training.losses import sft_loss
 from training.policy import generate_rollouts
 from training.rewards import RewardFunction, compute_rewards
-from training.rl import RLMethod, load_run, rl_summary
+from training.rl import RLMethod, load_run, rl_flags, rl_summary
 
 
 def select_samples(rewards: Sequence[float], n: int, keep: str, threshold: float, top_k: int,
@@ -191,11 +191,7 @@ def train(config: RFTConfig) -> RunResult:
 COMMAND = Command(
     name="rft", config=RFTConfig, description="Rejection-sampling fine-tuning (offline or online) on a prompts export.",
     train=train, summary=rl_summary, check=RLConfig.check_reward,
-    flags=[Flag("--prompts", "prompts", "prompts export (JSONL, Parquet or datasets directory)"),
-           Flag("--model", "model", "starting policy directory (usually the SFT model)"),
-           Flag("--out", "out", "output directory"),
-           Flag("--reward-fn", "reward_fn", "module:function or a built-in name (repeatable)", repeat=True),
-           Flag("--reward-model", "reward_model", "preflab reward model directory")])
+    flags=rl_flags("starting policy directory (usually the SFT model)"))
 
 
 def main(argv: list[str] | None = None) -> int:

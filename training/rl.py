@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from training.causal_lm import save_policy
+from training.cli import Flag, eval_summary
 from training.config import RLConfig, require
 from training.data import PromptRow, load_prompts, split_train_heldout
 from training.evaluate import EvalConfig, eval_metrics, evaluate, public
@@ -130,8 +131,13 @@ def load_run(config: RLConfig) -> tuple[list[RewardFunction], list[PromptRow], l
     return functions, train_rows, eval_rows, model, tokenizer
 
 
-def rl_summary(result: Any) -> dict[str, Any] | None:
-    """The printed line of an RL command: the final evaluation's headline figures."""
-    if not result.main_process:
-        return None
-    return {k: result.eval[k] for k in ("reward_mean", "kl", "win_rate", "pass_at_k", "maj_at_k") if k in result.eval}
+rl_summary = eval_summary("reward_mean", "kl", "win_rate", "pass_at_k", "maj_at_k")
+"""The printed line of an RL command: the final evaluation's headline figures."""
+
+
+def rl_flags(model_help: str = "starting policy directory") -> list[Flag]:
+    """The flags of the methods that sample from the policy: prompts, model, output and the reward."""
+    return [Flag("--prompts", "prompts", "prompts export (JSONL, Parquet or datasets directory)"),
+            Flag("--model", "model", model_help), Flag("--out", "out", "output directory"),
+            Flag("--reward-fn", "reward_fn", "module:function or a built-in name (repeatable)", repeat=True),
+            Flag("--reward-model", "reward_model", "preflab reward model directory")]

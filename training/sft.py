@@ -27,17 +27,17 @@ from training.causal_lm import (
     Example,
     PackedRow,
     encode_examples,
+    model_to_train,
     pack,
     packed_logprobs,
     save_policy,
     target_logprobs,
 )
-from training.cli import Command, Flag
+from training.cli import Command
 from training.config import SFTConfig, require
-from training.data import DataError, SFTRow, load_sft, split_train_heldout
+from training.data import SFTRow, load_sft, train_and_heldout
 from training.loop import BatchMethod, RunResult, run
 from training.losses import sft_loss
-from training.policy import load_policy
 
 
 class SFTTrainer(BatchMethod):
@@ -48,14 +48,10 @@ class SFTTrainer(BatchMethod):
 
     def __init__(self, config: SFTConfig, train_rows: Sequence[SFTRow], eval_rows: Sequence[SFTRow] = (),
                  accelerator: Any = None, model: torch.nn.Module | None = None, tokenizer: Any = None) -> None:
-        from accelerate.utils import set_seed
-
         if not train_rows:
             raise ValueError("train: no training examples")
         super().__init__(config, accelerator)
-        set_seed(config.seed)
-        if model is None:
-            model, tokenizer = load_policy(config.model, lora=config.lora_settings)
+        model, tokenizer = model_to_train(config, model, tokenizer)
         if not config.disable_dropout:
             model.train()  # load_policy leaves the model in eval mode: dropout off
         self.tokenizer = tokenizer
@@ -130,29 +126,13 @@ def _targets(unit: Example | PackedRow) -> int:
 def train(config: SFTConfig) -> RunResult:
     """The `sft` command: rows from `config.train` (its held-out split, or `config.eval`), trained into OUT."""
     require(config, "train", "model", "out")
-    rows = load_sft(config.train)
-    if config.eval:
-        train_rows, eval_rows = rows, load_sft(config.eval)
-    else:
-        train_rows, eval_rows = split_train_heldout(rows)
-        if not train_rows:
-            raise DataError(f"{config.train}: every row is in a held-out split; nothing to train on")
-    trainer = SFTTrainer(config, train_rows, eval_rows)
+    trainer = SFTTrainer(config, *train_and_heldout(load_sft, config.train, config.eval))
     return run(trainer, data={"train": config.train, "eval": config.eval or None})
 
 
-def summary(result: RunResult) -> dict[str, Any] | None:
-    if not result.main_process:
-        return None
-    return {k: result.eval[k] for k in ("loss", "perplexity", "examples", "steps") if k in result.eval}
-
-
-COMMAND = Command(
-    name="sft", config=SFTConfig, description=__doc__.splitlines()[0], train=train, summary=summary,
-    flags=[Flag("--train", "train", "SFT export: JSONL, Parquet or a datasets directory"),
-           Flag("--eval", "eval", "held-out rows; default: the rows of --train whose split is held-out"),
-           Flag("--model", "model", "starting causal LM directory"),
-           Flag("--out", "out", "output directory")])
+COMMAND = Command(name="sft", config=SFTConfig, description=__doc__.splitlines()[0], train=train,
+                  summary=cli.eval_summary("loss", "perplexity", "examples", "steps"),
+                  flags=cli.data_flags("SFT export", "starting causal LM directory"))
 
 
 def main(argv: list[str] | None = None) -> int:
