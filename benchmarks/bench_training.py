@@ -1,6 +1,6 @@
 """Training throughput and quality, preflab against TRL on the same model, data and batch: one JSON line per result.
 
-    .venv/bin/python benchmarks/bench_training.py [--tasks reward,reward-hh,grpo] [--quick] [--repeats N]
+    .venv/bin/python benchmarks/bench_training.py [--tasks reward,reward-hh,grpo,dpo,ppo] [--quick] [--repeats N]
 
 Every task prints `{"task": ..., "tool": "preflab" | "trl", ...}` per tool and, when TRL is installed,
 `{"task": ..., "tool": "ratio", "preflab_over_trl": float}` (throughput ratio; above 1 means preflab is faster).
@@ -102,8 +102,8 @@ def run_trl_reward(model_dir: str, train: list[PairRow], heldout: list[PairRow],
     dataset = datasets.Dataset.from_dict({"chosen_ids": enc_train.chosen, "rejected_ids": enc_train.rejected})
     with tempfile.TemporaryDirectory() as out:
         args = TRLRewardConfig(
-            output_dir=out, per_device_train_batch_size=config.batch_size, learning_rate=config.learning_rate,
-            num_train_epochs=config.epochs, lr_scheduler_type=config.lr_scheduler, warmup_steps=config.warmup_ratio,
+            output_dir=out, per_device_train_batch_size=config.batch_size, learning_rate=config.lr,
+            num_train_epochs=config.epochs, lr_scheduler_type=config.lr_schedule, warmup_steps=config.warmup_ratio,
             weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm, max_length=config.max_length,
             seed=config.seed, bf16=False, fp16=False, gradient_checkpointing=False, disable_dropout=True,
             logging_steps=10_000, save_strategy="no", eval_strategy="no", report_to="none",
@@ -198,8 +198,8 @@ def task_reward(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     n_train = 512 if args.quick else 2048
     train, heldout = pairs(n_train), pairs(256)
-    config = RewardConfig(batch_size=16, learning_rate=1e-3, max_length=160, epochs=2, eval_every=0,
-                          progress=False, tensorboard=False, lr_scheduler="linear")
+    config = RewardConfig(batch_size=16, lr=1e-3, max_length=160, epochs=2, eval_every=0, progress=False,
+                          lr_schedule="linear")
     with tempfile.TemporaryDirectory() as tmp:
         torch.manual_seed(0)
         model = BertForSequenceClassification(BertConfig(
@@ -233,11 +233,11 @@ def task_reward_hh(args: argparse.Namespace) -> list[dict[str, Any]]:
             path.write_text("".join(json.dumps(r) + "\n" for r in read_hh_lines(a, b)), encoding="utf-8")
         train, heldout = load_pairs(train_path), load_pairs(heldout_path)
     model_dir = default_model_path()
-    config = RewardConfig(model=model_dir, batch_size=8, eval_batch_size=32, learning_rate=5e-5, max_length=256,
-                          epochs=1, eval_every=0, progress=False, tensorboard=False, seed=args.seed)
+    config = RewardConfig(model=model_dir, batch_size=8, eval_batch_size=32, lr=5e-5, max_length=256,
+                          epochs=1, eval_every=0, progress=False, seed=args.seed)
     shape = {"model": "all-MiniLM-L6-v2", "seed": args.seed, "train_lines": list(train_lines),
              "heldout_lines": list(heldout_lines),
-             "batch_size": config.batch_size, "max_length": config.max_length, "learning_rate": config.learning_rate,
+             "batch_size": config.batch_size, "max_length": config.max_length, "lr": config.lr,
              "epochs": config.epochs, "repeats": args.repeats, "quick": args.quick}
     return compare_reward("reward-hh", model_dir, train, heldout, config, args.repeats, shape)
 
@@ -248,6 +248,17 @@ def task_grpo(args: argparse.Namespace) -> list[dict[str, Any]]:
     import bench_grpo
 
     return bench_grpo.run(steps=4 if args.quick else 8, repeats=args.repeats)
+
+
+def task_dpo(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """DPO steps/s, peak RSS and held-out loss on a tiny GPT-2 (benchmarks/bench_dpo.py), with a real model's
+    32,000-row output layer and with the character tokenizer's own 80 rows."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_dpo
+
+    steps = 10 if args.quick else 40
+    return bench_dpo.run(steps=steps, repeats=args.repeats) + bench_dpo.run(steps=steps, repeats=args.repeats,
+                                                                           vocab=0)
 
 
 def task_ppo(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -263,6 +274,7 @@ TASKS: dict[str, Callable[[argparse.Namespace], list[dict[str, Any]]]] = {
     "reward": task_reward,
     "reward-hh": task_reward_hh,
     "grpo": task_grpo,
+    "dpo": task_dpo,
     "ppo": task_ppo,
 }
 

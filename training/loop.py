@@ -64,8 +64,10 @@ class Method:
         trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         decay = [p for n, p in trainable if p.ndim >= 2 and "norm" not in n.lower()]
         rest = [p for n, p in trainable if not (p.ndim >= 2 and "norm" not in n.lower())]
+        # the fused kernel (one pass over all parameters) where torch has one for their device: CPU and CUDA
+        fused = all(p.device.type in ("cpu", "cuda") for _, p in trainable)
         optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": c.weight_decay},
-                                       {"params": rest, "weight_decay": 0.0}], lr=c.lr)
+                                       {"params": rest, "weight_decay": 0.0}], lr=c.lr, fused=fused)
         total = total_steps or self.total_steps
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(c.warmup(total), c.lr_schedule, total))
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
