@@ -53,66 +53,44 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def _coerce(name: str, raw: Any, annotation: Any) -> Any:
-    """Turn a TOML value or a `--set` string into the field's declared type, or raise naming the field."""
-    origin = typing.get_origin(annotation)
-    args = typing.get_args(annotation)
-    if origin in (typing.Union, types.UnionType):
-        if raw is None or (isinstance(raw, str) and raw.lower() in {"none", "null"}):
-            if type(None) in args:
-                return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(name, raw, arg)
-            except ValueError as exc:
-                errors.append(str(exc))
-        raise ValueError(errors[0] if errors else f"{name}: cannot parse {raw!r}")
-    if annotation is bool:
-        if isinstance(raw, bool):
-            return raw
-        if isinstance(raw, str) and raw.lower() in {"true", "1", "yes", "on"}:
-            return True
-        if isinstance(raw, str) and raw.lower() in {"false", "0", "no", "off"}:
-            return False
-        raise ValueError(f"{name}: expected true or false, got {raw!r}")
-    if annotation in (int, float):
-        try:
-            if annotation is int and isinstance(raw, float) and not raw.is_integer():
-                raise ValueError
-            return annotation(raw) if not isinstance(raw, str) else annotation(raw.strip())
-        except (TypeError, ValueError):
-            raise ValueError(f"{name}: expected {annotation.__name__}, got {raw!r}") from None
-    if annotation is str:
-        if not isinstance(raw, str | int | float):
-            raise ValueError(f"{name}: expected a string, got {raw!r}")
-        return str(raw)
-    if origin in (list, tuple):
-        if isinstance(raw, str):
-            try:
-                raw = json.loads(raw)
-            except json.JSONDecodeError:
-                raw = [part.strip() for part in raw.split(",") if part.strip()]
-        if not isinstance(raw, list | tuple):
-            raise ValueError(f"{name}: expected a list, got {raw!r}")
-        inner = args[0] if args else Any
-        items = [_coerce(name, item, inner) if inner is not Any else item for item in raw]
-        return items if origin is list else tuple(items)
-    if origin is dict:
-        if isinstance(raw, str):
-            try:
-                raw = json.loads(raw)
-            except json.JSONDecodeError:
-                raise ValueError(f"{name}: expected a JSON object, got {raw!r}") from None
-        if not isinstance(raw, dict):
-            raise ValueError(f"{name}: expected a table, got {raw!r}")
-        return dict(raw)
-    if typing.get_origin(annotation) is typing.Literal:
-        if raw not in args:
-            raise ValueError(f"{name}: expected one of {', '.join(map(repr, args))}, got {raw!r}")
+    """Turn a TOML value or a `--set` string into the field's declared type (pydantic's lax rules: "3" → 3,
+    "true" → True, 3.0 → 3, but never 3.5 → 3), or raise ValueError naming the field."""
+    from pydantic import ConfigDict, TypeAdapter, ValidationError
+
+    hints = _alternatives(annotation)
+    if isinstance(raw, str):
+        if raw.strip().lower() in {"none", "null"} and type(None) in hints:
+            return None
+        raw = _parse_text(raw, hints)
+    try:
+        return TypeAdapter(annotation, config=ConfigDict(coerce_numbers_to_str=True)).validate_python(raw)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = "".join(f"[{p}]" for p in error["loc"] if not isinstance(p, str))  # an item of a list, say
+        raise ValueError(f"{name}{where}: {error['msg'].lower()}, got {raw!r}") from None
+
+
+def _alternatives(annotation: Any) -> tuple[Any, ...]:
+    """The types a field accepts: the members of a union, or the type itself."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return typing.get_args(annotation)
+    return (annotation,)
+
+
+def _parse_text(raw: str, hints: tuple[Any, ...]) -> Any:
+    """A `--set` string for a list or table field: JSON (`["a", "b"]`, `{"k": 1}`), or for a list that cannot be
+    plain text, comma-separated items. Text for any other field is left to the validator."""
+    origins = {typing.get_origin(h) or h for h in hints}
+    if not origins & {list, tuple, dict}:
         return raw
-    return raw
+    if raw.lstrip().startswith(("[", "{")):
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError:
+            return raw
+    if str in origins or dict in origins:
+        return raw
+    return [part.strip() for part in raw.split(",") if part.strip()]
 
 
 def parse_sets(pairs: list[str]) -> dict[str, str]:

@@ -87,17 +87,7 @@ def _run(ctx: Any) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     config = resolved | {"out": str(out)}
     if ctx.attempts > 1:
-        # The worker died mid-run: nothing of that attempt may still write here, and what it finished writing
-        # (a model directory saved half-way) is not the result. Continue from the trainer's checkpoint.
-        killed = kill_leftovers(run_id)
-        if killed:
-            ctx.log(f"killed {len(killed)} process(es) left by the previous attempt: {killed}")
-        for name in ("model", "value_model", "eval.json", "human_check.json"):
-            path = out / name
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
+        _clear_dead_attempt(ctx, run_id, out)
         config["resume"] = True
     config_path = out / "run.toml"
     write_toml(config_path, config)
@@ -150,6 +140,20 @@ def _run(ctx: Any) -> dict[str, Any]:
         result["human_check"] = write_human_check(ctx, run_id)
     _set_state(ctx, run_id, "succeeded")
     return result
+
+
+def _clear_dead_attempt(ctx: Any, run_id: int, out: Path) -> None:
+    """The worker died mid-run: nothing of that attempt may still write here, and what it finished writing (a model
+    directory saved half-way) is not the result. The retry continues from the trainer's checkpoint."""
+    killed = kill_leftovers(run_id)
+    if killed:
+        ctx.log(f"killed {len(killed)} process(es) left by the previous attempt: {killed}")
+    for name in ("model", "value_model", "eval.json", "human_check.json"):
+        path = out / name
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def write_human_check(ctx: Any, run_id: int) -> dict[str, Any]:

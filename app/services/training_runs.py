@@ -102,43 +102,16 @@ def _validate_config(kind: str, config: dict[str, Any], filled: dict[str, Any]) 
 
 def request_run(db: Session, project: Project, actor: User, *, data_dir: Path, kind: str, export_id: int,
                 base_model: str | None, reward_run_id: int | None, config: dict[str, Any]) -> tuple[TrainingRun, Job]:
+    """Check a run against the project (its export, base model, reward run and config) and queue it as a job."""
     projects.require_project_role(db, project, actor, CAN_TRAIN, "start training runs")
     if kind not in KINDS:
         raise Invalid(f"must be one of {', '.join(KINDS)}", field="kind")
-    export = db.get(Export, export_id)
-    if export is None or export.project_id != project.id:
-        raise Invalid("no such export in this project", field="export_id")
-    if export.deleted_at is not None:
-        raise Invalid("this export was deleted", field="export_id")
-    if export.kind != EXPORT_KIND[kind]:
-        raise Invalid(f"a {kind} run needs a {EXPORT_KIND[kind]} export, this one holds {export.kind}",
-                      field="export_id")
-    if not export.sha256:
-        raise Conflict("this export has not finished yet", field="export_id")
-    model_path = (base_model or "").strip()
-    if model_path:
-        if not (Path(model_path) / "config.json").is_file():
-            raise Invalid("not a model directory (no config.json there)", field="base_model")
-        try:
-            require_safetensors(model_path)
-        except UnsafeWeights as exc:  # said now, not after a job starts: pickle weights are never loaded
-            raise Invalid(str(exc).removeprefix("model: "), field="base_model") from None
-    elif kind in POLICY_KINDS:
-        raise Invalid(f"a {kind} run needs a base model directory (a causal LM)", field="base_model")
-    parent = None
-    if reward_run_id is not None:
-        parent = db.get(TrainingRun, reward_run_id)
-        if parent is None or parent.project_id != project.id:
-            raise Invalid("no such run in this project", field="reward_run_id")
-        if parent.kind != "reward" or parent.state != "succeeded" or not parent.model_dir:
-            raise Invalid("must be a finished reward-model run", field="reward_run_id")
+    export = _finished_export(db, project, kind, export_id)
+    model_path = _base_model(kind, base_model)
+    parent = _reward_run(db, project, kind, reward_run_id, config)
     if isinstance(config.get("server_base_url"), str):  # GRPO sampling through a server: a fetch the server makes
         config = dict(config) | {"server_base_url": endpoints.check_server_url(
             db, actor, config["server_base_url"], field="config.server_base_url")}
-    if kind in ONLINE_KINDS and parent is None and not config.get("reward_fn"):
-        raise Invalid(f"{kind.upper()} needs a reward model run or config.reward_fn", field="reward_run_id")
-    if kind in ("sft", "dpo") and parent is not None:  # (a reward run's parent is the one it is retrained from)
-        raise Invalid(f"a {kind} run learns from its export and takes no reward run", field="reward_run_id")
 
     run = TrainingRun(project_id=project.id, kind=kind, export_id=export.id, parent_run_id=reward_run_id,
                       base_model=model_path or None, state="queued", created_by_id=actor.id, config={})
@@ -156,6 +129,54 @@ def request_run(db: Session, project: Project, actor: User, *, data_dir: Path, k
     audit.record(db, actor, "training_run.create", project_id=project.id, object_type="training_run",
                  object_id=run.id, kind=kind, export_id=export.id)
     return run, job
+
+
+def _finished_export(db: Session, project: Project, kind: str, export_id: int) -> Export:
+    """The project's finished export of the kind a run of `kind` trains on, or Invalid naming export_id."""
+    export = db.get(Export, export_id)
+    if export is None or export.project_id != project.id:
+        raise Invalid("no such export in this project", field="export_id")
+    if export.deleted_at is not None:
+        raise Invalid("this export was deleted", field="export_id")
+    if export.kind != EXPORT_KIND[kind]:
+        raise Invalid(f"a {kind} run needs a {EXPORT_KIND[kind]} export, this one holds {export.kind}",
+                      field="export_id")
+    if not export.sha256:
+        raise Conflict("this export has not finished yet", field="export_id")
+    return export
+
+
+def _base_model(kind: str, base_model: str | None) -> str:
+    """The base model directory, checked now (a model directory of safetensors), or "" for the default."""
+    model_path = (base_model or "").strip()
+    if not model_path:
+        if kind in POLICY_KINDS:
+            raise Invalid(f"a {kind} run needs a base model directory (a causal LM)", field="base_model")
+        return ""
+    if not (Path(model_path) / "config.json").is_file():
+        raise Invalid("not a model directory (no config.json there)", field="base_model")
+    try:
+        require_safetensors(model_path)
+    except UnsafeWeights as exc:  # said now, not after a job starts: pickle weights are never loaded
+        raise Invalid(str(exc).removeprefix("model: "), field="base_model") from None
+    return model_path
+
+
+def _reward_run(db: Session, project: Project, kind: str, reward_run_id: int | None,
+                config: dict[str, Any]) -> TrainingRun | None:
+    """The finished reward-model run a run optimises (or a reward run is retrained from), when one is named."""
+    parent = None
+    if reward_run_id is not None:
+        parent = db.get(TrainingRun, reward_run_id)
+        if parent is None or parent.project_id != project.id:
+            raise Invalid("no such run in this project", field="reward_run_id")
+        if parent.kind != "reward" or parent.state != "succeeded" or not parent.model_dir:
+            raise Invalid("must be a finished reward-model run", field="reward_run_id")
+    if kind in ONLINE_KINDS and parent is None and not config.get("reward_fn"):
+        raise Invalid(f"{kind.upper()} needs a reward model run or config.reward_fn", field="reward_run_id")
+    if kind in ("sft", "dpo") and parent is not None:
+        raise Invalid(f"a {kind} run learns from its export and takes no reward run", field="reward_run_id")
+    return parent
 
 
 def get_visible(db: Session, run_id: int, user: User) -> TrainingRun:

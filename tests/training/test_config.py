@@ -22,7 +22,9 @@ def test_grpo_and_ppo_share_the_rl_fields_with_their_own_defaults():
 
 
 def test_every_field_has_its_doc_inherited_or_its_own():
-    for cls in (GRPOConfig, PPOConfig):
+    from training.config import DPOConfig, RewardConfig, RFTConfig, SFTConfig
+
+    for cls in (GRPOConfig, PPOConfig, SFTConfig, RewardConfig, DPOConfig, RFTConfig):
         docs = field_docs(cls)
         assert list(docs) == [f.name for f in dataclasses.fields(cls)]
         assert all(docs.values())
@@ -47,3 +49,14 @@ def test_set_reaches_shared_and_own_fields():
     assert (ppo.reward_weights, ppo.vf_coef) == ([0.5], 0.2)
     with pytest.raises(ValueError, match="reward_weights"):
         PPOConfig(reward_weights=[1.0, 2.0])
+
+
+def test_set_values_are_coerced_strictly_and_errors_name_the_field():
+    config = load_config(GRPOConfig, None, ["reward_fn=gsm8k_exact_match,format_regex", "eval_temperature=none",
+                                            "server_base_url=http://x", "server_model=7", "lora_target_modules=q_proj"])
+    assert config.reward_fn == ["gsm8k_exact_match", "format_regex"] and config.eval_temperature is None
+    assert config.server_model == "7" and config.lora_target_modules == "q_proj"  # text stays text
+    for item, field in [("group_size=3.5", "group_size"), ("lora=maybe", "lora"), ("reward_weights=[1, \"x\"]",
+                        "reward_weights\\[1\\]"), ("aggregation=mean", "aggregation")]:
+        with pytest.raises(ValueError, match=f"^{field}"):
+            load_config(GRPOConfig, None, [item, "reward_fn=a"])
