@@ -137,6 +137,15 @@ def train_trl(model_dir: Path, steps: int, out: Path) -> dict[str, Any]:
             **heldout_scores(trainer.model, model_dir, pairs(128, seed=1))}
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident set (VmHWM). Not getrusage's ru_maxrss: Linux carries that over from the
+    parent this process was forked from, so a big parent would set every worker's figure."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # not Linux: the closest figure there is
+
+
 def one_run(tool: str, model_dir: Path, steps: int) -> dict[str, Any]:
     """A run of `tool` in a process of its own: its timings, held-out scores and peak RSS."""
     done = subprocess.run([sys.executable, __file__, "--worker", tool, "--model", str(model_dir),
@@ -195,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as out:
             train = train_preflab if args.worker == "preflab" else train_trl
             result = train(Path(args.model), args.steps, Path(out))
-        result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        result["peak_rss_mb"] = peak_rss_mb()
         print(json.dumps(result))
         return 0
     for row in run(args.steps, args.repeats, args.vocab):

@@ -1,8 +1,10 @@
 """The `train` job: run the trainer as a subprocess in its own process group, follow it, stop it on cancel.
 
-The trainer writes metrics.jsonl, eval.json and the model directory under DATA_DIR/runs/<id>/; the job
-reports progress from metrics.jsonl and, on a retry after a worker crash, asks the trainer to resume
-from its checkpoint. A non-zero exit fails the run with the tail of its log.
+The trainer writes metrics.jsonl, run.json, eval.json and the model directory under DATA_DIR/runs/<id>/; the job
+reports progress from what the trainer wrote (its last logged step of its total) and, on a retry after a worker
+crash, asks the trainer to resume from its checkpoint. A non-zero exit fails the run with the trainer's last
+exception line; the whole log is the job's. A supervisor process between the worker and the trainer takes the
+trainer down the moment the worker dies (`supervise`).
 """
 
 from __future__ import annotations
