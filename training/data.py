@@ -264,11 +264,9 @@ def load_pairs(path: str | Path, split: str | None = None) -> list[PairRow]:
             split=_split(where, record.get("split")),
             extra={k: v for k, v in record.items() if k not in PAIR_FIELDS},
         )
-        if split is None or row.split is None or row.split == split:
+        if _in_split(row, split):
             rows.append(row)
-    if not rows:
-        raise DataError(f"{path}: no pairs" + (f" in split {split!r}" if split else ""))
-    return rows
+    return _nonempty(rows, path, "pairs", split)
 
 
 def load_prompts(path: str | Path, split: str | None = None) -> list[PromptRow]:
@@ -294,11 +292,9 @@ def load_prompts(path: str | Path, split: str | None = None) -> list[PromptRow]:
             reference = str(reference)
         row = PromptRow(prompt=prompt, reference=reference, split=_split(where, record.get("split")),
                         extra={k: v for k, v in record.items() if k not in PROMPT_FIELDS})
-        if split is None or row.split is None or row.split == split:
+        if _in_split(row, split):
             rows.append(row)
-    if not rows:
-        raise DataError(f"{path}: no prompts" + (f" in split {split!r}" if split else ""))
-    return rows
+    return _nonempty(rows, path, "prompts", split)
 
 
 def load_sft(path: str | Path, split: str | None = None) -> list[SFTRow]:
@@ -320,10 +316,19 @@ def load_sft(path: str | Path, split: str | None = None) -> list[SFTRow]:
             raise DataError(f"{where}: missing field 'completion' (or chat 'messages')")
         row = SFTRow(prompt=prompt, completion=completion, split=_split(where, record.get("split")),
                      extra={k: v for k, v in record.items() if k not in SFT_FIELDS})
-        if split is None or row.split is None or row.split == split:
+        if _in_split(row, split):
             rows.append(row)
+    return _nonempty(rows, path, "SFT rows", split)
+
+
+def _in_split(row: Any, split: str | None) -> bool:
+    """Whether a row belongs to `split` (every row does when no split is asked for, and so does a row without one)."""
+    return split is None or row.split is None or row.split == split
+
+
+def _nonempty(rows: list[Any], path: str | Path, what: str, split: str | None) -> list[Any]:
     if not rows:
-        raise DataError(f"{path}: no SFT rows" + (f" in split {split!r}" if split else ""))
+        raise DataError(f"{path}: no {what}" + (f" in split {split!r}" if split else ""))
     return rows
 
 
