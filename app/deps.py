@@ -10,7 +10,7 @@ from urllib.parse import quote, urlsplit
 from fastapi import Depends, HTTPException, Request
 from sqlalchemy.orm import Session
 
-from app import security
+from app import permissions, security
 from app.db import session_scope
 from app.models import User
 from app.services import users
@@ -79,19 +79,19 @@ def page_user(request: Request, user: Annotated[User | None, Depends(optional_us
     return user
 
 
-def _require_role(*roles: str):  # type: ignore[no-untyped-def]
+def _account_action(action: str):  # type: ignore[no-untyped-def]
+    """For the API: 403 unless the account's role allows `action` (app.permissions)."""
     def check(user: Annotated[User, Depends(api_user)]) -> User:
-        if user.role not in roles:
-            raise HTTPException(403, f"this needs the {' or '.join(roles)} role")
+        permissions.require_account(user, action)
         return user
 
     return check
 
 
-def _require_page_role(*roles: str):  # type: ignore[no-untyped-def]
+def _account_action_page(action: str):  # type: ignore[no-untyped-def]
+    """The same for pages, where a visitor who is not logged in is sent to the login page first."""
     def check(user: Annotated[User, Depends(page_user)]) -> User:
-        if user.role not in roles:
-            raise HTTPException(403, f"this page needs the {' or '.join(roles)} role")
+        permissions.require_account(user, action)
         return user
 
     return check
@@ -123,5 +123,7 @@ async def csrf_guard(request: Request) -> None:
 CurrentUser = Annotated[User, Depends(api_user)]
 OptionalUser = Annotated[User | None, Depends(optional_user)]
 PageUser = Annotated[User, Depends(page_user)]
-AdminUser = Annotated[User, Depends(_require_role("admin"))]
-AdminPageUser = Annotated[User, Depends(_require_page_role("admin"))]
+AdminUser = Annotated[User, Depends(_account_action("users.manage"))]
+AdminPageUser = Annotated[User, Depends(_account_action_page("users.manage"))]
+EndpointAdmin = Annotated[User, Depends(_account_action("endpoints.manage"))]
+EndpointAdminPage = Annotated[User, Depends(_account_action_page("endpoints.manage"))]

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Form, Query, Request, Response
 from fastapi.responses import RedirectResponse
 from pydantic import BaseModel, Field
 
+from app import permissions
 from app.deps import CurrentUser, PageUser, SessionDep
 from app.errors import DomainError
 from app.schemas import Strict
@@ -75,7 +76,7 @@ class GoldOut(BaseModel):
 
 def _readable_project(db, project_id: int, user):  # type: ignore[no-untyped-def]
     project = projects.get_visible(db, project_id, user)  # 404 for non-members
-    projects.require_project_role(db, project, user, agreement.CAN_SEE, "see agreement figures")
+    permissions.require(db, user, project, "agreement.see")
     return project
 
 
@@ -116,7 +117,7 @@ def agreement_page(request: Request, project_id: int, db: SessionDep, user: Page
     # The selector submits "" for "all versions"; anything else that is not a number is treated the same.
     version = int(rubric_version) if rubric_version and rubric_version.isdigit() else None
     ctx: dict = {"project": project, "marked": marked,
-                 "can_set_gold": projects.may(db, project, user, gold.CAN_SET_GOLD)}
+                 "can_set_gold": permissions.may(db, user, project, "gold.manage")}
     try:
         ctx["report"] = agreement.project_report(db, project, rubric_version=version)
     except DomainError as exc:

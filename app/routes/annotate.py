@@ -11,11 +11,12 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from sqlalchemy import and_, bindparam, select
 from sqlalchemy.orm import Session
 
+from app import permissions
 from app.deps import PageUser, SessionDep, api_user, get_db, optional_user
-from app.errors import DomainError, Forbidden, Invalid, NotFound
+from app.errors import DomainError, Invalid, NotFound
 from app.models import Assignment, Project, ProjectMember, Prompt, Rubric, User
 from app.schemas import CompletionView, PromptView, RankingIn, RankingOut, RubricView, TaskOut
-from app.services import projects, queue, rankings, rubrics
+from app.services import queue, rankings, rubrics
 from app.services.pairs import expand_tiers
 from app.web import render
 
@@ -39,10 +40,9 @@ def _annotator_project(db: Session, project_id: int, user: User) -> Project:
     The current rubric comes in the same query, so `rubrics.current` later finds it in the session's identity map.
     """
     row = db.execute(_PROJECT_ROLE_RUBRIC, {"project_id": project_id, "user_id": user.id}).first()
-    if row is None or (user.role != "admin" and row.role is None):
+    if row is None:
         raise NotFound("no such project")
-    if user.role != "admin" and row.role not in projects.CAN_ANNOTATE:
-        raise Forbidden("you may not annotate in this project")
+    permissions.check_role(user.role, row.role, "annotate")
     # The identity map holds objects weakly: pin the rubric for the request, or it is collected and re-read.
     db.info.setdefault("pinned", []).append(row.Rubric)
     return row.Project

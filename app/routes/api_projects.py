@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, File, Query, Request, UploadFile
 from sqlalchemy.exc import IntegrityError
 
+from app import permissions
 from app.deps import CurrentUser, SessionDep
 from app.errors import Conflict, Invalid
 from app.schemas import (
@@ -95,7 +96,7 @@ async def import_file(
     = "error",
 ) -> ImportOut:
     project = projects.get_visible(db, project_id, user)
-    projects.require_project_role(db, project, user, projects.CAN_IMPORT, "import data")
+    permissions.require(db, user, project, "data.import")
     settings = request.app.state.settings
     data = await read_upload(file, settings.max_upload_mb)
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
+from app import permissions
 from app.deps import CurrentUser, PageUser, SessionDep
 from app.errors import DomainError, Invalid
 from app.models import Constitution
@@ -62,7 +63,7 @@ def _principles_from_form(form) -> list[dict]:  # type: ignore[no-untyped-def]
 @router.get("/projects/{project_id}/constitution", include_in_schema=False)
 def editor(request: Request, project_id: int, db: SessionDep, user: PageUser) -> Response:
     project = projects.get_visible(db, project_id, user)
-    projects.require_project_role(db, project, user, projects.CAN_MANAGE, "edit the constitution")
+    permissions.require(db, user, project, "constitution.edit")
     current = constitutions.current(db, project)
     principles = current.principles if current else constitutions.DEFAULT_PRINCIPLES
     return render(request, "constitution_edit.html", {

@@ -10,6 +10,7 @@ from fastapi.responses import FileResponse, RedirectResponse, Response
 from pydantic import BaseModel, Field
 from sqlalchemy.orm import Session
 
+from app import permissions
 from app.deps import CurrentUser, PageUser, SessionDep
 from app.errors import DomainError
 from app.models import Export, Rubric
@@ -113,8 +114,8 @@ def _page_context(db: Session, project, user) -> dict[str, Any]:  # type: ignore
 
     items = exports.list_for_project(db, project)
     rows = [(e, exports.status(db, e)) for e in items]
-    return {"project": project, "rows": rows, "can_export": projects.may(db, project, user, exports.CAN_EXPORT),
-            "can_delete": projects.may(db, project, user, exports.CAN_DELETE),
+    return {"project": project, "rows": rows, "can_export": permissions.may(db, user, project, "export.create"),
+            "can_delete": permissions.may(db, user, project, "export.delete"),
             "active": any(s in ("queued", "running") for _, s in rows), "form": {},
             "rubric_versions": list(db.scalars(select(Rubric.version).where(Rubric.project_id == project.id)
                                                .order_by(Rubric.version))),

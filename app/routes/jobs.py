@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse, Response
 
+from app import permissions
 from app.deps import CurrentUser, PageUser, SessionDep
 from app.errors import DomainError, Invalid
 from app.models import Job
@@ -58,14 +59,14 @@ def cancel_job(job_id: int, db: SessionDep, user: CurrentUser) -> JobOut:
 def _require_manage(db, job: Job, user) -> None:  # type: ignore[no-untyped-def]
     if job.project_id is not None:
         project = projects.get_visible(db, job.project_id, user)
-        projects.require_project_role(db, project, user, sampling.CAN_SAMPLE, "cancel jobs")
+        permissions.require(db, user, project, "sampling.start", doing="cancel jobs")
 
 
 # --- pages --------------------------------------------------------------------------------------
 
 def _jobs_context(db, project, user) -> dict:  # type: ignore[no-untyped-def]
     items = jobs.list_for_project(db, project)
-    return {"project": project, "jobs": items, "can_sample": projects.may(db, project, user, sampling.CAN_SAMPLE),
+    return {"project": project, "jobs": items, "can_sample": permissions.may(db, user, project, "sampling.start"),
             "active": any(j.state in ("queued", "running") for j in items), "form": {},
             "endpoints": endpoints.list_endpoints(db)}
 
@@ -111,7 +112,7 @@ def job_page(request: Request, job_id: int, db: SessionDep, user: PageUser) -> R
     project = projects.get_visible(db, job.project_id, user) if job.project_id else None
     ctx = {"job": job, "out": job_out(job), "project": project,
            "log": jobs.log_tail(request.app.state.settings.data_dir, job.id),
-           "can_cancel": project is not None and projects.may(db, project, user, sampling.CAN_SAMPLE)}
+           "can_cancel": project is not None and permissions.may(db, user, project, "sampling.start")}
     return render(request, "job.html", ctx, block="job_status")
 
 

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
 from sqlalchemy import select
 
+from app import permissions
 from app.deps import CurrentUser, PageUser, SessionDep
 from app.errors import DomainError, Invalid
 from app.models import Completion, JudgeRun
@@ -63,8 +64,8 @@ def _context(db, project, user) -> dict:  # type: ignore[no-untyped-def]
     runs = list(db.scalars(select(JudgeRun).where(JudgeRun.project_id == project.id).order_by(JudgeRun.id.desc())))
     return {"project": project, "runs": runs, "report": judging.judge_agreement(db, project),
             "constitution": constitutions.current(db, project), "form": {},
-            "can_judge": projects.may(db, project, user, judging.CAN_JUDGE),
-            "can_manage": projects.may(db, project, user, projects.CAN_MANAGE),
+            "can_judge": permissions.may(db, user, project, "judge.start"),
+            "can_manage": permissions.may(db, user, project, "labels.decide"),
             "endpoints": endpoints.list_endpoints(db)}
 
 
@@ -151,8 +152,8 @@ def revisions_page(request: Request, project_id: int, db: SessionDep, user: Page
     project = projects.get_visible(db, project_id, user)
     return render(request, "revisions.html", {
         "project": project, "items": revisions.list_revisions(db, project), "form": {},
-        "can_manage": projects.may(db, project, user, projects.CAN_MANAGE),
-        "can_revise": projects.may(db, project, user, revisions.CAN_REVISE)})
+        "can_manage": permissions.may(db, user, project, "labels.decide"),
+        "can_revise": permissions.may(db, user, project, "revisions.start")})
 
 
 @router.post("/projects/{project_id}/revisions/start", include_in_schema=False)
@@ -167,7 +168,7 @@ def start_revisions_from_page(request: Request, project_id: int, db: SessionDep,
     except DomainError as exc:
         return render(request, "revisions.html", {
             "project": project, "items": revisions.list_revisions(db, project), "error": exc,
-            "form": {"model": model}, "can_manage": projects.may(db, project, user, projects.CAN_MANAGE),
+            "form": {"model": model}, "can_manage": permissions.may(db, user, project, "labels.decide"),
             "can_revise": True}, status_code=exc.status_code)
     return RedirectResponse(f"/projects/{project.id}/jobs", status_code=303)
 

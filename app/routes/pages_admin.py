@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse, Response
 
-from app.deps import AdminPageUser, SessionDep
+from app.deps import AdminPageUser, EndpointAdminPage, SessionDep
 from app.errors import DomainError
 from app.models import ROLES
 from app.services import endpoints, users
@@ -59,12 +59,12 @@ def _endpoints_page(request: Request, db: SessionDep, error: DomainError | None 
 
 
 @router.get("/admin/endpoints")
-def endpoints_page(request: Request, db: SessionDep, admin: AdminPageUser) -> Response:
+def endpoints_page(request: Request, db: SessionDep, admin: EndpointAdminPage) -> Response:
     return _endpoints_page(request, db)
 
 
 @router.post("/admin/endpoints")
-def create_endpoint(request: Request, db: SessionDep, admin: AdminPageUser,
+def create_endpoint(request: Request, db: SessionDep, admin: EndpointAdminPage,
                     name: Annotated[str, Form(max_length=100)], base_url: Annotated[str, Form(max_length=1000)],
                     model: Annotated[str, Form(max_length=300)], api_key: Annotated[str, Form(max_length=500)] = "",
                     allow_private: Annotated[str, Form()] = "") -> Response:
@@ -79,7 +79,7 @@ def create_endpoint(request: Request, db: SessionDep, admin: AdminPageUser,
 
 
 @router.post("/admin/endpoints/{endpoint_id}")
-def update_endpoint(request: Request, endpoint_id: int, db: SessionDep, admin: AdminPageUser,
+def update_endpoint(request: Request, endpoint_id: int, db: SessionDep, admin: EndpointAdminPage,
                     name: Annotated[str, Form(max_length=100)], base_url: Annotated[str, Form(max_length=1000)],
                     model: Annotated[str, Form(max_length=300)], api_key: Annotated[str, Form(max_length=500)] = "",
                     clear_api_key: Annotated[str, Form()] = "", allow_private: Annotated[str, Form()] = "") -> Response:
@@ -94,6 +94,6 @@ def update_endpoint(request: Request, endpoint_id: int, db: SessionDep, admin: A
 
 
 @router.post("/admin/endpoints/{endpoint_id}/delete")
-def delete_endpoint(endpoint_id: int, db: SessionDep, admin: AdminPageUser) -> Response:
+def delete_endpoint(endpoint_id: int, db: SessionDep, admin: EndpointAdminPage) -> Response:
     endpoints.delete(db, admin, endpoints.get(db, endpoint_id))
     return RedirectResponse("/admin/endpoints", status_code=303)

@@ -7,11 +7,12 @@ from typing import Annotated
 from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import RedirectResponse, Response
 
+from app import permissions
 from app.deps import PageUser, SessionDep
 from app.errors import DomainError
 from app.models import MEMBER_ROLES
 from app.routes.api_projects import read_upload
-from app.services import agreement, imports, jobs, projects, rubrics
+from app.services import imports, jobs, projects, rubrics
 from app.web import render
 
 router = APIRouter(include_in_schema=False)
@@ -58,10 +59,10 @@ def _project_context(db, project, user) -> dict:  # type: ignore[no-untyped-def]
         "counts": projects.counts(db, project),
         "rubric": rubrics.current(db, project),
         "members": projects.list_members(db, project),
-        "can_manage": projects.may(db, project, user, projects.CAN_MANAGE),
-        "can_import": projects.may(db, project, user, projects.CAN_IMPORT),
-        "can_annotate": projects.may(db, project, user, projects.CAN_ANNOTATE),
-        "can_see_agreement": projects.may(db, project, user, agreement.CAN_SEE),
+        "can_manage": permissions.may(db, user, project, "members.manage"),
+        "can_import": permissions.may(db, user, project, "data.import"),
+        "can_annotate": permissions.may(db, user, project, "annotate"),
+        "can_see_agreement": permissions.may(db, user, project, "agreement.see"),
         "member_roles": MEMBER_ROLES,
         "running_jobs": sum(1 for j in jobs.list_for_project(db, project) if j.state in ("queued", "running")),
     }
@@ -97,7 +98,7 @@ def remove_member(project_id: int, user_id: int, db: SessionDep, user: PageUser)
 @router.get("/projects/{project_id}/rubric")
 def rubric_editor(request: Request, project_id: int, db: SessionDep, user: PageUser) -> Response:
     project = projects.get_visible(db, project_id, user)
-    projects.require_project_role(db, project, user, projects.CAN_MANAGE, "edit the rubric")
+    permissions.require(db, user, project, "rubric.edit")
     current = rubrics.current(db, project)
     return render(request, "rubric_edit.html", {
         "project": project, "rubric": current, "text": current.text if current else "",
@@ -144,7 +145,7 @@ def rubric_history(request: Request, project_id: int, db: SessionDep, user: Page
 @router.get("/projects/{project_id}/import")
 def import_page(request: Request, project_id: int, db: SessionDep, user: PageUser) -> Response:
     project = projects.get_visible(db, project_id, user)
-    projects.require_project_role(db, project, user, projects.CAN_IMPORT, "import data")
+    permissions.require(db, user, project, "data.import")
     return render(request, "import.html", {"project": project})
 
 
@@ -153,7 +154,7 @@ async def import_upload(request: Request, project_id: int, db: SessionDep, user:
                         file: Annotated[UploadFile, File()],
                         on_duplicate: Annotated[str, Form()] = "error") -> Response:
     project = projects.get_visible(db, project_id, user)
-    projects.require_project_role(db, project, user, projects.CAN_IMPORT, "import data")
+    permissions.require(db, user, project, "data.import")
     settings = request.app.state.settings
     ctx: dict = {"project": project, "filename": file.filename}
     try:

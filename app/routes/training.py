@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
 
+from app import permissions
 from app.deps import CurrentUser, PageUser, SessionDep
 from app.errors import DomainError, Invalid
 from app.models import Export, Job, Project, TrainingRun
@@ -63,8 +64,8 @@ def cancel_run(run_id: int, db: SessionDep, user: CurrentUser) -> TrainingRunOut
 
 
 def _sample_into_project(db, run: TrainingRun, user, body: SampleIntoProjectIn):  # type: ignore[no-untyped-def]
-    projects.require_project_role(db, db.get(Project, run.project_id), user, sampling.CAN_SAMPLE,
-                                  "sample into the project")
+    permissions.require(db, user, db.get(Project, run.project_id), "sampling.start",
+                        doing="sample into the project")
     if run.kind not in training_runs.POLICY_KINDS:
         raise Invalid(f"only policy runs ({', '.join(training_runs.POLICY_KINDS)}) can sample", field="run_id")
     if run.state != "succeeded" or not run.model_dir:
@@ -89,7 +90,7 @@ def _sample_into_project(db, run: TrainingRun, user, body: SampleIntoProjectIn):
 def recheck_against_humans(run_id: int, db: SessionDep, user: CurrentUser) -> JobAccepted:
     run = training_runs.get_visible(db, run_id, user)
     project = db.get(Project, run.project_id)
-    projects.require_project_role(db, project, user, training_runs.CAN_TRAIN, "check reward models")
+    permissions.require(db, user, project, "training.start", doing="check reward models")
     if run.kind != "reward" or run.state != "succeeded":
         raise Invalid("only a finished reward-model run can be checked", field="run_id")
     job = jobs.enqueue(db, "rm_check", {"training_run_id": run.id}, project=project, actor=user)
@@ -127,7 +128,7 @@ def _list_context(db, project, user) -> dict:  # type: ignore[no-untyped-def]
     rows = [(r, training_runs.read_eval(r), (training_runs.read_metrics(r, last=1) or [{}])[-1]) for r in runs]
     return {"project": project, "rows": rows, "exports": _exports(db, project), "form": {},
             "reward_runs": [r for r in runs if r.kind == "reward" and r.state == "succeeded"],
-            "can_train": projects.may(db, project, user, training_runs.CAN_TRAIN),
+            "can_train": permissions.may(db, user, project, "training.start"),
             "kinds": training_runs.KINDS, "fields": {k: training_runs.config_fields(k) for k in training_runs.KINDS}}
 
 
@@ -187,7 +188,7 @@ def run_page(request: Request, run_id: int, db: SessionDep, user: PageUser) -> R
            "human_check": training_runs.read_human_check(run),
            "log": jobs.log_tail(request.app.state.settings.data_dir, run.job_id) if run.job_id else "",
            "samples": samples, "config_json": json.dumps((run.config or {}).get("user", {}), indent=2),
-           "can_train": projects.may(db, project, user, training_runs.CAN_TRAIN),
+           "can_train": permissions.may(db, user, project, "training.start"),
            "trackers": training_runs.read_trackers(run), "policy_kinds": training_runs.POLICY_KINDS}
     return render(request, "training_run.html", ctx, block="live")
 
@@ -213,8 +214,8 @@ def _latest_samples(run: TrainingRun, limit: int = 8) -> list[dict]:
 @router.post("/training-runs/{run_id}/cancel", include_in_schema=False)
 def cancel_from_page(run_id: int, db: SessionDep, user: PageUser) -> Response:
     run = training_runs.get_visible(db, run_id, user)
-    projects.require_project_role(db, db.get(Project, run.project_id), user, training_runs.CAN_TRAIN,
-                                  "cancel training runs")
+    permissions.require(db, user, db.get(Project, run.project_id), "training.start",
+                        doing="cancel training runs")
     if run.state not in ("succeeded", "failed", "cancelled"):
         training_runs.cancel(db, run, user)
     return RedirectResponse(f"/training-runs/{run.id}", status_code=303)

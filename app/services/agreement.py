@@ -25,7 +25,6 @@ from app.services.pairs import expand_tiers
 Tiers = Sequence[Sequence[int]]
 
 # Who may read the figures (admins always may): not annotators, whose own numbers would change how they rank.
-CAN_SEE = {"lead", "engineer"}
 
 
 # ---------------------------------------------------------------------------------------------------------

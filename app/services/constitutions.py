@@ -6,6 +6,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from app import permissions
 from app.errors import Invalid
 from app.models import Constitution, Project, User
 from app.services import versions
@@ -88,10 +89,9 @@ def current(db: Session, project: Project) -> Constitution | None:
 
 def create_version(db: Session, project: Project, author: User, *, principles: list[dict[str, Any]],
                    base_version: int | None, note: str = "", check_permission: bool = True) -> Constitution:
-    from app.services import projects
 
     if check_permission:
-        projects.require_project_role(db, project, author, projects.CAN_MANAGE, "edit the constitution")
+        permissions.require(db, author, project, "constitution.edit")
     return versions.save(db, project, author, Constitution, base_version=base_version,
                          principles=clean_principles(principles), note=note.strip()[:500])
 

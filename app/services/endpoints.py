@@ -12,7 +12,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.errors import Conflict, Forbidden, Invalid, NotFound
+from app import permissions
+from app.errors import Conflict, Invalid, NotFound
 from app.models import ModelEndpoint, User
 from app.services import audit, outbound
 
@@ -28,11 +29,6 @@ def get(db: Session, endpoint_id: int) -> ModelEndpoint:
     if endpoint is None:
         raise NotFound("no such model endpoint")
     return endpoint
-
-
-def _require_admin(actor: User) -> None:
-    if actor.role != "admin":
-        raise Forbidden("only admins configure model endpoints")
 
 
 def _clean_name(db: Session, name: str, current: ModelEndpoint | None = None) -> str:
@@ -57,7 +53,7 @@ def _clean_model(model: str) -> str:
 def create(db: Session, actor: User, *, name: str, base_url: str, model: str, api_key: str | None = None,
            allow_private: bool = False) -> ModelEndpoint:
     """A new endpoint, or Invalid / Conflict naming the field. The URL is checked (and resolved) now."""
-    _require_admin(actor)
+    permissions.require_account(actor, "endpoints.manage")
     endpoint = ModelEndpoint(name=_clean_name(db, name), model=_clean_model(model),
                              base_url=outbound.check_base_url(base_url, allow_private=allow_private),
                              api_key=(api_key or "").strip() or None, allow_private=bool(allow_private),
@@ -74,7 +70,7 @@ def update(db: Session, actor: User, endpoint: ModelEndpoint, *, name: str | Non
            clear_api_key: bool = False, allow_private: bool | None = None) -> ModelEndpoint:
     """Change the given fields. `api_key=None` keeps the stored key (it is never shown, so forms send it blank);
     `clear_api_key` removes it."""
-    _require_admin(actor)
+    permissions.require_account(actor, "endpoints.manage")
     changed: list[str] = []
     if name is not None and name.strip() != endpoint.name:
         endpoint.name = _clean_name(db, name, endpoint)
@@ -103,7 +99,7 @@ def update(db: Session, actor: User, endpoint: ModelEndpoint, *, name: str | Non
 
 def delete(db: Session, actor: User, endpoint: ModelEndpoint) -> None:
     """Remove the endpoint; queued jobs that picked it fail with a clear reason when a worker reaches them."""
-    _require_admin(actor)
+    permissions.require_account(actor, "endpoints.manage")
     audit.record(db, actor, "model_endpoint.delete", object_type="model_endpoint", object_id=endpoint.id,
                  name=endpoint.name)
     db.delete(endpoint)
@@ -137,7 +133,7 @@ def choose(db: Session, actor: User, generator: dict[str, Any], *, field: str = 
         return spec
     if not spec.get("base_url"):
         raise Invalid("pick a model endpoint (endpoint_id)", field=f"{field}.endpoint_id")
-    if actor.role != "admin":
+    if not permissions.may_account(actor, "endpoints.manage"):
         raise Invalid("server URLs are configured by admins; pick a model endpoint (endpoint_id) instead",
                       field=f"{field}.base_url")
     if spec.get("api_key"):
@@ -205,6 +201,6 @@ def check_server_url(db: Session, actor: User, url: str, *, field: str) -> str:
     for endpoint in list_endpoints(db):
         if endpoint.base_url.rstrip("/") == wanted:
             return outbound.check_base_url(endpoint.base_url, field=field, allow_private=endpoint.allow_private)
-    if actor.role != "admin":
+    if not permissions.may_account(actor, "endpoints.manage"):
         raise Invalid("must be the base URL of a model endpoint an admin configured", field=field)
     return outbound.check_base_url(wanted, field=field)

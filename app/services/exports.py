@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app import permissions
 from app.errors import DomainError, Invalid, NotFound
 from app.models import LABEL_SOURCES, SPLITS, Constitution, Export, Job, Project, Rubric, User, utcnow
 from app.services import audit, jobs, projects
@@ -23,8 +24,6 @@ FORMATS = ("jsonl", "parquet", "hf")
 AGGREGATIONS = ("raw", "aggregated")
 CONFLICTS = ("keep", "drop")
 FLAGGED = ("include", "exclude", "only")
-CAN_EXPORT = {"lead", "engineer"}
-CAN_DELETE = {"lead"}
 
 # Which filters each kind understands; anything else is refused by name.
 _LABEL_FILTERS = ("source", "rubric_versions", "constitution_versions", "flagged", "created_after", "created_before",
@@ -164,7 +163,7 @@ def create_export(db: Session, project: Project, actor: User | None, *, kind: st
 def request_export(db: Session, project: Project, actor: User, kind: str, format: str,
                    filters: dict[str, Any] | None = None, aggregation: str = "raw", conflicts: str = "keep") -> Export:
     """Record the Export and enqueue its `export` job in the caller's transaction (leads, engineers, admins)."""
-    projects.require_project_role(db, project, actor, CAN_EXPORT, "export data")
+    permissions.require(db, actor, project, "export.create")
     export = create_export(db, project, actor, kind=kind, format=format, filters=filters, aggregation=aggregation,
                            conflicts=conflicts)
     job = jobs.enqueue(db, "export", {"export_id": export.id}, project=project, actor=actor, max_attempts=2)
@@ -234,7 +233,7 @@ def delete(db: Session, export: Export, actor: User, *, data_dir: Path | None = 
     With `data_dir`, also the temp directory a killed, never-retried attempt left behind."""
     project = db.get(Project, export.project_id)
     assert project is not None
-    projects.require_project_role(db, project, actor, CAN_DELETE, "delete exports")
+    permissions.require(db, actor, project, "export.delete")
     if export.deleted_at is not None:
         return export
     export.deleted_at = utcnow()

@@ -8,11 +8,10 @@ from typing import Any
 from sqlalchemy import null, select, update
 from sqlalchemy.orm import Session
 
+from app import permissions
 from app.errors import Invalid, NotFound
 from app.models import Completion, Project, Prompt, User
-from app.services import audit, projects
-
-CAN_SET_GOLD = projects.CAN_MANAGE  # leads (and admins, who may do everything)
+from app.services import audit
 
 
 def _prompt(db: Session, project: Project, prompt_id: int) -> Prompt:
@@ -48,7 +47,7 @@ def validate_gold_tiers(tiers: Any, completion_ids: set[int]) -> list[list[int]]
 
 def set_gold(db: Session, project: Project, prompt_id: int, tiers: Any, actor: User) -> Prompt:
     """Mark a prompt as a gold task with a known correct order (completion ids, best tier first)."""
-    projects.require_project_role(db, project, actor, CAN_SET_GOLD, "set gold tasks")
+    permissions.require(db, actor, project, "gold.manage")
     prompt = _prompt(db, project, prompt_id)
     ids = set(db.scalars(select(Completion.id).where(Completion.prompt_id == prompt.id)))
     prompt.gold_tiers = validate_gold_tiers(tiers, ids)
@@ -60,7 +59,7 @@ def set_gold(db: Session, project: Project, prompt_id: int, tiers: Any, actor: U
 
 def clear_gold(db: Session, project: Project, prompt_id: int, actor: User) -> Prompt:
     """Turn a gold task back into an ordinary prompt."""
-    projects.require_project_role(db, project, actor, CAN_SET_GOLD, "clear gold tasks")
+    permissions.require(db, actor, project, "gold.manage", doing="clear gold tasks")
     prompt = _prompt(db, project, prompt_id)
     had = prompt.gold_tiers
     prompt.gold_tiers = null()  # SQL NULL, not the JSON value null, so `gold_tiers IS NULL` finds it
@@ -91,7 +90,7 @@ def gold_from_metadata(db: Session, project: Project, *, limit: int | None = Non
     alone. At most `limit` prompts are marked, in prompt id order. Returns how many were marked.
     """
     if actor is not None:
-        projects.require_project_role(db, project, actor, CAN_SET_GOLD, "set gold tasks")
+        permissions.require(db, actor, project, "gold.manage")
     if limit is not None and limit < 1:
         raise Invalid("must be at least 1", field="limit")
     candidates = [(pid, meta) for pid, meta, tiers in db.execute(

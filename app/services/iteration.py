@@ -13,9 +13,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from app import permissions
 from app.errors import Invalid
 from app.models import Export, Job, Project, TrainingRun, User
-from app.services import exports, projects, sampling, training_runs
+from app.services import exports, sampling, training_runs
 
 STEPS = ("export_pairs", "reward", "export_prompts", "policy", "sample")
 
@@ -23,7 +24,7 @@ STEPS = ("export_pairs", "reward", "export_prompts", "policy", "sample")
 def start(db: Session, run: TrainingRun, actor: User, *, replay_share: float, k: int | None) -> Job:
     """Begin a round from a finished policy run; returns the first step's job."""
     project = db.get(Project, run.project_id)
-    projects.require_project_role(db, project, actor, training_runs.CAN_TRAIN, "start an iteration")
+    permissions.require(db, actor, project, "training.start", doing="start an iteration")
     if run.kind not in ("grpo", "ppo") or run.state != "succeeded":
         raise Invalid("iterate from a finished GRPO or PPO run", field="run_id")
     reward = db.get(TrainingRun, run.parent_run_id) if run.parent_run_id else None

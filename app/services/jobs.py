@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
+from app import permissions
 from app.errors import Conflict, Invalid, NotFound
 from app.models import Job, Project, User, utcnow
 from app.services import audit
@@ -179,7 +180,7 @@ def get_visible(db: Session, job_id: int, user: User) -> Job:
     if job is None:
         raise NotFound("no such job")
     if job.project_id is None:
-        if user.role != "admin":
+        if user.role != permissions.ADMIN:  # jobs outside any project are the admins'
             raise NotFound("no such job")
         return job
     projects.get_visible(db, job.project_id, user)  # NotFound unless the user may see the project

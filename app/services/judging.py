@@ -9,11 +9,11 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app import permissions
 from app.errors import Invalid
 from app.models import Constitution, Job, JudgeRun, Pair, Project, Prompt, Ranking, User
-from app.services import agreement, audit, constitutions, endpoints, jobs, projects
+from app.services import agreement, audit, constitutions, endpoints, jobs
 
-CAN_JUDGE = {"lead", "engineer"}
 CALIBRATION_BINS = 5
 
 
@@ -21,7 +21,7 @@ def request_judge_run(db: Session, project: Project, actor: User, *, constitutio
                       generator: dict[str, Any], mode: str, principles: str, prompt_ids: list[int] | None,
                       seed: int, low_confidence: float, route_low_confidence: bool) -> tuple[JudgeRun, Job]:
     """A JudgeRun and its queued `judge` job, or Invalid naming the field when something can be checked now."""
-    projects.require_project_role(db, project, actor, CAN_JUDGE, "run the AI judge")
+    permissions.require(db, actor, project, "judge.start")
     if constitution_version is None:
         constitution = constitutions.ensure_default(db, project, actor)
     else:
@@ -51,7 +51,7 @@ def ai_labels_enabled(project: Project) -> bool:
 
 def set_ai_labels(db: Session, project: Project, actor: User, enabled: bool) -> None:
     """The lead's explicit decision whether AI labels may be used for training (exports exclude them otherwise)."""
-    projects.require_project_role(db, project, actor, projects.CAN_MANAGE, "decide on AI labels")
+    permissions.require(db, actor, project, "labels.decide")
     project.settings = dict(project.settings or {}) | {"ai_labels_for_training": bool(enabled)}
     audit.record(db, actor, "ai_labels.set", project_id=project.id, object_type="project", object_id=project.id,
                  enabled=bool(enabled))

@@ -7,19 +7,15 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.errors import Conflict, Forbidden, Invalid, NotFound
+from app import permissions
+from app.errors import Conflict, Invalid, NotFound
 from app.models import MEMBER_ROLES, Completion, Pair, Project, ProjectMember, Prompt, Ranking, Rubric, User
 from app.services import audit, users
-
-# What each project role may do; admins may do everything everywhere.
-CAN_MANAGE = {"lead"}  # rubric, members, settings
-CAN_IMPORT = {"lead", "engineer"}
-CAN_ANNOTATE = {"annotator", "lead"}
 
 
 def visible_query(user: User):  # type: ignore[no-untyped-def]
     query = select(Project).order_by(Project.name)
-    if user.role != "admin":
+    if user.role != permissions.ADMIN:
         query = query.join(ProjectMember).where(ProjectMember.user_id == user.id)
     return query
 
@@ -28,36 +24,20 @@ def list_visible(db: Session, user: User) -> list[Project]:
     return list(db.scalars(visible_query(user)))
 
 
-def member_role(db: Session, project: Project, user: User) -> str | None:
-    return db.scalar(select(ProjectMember.role).where(ProjectMember.project_id == project.id,
-                                                      ProjectMember.user_id == user.id))
-
-
 def get_visible(db: Session, project_id: int, user: User) -> Project:
     """The project, or NotFound when it does not exist or the user is not a member (admins see all)."""
     project = db.get(Project, project_id)
-    if project is None or (user.role != "admin" and member_role(db, project, user) is None):
+    if project is None:
         raise NotFound("no such project")
+    permissions.require(db, user, project, "project.see")
     return project
-
-
-def require_project_role(db: Session, project: Project, user: User, allowed: set[str], action: str) -> None:
-    if user.role == "admin":
-        return
-    if member_role(db, project, user) not in allowed:
-        raise Forbidden(f"you may not {action} in this project")
-
-
-def may(db: Session, project: Project, user: User, allowed: set[str]) -> bool:
-    return user.role == "admin" or member_role(db, project, user) in allowed
 
 
 def create_project(db: Session, creator: User, *, name: str, completions_per_prompt: int, overlap: int,
                    rubric_text: str, criteria: list[str], description: str = "") -> Project:
     from app.services import rubrics
 
-    if creator.role not in {"admin", "lead"}:
-        raise Forbidden("only admins and leads create projects")
+    permissions.require_account(creator, "project.create")
     name = name.strip()
     if not name:
         raise Invalid("must not be empty", field="name")
@@ -73,7 +53,7 @@ def create_project(db: Session, creator: User, *, name: str, completions_per_pro
                       overlap=overlap, created_by_id=creator.id)
     db.add(project)
     db.flush()
-    if creator.role != "admin":
+    if creator.role != permissions.ADMIN:
         db.add(ProjectMember(project_id=project.id, user_id=creator.id, role="lead"))
     rubrics.create_version(db, project, creator, text=rubric_text, criteria=criteria, base_version=None,
                            check_permission=False)
@@ -83,7 +63,7 @@ def create_project(db: Session, creator: User, *, name: str, completions_per_pro
 
 
 def add_member(db: Session, project: Project, actor: User, *, email: str, role: str) -> ProjectMember:
-    require_project_role(db, project, actor, CAN_MANAGE, "add members")
+    permissions.require(db, actor, project, "members.manage", doing="add members")
     if role not in MEMBER_ROLES:
         raise Invalid(f"role must be one of {', '.join(MEMBER_ROLES)}", field="role")
     user = users.get_by_email(db, email)
@@ -102,7 +82,7 @@ def add_member(db: Session, project: Project, actor: User, *, email: str, role: 
 
 
 def remove_member(db: Session, project: Project, actor: User, user_id: int) -> None:
-    require_project_role(db, project, actor, CAN_MANAGE, "remove members")
+    permissions.require(db, actor, project, "members.manage", doing="remove members")
     member = db.scalar(select(ProjectMember).where(ProjectMember.project_id == project.id,
                                                    ProjectMember.user_id == user_id))
     if member is None:

@@ -7,17 +7,16 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app import permissions
 from app.errors import Conflict, Invalid, NotFound
 from app.models import Completion, Job, Project, Prompt, User
-from app.services import audit, constitutions, endpoints, jobs, projects
-
-CAN_REVISE = {"lead", "engineer"}
+from app.services import audit, constitutions, endpoints, jobs
 
 
 def request_revisions(db: Session, project: Project, actor: User, *, generator: dict[str, Any],
                       constitution_version: int | None, prompt_ids: list[int] | None, limit: int,
                       seed: int = 0) -> Job:
-    projects.require_project_role(db, project, actor, CAN_REVISE, "ask for revisions")
+    permissions.require(db, actor, project, "revisions.start")
     constitution = (constitutions.get_version(db, project, constitution_version) if constitution_version
                     else constitutions.ensure_default(db, project, actor))
     if not any(p.get("critique") and p.get("revision") for p in constitution.principles):
@@ -42,7 +41,7 @@ def list_revisions(db: Session, project: Project, status: str | None = None) -> 
 
 
 def decide(db: Session, project: Project, actor: User, revision_id: int, accept: bool) -> Completion:
-    projects.require_project_role(db, project, actor, projects.CAN_MANAGE, "accept or reject revisions")
+    permissions.require(db, actor, project, "labels.decide", doing="accept or reject revisions")
     revision = db.get(Completion, revision_id)
     if revision is None or revision.source != "revision" or revision.prompt.project_id != project.id:
         raise NotFound("no such revision")

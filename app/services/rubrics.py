@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
+from app import permissions
 from app.errors import Invalid
 from app.models import Project, Rubric, User
 from app.services import versions
@@ -34,10 +35,9 @@ def current(db: Session, project: Project) -> Rubric | None:
 def create_version(db: Session, project: Project, author: User, *, text: str, criteria: list[str],
                    base_version: int | None, note: str = "", check_permission: bool = True) -> Rubric:
     """Save a new version on top of `base_version`; Conflict if someone saved since (no silent overwrite)."""
-    from app.services import projects
 
     if check_permission:
-        projects.require_project_role(db, project, author, projects.CAN_MANAGE, "edit the rubric")
+        permissions.require(db, author, project, "rubric.edit")
     text = text.replace("\r\n", "\n").strip()
     if not text:
         raise Invalid("must not be empty", field="text")

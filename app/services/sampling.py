@@ -7,18 +7,17 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from app import permissions
 from app.errors import Invalid
 from app.models import Job, Project, Prompt, User
-from app.services import endpoints, jobs, projects
-
-CAN_SAMPLE = {"lead", "engineer"}
+from app.services import endpoints, jobs
 
 
 def request_sampling(db: Session, project: Project, actor: User, *, generator: dict[str, Any], k: int | None,
                      prompt_ids: list[int] | None, seed: int | None, resample_duplicates: int,
                      source: str = "sampled") -> Job:
     """A queued `sample_completions` job, or Invalid naming the field when something can be checked now."""
-    projects.require_project_role(db, project, actor, CAN_SAMPLE, "sample completions")
+    permissions.require(db, actor, project, "sampling.start")
     k = k or project.completions_per_prompt
     if k > project.completions_per_prompt:
         raise Invalid(f"must be at most the project's K ({project.completions_per_prompt})", field="k")

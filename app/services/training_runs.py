@@ -14,12 +14,12 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from app import permissions
 from app.errors import Conflict, Invalid, NotFound
 from app.models import Completion, Export, Job, Project, Prompt, TrainingRun, User
 from app.services import audit, endpoints, jobs, projects
 from training.weights import UnsafeWeights, require_safetensors
 
-CAN_TRAIN = {"engineer", "lead"}
 # Each run kind: the export it trains on, and the config field that export's file goes into.
 KINDS: dict[str, tuple[str, str]] = {
     "sft": ("sft", "train"), "reward": ("pairs", "train"), "dpo": ("pairs", "train"),
@@ -103,7 +103,7 @@ def _validate_config(kind: str, config: dict[str, Any], filled: dict[str, Any]) 
 def request_run(db: Session, project: Project, actor: User, *, data_dir: Path, kind: str, export_id: int,
                 base_model: str | None, reward_run_id: int | None, config: dict[str, Any]) -> tuple[TrainingRun, Job]:
     """Check a run against the project (its export, base model, reward run and config) and queue it as a job."""
-    projects.require_project_role(db, project, actor, CAN_TRAIN, "start training runs")
+    permissions.require(db, actor, project, "training.start")
     if kind not in KINDS:
         raise Invalid(f"must be one of {', '.join(KINDS)}", field="kind")
     export = _finished_export(db, project, kind, export_id)
@@ -264,7 +264,7 @@ def lineage(db: Session, run: TrainingRun) -> dict[str, Any]:
 
 def cancel(db: Session, run: TrainingRun, actor: User) -> TrainingRun:
     project = db.get(Project, run.project_id)
-    projects.require_project_role(db, project, actor, CAN_TRAIN, "cancel training runs")
+    permissions.require(db, actor, project, "training.start", doing="cancel training runs")
     if run.state in ("succeeded", "failed", "cancelled"):
         raise Conflict(f"the run already {run.state}", field="state")
     job = db.get(Job, run.job_id) if run.job_id else None

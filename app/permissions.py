@@ -1,0 +1,136 @@
+"""Who may do what: the one table of actions and the roles allowed each, and the checks every route and service asks.
+
+Two kinds of action. A *project action* is allowed by the caller's role in that project (lead, engineer,
+annotator); a caller who is not a member does not see the project at all (404), a member whose role lacks the
+action gets 403. An *account action* is allowed by the account's own role. Admins may do everything everywhere.
+The README's "Who may do what" table is printed from `ACTIONS` (`role_table_markdown`) and a test keeps it so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.errors import Forbidden, NotFound
+from app.models import Project, ProjectMember, User
+
+ADMIN = "admin"
+PROJECT_ROLES = ("lead", "engineer", "annotator")
+
+
+@dataclass(frozen=True)
+class Action:
+    roles: frozenset[str]
+    # How a refusal names it: "you may not <verb> in this project".
+    verb: str
+    # The README's wording.
+    summary: str
+    scope: Literal["project", "account"] = "project"
+
+
+def _project(roles: set[str], verb: str, summary: str) -> Action:
+    return Action(frozenset(roles), verb, summary)
+
+
+def _account(roles: set[str], refusal: str, summary: str) -> Action:
+    return Action(frozenset(roles), refusal, summary, scope="account")
+
+
+LEAD, ENGINEER, ANNOTATOR = "lead", "engineer", "annotator"
+
+ACTIONS: dict[str, Action] = {
+    # Project actions.
+    "project.see": _project({LEAD, ENGINEER, ANNOTATOR}, "see", "see the project, its rubric, jobs and exports"),
+    "annotate": _project({ANNOTATOR, LEAD}, "annotate", "rank completions in the queue"),
+    "rubric.edit": _project({LEAD}, "edit the rubric", "write a new rubric version"),
+    "members.manage": _project({LEAD}, "manage members", "add, change and remove members"),
+    "constitution.edit": _project({LEAD}, "edit the constitution", "write a new constitution version"),
+    "gold.manage": _project({LEAD}, "set gold tasks", "set and clear gold tasks"),
+    "labels.decide": _project({LEAD}, "decide on AI labels", "accept or reject AI judge labels and revisions"),
+    "agreement.see": _project({LEAD, ENGINEER}, "see agreement figures", "see agreement and annotator quality"),
+    "data.import": _project({LEAD, ENGINEER}, "import data", "import prompts, completions and pairs"),
+    "sampling.start": _project({LEAD, ENGINEER}, "sample completions", "sample completions and cancel jobs"),
+    "judge.start": _project({LEAD, ENGINEER}, "run the AI judge", "run the AI judge"),
+    "revisions.start": _project({LEAD, ENGINEER}, "ask for revisions", "ask for constitutional revisions"),
+    "export.create": _project({LEAD, ENGINEER}, "export data", "export pair datasets"),
+    "export.delete": _project({LEAD}, "delete exports", "delete an export"),
+    "training.start": _project({LEAD, ENGINEER}, "start training runs",
+                               "start and cancel training runs and iterations"),
+    # Account actions (the account's own role).
+    "project.create": _account({LEAD}, "only admins and leads create projects", "create a project"),
+    "users.manage": _account(set(), "this needs the admin role", "create, change and deactivate accounts"),
+    "endpoints.manage": _account(set(), "only admins configure model endpoints", "configure model endpoints"),
+}
+
+
+def _action(name: str) -> Action:
+    try:
+        return ACTIONS[name]
+    except KeyError:
+        raise ValueError(f"unknown action {name!r}; the actions are {', '.join(ACTIONS)}") from None
+
+
+def member_role(db: Session, project: Project | int, user: User) -> str | None:
+    project_id = project if isinstance(project, int) else project.id
+    return db.scalar(select(ProjectMember.role).where(ProjectMember.project_id == project_id,
+                                                      ProjectMember.user_id == user.id))
+
+
+def role_allows(account_role: str, project_role: str | None, action: str) -> bool:
+    """The table itself, for a caller whose project role is already known (None: not a member)."""
+    rule = _action(action)
+    if account_role == ADMIN:
+        return True
+    held = account_role if rule.scope == "account" else project_role
+    return held in rule.roles
+
+
+def may(db: Session, user: User, project: Project, action: str) -> bool:
+    return role_allows(user.role, member_role(db, project, user), action)
+
+
+def refusal(action: str, doing: str | None = None) -> Forbidden:
+    """`doing` names the step more exactly than the action's verb, e.g. "cancel training runs"."""
+    rule = _action(action)
+    return Forbidden(rule.verb if rule.scope == "account" else f"you may not {doing or rule.verb} in this project")
+
+
+def check_role(account_role: str, project_role: str | None, action: str, doing: str | None = None) -> None:
+    """404 for a project the caller cannot see, 403 for an action their role lacks."""
+    if account_role != ADMIN and project_role is None:
+        raise NotFound("no such project")
+    if not role_allows(account_role, project_role, action):
+        raise refusal(action, doing)
+
+
+def require(db: Session, user: User, project: Project, action: str, *, doing: str | None = None) -> None:
+    check_role(user.role, None if user.role == ADMIN else member_role(db, project, user), action, doing)
+
+
+def may_account(user: User, action: str) -> bool:
+    return role_allows(user.role, None, action)
+
+
+def require_account(user: User, action: str) -> None:
+    if not may_account(user, action):
+        raise refusal(action)
+
+
+def project_capabilities(db: Session, user: User, project: Project) -> dict[str, bool]:
+    """Every project action, allowed or not, for templates that show or hide controls."""
+    role = member_role(db, project, user)
+    return {name: role_allows(user.role, role, name) for name, rule in ACTIONS.items() if rule.scope == "project"}
+
+
+def role_table_markdown() -> str:
+    """The README's "Who may do what" table."""
+    head = "| action | what it covers | " + " | ".join(("admin", *PROJECT_ROLES)) + " |"
+    rows = [head, "|---|---|" + "---|" * (1 + len(PROJECT_ROLES))]
+    for name, rule in ACTIONS.items():
+        marks = ["✓"] + ["✓" if role in rule.roles else "" for role in PROJECT_ROLES]
+        scope = "" if rule.scope == "project" else " (account role)"
+        rows.append(f"| `{name}`{scope} | {rule.summary} | " + " | ".join(marks) + " |")
+    return "\n".join(rows)
