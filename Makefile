@@ -54,8 +54,10 @@ test: setup-dev browser
 soak: setup-dev browser
 	$(BIN)/python tests/soak.py $(SOAK_ARGS)
 
+# ruff (style, and no function above complexity 15) and the import rules in pyproject.toml's [tool.importlinter].
 lint: setup-dev
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 # Static scan and known-vulnerability audit of the installed packages (pip-audit needs pypi.org).
 audit: setup-dev
