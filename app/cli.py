@@ -107,7 +107,8 @@ def serve(host: Annotated[str, typer.Option(help="Interface to bind")] = "127.0.
 def demo(host: Annotated[str, typer.Option(help="Interface to bind")] = "127.0.0.1",
          port: Annotated[int, typer.Option(help="Port to listen on")] = 8000,
          no_serve: Annotated[bool, typer.Option("--no-serve", help="Set up the demo and exit")] = False) -> None:
-    """Create (or refresh) the demo: SQLite database, four accounts, a GSM8K project; then serve it."""
+    """Create (or refresh) the demo: SQLite database, five accounts (admin, lead, two annotators, engineer), a GSM8K
+    project; then serve it."""
     os.environ.setdefault("PREFLAB_ENV", "demo")
     settings = _settings()
     from app.demo_setup import setup_demo

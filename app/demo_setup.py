@@ -1,4 +1,4 @@
-"""The demo: a migrated SQLite database, four accounts and a GSM8K project built from shipped data."""
+"""The demo: a migrated SQLite database, an account per role (two annotators) and a GSM8K project from shipped data."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ import secrets
 from pathlib import Path
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from app.db import make_engine, make_session_factory, session_scope
 from app.migrate import upgrade
-from app.models import Project
+from app.models import Project, User
 from app.services import gold, imports, projects, users
 from app.settings import Settings
 
@@ -20,7 +21,11 @@ DEMO_ACCOUNTS = [
     ("lead", "lead@example.org", "Lee Lead"),
     ("annotator", "annotator1@example.org", "Ann One"),
     ("annotator", "annotator2@example.org", "Ann Two"),
+    ("engineer", "engineer@example.org", "Eng Engineer"),
 ]
+# Project roles of the demo accounts other than the lead who creates it (the admin sees everything anyway).
+DEMO_MEMBERS = [("annotator1@example.org", "annotator"), ("annotator2@example.org", "annotator"),
+                ("engineer@example.org", "engineer")]
 DEMO_RUBRIC = """## Ranking grade-school maths solutions
 
 Rank the solutions from best to worst.
@@ -61,11 +66,20 @@ def setup_demo(settings: Settings) -> tuple[list[tuple[str, str, str]], int]:
             project = projects.create_project(db, lead, name=DEMO_PROJECT, completions_per_prompt=4, overlap=2,
                                               rubric_text=DEMO_RUBRIC, criteria=DEMO_CRITERIA,
                                               description="100 GSM8K questions, four real model solutions each.")
-            for email in ("annotator1@example.org", "annotator2@example.org"):
-                projects.add_member(db, project, lead, email=email, role="annotator")
+            for email, role in DEMO_MEMBERS:
+                projects.add_member(db, project, lead, email=email, role=role)
             imports.import_file(db, project, DEMO_DATA.name, DEMO_DATA.read_bytes(), actor=lead,
                                 max_rows=settings.max_import_rows)
             # Ten questions with a known answer (correct solutions above wrong ones) become gold tasks.
             gold.gold_from_metadata(db, project, limit=10, actor=lead)
+        else:
+            _add_missing_members(db, project, accounts["lead@example.org"])
         project_id = project.id
     return printed, project_id
+
+
+def _add_missing_members(db: Session, project: Project, lead: User) -> None:
+    """A demo made before an account was added to DEMO_MEMBERS gets it on its next start."""
+    for email, role in DEMO_MEMBERS:
+        if not any(m.user.email == email for m in project.members):
+            projects.add_member(db, project, lead, email=email, role=role)

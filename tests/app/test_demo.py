@@ -64,7 +64,7 @@ def _login(base: str, email: str, password: str) -> tuple[httpx.Client, str]:
 @pytest.mark.slow
 def test_demo_serves_a_working_project(demo_server) -> None:  # type: ignore[no-untyped-def]
     base, accounts, output, _ = demo_server
-    assert "Log in at" in output and set(accounts) == {"admin", "lead", "annotator"}
+    assert "Log in at" in output and set(accounts) == {"admin", "lead", "annotator", "engineer"}
     assert httpx.get(f"{base}/healthz").json() == {"status": "ok", "database": "ok"}
 
     annotator, _ = _login(base, *accounts["annotator"])
@@ -88,6 +88,14 @@ def test_demo_serves_a_working_project(demo_server) -> None:  # type: ignore[no-
                          files={"file": ("extra.jsonl", rows.encode())})
     assert imported.status_code == 201 and "Imported 3 prompts, 6 completions" in imported.text, imported.text[-1500:]
     assert '<dd id="count-prompts">103</dd>' in lead.get(project_path).text
+
+    # The engineer is a member with the engineer's role: exports and training, not the rubric.
+    engineer, csrf = _login(base, *accounts["engineer"])
+    assert engineer.get(f"{project_path}/exports").status_code == 200
+    assert engineer.get(f"{project_path}/training").status_code == 200
+    refused = engineer.post(f"{project_path}/rubric", data={"text": "x", "criteria": "", "base_version": "2",
+                                                            "csrf_token": csrf, "note": ""})
+    assert refused.status_code == 403
 
 
 @pytest.mark.slow
