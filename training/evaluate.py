@@ -100,6 +100,15 @@ def reward_columns(rows: Sequence[PromptRow], repeat: int) -> dict[str, list[Any
     return _columns(rows, repeat)
 
 
+def _curves_over_k(texts: list[str], rows: Sequence[PromptRow], graded: list[int], correct: list[list[bool]],
+                   k: int) -> dict[str, dict[str, float]]:
+    """Pass@j (unbiased, from all k samples) and Maj@j (a vote over the first j) for j = 1…k: the run page's curves."""
+    pass_at = {str(j): sum(pass_at_k(k, sum(c), j) for c in correct) / len(graded) for j in range(1, k + 1)}
+    maj_at = {str(j): sum(majority_correct(texts[i * k:i * k + j], rows[i].reference) for i in graded) / len(graded)
+              for j in range(1, k + 1)}
+    return {"pass_at": pass_at, "maj_at": maj_at}
+
+
 def _side(model: torch.nn.Module, tokenizer: Any, rows: Sequence[PromptRow], functions: Sequence[RewardFunction],
           config: EvalConfig) -> tuple[dict[str, Any], Rollouts, torch.Tensor, list[str]]:
     """Sample K answers per prompt from one model and score them."""
@@ -131,6 +140,7 @@ def _side(model: torch.nn.Module, tokenizer: Any, rows: Sequence[PromptRow], fun
         summary["pass_at_k"] = sum(pass_at_k(k, sum(c), k) for c in correct) / len(graded)
         summary["maj_at_k"] = sum(majority_correct(texts[i * k:(i + 1) * k], rows[i].reference)
                                   for i in graded) / len(graded)
+        summary.update(_curves_over_k(texts, rows, graded, correct, k))
         if config.greedy:
             greedy = generate_rollouts(model, tokenizer, [rows[i].prompt for i in graded], n=1, greedy=True,
                                        max_new_tokens=config.max_new_tokens, stop=config.stop or None)
@@ -210,6 +220,10 @@ def evaluate(policy: torch.nn.Module, tokenizer: Any, rows: Sequence[PromptRow],
         for key in ("reward_mean", "pass_at_k", "maj_at_k", "accuracy"):
             if key in result and key in result["reference"]:
                 result[key]["reference"] = result["reference"][key]
+    curves = {name: {side: result[side][name] for side in ("policy", "reference") if name in result.get(side, {})}
+              for name in ("pass_at", "maj_at")}
+    if any(curves.values()):
+        result["curves"] = curves
     result["seconds"] = time.perf_counter() - started
     if samples_path is not None:
         _write_samples(samples_path, rows, config.k, policy_texts, policy_rewards, ref_texts,

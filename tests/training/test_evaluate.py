@@ -49,6 +49,11 @@ def test_policy_against_itself(tiny_dir, tmp_path):
     assert result["kl"] == pytest.approx(0.0, abs=1e-6) and result["win_rate"] == 0.5
     assert result["reward_mean"]["policy"] == result["reward_mean"]["reference"]
     assert 0.0 <= result["pass_at_k"]["policy"] <= 1.0 and "maj_at_k" in result
+    # The run page's curves: Pass@j and Maj@j for j = 1..k, Pass@k the headline figure, never falling with j.
+    pass_at = result["curves"]["pass_at"]["policy"]
+    assert list(pass_at) == ["1", "2", "3"] and pass_at["3"] == pytest.approx(result["pass_at_k"]["policy"])
+    assert pass_at["1"] <= pass_at["2"] <= pass_at["3"]
+    assert result["curves"]["maj_at"]["reference"]["3"] == pytest.approx(result["maj_at_k"]["reference"])
     samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 3 * 3 * 2 and {"prompt", "reference", "answer", "reward"} <= set(samples[0])
     assert "_rewards" not in public(result)["reference"]
