@@ -5,6 +5,7 @@ The writing itself is `app.services.export_writer`, run by the `export` job (or 
 
 from __future__ import annotations
 
+import functools
 import shutil
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,6 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app import permissions
+from app.db import after_commit
 from app.errors import DomainError, Invalid, NotFound
 from app.models import LABEL_SOURCES, SPLITS, Constitution, Export, Job, Project, Rubric, User, utcnow
 from app.services import audit, jobs, projects
@@ -227,8 +229,14 @@ def file_path(export: Export, name: str) -> Path:
     return path
 
 
+def _remove(paths: list[Path]) -> None:
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def delete(db: Session, export: Export, actor: User, *, data_dir: Path | None = None) -> Export:
-    """Remove the files and keep the row as a tombstone (filters, counts, hashes stay on record).
+    """Keep the row as a tombstone (filters, counts, hashes stay on record) and remove the files once that commits:
+    a failed commit leaves the export and its files as they were.
 
     With `data_dir`, also the temp directory a killed, never-retried attempt left behind."""
     project = db.get(Project, export.project_id)
@@ -240,12 +248,12 @@ def delete(db: Session, export: Export, actor: User, *, data_dir: Path | None = 
     job = db.get(Job, export.job_id) if export.job_id else None
     if job is not None and job.state not in jobs.TERMINAL:
         jobs.cancel(db, job, actor)  # the handler sees the tombstone and removes what it wrote
-    if export.path:
-        shutil.rmtree(export.path, ignore_errors=True)
+    doomed = [Path(export.path)] if export.path else []
     if data_dir is not None and (job is None or job.state in jobs.TERMINAL):
         # nothing writes this export any more: a temp directory beside it is a dead attempt's
-        for leftover in export_dir(data_dir, export.id).parent.glob(f".tmp-{export.id}-*"):
-            shutil.rmtree(leftover, ignore_errors=True)
+        doomed.extend(export_dir(data_dir, export.id).parent.glob(f".tmp-{export.id}-*"))
+    if doomed:
+        after_commit(db, functools.partial(_remove, doomed))
     audit.record(db, actor, "export.delete", project_id=project.id, object_type="export", object_id=export.id,
                  sha256=export.sha256)
     return export
