@@ -145,15 +145,11 @@ def choose(db: Session, actor: User, generator: dict[str, Any], *, field: str = 
     return spec
 
 
-def runtime_spec(db: Session, spec: dict[str, Any], *, field: str = "generator") -> dict[str, Any]:
-    """The spec `training.generation.make_generator` takes: the endpoint's URL and key filled in, the URL checked
-    again now (DNS may have changed since the job was queued). Raises Invalid; never stored anywhere."""
-    return _resolve(db, spec, field)[0]
-
-
 def runtime_generator(db: Session, spec: dict[str, Any], *, field: str = "generator") -> tuple[Any, dict[str, Any]]:
-    """(generator, resolved spec) for a job: `runtime_spec`, and an openai client that checks every address it
-    connects to by the endpoint's trust, so a DNS answer that changes after the URL check is refused too.
+    """(generator, resolved spec) for a job: the spec `training.generation.make_generator` takes, with the endpoint's
+    URL and key filled in and the URL checked again now (DNS may have changed since the job was queued; the resolved
+    spec is never stored anywhere), and an openai client that checks every address it connects to by the endpoint's
+    trust, so a DNS answer that changes after the URL check is refused too.
     Raises Invalid, or the generator's SpecError (a ValueError) naming the bad key."""
     from training.generation import make_generator
 
