@@ -18,6 +18,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from app.models import SPLITS
 
 MAX_ERRORS = 100
@@ -437,8 +440,6 @@ def _csv_records(text: str, max_rows: int, problems: _Problems) -> Iterator[tupl
 
 
 def _parquet_records(data: bytes, max_rows: int, problems: _Problems) -> Iterator[tuple[int, dict[str, Any] | None]]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     try:
         parquet = pq.ParquetFile(io.BytesIO(data))

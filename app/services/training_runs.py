@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from app import permissions
 from app.errors import Conflict, Invalid, NotFound
 from app.models import Completion, Export, Job, Project, Prompt, TrainingRun, User
 from app.services import audit, endpoints, jobs, projects
+from training import config
+from training.config import build_config, field_docs, known_fields
 from training.weights import UnsafeWeights, require_safetensors
 
 # Each run kind: the export it trains on, and the config field that export's file goes into.
@@ -35,9 +38,6 @@ RESERVED = {"prompts", "train", "eval", "model", "out", "reward_model", "resume"
 
 
 def config_class(kind: str) -> type:
-    # training.config is torch-free: validating a run's config must not stall the web process importing torch.
-    from training import config
-
     classes = {"sft": config.SFTConfig, "reward": config.RewardConfig, "dpo": config.DPOConfig,
                "rft": config.RFTConfig, "grpo": config.GRPOConfig, "ppo": config.PPOConfig}
     if kind not in classes:
@@ -47,8 +47,6 @@ def config_class(kind: str) -> type:
 
 def config_fields(kind: str) -> list[dict[str, Any]]:
     """Every config field of a run kind with its default and meaning, for the training form's field list."""
-    from training.config import field_docs
-
     cls = config_class(kind)
     docs = field_docs(cls)
     defaults = {f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())  # type: ignore[misc]
@@ -75,10 +73,6 @@ def export_file(data_dir: Path, export: Export) -> Path:
 
 def _validate_config(kind: str, config: dict[str, Any], filled: dict[str, Any]) -> dict[str, Any]:
     """The resolved config as the trainer will see it, or Invalid naming `config.<field>`."""
-    import warnings
-
-    from training.config import build_config, known_fields
-
     cls = config_class(kind)
     known = known_fields(cls)
     renamed = {old: new for old, (new, _) in getattr(cls, "RENAMED", {}).items()}
