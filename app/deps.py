@@ -82,7 +82,7 @@ def page_user(request: Request, user: Annotated[User | None, Depends(optional_us
 def _account_action(action: str, caller: Callable[..., User] = api_user):  # type: ignore[no-untyped-def]
     """403 unless the account's role allows `action` (app.permissions); the caller found as `caller` finds it (for
     pages, `page_user`: a visitor who is not logged in is sent to the login page first)."""
-    def check(user: Annotated[User, Depends(caller)]) -> User:
+    def check(user: User = Depends(caller)) -> User:  # a default, not Annotated: `caller` is no module global
         permissions.require_account(user, action)
         return user
 
