@@ -23,6 +23,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import tomli_w
+
 if TYPE_CHECKING:
     from app.jobs.context import JobContext
 
@@ -34,24 +36,17 @@ RUN_MARKER = "PREFLAB_TRAINING_RUN"
 """Environment variable every trainer process of a run inherits: how a retry finds a dead attempt's leftovers."""
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):  # an inline table; keys quoted so any string works
-        return "{" + ", ".join(f"{_toml_value(str(k))} = {_toml_value(v)}" for k, v in value.items()
-                               if v is not None) + "}"
-    raise TypeError(f"cannot write {type(value).__name__} to TOML")
-
-
 def write_toml(path: Path, config: dict[str, Any]) -> None:
-    lines = [f"{key} = {_toml_value(value)}" for key, value in config.items() if value is not None]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    """The run's config as the trainer's TOML file; an unset value (None), which TOML cannot say, is left out."""
+    path.write_text(tomli_w.dumps(_without_none(config)), encoding="utf-8")
+
+
+def _without_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _without_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list | tuple):
+        return [_without_none(v) for v in value]
+    return value
 
 
 def command(kind: str, config_path: Path, *, accelerate_config: str | None) -> list[str]:
