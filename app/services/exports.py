@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import shutil
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -102,33 +103,48 @@ def validate_filters(db: Session, project: Project, kind: str, filters: dict[str
             raise Invalid(f"unknown filter {name!r} for {kind} exports; known: {known}", field=f"filters.{name}")
         if value is None or value == "" or value == []:
             continue  # an empty form field means "no filter"
-        if name == "source":
-            sources = sorted(set(map(str, _as_list(name, value))))
-            bad = [s for s in sources if s not in LABEL_SOURCES]
-            if bad or not sources:
-                raise Invalid(f"must be among {', '.join(LABEL_SOURCES)}", field="filters.source")
-            out[name] = sources
-        elif name == "rubric_versions":
-            out[name] = _versions(db, project, name, value, Rubric)
-        elif name == "constitution_versions":
-            out[name] = _versions(db, project, name, value, Constitution)
-        elif name in ("min_agreement", "min_confidence", "replay_share"):
-            out[name] = _fraction(name, value)
-        elif name == "flagged":
-            if value not in FLAGGED:
-                raise Invalid(f"must be one of {', '.join(FLAGGED)}", field="filters.flagged")
-            out[name] = value
-        elif name in ("created_after", "created_before"):
-            out[name] = _instant(name, value)
-        elif name == "split":
-            if value not in SPLITS:
-                raise Invalid(f"must be one of {', '.join(SPLITS)}", field="filters.split")
-            out[name] = value
+        out[name] = _FILTER_VALUE[name](db, project, name, value)
+    _check_filters_together(out)
+    return out
+
+
+def _sources(db: Session, project: Project, name: str, value: Any) -> list[str]:
+    sources = sorted(set(map(str, _as_list(name, value))))
+    bad = [s for s in sources if s not in LABEL_SOURCES]
+    if bad or not sources:
+        raise Invalid(f"must be among {', '.join(LABEL_SOURCES)}", field="filters.source")
+    return sources
+
+
+def _one_of(options: tuple[str, ...]) -> Callable[[Session, Project, str, Any], str]:
+    def check(db: Session, project: Project, name: str, value: Any) -> str:
+        if value not in options:
+            raise Invalid(f"must be one of {', '.join(options)}", field=f"filters.{name}")
+        return value
+
+    return check
+
+
+_FILTER_VALUE: dict[str, Callable[[Session, Project, str, Any], Any]] = {
+    "source": _sources,
+    "rubric_versions": lambda db, project, name, value: _versions(db, project, name, value, Rubric),
+    "constitution_versions": lambda db, project, name, value: _versions(db, project, name, value, Constitution),
+    "min_agreement": lambda db, project, name, value: _fraction(name, value),
+    "min_confidence": lambda db, project, name, value: _fraction(name, value),
+    "replay_share": lambda db, project, name, value: _fraction(name, value),
+    "flagged": _one_of(FLAGGED),
+    "created_after": lambda db, project, name, value: _instant(name, value),
+    "created_before": lambda db, project, name, value: _instant(name, value),
+    "split": _one_of(SPLITS),
+}
+"""Each filter's check and normal form, given (session, project, filter name, value)."""
+
+
+def _check_filters_together(out: dict[str, Any]) -> None:
     if "replay_share" in out and "created_after" not in out:
         raise Invalid("replays earlier pairs, so it needs created_after", field="filters.replay_share")
     if "created_after" in out and "created_before" in out and out["created_after"] >= out["created_before"]:
         raise Invalid("must be later than created_after", field="filters.created_before")
-    return out
 
 
 def _choice(name: str, value: str, options: tuple[str, ...]) -> str:
