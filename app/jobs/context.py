@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -12,6 +12,8 @@ from app.errors import DomainError
 from app.services import endpoints, jobs
 from app.settings import Settings
 from training.hold import hold
+
+T = TypeVar("T")
 
 
 class JobError(Exception):
@@ -73,6 +75,14 @@ class JobContext:
     def take_progress(self) -> tuple[int | None, int | None, str | None]:
         with self._lock:
             return self._progress
+
+
+def job_row(db: Session, model: type[T], row_id: int, what: str) -> T:
+    """The row a job works on, or JobError when it was deleted since the job was queued (retrying cannot help)."""
+    row = db.get(model, row_id)
+    if row is None:
+        raise JobError(f"{what} {row_id} no longer exists")
+    return row
 
 
 def runtime_generator(ctx: JobContext, stored: dict[str, Any], what: str = "generator") -> tuple[Any, dict[str, Any]]:

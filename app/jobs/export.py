@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from app.db import run_transaction
-from app.jobs.context import JobContext, JobError, JobStopped
+from app.jobs.context import JobContext, JobError, JobStopped, job_row
 from app.models import Export
 from app.services import export_writer, exports, jobs
 
@@ -17,9 +17,7 @@ from app.services import export_writer, exports, jobs
 def run(ctx: JobContext) -> dict[str, Any]:
     export_id = int(ctx.payload["export_id"])
     with ctx.session_factory() as db:
-        export = db.get(Export, export_id)
-        if export is None:
-            raise JobError(f"export {export_id} no longer exists")
+        export = job_row(db, Export, export_id, "export")
         if export.deleted_at is not None:
             raise JobError(f"export {export_id} was deleted before it was written")
         spec = exports.spec_of(export)

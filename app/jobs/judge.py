@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.db import session_scope
-from app.jobs.context import JobContext, JobError, JobStopped, runtime_generator
+from app.jobs.context import JobContext, JobError, JobStopped, job_row, runtime_generator
 from app.models import Completion, Constitution, JudgeRun, Project, Prompt, Ranking
 from app.services import rankings
 from app.services.pairs import expand_tiers
@@ -31,9 +31,7 @@ PROMPTS_PER_CALL = 4
 def run(ctx: JobContext) -> dict[str, Any]:
     run_id = int(ctx.payload["judge_run_id"])
     with session_scope(ctx.session_factory) as db:
-        judge_run = db.get(JudgeRun, run_id)
-        if judge_run is None:
-            raise JobError(f"judge run {run_id} no longer exists")
+        judge_run = job_row(db, JudgeRun, run_id, "judge run")
         constitution = db.get(Constitution, judge_run.constitution_id)
         if constitution is None:
             raise JobError("the judge run's constitution no longer exists")

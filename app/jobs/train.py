@@ -73,15 +73,13 @@ def run(ctx: JobContext) -> dict[str, Any]:
 
 def _run(ctx: JobContext) -> dict[str, Any]:
     from app.db import session_scope  # not at the top: keeps the supervisor stdlib-only
-    from app.jobs.context import JobError, JobStopped
+    from app.jobs.context import JobError, JobStopped, job_row
     from app.models import TrainingRun
     from app.services import training_runs
 
     run_id = int(ctx.payload["training_run_id"])
     with session_scope(ctx.session_factory) as db:
-        tr = db.get(TrainingRun, run_id)
-        if tr is None:
-            raise JobError(f"training run {run_id} no longer exists")
+        tr = job_row(db, TrainingRun, run_id, "training run")
         if tr.state == "cancelled":
             raise JobStopped("cancelled")
         tr.state = "running"

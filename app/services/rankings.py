@@ -224,8 +224,26 @@ def _resolve_task(db: Session, project: Project, annotator: User, body: RankingI
 
 def validate_tiers(tiers: object, allowed: set[int], *, allow_ties: bool, allow_partial: bool) -> list[list[int]]:
     """Tiers as a clean list of lists of completion ids, or Invalid naming the problem."""
+    tiers = tier_lists(tiers)
+    clean = tier_items(tiers, allowed, allow_ties=allow_ties)
+    if len(clean) < 2:
+        raise Invalid("rank at least two tiers (all tied says nothing)", field="tiers")
+    seen = {cid for tier in clean for cid in tier}
+    if not allow_partial and seen != allowed:
+        missing = sorted(allowed - seen)
+        raise Invalid(f"rank every completion; missing {', '.join(map(str, missing))}", field="tiers")
+    return clean
+
+
+def tier_lists(tiers: object) -> list[list[Any]]:
+    """`tiers` if it is a list of lists, else Invalid (a human's ranking and a gold order alike)."""
     if not isinstance(tiers, list) or not all(isinstance(t, list) for t in tiers):
         raise Invalid("must be a list of tiers, each a list of completion ids", field="tiers")
+    return tiers
+
+
+def tier_items(tiers: list[list[Any]], allowed: set[int], *, allow_ties: bool = True) -> list[list[int]]:
+    """The tiers copied, each non-empty and made of distinct ids of `allowed`, or Invalid naming the item."""
     seen: set[int] = set()
     clean: list[list[int]] = []
     for i, tier in enumerate(tiers):
@@ -242,11 +260,6 @@ def validate_tiers(tiers: object, allowed: set[int], *, allow_ties: bool, allow_
                 raise Invalid(f"completion {cid} appears more than once", field=f"tiers[{i}][{j}]")
             seen.add(cid)
         clean.append(list(tier))
-    if len(clean) < 2:
-        raise Invalid("rank at least two tiers (all tied says nothing)", field="tiers")
-    if not allow_partial and seen != allowed:
-        missing = sorted(allowed - seen)
-        raise Invalid(f"rank every completion; missing {', '.join(map(str, missing))}", field="tiers")
     return clean
 
 

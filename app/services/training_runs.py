@@ -200,37 +200,30 @@ def read_metrics(run: TrainingRun, last: int | None = None) -> list[dict[str, An
     return rows[-last:] if last else rows
 
 
-def read_eval(run: TrainingRun) -> dict[str, Any] | None:
+def _written_by_trainer(run: TrainingRun, name: str) -> Any:
+    """A JSON file the trainer (or the job) wrote beside the run's model, or None while there is none to read."""
     if not run.model_dir:
         return None
-    path = Path(run.model_dir).parent / "eval.json"
     try:
-        return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+        return json.loads((Path(run.model_dir).parent / name).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return None
+
+
+def read_eval(run: TrainingRun) -> dict[str, Any] | None:
+    return _written_by_trainer(run, "eval.json")
 
 
 def read_trackers(run: TrainingRun) -> dict[str, Any]:
     """Where the run's experiment trackers keep it (OUT/trackers.json, written by the trainer): per tracker a link
     or the command that opens it."""
-    if not run.model_dir:
-        return {}
-    try:
-        found = json.loads((Path(run.model_dir).parent / "trackers.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return {}
+    found = _written_by_trainer(run, "trackers.json")
     return {str(k): v for k, v in found.items() if isinstance(v, dict)} if isinstance(found, dict) else {}
 
 
 def read_human_check(run: TrainingRun) -> dict[str, Any] | None:
     """The reward model's accuracy on held-out human pairs and on pairs labelled since its export."""
-    if run.kind != "reward" or not run.model_dir:
-        return None
-    path = Path(run.model_dir).parent / "human_check.json"
-    try:
-        return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
-    except (OSError, json.JSONDecodeError):
-        return None
+    return _written_by_trainer(run, "human_check.json") if run.kind == "reward" else None
 
 
 def lineage(db: Session, run: TrainingRun) -> dict[str, Any]:
