@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
 from app.errors import DomainError
 
@@ -106,6 +106,35 @@ def _begin_immediate(conn: Any) -> None:
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(bind=engine, expire_on_commit=False, autoflush=True)
+
+
+_AFTER_COMMIT = "preflab.after_commit"
+
+
+def after_commit(db: Session, action: Callable[[], None]) -> None:
+    """Run `action` once the session's transaction has committed, and never if it rolls back (or is closed
+    without a commit): what lies outside the database (an export's files) goes only when the row says so for good.
+
+    A savepoint rolled back does not take back what was registered inside it; nothing registers inside one today.
+    """
+    if not db.in_transaction():
+        db.begin()  # the action belongs to this transaction, not to whichever comes next
+    db.info.setdefault(_AFTER_COMMIT, []).append(action)
+
+
+@event.listens_for(Session, "after_commit")
+def _run_after_commit(session: Session) -> None:
+    for action in session.info.pop(_AFTER_COMMIT, []):
+        try:
+            action()
+        except Exception:  # the commit stands; a cleanup that failed is logged, not turned into an error
+            log.exception("after-commit action %r failed", action)
+
+
+@event.listens_for(Session, "after_transaction_end")
+def _forget_after_commit(session: Session, transaction: SessionTransaction) -> None:
+    if transaction.parent is None:  # the outermost transaction ended without the commit that ran them
+        session.info.pop(_AFTER_COMMIT, None)
 
 
 @contextmanager

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Annotated
 from urllib.parse import quote, urlsplit
@@ -11,10 +11,10 @@ from fastapi import Depends, HTTPException, Request
 from sqlalchemy.orm import Session
 
 from app import permissions, security
+from app.cookies import CSRF_FIELD, CSRF_HEADER, SESSION_COOKIE, browser_id
 from app.db import session_scope
 from app.models import User
 from app.services import users
-from app.web import CSRF_FIELD, CSRF_HEADER, SESSION_COOKIE, browser_id
 
 UNSAFE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 
@@ -79,18 +79,10 @@ def page_user(request: Request, user: Annotated[User | None, Depends(optional_us
     return user
 
 
-def _account_action(action: str):  # type: ignore[no-untyped-def]
-    """For the API: 403 unless the account's role allows `action` (app.permissions)."""
-    def check(user: Annotated[User, Depends(api_user)]) -> User:
-        permissions.require_account(user, action)
-        return user
-
-    return check
-
-
-def _account_action_page(action: str):  # type: ignore[no-untyped-def]
-    """The same for pages, where a visitor who is not logged in is sent to the login page first."""
-    def check(user: Annotated[User, Depends(page_user)]) -> User:
+def _account_action(action: str, caller: Callable[..., User] = api_user):  # type: ignore[no-untyped-def]
+    """403 unless the account's role allows `action` (app.permissions); the caller found as `caller` finds it (for
+    pages, `page_user`: a visitor who is not logged in is sent to the login page first)."""
+    def check(user: User = Depends(caller)) -> User:  # a default, not Annotated: `caller` is no module global
         permissions.require_account(user, action)
         return user
 
@@ -124,6 +116,6 @@ CurrentUser = Annotated[User, Depends(api_user)]
 OptionalUser = Annotated[User | None, Depends(optional_user)]
 PageUser = Annotated[User, Depends(page_user)]
 AdminUser = Annotated[User, Depends(_account_action("users.manage"))]
-AdminPageUser = Annotated[User, Depends(_account_action_page("users.manage"))]
+AdminPageUser = Annotated[User, Depends(_account_action("users.manage", page_user))]
 EndpointAdmin = Annotated[User, Depends(_account_action("endpoints.manage"))]
-EndpointAdminPage = Annotated[User, Depends(_account_action_page("endpoints.manage"))]
+EndpointAdminPage = Annotated[User, Depends(_account_action("endpoints.manage", page_user))]

@@ -15,15 +15,14 @@ from markupsafe import Markup
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import security
+from app.cookies import BROWSER_COOKIE, CSRF_FIELD, CSRF_HEADER, SESSION_COOKIE, browser_id
+
+__all__ = ["BROWSER_COOKIE", "CSRF_FIELD", "CSRF_HEADER", "SESSION_COOKIE", "browser_id"]  # also importable here
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES_DIR = ROOT / "templates"
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 
-BROWSER_COOKIE = "preflab_bid"
-SESSION_COOKIE = "preflab_session"
-CSRF_HEADER = "x-csrf-token"
-CSRF_FIELD = "csrf_token"
 
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
@@ -58,10 +57,6 @@ def safe_next(target: str | None, default: str = "/projects") -> str:
     if parts.scheme or parts.netloc:
         return default
     return target if target.startswith("/") and not target.startswith("//") else default
-
-
-def browser_id(request: Request) -> str:
-    return getattr(request.state, "browser_id", "") or request.cookies.get(BROWSER_COOKIE, "")
 
 
 def csrf_token(request: Request) -> str:

@@ -15,73 +15,28 @@ import threading
 import time
 import traceback
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import make_engine, make_session_factory, run_transaction, session_scope
+from app.errors import DomainError
 from app.jobs import handler_for
-from app.services import jobs
+from app.jobs.context import JobContext, JobError, JobStopped
+from app.models import Job
+from app.services import iteration, jobs
 from app.settings import Settings
-from training.hold import hold
+
+__all__ = ["JobContext", "JobError", "JobStopped", "Worker", "run_worker"]  # the job names stay importable here
 
 log = logging.getLogger("preflab.worker")
 
 
-class JobError(Exception):
-    """A failure that retrying cannot fix (bad input, missing model): the job fails at once with this message."""
-
-
-class JobStopped(Exception):
-    """Raised by `JobContext.check()` when the job must stop (cancelled, shutting down, or taken over)."""
-
-
-class JobContext:
-    """What a handler gets: the job's payload, a session factory, progress and log reporting, and stop checks."""
-
-    def __init__(self, worker: Worker, job_id: int, kind: str, payload: dict[str, Any], project_id: int | None,
-                 attempts: int) -> None:
-        self.worker = worker
-        self.job_id = job_id
-        self.kind = kind
-        self.payload = payload
-        self.project_id = project_id
-        self.attempts = attempts
-        self.settings = worker.settings
-        self.session_factory: sessionmaker[Session] = worker.session_factory
-        self.stop_reason: str | None = None
-        self._progress: tuple[int | None, int | None, str | None] = (None, None, None)
-        self._lock = threading.Lock()
-        self.log_path = jobs.log_path(worker.settings.data_dir, job_id)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-
-    def log(self, message: str) -> None:
-        stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S")
-        with self._lock, self.log_path.open("a", encoding="utf-8") as fh:
-            fh.write(f"{stamp} {message}\n")
-
-    def progress(self, done: int, total: int, message: str | None = None) -> None:
-        with self._lock:
-            self._progress = (done, total, message)
-        hold(f"job.{self.kind}.progress.{done}", give_up=self.should_stop)  # crash tests stop a job mid-work here
-
-    def should_stop(self) -> bool:
-        if self.worker.terminating and self.stop_reason is None:
-            self.stop_reason = "terminating"
-        return self.stop_reason is not None
-
-    def check(self) -> None:
-        if self.should_stop():
-            raise JobStopped(self.stop_reason)
-
-    def take_progress(self) -> tuple[int | None, int | None, str | None]:
-        with self._lock:
-            return self._progress
-
-
 class Worker:
+    """Claims jobs, runs each with a heartbeat thread beside it, and records how it ended."""
+
     def __init__(self, settings: Settings, *, worker_id: str | None = None, kinds: tuple[str, ...] | None = None,
                  poll_s: float = 1.0, heartbeat_s: float = 2.0, stale_after_s: float = 30.0,
                  session_factory: sessionmaker[Session] | None = None) -> None:
@@ -181,10 +136,6 @@ class Worker:
 
     def _continue_iteration(self, db: Session, ctx: JobContext) -> None:
         """A step of an automated RLHF round starts the next one in the same transaction as its own success."""
-        from app.errors import DomainError
-        from app.models import Job
-        from app.services import iteration
-
         job = db.get(Job, ctx.job_id)
         if job is None or not (job.payload or {}).get("iteration"):
             return

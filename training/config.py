@@ -18,45 +18,43 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+
 T = TypeVar("T")
 
 
-def field_docs(cls: type) -> dict[str, str]:
-    """The docstring written under each dataclass field (the house style, inherited fields included), for `--help`
-    texts."""
-    import ast
-    import inspect
+DOC = "doc"
+"""The key of a field's description in its dataclass metadata."""
 
+
+def setting(default: Any, doc: str) -> Any:
+    """A config field with its default and its description, kept as data: `--help`, the docs and the app's training
+    form read it through `field_docs`."""
+    return dataclasses.field(default=default, metadata={DOC: doc})
+
+
+def setting_factory(factory: Callable[[], Any], doc: str) -> Any:
+    """`setting` for a field whose default is made fresh for each config (a list, a table)."""
+    return dataclasses.field(default_factory=factory, metadata={DOC: doc})
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Each field's description (inherited ones included), in field order as `--help` lists them."""
     if not dataclasses.is_dataclass(cls):
         return {}
     docs: dict[str, str] = {}
-    # base classes first, so a subclass that redeclares a field (say, another default) has the last word
+    # base classes first: a subclass that redeclares a field (another default) and describes it has the last word,
+    # one that does not keeps the base's description
     for klass in reversed(cls.__mro__):
-        if not dataclasses.is_dataclass(klass):
-            continue
-        try:
-            tree = ast.parse(inspect.getsource(klass))
-        except (OSError, TypeError):
-            continue
-        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
-        for node, nxt in zip(body, body[1:], strict=False):
-            if (
-                isinstance(node, ast.AnnAssign)
-                and isinstance(node.target, ast.Name)
-                and isinstance(nxt, ast.Expr)
-                and isinstance(nxt.value, ast.Constant)
-                and isinstance(nxt.value.value, str)
-            ):
-                docs[node.target.id] = " ".join(nxt.value.value.split())
-    # in field order (dataclasses.fields), as --help lists them
+        for name, f in getattr(klass, "__dataclass_fields__", {}).items():
+            if f.metadata.get(DOC):
+                docs[name] = " ".join(f.metadata[DOC].split())
     return {f.name: docs[f.name] for f in dataclasses.fields(cls) if f.name in docs}
 
 
 def _coerce(name: str, raw: Any, annotation: Any) -> Any:
     """Turn a TOML value or a `--set` string into the field's declared type (pydantic's lax rules: "3" → 3,
     "true" → True, 3.0 → 3, but never 3.5 → 3), or raise ValueError naming the field."""
-    from pydantic import ConfigDict, TypeAdapter, ValidationError
-
     hints = _alternatives(annotation)
     if isinstance(raw, str):
         if raw.strip().lower() in {"none", "null"} and type(None) in hints:
@@ -217,44 +215,36 @@ class TrainConfig:
     """Fields every training method shares: where from and to, the step budget, the optimiser and its schedule,
     logging, checkpoints and trackers. Each method's config adds its own fields after these."""
 
-    model: str = ""
-    """Local directory of the starting model (safetensors)."""
-    out: str = ""
-    """Output directory: model/, checkpoint/, metrics.jsonl, eval.json and run.json (config, versions, data)."""
-    steps: int = 0
-    """Optimisation steps to run; 0 means `epochs` passes over the data (methods that read a data file)."""
-    lr: float = 2e-5
-    """AdamW peak learning rate."""
-    lr_schedule: Literal["constant", "linear", "cosine"] = "linear"
-    """Decay after warm-up: none, linear to 0, or cosine to 0 at the last step."""
-    warmup_steps: int = 0
-    """Linear warm-up steps from 0 to `lr`."""
-    warmup_ratio: float = 0.0
-    """Warm-up as a fraction of all steps (used when warmup_steps is 0)."""
-    weight_decay: float = 0.0
-    """AdamW decoupled weight decay (not applied to biases and norms)."""
-    max_grad_norm: float = 1.0
-    """Clip the global gradient norm to this value; 0 disables clipping."""
-    seed: int = 0
-    """Seeds initialisation, the data order, sampling and dropout, so a CPU run with the same seed repeats exactly."""
-    eval_every: int = 0
-    """Evaluate on the held-out data every this many steps (and always at the end); 0: only at the end."""
-    save_every: int = 0
-    """Write a resumable checkpoint (model, optimiser, schedule, RNG, data position) to OUT/checkpoint every this
-    many steps; 0: never."""
-    resume: bool = False
-    """Continue from OUT/checkpoint when it exists."""
-    log_every: int = 0
-    """Write a metrics.jsonl row every this many steps; 0: every step up to 1,000 steps, then about 1,000 rows."""
-    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
-    """"auto" (bf16 on a GPU that supports it, else full precision), "no", "bf16" or "fp16"."""
-    report_to: list[str] = dataclasses.field(default_factory=list)
-    """Experiment trackers beside metrics.jsonl: any of "tensorboard", "mlflow", "wandb" (accelerate's trackers,
-    writing under OUT; set MLFLOW_TRACKING_URI or WANDB_* for a server). Empty: none."""
-    run_name: str = ""
-    """Name of the run in the trackers (default: the output directory's name)."""
-    progress: bool = True
-    """Show a progress bar on the main process."""
+    model: str = setting("", "Local directory of the starting model (safetensors).")
+    out: str = setting(
+        "", "Output directory: model/, checkpoint/, metrics.jsonl, eval.json and run.json (config, versions, data).")
+    steps: int = setting(
+        0, "Optimisation steps to run; 0 means `epochs` passes over the data (methods that read a data file).")
+    lr: float = setting(2e-5, "AdamW peak learning rate.")
+    lr_schedule: Literal["constant", "linear", "cosine"] = setting(
+        "linear", "Decay after warm-up: none, linear to 0, or cosine to 0 at the last step.")
+    warmup_steps: int = setting(0, "Linear warm-up steps from 0 to `lr`.")
+    warmup_ratio: float = setting(0.0, "Warm-up as a fraction of all steps (used when warmup_steps is 0).")
+    weight_decay: float = setting(0.0, "AdamW decoupled weight decay (not applied to biases and norms).")
+    max_grad_norm: float = setting(1.0, "Clip the global gradient norm to this value; 0 disables clipping.")
+    seed: int = setting(
+        0, "Seeds initialisation, the data order, sampling and dropout, so a CPU run with the same seed repeats "
+        "exactly.")
+    eval_every: int = setting(
+        0, "Evaluate on the held-out data every this many steps (and always at the end); 0: only at the end.")
+    save_every: int = setting(
+        0, "Write a resumable checkpoint (model, optimiser, schedule, RNG, data position) to OUT/checkpoint every "
+        "this many steps; 0: never.")
+    resume: bool = setting(False, "Continue from OUT/checkpoint when it exists.")
+    log_every: int = setting(
+        0, "Write a metrics.jsonl row every this many steps; 0: every step up to 1,000 steps, then about 1,000 rows.")
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = setting(
+        "auto", '"auto" (bf16 on a GPU that supports it, else full precision), "no", "bf16" or "fp16".')
+    report_to: list[str] = setting_factory(
+        list, "Experiment trackers beside metrics.jsonl: any of \"tensorboard\", \"mlflow\", \"wandb\" (accelerate's "
+        "trackers, writing under OUT; set MLFLOW_TRACKING_URI or WANDB_* for a server). Empty: none.")
+    run_name: str = setting("", "Name of the run in the trackers (default: the output directory's name).")
+    progress: bool = setting(True, "Show a progress bar on the main process.")
 
     def __post_init__(self) -> None:
         at_least(self, 0, "steps", "warmup_steps", "weight_decay", "max_grad_norm", "eval_every", "save_every",
@@ -285,17 +275,13 @@ class LoraFields:
     """LoRA fields of the methods that train a causal LM (sft, dpo, grpo, ppo, rft). Mixed in first
     (`class SFTConfig(LoraFields, OfflineConfig)`), so these fields come after the base's in `--help`."""
 
-    lora: bool = False
-    """Train a LoRA adapter instead of all weights; the reference (dpo, grpo, ppo) is then the adapter-disabled
-    base."""
-    lora_r: int = 16
-    """LoRA rank."""
-    lora_alpha: int = 32
-    """LoRA alpha (scale alpha / r)."""
-    lora_dropout: float = 0.0
-    """LoRA dropout (keep 0 for RL, so sampling and training log-probs agree)."""
-    lora_target_modules: list[str] | str = "all-linear"
-    """Modules to adapt."""
+    lora: bool = setting(
+        False, "Train a LoRA adapter instead of all weights; the reference (dpo, grpo, ppo) is then the "
+        "adapter-disabled base.")
+    lora_r: int = setting(16, "LoRA rank.")
+    lora_alpha: int = setting(32, "LoRA alpha (scale alpha / r).")
+    lora_dropout: float = setting(0.0, "LoRA dropout (keep 0 for RL, so sampling and training log-probs agree).")
+    lora_target_modules: list[str] | str = setting("all-linear", "Modules to adapt.")
 
     def __post_init__(self) -> None:
         getattr(super(), "__post_init__", lambda: None)()  # the base config's checks first
@@ -320,28 +306,25 @@ class OfflineConfig(TrainConfig):
     """Methods that learn from a data file in batches (reward, sft, dpo): the data, batches and epochs, early
     stopping on the held-out loss."""
 
-    train: str = ""
-    """Training data: an export file (JSONL, Parquet) or a datasets directory."""
-    eval: str = ""
-    """Held-out data; empty: the rows of `train` whose split is held-out."""
-    batch_size: int = 16
-    """Examples per optimisation step, across all processes (each process takes batch_size / processes)."""
-    eval_batch_size: int = 64
-    """Examples per forward pass when evaluating."""
-    epochs: float = 1.0
-    """Passes over the training data (fractions allowed); ignored when `steps` is set."""
-    max_length: int = 512
-    """Tokens per example, prompt and response together; longer examples lose their oldest (leftmost) tokens."""
-    group_by_length: bool = True
-    """Batch examples of similar length together (within shuffled mega-batches) to cut padding."""
-    megabatch_factor: int = 50
-    """Mega-batch size in batches for length grouping; larger groups tighter but shuffle less."""
-    disable_dropout: bool = True
-    """Set every dropout probability to 0 (pairwise losses compare forward passes, and dropout makes them noisy)."""
-    early_stopping_patience: int = 0
-    """Stop after this many evaluations without a lower held-out loss, keeping the best model; 0 disables."""
-    early_stopping_min_delta: float = 0.0
-    """A held-out loss must drop by more than this to count as an improvement."""
+    train: str = setting("", "Training data: an export file (JSONL, Parquet) or a datasets directory.")
+    eval: str = setting("", "Held-out data; empty: the rows of `train` whose split is held-out.")
+    batch_size: int = setting(
+        16, "Examples per optimisation step, across all processes (each process takes batch_size / processes).")
+    eval_batch_size: int = setting(64, "Examples per forward pass when evaluating.")
+    epochs: float = setting(1.0, "Passes over the training data (fractions allowed); ignored when `steps` is set.")
+    max_length: int = setting(
+        512, "Tokens per example, prompt and response together; longer examples lose their oldest (leftmost) tokens.")
+    group_by_length: bool = setting(
+        True, "Batch examples of similar length together (within shuffled mega-batches) to cut padding.")
+    megabatch_factor: int = setting(
+        50, "Mega-batch size in batches for length grouping; larger groups tighter but shuffle less.")
+    disable_dropout: bool = setting(
+        True, "Set every dropout probability to 0 (pairwise losses compare forward passes, and dropout makes them "
+        "noisy).")
+    early_stopping_patience: int = setting(
+        0, "Stop after this many evaluations without a lower held-out loss, keeping the best model; 0 disables.")
+    early_stopping_min_delta: float = setting(
+        0.0, "A held-out loss must drop by more than this to count as an improvement.")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -365,24 +348,21 @@ REWARD_RENAMES: dict[str, Any] = {
 class RewardConfig(OfflineConfig):
     """Training a Bradley–Terry reward model on chosen/rejected pairs."""
 
-    model: str = ""
-    """Local directory of an AutoModelForSequenceClassification-compatible model; empty: the shipped MiniLM."""
-    eval_every: int = 100
-    """Evaluate on the held-out pairs every this many steps (and always at the end); 0: only at the end."""
-    use_soft_labels: bool = True
-    """Use the export's `p` column (soft label) when present; otherwise every pair is a hard label."""
-    use_margin: bool = True
-    """Subtract the export's `margin` column inside the loss, −log σ(r_c − r_r − margin)."""
-    margin_scale: float = 1.0
-    """Multiplier on the margin column (tiers apart are not reward units)."""
-    use_weights: bool = True
-    """Weight pairs by the export's `weight` column."""
-    center_rewards_coef: float = 0.0
-    """c in the reward-centering term c·(r_c + r_r)²; 0 turns it off (Eisenstein et al. use 0.01)."""
-    calibration_bins: int = 5
-    """Bins of predicted confidence max(σ(Δ), 1 − σ(Δ)) over [0.5, 1] for the calibration table."""
-    length_buckets: int = 4
-    """Quantile buckets of pair length (tokens) for accuracy by length."""
+    model: str = setting(
+        "", "Local directory of an AutoModelForSequenceClassification-compatible model; empty: the shipped MiniLM.")
+    eval_every: int = setting(
+        100, "Evaluate on the held-out pairs every this many steps (and always at the end); 0: only at the end.")
+    use_soft_labels: bool = setting(
+        True, "Use the export's `p` column (soft label) when present; otherwise every pair is a hard label.")
+    use_margin: bool = setting(
+        True, "Subtract the export's `margin` column inside the loss, −log σ(r_c − r_r − margin).")
+    margin_scale: float = setting(1.0, "Multiplier on the margin column (tiers apart are not reward units).")
+    use_weights: bool = setting(True, "Weight pairs by the export's `weight` column.")
+    center_rewards_coef: float = setting(
+        0.0, "c in the reward-centering term c·(r_c + r_r)²; 0 turns it off (Eisenstein et al. use 0.01).")
+    calibration_bins: int = setting(
+        5, "Bins of predicted confidence max(σ(Δ), 1 − σ(Δ)) over [0.5, 1] for the calibration table.")
+    length_buckets: int = setting(4, "Quantile buckets of pair length (tokens) for accuracy by length.")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -395,45 +375,42 @@ class RewardConfig(OfflineConfig):
 class SFTConfig(LoraFields, OfflineConfig):
     """Supervised fine-tuning of a causal LM on (prompt, completion) rows or chat `messages` (the SFT export)."""
 
-    max_length: int = 1024
-    """Tokens per example; a longer prompt loses its oldest tokens first, then the completion its last ones."""
-    packing: bool = False
-    """Pack several examples into each row of `max_length` tokens (attention kept within each example)."""
-    completion_only: bool = True
-    """Loss on completion tokens only (the prompt is context); false: on every token."""
-    eval_every: int = 0
-    """Evaluate held-out loss and perplexity every this many steps (and always at the end); 0: only at the end."""
+    max_length: int = setting(
+        1024, "Tokens per example; a longer prompt loses its oldest tokens first, then the completion its last ones.")
+    packing: bool = setting(
+        False, "Pack several examples into each row of `max_length` tokens (attention kept within each example).")
+    completion_only: bool = setting(
+        True, "Loss on completion tokens only (the prompt is context); false: on every token.")
+    eval_every: int = setting(
+        0, "Evaluate held-out loss and perplexity every this many steps (and always at the end); 0: only at the end.")
 
 
 @dataclasses.dataclass
 class DPOConfig(LoraFields, OfflineConfig):
     """Direct preference optimisation of a causal LM on chosen/rejected pairs (the pairs export)."""
 
-    lr: float = 5e-7
-    """AdamW peak learning rate (DPO wants a small one: Rafailov et al. used 1e-6 with batch 64)."""
-    beta: float = 0.1
-    """β: strength of the implicit KL constraint; the implicit reward is β·log π/π_ref."""
-    loss_type: Literal["sigmoid", "ipo"] = "sigmoid"
-    """"sigmoid": DPO (Rafailov et al. 2023); "ipo": IPO's squared loss towards margin 1/(2β) (Azar et al. 2023)."""
-    reference: str = ""
-    """Reference model directory; empty: a frozen copy of `model` (under LoRA, the adapter-disabled base)."""
-    precompute_ref_logps: bool = False
-    """Score every pair under the reference once before training, then free the reference model."""
-    label_smoothing: float = 0.0
-    """ε of conservative DPO: every hard label is trusted with probability 1 − ε."""
-    rpo_alpha: float = 0.0
-    """α of RPO (Pang et al. 2024): add α × the NLL of the chosen responses, so DPO cannot satisfy the preference
-    by making the chosen answers less likely too (it often does on small data); 0 is plain DPO."""
-    use_soft_labels: bool = True
-    """Use the export's `p` column (AI judges' soft labels) as the pair's own label smoothing 1 − p."""
-    use_weights: bool = True
-    """Weight pairs by the export's `weight` column."""
-    use_margin: bool = False
-    """Subtract the export's `margin` column (× margin_scale) inside the sigmoid, as in the reward model."""
-    margin_scale: float = 1.0
-    """Multiplier on the margin column."""
-    max_prompt_length: int = 0
-    """Tokens kept of each prompt (its newest ones); 0: as many as max_length allows."""
+    lr: float = setting(
+        5e-7, "AdamW peak learning rate (DPO wants a small one: Rafailov et al. used 1e-6 with batch 64).")
+    beta: float = setting(0.1, "β: strength of the implicit KL constraint; the implicit reward is β·log π/π_ref.")
+    loss_type: Literal["sigmoid", "ipo"] = setting(
+        "sigmoid", "\"sigmoid\": DPO (Rafailov et al. 2023); \"ipo\": IPO's squared loss towards margin 1/(2β) "
+        "(Azar et al. 2023).")
+    reference: str = setting(
+        "", "Reference model directory; empty: a frozen copy of `model` (under LoRA, the adapter-disabled base).")
+    precompute_ref_logps: bool = setting(
+        False, "Score every pair under the reference once before training, then free the reference model.")
+    label_smoothing: float = setting(0.0, "ε of conservative DPO: every hard label is trusted with probability 1 − ε.")
+    rpo_alpha: float = setting(
+        0.0, "α of RPO (Pang et al. 2024): add α × the NLL of the chosen responses, so DPO cannot satisfy the "
+        "preference by making the chosen answers less likely too (it often does on small data); 0 is plain DPO.")
+    use_soft_labels: bool = setting(
+        True, "Use the export's `p` column (AI judges' soft labels) as the pair's own label smoothing 1 − p.")
+    use_weights: bool = setting(True, "Weight pairs by the export's `weight` column.")
+    use_margin: bool = setting(
+        False, "Subtract the export's `margin` column (× margin_scale) inside the sigmoid, as in the reward model.")
+    margin_scale: float = setting(1.0, "Multiplier on the margin column.")
+    max_prompt_length: int = setting(
+        0, "Tokens kept of each prompt (its newest ones); 0: as many as max_length allows.")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -451,49 +428,42 @@ class RLConfig(LoraFields, TrainConfig):
     """Fields every method that samples from the policy shares (GRPO, PPO, RFT): prompts, rewards, sampling and
     evaluation. Each trainer adds its own fields and checks after these."""
 
-    prompts: str = ""
-    """Prompts export (JSONL, Parquet or a datasets directory); rows with a held-out split are evaluation only."""
-    model: str = ""
-    """Local directory of the starting policy (any AutoModelForCausalLM), usually the SFT model."""
-    out: str = ""
-    """Output directory: model/, metrics.jsonl, eval.json, run.json, checkpoint/ (PPO adds value_model/)."""
-    reward_fn: list[str] = dataclasses.field(default_factory=list)
-    """Reward functions, `module:function` or built-in names (gsm8k_exact_match, format_regex, length_penalty)."""
-    reward_weights: list[float] | None = None
-    """One weight per reward function (default 1 each)."""
-    reward_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """Keyword arguments bound to reward functions by name, e.g. {format_regex = {pattern = "..."}}."""
-    reward_model: str | None = None
-    """A preflab reward model directory scoring (prompt, response), added to the reward functions."""
-    reward_model_weight: float = 1.0
-    """Weight of the reward model's score in the total reward."""
+    prompts: str = setting(
+        "", "Prompts export (JSONL, Parquet or a datasets directory); rows with a held-out split are evaluation only.")
+    model: str = setting(
+        "", "Local directory of the starting policy (any AutoModelForCausalLM), usually the SFT model.")
+    out: str = setting(
+        "", "Output directory: model/, metrics.jsonl, eval.json, run.json, checkpoint/ (PPO adds value_model/).")
+    reward_fn: list[str] = setting_factory(
+        list, "Reward functions, `module:function` or built-in names (gsm8k_exact_match, format_regex, "
+        "length_penalty).")
+    reward_weights: list[float] | None = setting(None, "One weight per reward function (default 1 each).")
+    reward_kwargs: dict[str, Any] = setting_factory(
+        dict, 'Keyword arguments bound to reward functions by name, e.g. {format_regex = {pattern = "..."}}.')
+    reward_model: str | None = setting(
+        None, "A preflab reward model directory scoring (prompt, response), added to the reward functions.")
+    reward_model_weight: float = setting(1.0, "Weight of the reward model's score in the total reward.")
 
-    lr: float = 1e-6
-    """AdamW learning rate."""
-    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
-    """Decay after warm-up: none, linear to 0, or cosine to 0 at the last step."""
-    steps: int = 100
-    """Steps: rollout batches, each followed by its optimisation passes."""
+    lr: float = setting(1e-6, "AdamW learning rate.")
+    lr_schedule: Literal["constant", "linear", "cosine"] = setting(
+        "constant", "Decay after warm-up: none, linear to 0, or cosine to 0 at the last step.")
+    steps: int = setting(100, "Steps: rollout batches, each followed by its optimisation passes.")
 
-    temperature: float = 1.0
-    """Sampling temperature of the rollouts (log-probs are taken under the same temperature)."""
-    top_p: float = 1.0
-    """Nucleus sampling threshold of the rollouts."""
-    max_new_tokens: int = 256
-    """Longest response sampled (clamped, with a warning, to what the model's positions leave after the prompt)."""
-    max_prompt_length: int = 0
-    """Truncate prompts to this many tokens (0: no limit)."""
-    stop: list[str] = dataclasses.field(default_factory=list)
-    """Strings that end a response (the text is cut there; the mask ends on the token completing it)."""
-    generation_batch_size: int = 0
-    """Prompts per generate call (0: all prompts of the step at once)."""
+    temperature: float = setting(
+        1.0, "Sampling temperature of the rollouts (log-probs are taken under the same temperature).")
+    top_p: float = setting(1.0, "Nucleus sampling threshold of the rollouts.")
+    max_new_tokens: int = setting(
+        256, "Longest response sampled (clamped, with a warning, to what the model's positions leave after the "
+        "prompt).")
+    max_prompt_length: int = setting(0, "Truncate prompts to this many tokens (0: no limit).")
+    stop: list[str] = setting_factory(
+        list, "Strings that end a response (the text is cut there; the mask ends on the token completing it).")
+    generation_batch_size: int = setting(0, "Prompts per generate call (0: all prompts of the step at once).")
 
-    eval_k: int = 4
-    """Samples per held-out prompt for Pass@K / Maj@K."""
-    eval_max_prompts: int = 200
-    """Held-out prompts evaluated (0: all)."""
-    eval_temperature: float | None = None
-    """Sampling temperature of the evaluation (default: the rollout temperature)."""
+    eval_k: int = setting(4, "Samples per held-out prompt for Pass@K / Maj@K.")
+    eval_max_prompts: int = setting(200, "Held-out prompts evaluated (0: all).")
+    eval_temperature: float | None = setting(
+        None, "Sampling temperature of the evaluation (default: the rollout temperature).")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -520,40 +490,37 @@ class GRPOConfig(RLConfig):
     """Everything a GRPO/GSPO run needs: the shared fields of RLConfig (data, rewards, optimiser, sampling, LoRA,
     evaluation) and these; `python -m training grpo --help` lists them all."""
 
-    loss_type: Literal["grpo", "gspo"] = "grpo"
-    """"grpo": token-level ratio and clipping (DeepSeekMath); "gspo": sequence-level ratio and clipping (Qwen)."""
-    group_size: int = 8
-    """G: completions sampled per prompt; advantages are normalised within each group."""
-    prompts_per_step: int = 8
-    """Prompts per step across all processes; the rollout batch is prompts_per_step × group_size."""
-    mu: int = 1
-    """μ: optimisation passes over each rollout batch (1 = on-policy, the ratio is then exactly 1)."""
-    micro_batch_size: int = 0
-    """Rows per forward/backward (gradient accumulation inside a pass); 0 = the whole batch at once."""
-    beta: float = 0.04
-    """Weight of the k3 KL term against the reference policy (DeepSeekMath used 0.04; 0 drops the term)."""
-    clip_eps: float | None = None
-    """ε of the clipped ratio; default 0.2 for grpo, 3e-4 for gspo (GSPO's sequence ratios are near 1)."""
-    clip_eps_high: float | None = None
-    """Upper clip ε_high ("clip-higher", DAPO); default ε for grpo, 4e-4 for gspo."""
-    aggregation: Literal["sequence", "token", "dr_grpo"] = "sequence"
-    """GRPO loss aggregation: per-response mean then batch mean, token mean (DAPO), or constant normaliser."""
-    scale_rewards: Literal["group", "batch", "none"] = "group"
-    """Advantage scaling: divide by the group std, by the batch std, or not at all (Dr. GRPO)."""
-    advantage_eps: float = 1e-4
-    """Added to the std before dividing advantages."""
-    mask_truncated: bool = False
-    """Leave responses that hit max_new_tokens without ending out of the loss (DAPO's overlong filtering)."""
+    loss_type: Literal["grpo", "gspo"] = setting(
+        "grpo", '"grpo": token-level ratio and clipping (DeepSeekMath); "gspo": sequence-level ratio and clipping '
+        "(Qwen).")
+    group_size: int = setting(8, "G: completions sampled per prompt; advantages are normalised within each group.")
+    prompts_per_step: int = setting(
+        8, "Prompts per step across all processes; the rollout batch is prompts_per_step × group_size.")
+    mu: int = setting(1, "μ: optimisation passes over each rollout batch (1 = on-policy, the ratio is then exactly 1).")
+    micro_batch_size: int = setting(
+        0, "Rows per forward/backward (gradient accumulation inside a pass); 0 = the whole batch at once.")
+    beta: float = setting(
+        0.04, "Weight of the k3 KL term against the reference policy (DeepSeekMath used 0.04; 0 drops the term).")
+    clip_eps: float | None = setting(
+        None, "ε of the clipped ratio; default 0.2 for grpo, 3e-4 for gspo (GSPO's sequence ratios are near 1).")
+    clip_eps_high: float | None = setting(
+        None, 'Upper clip ε_high ("clip-higher", DAPO); default ε for grpo, 4e-4 for gspo.')
+    aggregation: Literal["sequence", "token", "dr_grpo"] = setting(
+        "sequence", "GRPO loss aggregation: per-response mean then batch mean, token mean (DAPO), or constant "
+        "normaliser.")
+    scale_rewards: Literal["group", "batch", "none"] = setting(
+        "group", "Advantage scaling: divide by the group std, by the batch std, or not at all (Dr. GRPO).")
+    advantage_eps: float = setting(1e-4, "Added to the std before dividing advantages.")
+    mask_truncated: bool = setting(
+        False, "Leave responses that hit max_new_tokens without ending out of the loss (DAPO's overlong filtering).")
 
-    server_base_url: str | None = None
-    """Sample from an OpenAI-compatible server (vLLM, TGI) at this URL instead of the local model."""
-    server_model: str | None = None
-    """Model name on that server."""
+    server_base_url: str | None = setting(
+        None, "Sample from an OpenAI-compatible server (vLLM, TGI) at this URL instead of the local model.")
+    server_model: str | None = setting(None, "Model name on that server.")
 
-    ref_reset_steps: int = 0
-    """Iterative GRPO: set π_ref ← π_θ every this many steps (0: the reference stays the starting model)."""
-    kl_metric: bool = True
-    """Compute reference log-probs for the logged KL even when beta is 0."""
+    ref_reset_steps: int = setting(
+        0, "Iterative GRPO: set π_ref ← π_θ every this many steps (0: the reference stays the starting model).")
+    kl_metric: bool = setting(True, "Compute reference log-probs for the logged KL even when beta is 0.")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -583,67 +550,57 @@ class PPOConfig(RLConfig):
     """Everything a PPO run needs: the shared fields of RLConfig (data, rewards, optimiser, sampling, LoRA,
     evaluation) and these; `python -m training ppo --help` lists them all."""
 
-    reward_model: str | None = None
-    """A preflab reward model directory scoring (prompt, response): the RM score put on the last token."""
-    critic: str | None = None
-    """Separate critic: a causal-LM directory whose decoder carries the value head. None: the head sits on the
-    policy's own hidden states (one forward, no second model; see training/value_head.py for the memory cost)."""
+    reward_model: str | None = setting(
+        None, "A preflab reward model directory scoring (prompt, response): the RM score put on the last token.")
+    critic: str | None = setting(
+        None, "Separate critic: a causal-LM directory whose decoder carries the value head. None: the head sits on "
+        "the policy's own hidden states (one forward, no second model; see training/value_head.py for the memory "
+        "cost).")
 
-    prompts_per_step: int = 64
-    """Prompts per step across all processes."""
-    samples_per_prompt: int = 1
-    """Responses sampled per prompt; the rollout batch is prompts_per_step × samples_per_prompt."""
-    minibatch_size: int = 16
-    """Responses per optimiser step (per process); the rollout batch is shuffled and cut into minibatches."""
-    ppo_epochs: int = 4
-    """Passes over each rollout batch."""
-    clip_eps: float = 0.2
-    """ε of the clipped policy ratio."""
-    clip_value: float | None = 0.2
-    """ε of the clipped value loss (values stay within ±ε of the rollout values); None: unclipped."""
-    vf_coef: float = 0.1
-    """c_v: weight of the value loss in L = L_policy + c_v·L_value − c_e·H."""
-    ent_coef: float = 0.0
-    """c_e: weight of the entropy bonus."""
-    gamma: float = 1.0
-    """γ: discount of GAE (1: the score at the end counts fully for every token)."""
-    lam: float = 0.95
-    """λ: GAE bias/variance trade-off (1: Monte-Carlo returns minus values; 0: one-step TD)."""
-    whiten_advantages: bool = True
-    """Whiten the advantages over the batch's response tokens before the policy loss."""
-    target_kl: float = 0.0
-    """Stop the epoch loop after the minibatch whose approx-KL to the rollout policy exceeds this (0: never)."""
+    prompts_per_step: int = setting(64, "Prompts per step across all processes.")
+    samples_per_prompt: int = setting(
+        1, "Responses sampled per prompt; the rollout batch is prompts_per_step × samples_per_prompt.")
+    minibatch_size: int = setting(
+        16, "Responses per optimiser step (per process); the rollout batch is shuffled and cut into minibatches.")
+    ppo_epochs: int = setting(4, "Passes over each rollout batch.")
+    clip_eps: float = setting(0.2, "ε of the clipped policy ratio.")
+    clip_value: float | None = setting(
+        0.2, "ε of the clipped value loss (values stay within ±ε of the rollout values); None: unclipped.")
+    vf_coef: float = setting(0.1, "c_v: weight of the value loss in L = L_policy + c_v·L_value − c_e·H.")
+    ent_coef: float = setting(0.0, "c_e: weight of the entropy bonus.")
+    gamma: float = setting(1.0, "γ: discount of GAE (1: the score at the end counts fully for every token).")
+    lam: float = setting(0.95, "λ: GAE bias/variance trade-off (1: Monte-Carlo returns minus values; 0: one-step TD).")
+    whiten_advantages: bool = setting(
+        True, "Whiten the advantages over the batch's response tokens before the policy loss.")
+    target_kl: float = setting(
+        0.0, "Stop the epoch loop after the minibatch whose approx-KL to the rollout policy exceeds this (0: never).")
 
-    kl_control: Literal["fixed", "adaptive"] = "fixed"
-    """β schedule: fixed, or adaptive towards kl_target (Ziegler et al. 2019)."""
-    beta: float = 0.05
-    """β: per-token KL penalty −β·(log π − log π_ref); the initial value under adaptive control (0: no penalty)."""
-    kl_target: float = 6.0
-    """Adaptive control: target sequence KL in nats (Ziegler et al. used 6)."""
-    kl_horizon: int = 10000
-    """Adaptive control: responses over which β moves by at most ±20% per target-relative error."""
-    reward_clip: float = 0.0
-    """Clip the score to [−c, c] after normalisation (0: no clipping)."""
-    normalize_reward: bool = False
-    """Divide the score by a running std and subtract a running mean (statistics of all scores so far)."""
-    missing_eos_penalty: float = 0.0
-    """Subtracted from the score of responses that run out of tokens without ending (EOS or stop string)."""
+    kl_control: Literal["fixed", "adaptive"] = setting(
+        "fixed", "β schedule: fixed, or adaptive towards kl_target (Ziegler et al. 2019).")
+    beta: float = setting(
+        0.05, "β: per-token KL penalty −β·(log π − log π_ref); the initial value under adaptive control (0: no "
+        "penalty).")
+    kl_target: float = setting(6.0, "Adaptive control: target sequence KL in nats (Ziegler et al. used 6).")
+    kl_horizon: int = setting(
+        10000, "Adaptive control: responses over which β moves by at most ±20% per target-relative error.")
+    reward_clip: float = setting(0.0, "Clip the score to [−c, c] after normalisation (0: no clipping).")
+    normalize_reward: bool = setting(
+        False, "Divide the score by a running std and subtract a running mean (statistics of all scores so far).")
+    missing_eos_penalty: float = setting(
+        0.0, "Subtracted from the score of responses that run out of tokens without ending (EOS or stop string).")
 
-    lr: float = 1e-5
-    """AdamW learning rate (policy and value model)."""
+    lr: float = setting(1e-5, "AdamW learning rate (policy and value model).")
 
-    max_new_tokens: int = 128
-    """Longest response sampled."""
+    max_new_tokens: int = setting(128, "Longest response sampled.")
 
-    hack_kl_threshold: float = 10.0
-    """Reward-hacking watch: warn when the score keeps rising while the sequence KL is above this (nats)."""
-    hack_window: int = 10
-    """Steps over which "the score keeps rising" is judged (mean of the later half above the earlier half)."""
-    sample_every: int = 10
-    """Append a few rollouts (prompt, response, score, KL) to OUT/rollout_samples.jsonl every this many steps
-    (0: never)."""
-    sample_rows: int = 4
-    """Rollouts written each time."""
+    hack_kl_threshold: float = setting(
+        10.0, "Reward-hacking watch: warn when the score keeps rising while the sequence KL is above this (nats).")
+    hack_window: int = setting(
+        10, 'Steps over which "the score keeps rising" is judged (mean of the later half above the earlier half).')
+    sample_every: int = setting(
+        10, "Append a few rollouts (prompt, response, score, KL) to OUT/rollout_samples.jsonl every this many steps "
+        "(0: never).")
+    sample_rows: int = setting(4, "Rollouts written each time.")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -672,31 +629,24 @@ class RFTConfig(RLConfig):
     them (SFT on the kept set). Offline, the samples come once from the starting model; online (the lecture's online
     RFT), every round resamples from the current policy. Both sample the same number of answers in all."""
 
-    lr: float = 1e-5
-    """AdamW learning rate of the fine-tuning steps."""
-    steps: int = 100
-    """Fine-tuning steps (batches of kept samples) in all."""
-    samples_per_prompt: int = 8
-    """N: answers sampled per prompt."""
-    prompts_per_round: int = 16
-    """Prompts sampled per round; a run has ceil(steps / steps_per_round) rounds."""
-    steps_per_round: int = 10
-    """Fine-tuning steps between two rounds of sampling (online); offline, all rounds are sampled up front."""
-    online: bool = False
-    """Resample every round from the current policy (online RFT); false: sample every round's prompts once, from
-    the starting model, before training (offline RFT)."""
-    keep: Literal["threshold", "top_k"] = "threshold"
-    """Which samples to keep: reward at least `threshold`, or the best `top_k` of each prompt."""
-    threshold: float = 1.0
-    """Smallest reward a kept sample has (keep = "threshold"); 1.0 keeps exact matches of a 0/1 reward."""
-    top_k: int = 1
-    """Samples kept per prompt (keep = "top_k"), the best first; ties broken by sampling order."""
-    distinct: bool = True
-    """Keep each distinct answer of a prompt once (identical samples would weigh that answer twice)."""
-    batch_size: int = 16
-    """Kept samples per fine-tuning step, across all processes."""
-    max_length: int = 512
-    """Tokens per fine-tuning example (prompt + answer)."""
+    lr: float = setting(1e-5, "AdamW learning rate of the fine-tuning steps.")
+    steps: int = setting(100, "Fine-tuning steps (batches of kept samples) in all.")
+    samples_per_prompt: int = setting(8, "N: answers sampled per prompt.")
+    prompts_per_round: int = setting(16, "Prompts sampled per round; a run has ceil(steps / steps_per_round) rounds.")
+    steps_per_round: int = setting(
+        10, "Fine-tuning steps between two rounds of sampling (online); offline, all rounds are sampled up front.")
+    online: bool = setting(
+        False, "Resample every round from the current policy (online RFT); false: sample every round's prompts once, "
+        "from the starting model, before training (offline RFT).")
+    keep: Literal["threshold", "top_k"] = setting(
+        "threshold", "Which samples to keep: reward at least `threshold`, or the best `top_k` of each prompt.")
+    threshold: float = setting(
+        1.0, 'Smallest reward a kept sample has (keep = "threshold"); 1.0 keeps exact matches of a 0/1 reward.')
+    top_k: int = setting(1, 'Samples kept per prompt (keep = "top_k"), the best first; ties broken by sampling order.')
+    distinct: bool = setting(
+        True, "Keep each distinct answer of a prompt once (identical samples would weigh that answer twice).")
+    batch_size: int = setting(16, "Kept samples per fine-tuning step, across all processes.")
+    max_length: int = setting(512, "Tokens per fine-tuning example (prompt + answer).")
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -13,12 +13,13 @@ import math
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from training.config import field_docs, load_config, setting, setting_factory
 from training.data import PromptRow
 from training.policy import Reference, Rollouts, batched_logprobs, generate_rollouts
 from training.rewards import RewardFunction, compute_rewards, extract_final_number, parse_reference
@@ -28,24 +29,15 @@ from training.rewards import RewardFunction, compute_rewards, extract_final_numb
 class EvalConfig:
     """Settings of one held-out evaluation."""
 
-    k: int = 4
-    """Samples per prompt: Pass@K, Maj@K and the sampled accuracy are computed from these K."""
-    temperature: float = 1.0
-    """Sampling temperature for the K samples."""
-    top_p: float = 1.0
-    """Nucleus sampling threshold for the K samples."""
-    max_new_tokens: int = 256
-    """Longest response sampled."""
-    max_prompts: int = 0
-    """Evaluate at most this many prompts (0: all)."""
-    stop: list[str] = field(default_factory=list)
-    """Strings that end a response."""
-    seed: int = 1234
-    """Sampling seed, so policy and reference are compared on the same random stream."""
-    batch_size: int = 64
-    """Prompts per generation call."""
-    greedy: bool = True
-    """Also decode greedily once per prompt and report `greedy_accuracy`."""
+    k: int = setting(4, "Samples per prompt: Pass@K, Maj@K and the sampled accuracy are computed from these K.")
+    temperature: float = setting(1.0, "Sampling temperature for the K samples.")
+    top_p: float = setting(1.0, "Nucleus sampling threshold for the K samples.")
+    max_new_tokens: int = setting(256, "Longest response sampled.")
+    max_prompts: int = setting(0, "Evaluate at most this many prompts (0: all).")
+    stop: list[str] = setting_factory(list, "Strings that end a response.")
+    seed: int = setting(1234, "Sampling seed, so policy and reference are compared on the same random stream.")
+    batch_size: int = setting(64, "Prompts per generation call.")
+    greedy: bool = setting(True, "Also decode greedily once per prompt and report `greedy_accuracy`.")
 
     def __post_init__(self) -> None:
         if self.k < 1:
@@ -276,7 +268,6 @@ def _write_samples(path: str | Path, rows: Sequence[PromptRow], k: int, texts: l
 def main(argv: list[str] | None = None) -> int:
     """`python -m training evaluate --policy DIR --reference DIR --prompts PATH (--reward-fn F ... | --reward-model DIR)
     --k K --out DIR [--config run.toml] [--set key=value ...]`."""
-    from training.config import field_docs, load_config
     from training.data import load_prompts, split_train_heldout
     from training.policy import load_policy
     from training.rewards import build_reward_functions

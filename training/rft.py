@@ -76,9 +76,7 @@ class RFTTrainer(RLMethod):
         if not functions:
             raise ValueError("reward_fn: no reward; give a reward model or a reward function")
         super().__init__(config, model, tokenizer, functions, train_rows, eval_rows, accelerator)
-        if config.batch_size % self.accelerator.num_processes:
-            raise ValueError(f"batch_size={config.batch_size} must be divisible by the "
-                             f"{self.accelerator.num_processes} processes")
+        self.check_divides_over_processes("batch_size")
         self.pad_id = tokenizer.pad_token_id
         self.prepare(model)
         self.rounds: list[dict[str, Any]] = []

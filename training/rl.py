@@ -38,10 +38,7 @@ class RLMethod(Method):
         if not train_rows:
             raise ValueError("prompts: no training prompts")
         super().__init__(config, accelerator)
-        per_step = getattr(config, self.batch_field)
-        if per_step % self.accelerator.num_processes:
-            raise ValueError(f"{self.batch_field}={per_step} must be divisible by the "
-                             f"{self.accelerator.num_processes} processes")
+        self.check_divides_over_processes(self.batch_field)
         self.tokenizer = tokenizer
         self.functions = list(functions)
         self.train_rows = list(train_rows)
@@ -54,6 +51,12 @@ class RLMethod(Method):
         self._order: list[int] = []
         self._epoch = 0
         self._ref_eval: dict[str, Any] | None = None
+
+    def check_divides_over_processes(self, name: str) -> None:
+        """ValueError unless the config field `name` (a batch's size) splits evenly over the processes."""
+        value = getattr(self.config, name)
+        if value % self.accelerator.num_processes:
+            raise ValueError(f"{name}={value} must be divisible by the {self.accelerator.num_processes} processes")
 
     @property
     def policy(self) -> torch.nn.Module:

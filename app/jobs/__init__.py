@@ -1,10 +1,18 @@
-"""Job handlers by kind: each is `run(ctx: JobContext) -> dict` in its own module, imported when first needed."""
+"""Job handlers by kind: each is `run(ctx: JobContext) -> dict` in its own module, imported when first needed.
+
+This package imports nothing of the app: `python -m app.jobs.train --supervise` (the trainer's supervisor, alive
+for a whole training run) loads it, and stays a small process. The context and the job exceptions are in
+`app.jobs.context`.
+"""
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from app.jobs.context import JobContext
 
 HANDLERS: dict[str, str] = {
     "sample_completions": "app.jobs.sample_completions:run",
@@ -15,23 +23,11 @@ HANDLERS: dict[str, str] = {
     "export": "app.jobs.export:run",
 }
 
+Handler = Callable[["JobContext"], dict[str, Any]]
 
-def handler_for(kind: str) -> Callable[[Any], dict[str, Any]]:
+
+def handler_for(kind: str) -> Handler:
     if kind not in HANDLERS:
         raise KeyError(f"no handler for job kind {kind!r}")
     module, _, name = HANDLERS[kind].partition(":")
     return getattr(importlib.import_module(module), name)
-
-
-def runtime_generator(ctx: Any, stored: dict[str, Any], what: str = "generator") -> tuple[Any, dict[str, Any]]:
-    """(generator, spec) built now: a model endpoint's URL and key are read (and the URL checked again) when the job
-    runs, so neither ever sits in the job's payload; its client checks every address it connects to as well."""
-    from app.errors import DomainError
-    from app.services import endpoints
-    from app.worker import JobError
-
-    with ctx.session_factory() as db:
-        try:
-            return endpoints.runtime_generator(db, dict(stored), field=what)
-        except DomainError as exc:
-            raise JobError(f"{what}: {exc.message}") from None

@@ -9,18 +9,15 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from app.db import run_transaction
+from app.jobs.context import JobContext, JobError, JobStopped, job_row
 from app.models import Export
 from app.services import export_writer, exports, jobs
 
 
-def run(ctx: Any) -> dict[str, Any]:
-    from app.worker import JobError, JobStopped
-
+def run(ctx: JobContext) -> dict[str, Any]:
     export_id = int(ctx.payload["export_id"])
     with ctx.session_factory() as db:
-        export = db.get(Export, export_id)
-        if export is None:
-            raise JobError(f"export {export_id} no longer exists")
+        export = job_row(db, Export, export_id, "export")
         if export.deleted_at is not None:
             raise JobError(f"export {export_id} was deleted before it was written")
         spec = exports.spec_of(export)
@@ -67,7 +64,7 @@ def run(ctx: Any) -> dict[str, Any]:
             "message": "empty export: the filters select nothing" if empty else f"{result.row_count} rows exported"}
 
 
-def _remove_leftovers(ctx: Any, out_dir: Path) -> None:
+def _remove_leftovers(ctx: JobContext, out_dir: Path) -> None:
     """A retry after a killed attempt: drop that attempt's temp directory (the writer's `.tmp-<name>-*` beside
     the export), which nothing else would ever remove. The final directory is replaced by the writer's rename."""
     for leftover in out_dir.parent.glob(f".tmp-{out_dir.name}-*"):

@@ -12,28 +12,26 @@ from itertools import combinations
 from typing import Any
 
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
-from app.jobs import runtime_generator
-from app.models import Completion, Constitution, JudgeRun, Pair, Project, Prompt, Ranking
+from app.db import session_scope
+from app.jobs.context import JobContext, JobError, JobStopped, job_row, runtime_generator
+from app.models import Completion, Constitution, JudgeRun, Project, Prompt, Ranking
+from app.services import rankings
 from app.services.pairs import expand_tiers
 from app.services.queue import task_completion_ids
+from training.generation import GenerationError
+from training.judge import Judge, JudgeCancelled, JudgeConfig
+from training.judge_prompts import TEMPLATE_VERSION, format_conversation
+from training.judge_ranking import rank_from_pairwise
 
 PROMPTS_PER_CALL = 4
 
 
-def run(ctx: Any) -> dict[str, Any]:
-    from app.db import session_scope
-    from app.worker import JobError, JobStopped
-    from training.generation import GenerationError
-    from training.judge import Judge, JudgeCancelled, JudgeConfig
-    from training.judge_prompts import TEMPLATE_VERSION, format_conversation
-    from training.judge_ranking import rank_from_pairwise
-
+def run(ctx: JobContext) -> dict[str, Any]:
     run_id = int(ctx.payload["judge_run_id"])
     with session_scope(ctx.session_factory) as db:
-        judge_run = db.get(JudgeRun, run_id)
-        if judge_run is None:
-            raise JobError(f"judge run {run_id} no longer exists")
+        judge_run = job_row(db, JudgeRun, run_id, "judge run")
         constitution = db.get(Constitution, judge_run.constitution_id)
         if constitution is None:
             raise JobError("the judge run's constitution no longer exists")
@@ -105,16 +103,14 @@ def run(ctx: Any) -> dict[str, Any]:
             "low_confidence_rankings": low, "message": f"judged {written} prompts ({low} with low confidence)"}
 
 
-def _set_state(ctx: Any, run_id: int, state: str) -> None:
-    from app.db import session_scope
-
+def _set_state(ctx: JobContext, run_id: int, state: str) -> None:
     with session_scope(ctx.session_factory) as db:
         judge_run = db.get(JudgeRun, run_id)
         if judge_run is not None:
             judge_run.state = state
 
 
-def _prompts_to_judge(ctx: Any, project_id: int, run_id: int, prompt_ids: list[int] | None
+def _prompts_to_judge(ctx: JobContext, project_id: int, run_id: int, prompt_ids: list[int] | None
                       ) -> tuple[list[tuple[int, Any, list[tuple[int, str]]]], int]:
     """Prompts with ≥ 2 completions this run has not ranked yet (resume), and how many it already has."""
     with ctx.session_factory() as db:
@@ -136,27 +132,20 @@ def _prompts_to_judge(ctx: Any, project_id: int, run_id: int, prompt_ids: list[i
         return todo, len(prompts) - len(todo)
 
 
-def _write_ranking(db: Any, ctx: Any, *, judge_run_id: int, project_id: int, constitution_id: int, prompt_id: int,
-                   ids: list[int], tiers: list[list[int]], scores: dict[int, float], confidence: float,
-                   p: dict[tuple[int, int], float], verdicts: dict[tuple[int, int], Any], config: Any,
-                   route: bool) -> int:
-    project_round = _round(db, project_id)
-    ranking = Ranking(project_id=project_id, prompt_id=prompt_id, round=project_round, source="ai",
-                      judge_run_id=judge_run_id, constitution_id=constitution_id, tiers=tiers, display_order=ids,
-                      meta={"method": config.ranking, "scores": {str(k): round(v, 6) for k, v in scores.items()},
-                            "confidence": round(confidence, 6), "job_id": ctx.job_id})
-    db.add(ranking)
-    db.flush()
-    for spec in expand_tiers(tiers):
-        verdict = verdicts.get((spec.chosen, spec.rejected)) or verdicts.get((spec.rejected, spec.chosen))
-        shown = [spec.chosen, spec.rejected] if (spec.chosen, spec.rejected) in verdicts else \
-            [spec.rejected, spec.chosen]
-        pair_p = p[(spec.chosen, spec.rejected)]
-        meta = verdict.to_dict() | {"compared_as": shown} if verdict is not None else {}
-        meta.pop("p", None)
-        meta["low_confidence"] = max(pair_p, 1 - pair_p) < config.low_confidence
-        db.add(Pair(ranking_id=ranking.id, prompt_id=prompt_id, chosen_id=spec.chosen, rejected_id=spec.rejected,
-                    margin=spec.margin, source="ai", weight=1.0, p=min(1.0, max(0.0, pair_p)), meta=meta))
+def _write_ranking(db: Session, ctx: JobContext, *, judge_run_id: int, project_id: int, constitution_id: int,
+                   prompt_id: int, ids: list[int], tiers: list[list[int]], scores: dict[int, float],
+                   confidence: float, p: dict[tuple[int, int], float], verdicts: dict[tuple[int, int], Any],
+                   config: JudgeConfig, route: bool) -> int:
+    """Store the judge's ranking of one prompt, each pair with its soft label and the verdict it came from; 1 when
+    the ranking's confidence is low (and, with `route`, the prompt is flagged for a human), else 0."""
+    ranking = rankings.NewRanking(
+        {"project_id": project_id, "prompt_id": prompt_id, "round": _round(db, project_id), "source": "ai",
+         "judge_run_id": judge_run_id, "constitution_id": constitution_id, "tiers": tiers, "display_order": ids,
+         "meta": {"method": config.ranking, "scores": {str(k): round(v, 6) for k, v in scores.items()},
+                  "confidence": round(confidence, 6), "job_id": ctx.job_id}},
+        {pair: _soft_label(pair, p[pair], verdicts, config) for pair in _ordered_pairs(tiers)},
+    )
+    rankings.write_ranking(db, ranking)
     is_low = confidence < config.low_confidence
     if is_low and route:
         prompt = db.get(Prompt, prompt_id)
@@ -164,5 +153,21 @@ def _write_ranking(db: Any, ctx: Any, *, judge_run_id: int, project_id: int, con
     return int(is_low)
 
 
-def _round(db: Any, project_id: int) -> int:
+def _ordered_pairs(tiers: list[list[int]]) -> list[tuple[int, int]]:
+    return [(spec.chosen, spec.rejected) for spec in expand_tiers(tiers)]
+
+
+def _soft_label(pair: tuple[int, int], pair_p: float, verdicts: dict[tuple[int, int], Any],
+                config: JudgeConfig) -> rankings.PairLabel:
+    """p(chosen ≻ rejected) from the fit, the verdict in the order it was compared, and whether it was unsure."""
+    chosen, rejected = pair
+    shown = [chosen, rejected] if pair in verdicts else [rejected, chosen]
+    verdict = verdicts.get(pair) or verdicts.get((rejected, chosen))
+    meta = verdict.to_dict() | {"compared_as": shown} if verdict is not None else {}
+    meta.pop("p", None)
+    meta["low_confidence"] = max(pair_p, 1 - pair_p) < config.low_confidence
+    return rankings.PairLabel(p=pair_p, meta=meta)
+
+
+def _round(db: Session, project_id: int) -> int:
     return int(db.scalar(select(Project.current_round).where(Project.id == project_id)) or 1)

@@ -12,17 +12,15 @@ from typing import Any
 
 from sqlalchemy import select
 
-from app.jobs import runtime_generator
+from app.db import session_scope
+from app.jobs.context import JobContext, JobError, runtime_generator
 from app.models import Completion, Constitution, Prompt
+from training.generation import GenerationError, params_from_spec
+from training.judge import critique_and_revise
+from training.judge_prompts import format_conversation
 
 
-def run(ctx: Any) -> dict[str, Any]:
-    from app.db import session_scope
-    from app.worker import JobError
-    from training.generation import GenerationError, params_from_spec
-    from training.judge import critique_and_revise
-    from training.judge_prompts import format_conversation
-
+def run(ctx: JobContext) -> dict[str, Any]:
     payload = ctx.payload
     with session_scope(ctx.session_factory) as db:
         constitution = db.get(Constitution, payload["constitution_id"])
@@ -74,7 +72,7 @@ def _pick(completion_id: int, seed: int, n: int) -> int:
     return int.from_bytes(digest[:8], "big") % n
 
 
-def _originals(ctx: Any, prompt_ids: list[int] | None, limit: int) -> list[tuple[int, int, Any, str]]:
+def _originals(ctx: JobContext, prompt_ids: list[int] | None, limit: int) -> list[tuple[int, int, Any, str]]:
     """Non-revision completions of the project without a revision yet, oldest first, at most `limit`."""
     with ctx.session_factory() as db:
         revised = {int((m or {}).get("original_id", 0)) for m in db.scalars(

@@ -10,23 +10,22 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from app.jobs import runtime_generator
+from app.db import session_scope
+from app.jobs.context import JobContext, JobError, JobStopped, runtime_generator
 from app.models import Completion, Prompt
+from training.generation import (
+    GenerationCancelled,
+    GenerationError,
+    GenerationParams,
+    diversity,
+    near_duplicates,
+    params_from_spec,
+)
 
 BATCH_PROMPTS = 8
 
 
-def run(ctx: Any) -> dict[str, Any]:
-    from app.worker import JobError, JobStopped
-    from training.generation import (
-        GenerationCancelled,
-        GenerationError,
-        GenerationParams,
-        diversity,
-        near_duplicates,
-        params_from_spec,
-    )
-
+def run(ctx: JobContext) -> dict[str, Any]:
     payload = ctx.payload
     k = int(payload["k"])
     tries = int(payload.get("resample_duplicates", 0))
@@ -103,7 +102,7 @@ def _with_seed(cls: Any, params: Any, seed: int | None) -> Any:
 Todo = list[tuple[int, Any, int, list[str]]]
 
 
-def _prompts_needing(ctx: Any, k: int, prompt_ids: list[int] | None) -> tuple[Todo, int]:
+def _prompts_needing(ctx: JobContext, k: int, prompt_ids: list[int] | None) -> tuple[Todo, int]:
     """[(prompt id, text or messages, completions still needed, existing texts)] oldest first, and how many are full."""
     with ctx.session_factory() as db:
         count_q = select(func.count(Completion.id)).where(Completion.prompt_id == Prompt.id,
@@ -131,15 +130,13 @@ def _texts_in(db: Any, prompt_id: int) -> list[str]:
     return list(db.scalars(select(Completion.text).where(Completion.prompt_id == prompt_id).order_by(Completion.id)))
 
 
-def _texts(ctx: Any, prompt_id: int) -> list[str]:
+def _texts(ctx: JobContext, prompt_id: int) -> list[str]:
     with ctx.session_factory() as db:
         return _texts_in(db, prompt_id)
 
 
-def _write(ctx: Any, k: int, generator: Any, params: Any, per_prompt: list[tuple[int, list[Any]]]) -> int:
+def _write(ctx: JobContext, k: int, generator: Any, params: Any, per_prompt: list[tuple[int, list[Any]]]) -> int:
     """Insert the batch in one transaction, never more than K per prompt (re-counted under the write lock)."""
-    from app.db import session_scope
-
     described = generator.describe() | {"temperature": params.temperature, "top_p": params.top_p,
                                         "max_new_tokens": params.max_new_tokens, "stop": list(params.stop)}
     created = 0

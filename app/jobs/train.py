@@ -19,32 +19,34 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import tomli_w
+
+if TYPE_CHECKING:
+    from app.jobs.context import JobContext
+
+# The app's database code is imported inside the job's functions, never at the top: the supervisor runs this
+# module (`python -m app.jobs.train --supervise`) for a whole training run, and loads nothing but the stdlib.
 
 STOP_GRACE_S = 10.0
 RUN_MARKER = "PREFLAB_TRAINING_RUN"
 """Environment variable every trainer process of a run inherits: how a retry finds a dead attempt's leftovers."""
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):  # an inline table; keys quoted so any string works
-        return "{" + ", ".join(f"{_toml_value(str(k))} = {_toml_value(v)}" for k, v in value.items()
-                               if v is not None) + "}"
-    raise TypeError(f"cannot write {type(value).__name__} to TOML")
-
-
 def write_toml(path: Path, config: dict[str, Any]) -> None:
-    lines = [f"{key} = {_toml_value(value)}" for key, value in config.items() if value is not None]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    """The run's config as the trainer's TOML file; an unset value (None), which TOML cannot say, is left out."""
+    path.write_text(tomli_w.dumps(_without_none(config)), encoding="utf-8")
+
+
+def _without_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _without_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list | tuple):
+        return [_without_none(v) for v in value]
+    return value
 
 
 def command(kind: str, config_path: Path, *, accelerate_config: str | None) -> list[str]:
@@ -56,8 +58,8 @@ def command(kind: str, config_path: Path, *, accelerate_config: str | None) -> l
     return [sys.executable, *args]
 
 
-def run(ctx: Any) -> dict[str, Any]:
-    from app.worker import JobStopped
+def run(ctx: JobContext) -> dict[str, Any]:
+    from app.jobs.context import JobStopped  # not at the top: keeps the supervisor stdlib-only
 
     try:
         return _run(ctx)
@@ -69,17 +71,15 @@ def run(ctx: Any) -> dict[str, Any]:
         raise
 
 
-def _run(ctx: Any) -> dict[str, Any]:
-    from app.db import session_scope
+def _run(ctx: JobContext) -> dict[str, Any]:
+    from app.db import session_scope  # not at the top: keeps the supervisor stdlib-only
+    from app.jobs.context import JobError, JobStopped, job_row
     from app.models import TrainingRun
     from app.services import training_runs
-    from app.worker import JobError, JobStopped
 
     run_id = int(ctx.payload["training_run_id"])
     with session_scope(ctx.session_factory) as db:
-        tr = db.get(TrainingRun, run_id)
-        if tr is None:
-            raise JobError(f"training run {run_id} no longer exists")
+        tr = job_row(db, TrainingRun, run_id, "training run")
         if tr.state == "cancelled":
             raise JobStopped("cancelled")
         tr.state = "running"
@@ -144,7 +144,7 @@ def _run(ctx: Any) -> dict[str, Any]:
     return result
 
 
-def _clear_dead_attempt(ctx: Any, run_id: int, out: Path) -> None:
+def _clear_dead_attempt(ctx: JobContext, run_id: int, out: Path) -> None:
     """The worker died mid-run: nothing of that attempt may still write here, and what it finished writing (a model
     directory saved half-way) is not the result. The retry continues from the trainer's checkpoint."""
     killed = kill_leftovers(run_id)
@@ -158,9 +158,9 @@ def _clear_dead_attempt(ctx: Any, run_id: int, out: Path) -> None:
             path.unlink(missing_ok=True)
 
 
-def write_human_check(ctx: Any, run_id: int) -> dict[str, Any]:
+def write_human_check(ctx: JobContext, run_id: int) -> dict[str, Any]:
     """Score the project's held-out human pairs and the pairs labelled since the export; saved beside the run."""
-    from app.db import session_scope
+    from app.db import session_scope  # not at the top: keeps the supervisor stdlib-only
     from app.models import Export, TrainingRun
     from app.services import rm_check, training_runs
 
@@ -168,8 +168,6 @@ def write_human_check(ctx: Any, run_id: int) -> dict[str, Any]:
         tr = db.get(TrainingRun, run_id)
         export = db.get(Export, tr.export_id) if tr and tr.export_id else None
         report = rm_check.check(db, tr.project_id, tr.model_dir, export.created_at if export else None)
-    from datetime import UTC, datetime
-
     report["checked_at"] = datetime.now(UTC).isoformat()
     path = training_runs.run_dir(ctx.settings.data_dir, run_id) / "human_check.json"
     path.write_text(json.dumps(report, indent=2), encoding="utf-8")
@@ -177,7 +175,7 @@ def write_human_check(ctx: Any, run_id: int) -> dict[str, Any]:
     return report
 
 
-def _stop_group(proc: subprocess.Popen, ctx: Any) -> None:  # type: ignore[type-arg]
+def _stop_group(proc: subprocess.Popen, ctx: JobContext) -> None:  # type: ignore[type-arg]
     """SIGTERM the trainer's whole process group (accelerate children too), SIGKILL after a grace period."""
     ctx.log(f"stopping the trainer ({ctx.stop_reason})")
     try:
@@ -305,8 +303,8 @@ def _tail(path: Path, lines: int = 25) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _set_state(ctx: Any, run_id: int, state: str) -> None:
-    from app.db import session_scope
+def _set_state(ctx: JobContext, run_id: int, state: str) -> None:
+    from app.db import session_scope  # not at the top: keeps the supervisor stdlib-only
     from app.models import TrainingRun
 
     with session_scope(ctx.session_factory) as db:
@@ -315,7 +313,7 @@ def _set_state(ctx: Any, run_id: int, state: str) -> None:
             tr.state = state
 
 
-def check_against_humans(ctx: Any) -> dict[str, Any]:
+def check_against_humans(ctx: JobContext) -> dict[str, Any]:
     """The `rm_check` job: re-score a finished reward model against today's human labels (drift)."""
     report = write_human_check(ctx, int(ctx.payload["training_run_id"]))
     return {"human_check": report, "message": f"held-out accuracy {report['heldout_accuracy']}, "

@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -293,68 +293,106 @@ def project_report(db: Session, project: Project, *, rubric_version: int | None 
                                .order_by(Rubric.version)))
     if rubric_version is not None and rubric_version not in versions:
         raise Invalid(f"this project has no rubric version {rubric_version}", field="rubric_version")
+    rows = _human_rankings(db, project, rubric_version)
+    gold = {pid: tiers for pid, tiers in db.execute(
+        select(Prompt.id, Prompt.gold_tiers).where(Prompt.project_id == project.id, Prompt.gold_tiers.is_not(None))
+    ) if tiers}  # JSON null reads back as None too
+    total_prompts = int(db.scalar(select(func.count(Prompt.id)).where(Prompt.project_id == project.id)) or 0)
 
-    # One query for every human ranking of the project; the figures are computed in Python.
+    tally = _tally_annotators(rows, gold, project.current_round)
+    pairs = _compare_annotators(tally)
+    alpha = ranking_alpha((key, annotator, tiers) for key, ranked in tally.by_prompt.items()
+                          for annotator, tiers in ranked)
+    return AgreementReport(
+        project_id=project.id, rubric_version=rubric_version, rubric_versions=versions, overlap=project.overlap,
+        total_prompts=total_prompts,
+        prompts_at_overlap=sum(1 for n in tally.done_current_round.values() if n >= project.overlap),
+        human_rankings=len(rows), skipped=tally.skipped, shared_prompts=len(pairs.shared_prompts),
+        comparisons=len(pairs.agreements), mean_agreement=_mean(pairs.agreements), mean_kendall_tau=_mean(pairs.taus),
+        krippendorff_alpha=alpha, gold_prompts=len(gold), annotators=_annotator_stats(db, tally.acc),
+    )
+
+
+def _human_rankings(db: Session, project: Project, rubric_version: int | None) -> list[Any]:
+    """Every human ranking of the project (of one rubric version), in one query; the figures are computed in Python."""
     query = (select(Ranking.prompt_id, Ranking.round, Ranking.annotator_id, Ranking.tiers, Ranking.display_order,
                     Ranking.skipped, Ranking.seconds_spent)
              .where(Ranking.project_id == project.id, Ranking.source == "human")
              .order_by(Ranking.prompt_id, Ranking.round, Ranking.id))
     if rubric_version is not None:
         query = query.join(Rubric, Ranking.rubric_id == Rubric.id).where(Rubric.version == rubric_version)
-    rows = db.execute(query).all()
+    return list(db.execute(query).all())
 
-    gold = {pid: tiers for pid, tiers in db.execute(
-        select(Prompt.id, Prompt.gold_tiers).where(Prompt.project_id == project.id, Prompt.gold_tiers.is_not(None))
-    ) if tiers}  # JSON null reads back as None too
-    total_prompts = int(db.scalar(select(func.count(Prompt.id)).where(Prompt.project_id == project.id)) or 0)
 
-    acc: dict[int, _Acc] = defaultdict(_Acc)
-    by_prompt: dict[tuple[int, int], list[tuple[int, list[list[int]]]]] = defaultdict(list)
-    done_current_round: dict[int, int] = defaultdict(int)
-    skipped_total = 0
+@dataclass
+class _Tally:
+    """Per annotator what they did; per (prompt, round) who ranked it how; per prompt the current round's count."""
+
+    acc: dict[int, _Acc] = field(default_factory=lambda: defaultdict(_Acc))
+    by_prompt: dict[tuple[int, int], list[tuple[int, list[list[int]]]]] = field(
+        default_factory=lambda: defaultdict(list))
+    done_current_round: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    skipped: int = 0
+
+
+def _tally_annotators(rows: list[Any], gold: dict[int, Any], current_round: int) -> _Tally:
+    """One pass over the rankings: skips, time, ties, display orders and gold scores per annotator."""
+    tally = _Tally()
     for prompt_id, round_, annotator_id, tiers, shown, skipped, seconds in rows:
-        a = acc[annotator_id]
+        a = tally.acc[annotator_id]
         a.rankings += 1
         if skipped or not tiers:
             a.skipped += 1
-            skipped_total += 1
+            tally.skipped += 1
             continue
         if seconds is not None:
             a.seconds.append(seconds)
         a.ties += has_tie(tiers)
         a.shown.append((tiers, shown or []))
-        by_prompt[(prompt_id, round_)].append((annotator_id, tiers))
-        if round_ == project.current_round:
-            done_current_round[prompt_id] += 1
+        tally.by_prompt[(prompt_id, round_)].append((annotator_id, tiers))
+        if round_ == current_round:
+            tally.done_current_round[prompt_id] += 1
         if prompt_id in gold:
             score = gold_score(gold[prompt_id], tiers, shown)
             a.gold_seen += 1
             a.gold_agreed += score.agreed
             a.gold_pairs += score.total
+    return tally
 
-    agreements: list[float] = []
-    taus: list[float] = []
-    shared_prompts: set[int] = set()
-    for (prompt_id, _), ranked in by_prompt.items():
+
+@dataclass
+class _Comparisons:
+    agreements: list[float] = field(default_factory=list)
+    taus: list[float] = field(default_factory=list)
+    shared_prompts: set[int] = field(default_factory=set)
+
+
+def _compare_annotators(tally: _Tally) -> _Comparisons:
+    """Every two annotators' rankings of the same prompt and round: pairwise agreement and Kendall's τ-b, for the
+    project and (added to `tally.acc`) for each of the two."""
+    out = _Comparisons()
+    for (prompt_id, _), ranked in tally.by_prompt.items():
         for (ua, ta), (ub, tb) in combinations(ranked, 2):
             if ua == ub:
                 continue
             agreement = pairwise_agreement(ta, tb)
             if agreement is None:
                 continue
-            shared_prompts.add(prompt_id)
-            agreements.append(agreement)
+            out.shared_prompts.add(prompt_id)
+            out.agreements.append(agreement)
             tau = kendall_tau_b(ta, tb)
             if tau is not None:
-                taus.append(tau)
+                out.taus.append(tau)
             for user in (ua, ub):
-                acc[user].agreements.append(agreement)
-                acc[user].comparisons += 1
+                tally.acc[user].agreements.append(agreement)
+                tally.acc[user].comparisons += 1
                 if tau is not None:
-                    acc[user].taus.append(tau)
+                    tally.acc[user].taus.append(tau)
+    return out
 
-    alpha = ranking_alpha((key, annotator, tiers) for key, ranked in by_prompt.items() for annotator, tiers in ranked)
 
+def _annotator_stats(db: Session, acc: dict[int, _Acc]) -> list[AnnotatorStats]:
+    """Each annotator's figures, by email."""
     people = {u.id: u for u in db.scalars(select(User).where(User.id.in_(list(acc))))} if acc else {}
     annotators = []
     for user_id, a in acc.items():
@@ -372,12 +410,4 @@ def project_report(db: Session, project: Project, *, rubric_version: int | None 
             gold_accuracy=a.gold_agreed / a.gold_pairs if a.gold_pairs else None,
         ))
     annotators.sort(key=lambda s: s.email)
-
-    return AgreementReport(
-        project_id=project.id, rubric_version=rubric_version, rubric_versions=versions, overlap=project.overlap,
-        total_prompts=total_prompts,
-        prompts_at_overlap=sum(1 for n in done_current_round.values() if n >= project.overlap),
-        human_rankings=len(rows), skipped=skipped_total, shared_prompts=len(shared_prompts),
-        comparisons=len(agreements), mean_agreement=_mean(agreements), mean_kendall_tau=_mean(taus),
-        krippendorff_alpha=alpha, gold_prompts=len(gold), annotators=annotators,
-    )
+    return annotators

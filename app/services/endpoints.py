@@ -16,6 +16,7 @@ from app import permissions
 from app.errors import Conflict, Invalid, NotFound
 from app.models import ModelEndpoint, User
 from app.services import audit, outbound
+from training.generation import GenerationError, make_generator
 
 NAME_MAX = 100
 
@@ -145,18 +146,12 @@ def choose(db: Session, actor: User, generator: dict[str, Any], *, field: str = 
     return spec
 
 
-def runtime_spec(db: Session, spec: dict[str, Any], *, field: str = "generator") -> dict[str, Any]:
-    """The spec `training.generation.make_generator` takes: the endpoint's URL and key filled in, the URL checked
-    again now (DNS may have changed since the job was queued). Raises Invalid; never stored anywhere."""
-    return _resolve(db, spec, field)[0]
-
-
 def runtime_generator(db: Session, spec: dict[str, Any], *, field: str = "generator") -> tuple[Any, dict[str, Any]]:
-    """(generator, resolved spec) for a job: `runtime_spec`, and an openai client that checks every address it
-    connects to by the endpoint's trust, so a DNS answer that changes after the URL check is refused too.
+    """(generator, resolved spec) for a job: the spec `training.generation.make_generator` takes, with the endpoint's
+    URL and key filled in and the URL checked again now (DNS may have changed since the job was queued; the resolved
+    spec is never stored anywhere), and an openai client that checks every address it connects to by the endpoint's
+    trust, so a DNS answer that changes after the URL check is refused too.
     Raises Invalid, or the generator's SpecError (a ValueError) naming the bad key."""
-    from training.generation import make_generator
-
     resolved, allow_private = _resolve(db, spec, field)
     guard = outbound.address_guard(allow_private) if resolved.get("backend") == "openai" else None
     return make_generator(resolved, address_check=guard), resolved
@@ -184,8 +179,6 @@ def _resolve(db: Session, spec: dict[str, Any], field: str) -> tuple[dict[str, A
 def prepare(db: Session, actor: User, generator: dict[str, Any], *, field: str = "generator") -> dict[str, Any]:
     """`choose`, then the cheap up-front check of the generator a worker will build from it (a model directory
     exists; a URL is well formed). The spec to store, or Invalid naming the field."""
-    from training.generation import GenerationError
-
     spec = choose(db, actor, generator, field=field)
     try:
         runtime_generator(db, spec, field=field)[0].check()

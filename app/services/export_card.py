@@ -13,6 +13,7 @@ from sqlalchemy import Connection, case, func, or_, select
 from sqlalchemy.orm import Session
 
 from app.models import Constitution, Pair, Project, Ranking, Rubric
+from app.services.agreement import project_report
 from app.services.export_queries import ExportSpec, lo_hi
 
 COLUMN_DOCS = {
@@ -58,8 +59,6 @@ def _fig(x: float | None) -> str:
 def _agreement_section(conn: Connection, project_id: int) -> list[str]:
     """Agreement of the project's human labels at the snapshot: vote agreement per completion pair (in SQL,
     any size) and, for projects up to FULL_REPORT_MAX_RANKINGS rankings, the dashboard's full report."""
-    from app.services.agreement import project_report
-
     lo, hi = lo_hi(conn, Pair.chosen_id, Pair.rejected_id)
     forward = func.sum(case((Pair.chosen_id < Pair.rejected_id, 1), else_=0))
     votes = (select(forward.label("f"), func.count().label("n"))

@@ -5,7 +5,9 @@ The writing itself is `app.services.export_writer`, run by the `export` job (or 
 
 from __future__ import annotations
 
+import functools
 import shutil
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app import permissions
+from app.db import after_commit
 from app.errors import DomainError, Invalid, NotFound
 from app.models import LABEL_SOURCES, SPLITS, Constitution, Export, Job, Project, Rubric, User, utcnow
 from app.services import audit, jobs, projects
@@ -100,33 +103,48 @@ def validate_filters(db: Session, project: Project, kind: str, filters: dict[str
             raise Invalid(f"unknown filter {name!r} for {kind} exports; known: {known}", field=f"filters.{name}")
         if value is None or value == "" or value == []:
             continue  # an empty form field means "no filter"
-        if name == "source":
-            sources = sorted(set(map(str, _as_list(name, value))))
-            bad = [s for s in sources if s not in LABEL_SOURCES]
-            if bad or not sources:
-                raise Invalid(f"must be among {', '.join(LABEL_SOURCES)}", field="filters.source")
-            out[name] = sources
-        elif name == "rubric_versions":
-            out[name] = _versions(db, project, name, value, Rubric)
-        elif name == "constitution_versions":
-            out[name] = _versions(db, project, name, value, Constitution)
-        elif name in ("min_agreement", "min_confidence", "replay_share"):
-            out[name] = _fraction(name, value)
-        elif name == "flagged":
-            if value not in FLAGGED:
-                raise Invalid(f"must be one of {', '.join(FLAGGED)}", field="filters.flagged")
-            out[name] = value
-        elif name in ("created_after", "created_before"):
-            out[name] = _instant(name, value)
-        elif name == "split":
-            if value not in SPLITS:
-                raise Invalid(f"must be one of {', '.join(SPLITS)}", field="filters.split")
-            out[name] = value
+        out[name] = _FILTER_VALUE[name](db, project, name, value)
+    _check_filters_together(out)
+    return out
+
+
+def _sources(db: Session, project: Project, name: str, value: Any) -> list[str]:
+    sources = sorted(set(map(str, _as_list(name, value))))
+    bad = [s for s in sources if s not in LABEL_SOURCES]
+    if bad or not sources:
+        raise Invalid(f"must be among {', '.join(LABEL_SOURCES)}", field="filters.source")
+    return sources
+
+
+def _one_of(options: tuple[str, ...]) -> Callable[[Session, Project, str, Any], str]:
+    def check(db: Session, project: Project, name: str, value: Any) -> str:
+        if value not in options:
+            raise Invalid(f"must be one of {', '.join(options)}", field=f"filters.{name}")
+        return value
+
+    return check
+
+
+_FILTER_VALUE: dict[str, Callable[[Session, Project, str, Any], Any]] = {
+    "source": _sources,
+    "rubric_versions": lambda db, project, name, value: _versions(db, project, name, value, Rubric),
+    "constitution_versions": lambda db, project, name, value: _versions(db, project, name, value, Constitution),
+    "min_agreement": lambda db, project, name, value: _fraction(name, value),
+    "min_confidence": lambda db, project, name, value: _fraction(name, value),
+    "replay_share": lambda db, project, name, value: _fraction(name, value),
+    "flagged": _one_of(FLAGGED),
+    "created_after": lambda db, project, name, value: _instant(name, value),
+    "created_before": lambda db, project, name, value: _instant(name, value),
+    "split": _one_of(SPLITS),
+}
+"""Each filter's check and normal form, given (session, project, filter name, value)."""
+
+
+def _check_filters_together(out: dict[str, Any]) -> None:
     if "replay_share" in out and "created_after" not in out:
         raise Invalid("replays earlier pairs, so it needs created_after", field="filters.replay_share")
     if "created_after" in out and "created_before" in out and out["created_after"] >= out["created_before"]:
         raise Invalid("must be later than created_after", field="filters.created_before")
-    return out
 
 
 def _choice(name: str, value: str, options: tuple[str, ...]) -> str:
@@ -227,8 +245,14 @@ def file_path(export: Export, name: str) -> Path:
     return path
 
 
+def _remove(paths: list[Path]) -> None:
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def delete(db: Session, export: Export, actor: User, *, data_dir: Path | None = None) -> Export:
-    """Remove the files and keep the row as a tombstone (filters, counts, hashes stay on record).
+    """Keep the row as a tombstone (filters, counts, hashes stay on record) and remove the files once that commits:
+    a failed commit leaves the export and its files as they were.
 
     With `data_dir`, also the temp directory a killed, never-retried attempt left behind."""
     project = db.get(Project, export.project_id)
@@ -240,12 +264,12 @@ def delete(db: Session, export: Export, actor: User, *, data_dir: Path | None = 
     job = db.get(Job, export.job_id) if export.job_id else None
     if job is not None and job.state not in jobs.TERMINAL:
         jobs.cancel(db, job, actor)  # the handler sees the tombstone and removes what it wrote
-    if export.path:
-        shutil.rmtree(export.path, ignore_errors=True)
+    doomed = [Path(export.path)] if export.path else []
     if data_dir is not None and (job is None or job.state in jobs.TERMINAL):
         # nothing writes this export any more: a temp directory beside it is a dead attempt's
-        for leftover in export_dir(data_dir, export.id).parent.glob(f".tmp-{export.id}-*"):
-            shutil.rmtree(leftover, ignore_errors=True)
+        doomed.extend(export_dir(data_dir, export.id).parent.glob(f".tmp-{export.id}-*"))
+    if doomed:
+        after_commit(db, functools.partial(_remove, doomed))
     audit.record(db, actor, "export.delete", project_id=project.id, object_type="export", object_id=export.id,
                  sha256=export.sha256)
     return export

@@ -12,6 +12,7 @@ from app import permissions
 from app.errors import Invalid, NotFound
 from app.models import Completion, Project, Prompt, User
 from app.services import audit
+from app.services.rankings import tier_items, tier_lists
 
 
 def _prompt(db: Session, project: Project, prompt_id: int) -> Prompt:
@@ -23,26 +24,10 @@ def _prompt(db: Session, project: Project, prompt_id: int) -> Prompt:
 
 def validate_gold_tiers(tiers: Any, completion_ids: set[int]) -> list[list[int]]:
     """The tiers as lists of ints, or Invalid naming the field: this prompt's completions, no repeats, ≥ 2 tiers."""
-    if not isinstance(tiers, list) or not all(isinstance(tier, list) for tier in tiers):
-        raise Invalid("must be a list of tiers, each a list of completion ids", field="tiers")
+    tiers = tier_lists(tiers)
     if len(tiers) < 2:
         raise Invalid("a gold order needs at least two tiers (best first)", field="tiers")
-    seen: set[int] = set()
-    out: list[list[int]] = []
-    for i, tier in enumerate(tiers):
-        if not tier:
-            raise Invalid("a tier must not be empty", field=f"tiers[{i}]")
-        for j, item in enumerate(tier):
-            where = f"tiers[{i}][{j}]"
-            if isinstance(item, bool) or not isinstance(item, int):
-                raise Invalid("must be a completion id", field=where)
-            if item not in completion_ids:
-                raise Invalid(f"completion {item} is not one of this prompt's completions", field=where)
-            if item in seen:
-                raise Invalid(f"completion {item} appears more than once", field=where)
-            seen.add(item)
-        out.append(list(tier))
-    return out
+    return tier_items(tiers, completion_ids)
 
 
 def set_gold(db: Session, project: Project, prompt_id: int, tiers: Any, actor: User) -> Prompt:

@@ -18,6 +18,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from app.models import SPLITS
 
 MAX_ERRORS = 100
@@ -153,12 +156,18 @@ def prompt_text_hash(text: str | None = None, messages: list[dict[str, str]] | N
 
 
 @dataclass(frozen=True)
-class PromptRow:
+class _RowPrompt:
+    """Where a row stands in the file and the prompt it carries, as every row kind has them."""
+
     line: int
     text: str
     """Stripped prompt text; for chats, render_messages(messages)."""
     messages: list[dict[str, str]] | None
     text_hash: str
+
+
+@dataclass(frozen=True)
+class PromptRow(_RowPrompt):
     completions: list[str]
     reference: str | None
     split: str
@@ -166,11 +175,7 @@ class PromptRow:
 
 
 @dataclass(frozen=True)
-class PairRow:
-    line: int
-    text: str
-    messages: list[dict[str, str]] | None
-    text_hash: str
+class PairRow(_RowPrompt):
     chosen: str
     rejected: str
     p: float
@@ -437,8 +442,6 @@ def _csv_records(text: str, max_rows: int, problems: _Problems) -> Iterator[tupl
 
 
 def _parquet_records(data: bytes, max_rows: int, problems: _Problems) -> Iterator[tuple[int, dict[str, Any] | None]]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     try:
         parquet = pq.ParquetFile(io.BytesIO(data))

@@ -7,17 +7,15 @@ and, for pairs, one imported Ranking with its Pair per row, plus one AuditEvent.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sqlalchemy import JSON, insert, select, text
-from sqlalchemy import inspect as sa_inspect
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.models import Base, Completion, Pair, Project, Prompt, Ranking, User
-from app.services import audit
+from app.models import Completion, Pair, Project, Prompt, User
+from app.services import audit, bulk, rankings
 from app.services.import_formats import (
     MAX_ERRORS,
     ImportRejected,
@@ -155,82 +153,6 @@ def _prompt_values(project_id: int, row: PromptRow | PairRow, split: str) -> dic
     return values
 
 
-def _bulk_insert(db: Session, model: type[Base], rows: list[dict[str, Any]], *, ids: bool = False) -> list[int]:
-    """Insert many rows (keys are attribute names; a missing key means SQL NULL or the column's default),
-    in the order given, returning their new ids when `ids` is set.
-
-    Postgres gets COPY, several times faster than batched INSERTs for tens of thousands of rows, with ids
-    drawn from the table's sequence first. Elsewhere each run of rows with the same keys is one executemany
-    (leaving `messages` out stores SQL NULL, where an explicit None would store the JSON value null).
-    """
-    if not rows:
-        return []
-    db.flush()
-    if db.get_bind().dialect.name == "postgresql":
-        return _copy_rows(db, model, rows, ids=ids)
-    new_ids: list[int] = []
-    start = 0
-    while start < len(rows):
-        end = start
-        while end < len(rows) and rows[end].keys() == rows[start].keys():
-            end += 1
-        statement = insert(model)
-        if ids:
-            id_column = sa_inspect(model).primary_key[0]
-            new_ids.extend(
-                db.scalars(statement.returning(id_column, sort_by_parameter_order=True), rows[start:end]).all()
-            )
-        else:
-            db.execute(statement, rows[start:end])
-        start = end
-    return new_ids
-
-
-def _copy_rows(db: Session, model: type[Base], rows: list[dict[str, Any]], *, ids: bool) -> list[int]:
-    from psycopg import sql
-
-    mapper = sa_inspect(model)
-    table = mapper.local_table
-    id_column = mapper.primary_key[0]
-    given = {key for row in rows for key in row}
-    columns: list[tuple[str, str]] = []  # (column name, attribute key) of the values the rows give
-    fixed: dict[str, Any] = {}
-    for attr in mapper.column_attrs:
-        column = attr.columns[0]
-        if column is id_column:
-            continue
-        if attr.key in given:
-            columns.append((column.name, attr.key))
-        elif column.default is not None and column.default.is_scalar:
-            fixed[column.name] = column.default.arg
-        elif column.default is not None and column.default.is_callable:
-            fixed[column.name] = column.default.arg(None)  # utcnow, dict, list: one value for the whole import
-    json_columns = {c.name for c in table.columns if isinstance(c.type, JSON)}
-
-    def cell(name: str, value: Any) -> Any:
-        # COPY's text format takes JSON as its text; serialising here skips psycopg's per-value adapter.
-        return json.dumps(value, ensure_ascii=False) if name in json_columns and value is not None else value
-
-    new_ids: list[int] = []
-    if ids:
-        new_ids = sorted(db.scalars(
-            text("SELECT nextval(pg_get_serial_sequence(:table, :column)) FROM generate_series(1, :n)"),
-            {"table": table.name, "column": id_column.name, "n": len(rows)},
-        ).all())
-    names = ([id_column.name] if ids else []) + [name for name, _ in columns] + list(fixed)
-    statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
-        sql.Identifier(table.name), sql.SQL(", ").join(map(sql.Identifier, names))
-    )
-    fixed_cells = [cell(name, value) for name, value in fixed.items()]
-    driver = db.connection().connection.driver_connection
-    assert driver is not None
-    with driver.cursor() as cursor, cursor.copy(statement) as copy:
-        for i, row in enumerate(rows):
-            values = [cell(name, row.get(key)) for name, key in columns]
-            copy.write_row(([new_ids[i]] if ids else []) + values + fixed_cells)
-    return new_ids
-
-
 # --- prompt rows --------------------------------------------------------------------------------
 
 
@@ -272,13 +194,13 @@ def _import_prompts(
         if row.messages is not None:
             item["messages"] = row.messages
         values.append(item)
-    prompt_ids = _bulk_insert(db, Prompt, values, ids=True)
+    prompt_ids = bulk.insert_rows(db, Prompt, values, ids=True)
     completion_values = [
         {"prompt_id": prompt_id, "text": body, "source": SOURCE}
         for prompt_id, row in zip(prompt_ids, keep, strict=True)
         for body in row.completions
     ]
-    _bulk_insert(db, Completion, completion_values)
+    bulk.insert_rows(db, Completion, completion_values)
     return ImportResult(
         prompts=len(prompt_ids), completions=len(completion_values), pairs=0, skipped_duplicates=skipped
     )
@@ -295,10 +217,39 @@ def _import_pairs(
     db: Session, project: Project, rows: list[PairRow], on_duplicate: str, problems: _Problems
 ) -> ImportResult:
     existing = _existing_prompts(db, project.id, (row.text_hash for row in rows))
-    existing_ids = sorted(pid for pid, _ in existing.values())
+    completion_id, known_pairs = _known_completions_and_pairs(db, existing)
+    keep, skipped, split_from = _rows_to_write(rows, existing, completion_id, known_pairs, on_duplicate, problems)
+    problems.raise_if_any()
+
+    prompt_id = {h: pid for h, (pid, _) in existing.items()}
+    new_prompts = _create_prompts(db, project, keep, prompt_id, split_from)
+    new_completions = _create_completions(db, keep, prompt_id, completion_id)
+    labelled = []
+    for row in keep:
+        pid = prompt_id[row.text_hash]
+        chosen, rejected = completion_id[(pid, row.chosen)], completion_id[(pid, row.rejected)]
+        labelled.append(rankings.NewRanking(
+            {"project_id": project.id, "prompt_id": pid, "round": project.current_round, "source": SOURCE,
+             "rubric_id": project.current_rubric_id, "tiers": [[chosen], [rejected]]},
+            {(chosen, rejected): rankings.PairLabel(margin=row.margin, weight=row.weight, p=row.p)},
+        ))
+    rankings.write_rankings(db, labelled)
+    return ImportResult(
+        prompts=new_prompts,
+        completions=new_completions,
+        pairs=len(keep),
+        skipped_duplicates=skipped,
+        kind="pairs",
+    )
+
+
+def _known_completions_and_pairs(
+    db: Session, existing: dict[str, tuple[int, str]]
+) -> tuple[dict[tuple[int, str], int], set[tuple[int, int, int]]]:
+    """(prompt id, text) → completion id, and the (prompt, chosen, rejected) already imported, of prompts we have."""
     completion_id: dict[tuple[int, str], int] = {}
     known_pairs: set[tuple[int, int, int]] = set()
-    for chunk in _chunks(existing_ids):
+    for chunk in _chunks(sorted(pid for pid, _ in existing.values())):
         completion_id.update(
             {(pid, text): cid for pid, cid, text in db.execute(
                 select(Completion.prompt_id, Completion.id, Completion.text).where(Completion.prompt_id.in_(chunk))
@@ -311,42 +262,71 @@ def _import_pairs(
                 )
             )
         )
+    return completion_id, known_pairs
 
+
+def _rows_to_write(
+    rows: list[PairRow],
+    existing: dict[str, tuple[int, str]],
+    completion_id: dict[tuple[int, str], int],
+    known_pairs: set[tuple[int, int, int]],
+    on_duplicate: str,
+    problems: _Problems,
+) -> tuple[list[PairRow], list[int], dict[str, tuple[str, int]]]:
+    """(rows to write, lines skipped, text_hash → (split, first line naming it)), each row's problems in file order:
+    a prompt given two splits, and a pair repeated in the file or already imported (skipped, or a problem)."""
     split_from: dict[str, tuple[str, int]] = {}
     first_pair: dict[tuple[str, str, str], int] = {}
     keep: list[PairRow] = []
     skipped: list[int] = []
     for row in rows:
-        if row.split is not None:
-            if row.text_hash in existing and existing[row.text_hash][1] != row.split:
-                pid, split = existing[row.text_hash]
-                problems.add(row.line, "split", f"the prompt is already in the project (prompt id {pid}) "
-                             f"in split {split!r}, not {row.split!r}")
-            elif row.text_hash in split_from and split_from[row.text_hash][0] != row.split:
-                split, line = split_from[row.text_hash]
-                problems.add(row.line, "split", f"line {line} put the same prompt in split {split!r}")
-            else:
-                split_from.setdefault(row.text_hash, (row.split, row.line))
-        key = (row.text_hash, row.chosen, row.rejected)
-        duplicate = None
-        if key in first_pair:
-            duplicate = f"same prompt, chosen and rejected as line {first_pair[key]}"
-        elif row.text_hash in existing:
-            pid = existing[row.text_hash][0]
-            ids = (pid, completion_id.get((pid, row.chosen)), completion_id.get((pid, row.rejected)))
-            if ids in known_pairs:
-                duplicate = f"this pair was already imported (prompt id {pid})"
+        _check_split(row, existing, split_from, problems)
+        duplicate = _duplicate_of(row, first_pair, existing, completion_id, known_pairs)
         if duplicate is None:
-            first_pair[key] = row.line
+            first_pair[(row.text_hash, row.chosen, row.rejected)] = row.line
             keep.append(row)
         elif on_duplicate == "skip":
             skipped.append(row.line)
         else:
             problems.add(row.line, "chosen", duplicate + _dup_hint(on_duplicate))
-    problems.raise_if_any()
+    return keep, skipped, split_from
 
-    # Prompts new to the project, in file order; a prompt that several rows share is created once.
-    prompt_id = {h: pid for h, (pid, _) in existing.items()}
+
+def _check_split(row: PairRow, existing: dict[str, tuple[int, str]], split_from: dict[str, tuple[str, int]],
+                 problems: _Problems) -> None:
+    """A prompt keeps one split: the one it has in the project, else the first row's that names one."""
+    if row.split is None:
+        return
+    if row.text_hash in existing and existing[row.text_hash][1] != row.split:
+        pid, split = existing[row.text_hash]
+        problems.add(row.line, "split", f"the prompt is already in the project (prompt id {pid}) "
+                     f"in split {split!r}, not {row.split!r}")
+    elif row.text_hash in split_from and split_from[row.text_hash][0] != row.split:
+        split, line = split_from[row.text_hash]
+        problems.add(row.line, "split", f"line {line} put the same prompt in split {split!r}")
+    else:
+        split_from.setdefault(row.text_hash, (row.split, row.line))
+
+
+def _duplicate_of(row: PairRow, first_pair: dict[tuple[str, str, str], int], existing: dict[str, tuple[int, str]],
+                  completion_id: dict[tuple[int, str], int], known_pairs: set[tuple[int, int, int]]) -> str | None:
+    """Why the row repeats a pair (an earlier line's, or one already imported), or None."""
+    key = (row.text_hash, row.chosen, row.rejected)
+    if key in first_pair:
+        return f"same prompt, chosen and rejected as line {first_pair[key]}"
+    if row.text_hash in existing:
+        pid = existing[row.text_hash][0]
+        ids = (pid, completion_id.get((pid, row.chosen)), completion_id.get((pid, row.rejected)))
+        if ids in known_pairs:
+            return f"this pair was already imported (prompt id {pid})"
+    return None
+
+
+def _create_prompts(
+    db: Session, project: Project, keep: list[PairRow], prompt_id: dict[str, int],
+    split_from: dict[str, tuple[str, int]],
+) -> int:
+    """Prompts new to the project, in file order (one for all rows that share it), added to `prompt_id`; how many."""
     new_rows: dict[str, PairRow] = {}
     for row in keep:
         if row.text_hash not in prompt_id:
@@ -357,51 +337,21 @@ def _import_pairs(
         if row.messages is not None:
             item["messages"] = row.messages
         values.append(item)
-    prompt_id.update(zip(new_rows, _bulk_insert(db, Prompt, values, ids=True), strict=True))
+    prompt_id.update(zip(new_rows, bulk.insert_rows(db, Prompt, values, ids=True), strict=True))
+    return len(values)
 
+
+def _create_completions(
+    db: Session, keep: list[PairRow], prompt_id: dict[str, int], completion_id: dict[tuple[int, str], int]
+) -> int:
+    """The responses not yet under their prompt (identical text is reused), added to `completion_id`; how many."""
     new_completions: dict[tuple[int, str], None] = {}
     for row in keep:
         pid = prompt_id[row.text_hash]
         for response in (row.chosen, row.rejected):
             if (pid, response) not in completion_id:
                 new_completions[(pid, response)] = None
-    completion_id.update(zip(new_completions, _bulk_insert(
+    completion_id.update(zip(new_completions, bulk.insert_rows(
         db, Completion, [{"prompt_id": pid, "text": body, "source": SOURCE} for pid, body in new_completions], ids=True
     ), strict=True))
-
-    def ids_of(row: PairRow) -> tuple[int, int, int]:
-        pid = prompt_id[row.text_hash]
-        return pid, completion_id[(pid, row.chosen)], completion_id[(pid, row.rejected)]
-
-    labelled = [(row, *ids_of(row)) for row in keep]
-    ranking_ids = _bulk_insert(db, Ranking, [
-        {
-            "project_id": project.id,
-            "prompt_id": pid,
-            "round": project.current_round,
-            "source": SOURCE,
-            "rubric_id": project.current_rubric_id,
-            "tiers": [[chosen], [rejected]],
-        }
-        for _, pid, chosen, rejected in labelled
-    ], ids=True)
-    _bulk_insert(db, Pair, [
-        {
-            "ranking_id": ranking_id,
-            "prompt_id": pid,
-            "chosen_id": chosen,
-            "rejected_id": rejected,
-            "margin": row.margin,
-            "source": SOURCE,
-            "weight": row.weight,
-            "p": row.p,
-        }
-        for ranking_id, (row, pid, chosen, rejected) in zip(ranking_ids, labelled, strict=True)
-    ])
-    return ImportResult(
-        prompts=len(values),
-        completions=len(new_completions),
-        pairs=len(keep),
-        skipped_duplicates=skipped,
-        kind="pairs",
-    )
+    return len(new_completions)

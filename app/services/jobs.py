@@ -16,8 +16,8 @@ from sqlalchemy.orm import Session
 
 from app import permissions
 from app.errors import Conflict, Invalid, NotFound
-from app.models import Job, Project, User, utcnow
-from app.services import audit
+from app.models import Job, Project, TrainingRun, User, utcnow
+from app.services import audit, projects
 
 KINDS = ("sample_completions", "judge", "export", "train", "revise", "rm_check")
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -67,8 +67,6 @@ def claim(db: Session, worker_id: str, *, kinds: tuple[str, ...] | None = None, 
 def _fail_exhausted(db: Session, now: datetime, stale_after: timedelta) -> None:
     """Jobs whose every attempt died (stale heartbeat, no attempts left) fail with the reason instead of hanging;
     a training run driven by such a job fails with it, so no page shows it "running" forever."""
-    from app.models import TrainingRun
-
     given_up = db.scalars(
         update(Job)
         .where(Job.state == "running", Job.heartbeat_at < now - stale_after, Job.attempts >= Job.max_attempts)
@@ -174,8 +172,6 @@ def cancel(db: Session, job: Job, actor: User) -> Job:
 
 
 def get_visible(db: Session, job_id: int, user: User) -> Job:
-    from app.services import projects
-
     job = db.get(Job, job_id)
     if job is None:
         raise NotFound("no such job")

@@ -88,6 +88,40 @@ class JudgeAgreement:
 def judge_agreement(db: Session, project: Project, *, constitution_version: int | None = None,
                     judge_run_id: int | None = None) -> JudgeAgreement:
     """How the judge's labels compare with the humans' on prompts both ranked, and with gold orders."""
+    ai_rankings = _ai_rankings(db, project, constitution_version, judge_run_id)
+    humans, gold, pairs_by_ranking = _evidence(db, ai_rankings)
+    tally = _JudgeTally()
+    for ranking in ai_rankings:
+        pairs = pairs_by_ranking[ranking.id]
+        tally.count_position_flips(pairs)
+        if ranking.prompt_id in gold:
+            score = agreement.gold_accuracy(gold[ranking.prompt_id], ranking.tiers)
+            if score is not None:
+                tally.gold_scores.append(score)
+        human = humans.get(ranking.prompt_id)
+        if human:
+            tally.compare_with_humans(ranking, pairs, human)
+
+    mean = _mean4
+    calibration = [CalibrationBin(p_low=i / CALIBRATION_BINS, p_high=(i + 1) / CALIBRATION_BINS, n=len(b),
+                                  human_rate=mean(b)) for i, b in enumerate(tally.bins)]
+    return JudgeAgreement(
+        n_prompts=len(tally.shared_prompts), n_pairs=len(tally.agree), pair_agreement=mean(tally.agree),
+        kendall_tau=mean(tally.taus), calibration=calibration,
+        position_flip_rate=round(tally.flips / tally.flip_n, 4) if tally.flip_n else None,
+        per_principle={k: {"n": len(v), "pair_agreement": mean(v)} for k, v in sorted(tally.per_principle.items())},
+        gold_prompts=len(tally.gold_scores), gold_accuracy=mean(tally.gold_scores),
+        ai_labels_enabled=ai_labels_enabled(project),
+    )
+
+
+def _mean4(xs: list[float] | list[int]) -> float | None:
+    return round(sum(xs) / len(xs), 4) if xs else None
+
+
+def _ai_rankings(db: Session, project: Project, constitution_version: int | None,
+                 judge_run_id: int | None) -> list[Ranking]:
+    """The project's AI rankings, of one judge run and/or one constitution version when given."""
     ai_q = select(Ranking).where(Ranking.project_id == project.id, Ranking.source == "ai")
     if judge_run_id is not None:
         ai_q = ai_q.where(Ranking.judge_run_id == judge_run_id)
@@ -97,7 +131,13 @@ def judge_agreement(db: Session, project: Project, *, constitution_version: int 
         if cid is None:
             raise Invalid("no such constitution version", field="constitution_version")
         ai_q = ai_q.where(Ranking.constitution_id == cid)
-    ai_rankings = list(db.scalars(ai_q))
+    return list(db.scalars(ai_q))
+
+
+def _evidence(db: Session, ai_rankings: list[Ranking]
+              ) -> tuple[dict[int, list[list[list[int]]]], dict[int, Any], dict[int, list[Pair]]]:
+    """What the judge's rankings are held against: per prompt the humans' tiers (skips aside) and the gold order,
+    and per AI ranking its pairs."""
     prompt_ids = {r.prompt_id for r in ai_rankings}
     humans: dict[int, list[list[list[int]]]] = defaultdict(list)
     if prompt_ids:
@@ -111,58 +151,56 @@ def judge_agreement(db: Session, project: Project, *, constitution_version: int 
     if ai_rankings:
         for p in db.scalars(select(Pair).where(Pair.ranking_id.in_([r.id for r in ai_rankings]))):
             pairs_by_ranking[p.ranking_id].append(p)
+    return humans, gold, pairs_by_ranking
 
-    agree, taus, flips, flip_n = [], [], 0, 0
-    bins: list[list[float]] = [[] for _ in range(CALIBRATION_BINS)]
-    per_principle: dict[str, list[int]] = defaultdict(list)
-    gold_scores = []
-    shared_prompts = set()
-    for ranking in ai_rankings:
-        for pair in pairs_by_ranking[ranking.id]:
+
+@dataclass
+class _JudgeTally:
+    agree: list[int] = field(default_factory=list)
+    taus: list[float] = field(default_factory=list)
+    flips: int = 0
+    flip_n: int = 0
+    bins: list[list[float]] = field(default_factory=lambda: [[] for _ in range(CALIBRATION_BINS)])
+    per_principle: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+    gold_scores: list[float] = field(default_factory=list)
+    shared_prompts: set[int] = field(default_factory=set)
+
+    def count_position_flips(self, pairs: list[Pair]) -> None:
+        """Pairs whose verdict changed when the two answers swapped places."""
+        for pair in pairs:
             meta = pair.meta or {}
             if "position_flip" in meta:
-                flip_n += 1
-                flips += bool(meta["position_flip"])
-        if ranking.prompt_id in gold:
-            score = agreement.gold_accuracy(gold[ranking.prompt_id], ranking.tiers)
-            if score is not None:
-                gold_scores.append(score)
-        human = humans.get(ranking.prompt_id)
-        if not human:
-            continue
-        shared_prompts.add(ranking.prompt_id)
+                self.flip_n += 1
+                self.flips += bool(meta["position_flip"])
+
+    def compare_with_humans(self, ranking: Ranking, pairs: list[Pair], human: list[list[list[int]]]) -> None:
+        """Kendall's τ-b against each human ranking; per pair the humans' vote, for calibration and agreement."""
+        self.shared_prompts.add(ranking.prompt_id)
         for h in human:
             tau = agreement.kendall_tau_b(ranking.tiers, h)
             if tau is not None:
-                taus.append(tau)
-        for pair in pairs_by_ranking[ranking.id]:
-            votes_for = votes_against = 0
-            for h in human:
-                idx = agreement.tier_index(h)
-                if pair.chosen_id in idx and pair.rejected_id in idx and idx[pair.chosen_id] != idx[pair.rejected_id]:
-                    if idx[pair.chosen_id] < idx[pair.rejected_id]:
-                        votes_for += 1
-                    else:
-                        votes_against += 1
+                self.taus.append(tau)
+        for pair in pairs:
+            votes_for, votes_against = _human_votes(pair, human)
             if votes_for + votes_against == 0:
                 continue
             rate = votes_for / (votes_for + votes_against)
-            b = min(CALIBRATION_BINS - 1, int(pair.p * CALIBRATION_BINS))
-            bins[b].append(rate)
+            self.bins[min(CALIBRATION_BINS - 1, int(pair.p * CALIBRATION_BINS))].append(rate)
             if votes_for != votes_against:
                 hit = int((pair.p >= 0.5) == (votes_for > votes_against))
-                agree.append(hit)
+                self.agree.append(hit)
                 for name in (pair.meta or {}).get("principles", []):
-                    per_principle[name].append(hit)
+                    self.per_principle[name].append(hit)
 
-    def mean(xs: list[float] | list[int]) -> float | None:
-        return round(sum(xs) / len(xs), 4) if xs else None
 
-    calibration = [CalibrationBin(p_low=i / CALIBRATION_BINS, p_high=(i + 1) / CALIBRATION_BINS, n=len(b),
-                                  human_rate=mean(b)) for i, b in enumerate(bins)]
-    return JudgeAgreement(
-        n_prompts=len(shared_prompts), n_pairs=len(agree), pair_agreement=mean(agree), kendall_tau=mean(taus),
-        calibration=calibration, position_flip_rate=round(flips / flip_n, 4) if flip_n else None,
-        per_principle={k: {"n": len(v), "pair_agreement": mean(v)} for k, v in sorted(per_principle.items())},
-        gold_prompts=len(gold_scores), gold_accuracy=mean(gold_scores), ai_labels_enabled=ai_labels_enabled(project),
-    )
+def _human_votes(pair: Pair, human: list[list[list[int]]]) -> tuple[int, int]:
+    """(humans who put chosen above rejected, humans who put it below); a tie or a missing answer is no vote."""
+    votes_for = votes_against = 0
+    for h in human:
+        idx = agreement.tier_index(h)
+        if pair.chosen_id in idx and pair.rejected_id in idx and idx[pair.chosen_id] != idx[pair.rejected_id]:
+            if idx[pair.chosen_id] < idx[pair.rejected_id]:
+                votes_for += 1
+            else:
+                votes_against += 1
+    return votes_for, votes_against

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 from app import permissions
 from app.errors import Conflict, Invalid, NotFound
 from app.models import MEMBER_ROLES, Completion, Pair, Project, ProjectMember, Prompt, Ranking, Rubric, User
-from app.services import audit, users
+from app.services import audit, rubrics, users
 
 
 def visible_query(user: User):  # type: ignore[no-untyped-def]
@@ -35,8 +35,6 @@ def get_visible(db: Session, project_id: int, user: User) -> Project:
 
 def create_project(db: Session, creator: User, *, name: str, completions_per_prompt: int, overlap: int,
                    rubric_text: str, criteria: list[str], description: str = "") -> Project:
-    from app.services import rubrics
-
     permissions.require_account(creator, "project.create")
     name = name.strip()
     if not name:

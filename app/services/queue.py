@@ -198,13 +198,6 @@ def _lease(db: Session, project: Project, annotator: User, prompt_id: int, until
                        created_at=row.created_at)
 
 
-def release(db: Session, assignment: Assignment) -> None:
-    """Give a leased task back to the pool (the annotator may get it again later)."""
-    if assignment.state == "leased":
-        assignment.state = "released"
-        assignment.leased_until = utcnow()
-
-
 def get_own_assignment(db: Session, project: Project, annotator: User, assignment_id: int) -> Assignment:
     assignment = db.get(Assignment, assignment_id)
     if assignment is None or assignment.project_id != project.id or assignment.annotator_id != annotator.id:

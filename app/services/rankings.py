@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
@@ -13,7 +14,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 
 from app.errors import Conflict, Invalid
 from app.models import Assignment, Pair, Project, Prompt, Ranking, User, utcnow
-from app.services import queue, rubrics
+from app.services import bulk, queue, rubrics
 from app.services.pairs import expand_tiers
 
 MAX_SECONDS = 24 * 3600.0
@@ -53,6 +54,71 @@ def _insert_ranking(dialect: str) -> Any:
     else:
         from sqlalchemy.dialects.sqlite import insert as dialect_insert
     return dialect_insert(_RANKINGS).on_conflict_do_nothing().returning(_RANKINGS.c.id)
+
+
+class PairLabel(NamedTuple):
+    """What a pair says beyond its ranking's tiers: how strongly, and with what evidence, chosen ≻ rejected."""
+
+    margin: int | None = None
+    """None: the tier distance (1 for neighbouring tiers); an imported pair brings its own."""
+    weight: float = 1.0
+    p: float = 1.0
+    """p(chosen ≻ rejected): 1 for a human's order; the judge's soft label, kept within [0, 1]."""
+    meta: dict[str, Any] | None = None
+
+
+_HARD = PairLabel()
+
+
+@dataclass
+class NewRanking:
+    """A ranking to write: its row (project, prompt, round, source, tiers, …) and labels for some of its pairs."""
+
+    values: dict[str, Any]
+    labels: Mapping[tuple[int, int], PairLabel] = field(default_factory=dict)
+    """(chosen, rejected) → label; a pair without one is a hard label: its tier distance, weight 1, p 1."""
+
+
+def pair_rows(ranking_id: int, ranking: NewRanking) -> list[dict[str, Any]]:
+    """The ranking's pairs: one per chosen ≻ rejected of its tiers (ties none), with the ranking's prompt and source."""
+    rows = []
+    for spec in expand_tiers(ranking.values["tiers"]):
+        label = ranking.labels.get((spec.chosen, spec.rejected), _HARD)
+        row = dict(ranking_id=ranking_id, prompt_id=ranking.values["prompt_id"], chosen_id=spec.chosen,
+                   rejected_id=spec.rejected, margin=spec.margin if label.margin is None else label.margin,
+                   source=ranking.values["source"], weight=label.weight, p=min(1.0, max(0.0, label.p)))
+        if label.meta is not None:
+            row["meta"] = label.meta
+        rows.append(row)
+    return rows
+
+
+def write_ranking(db: Session, ranking: NewRanking) -> int | None:
+    """Write one ranking and its pairs: the new ranking's id, or None (nothing written) where a ranking that the
+    unique constraints forbid a twin of is there already (the same submission, or this prompt already ranked)."""
+    # Core statements, not the unit of work: this is the annotation hot path.
+    ranking_id = db.execute(_insert_ranking(db.get_bind().dialect.name), _columns(ranking.values)).scalar()
+    if ranking_id is None:
+        return None
+    pairs = pair_rows(ranking_id, ranking)
+    if pairs:
+        db.execute(_INSERT_PAIRS, [_columns(row) for row in pairs])
+    return ranking_id
+
+
+def _columns(values: dict[str, Any]) -> dict[str, Any]:
+    """Attribute names as a Core statement takes them: `meta` is the column "metadata" of rankings and pairs."""
+    if "meta" not in values:
+        return values
+    return {("metadata" if key == "meta" else key): value for key, value in values.items()}
+
+
+def write_rankings(db: Session, rankings: Sequence[NewRanking]) -> list[int]:
+    """Write many new rankings and their pairs at once (an import: COPY on Postgres); their ids, in order."""
+    ids = bulk.insert_rows(db, Ranking, [r.values for r in rankings], ids=True)
+    bulk.insert_rows(db, Pair, [row for ranking_id, r in zip(ids, rankings, strict=True)
+                                for row in pair_rows(ranking_id, r)])
+    return ids
 
 
 def existing_submission(db: Session, annotator: User, submission_id: str) -> Ranking | None:
@@ -102,17 +168,12 @@ def submit(db: Session, project: Project, annotator: User, body: RankingInput) -
         flags=flags, skipped=body.skipped, skip_reason=(body.skip_reason or "").strip() if body.skipped else None,
         seconds_spent=seconds, client_submission_id=body.submission_id,
     )
-    # Core statements, not the unit of work: this is the annotation hot path.
-    ranking_id = db.execute(_insert_ranking(db.get_bind().dialect.name), values).scalar()
+    ranking_id = write_ranking(db, NewRanking(values))
     if ranking_id is None:
         earlier = existing_submission(db, annotator, body.submission_id)
         if earlier is not None:
             return earlier, False
         raise Conflict("you have already ranked this prompt in this round", field="prompt_id")
-    pairs = [dict(ranking_id=ranking_id, prompt_id=prompt_id, chosen_id=p.chosen, rejected_id=p.rejected,
-                  margin=p.margin, source="human", weight=1.0, p=1.0) for p in expand_tiers(tiers)]
-    if pairs:
-        db.execute(_INSERT_PAIRS, pairs)
     state, completed_at = "skipped" if body.skipped else "submitted", utcnow()
     db.execute(_COMPLETE_TASK, {"assignment_id": assignment.id, "state": state, "completed_at": completed_at})
     # The session's copy of the task shows what was written, without a flush of its own.
@@ -163,8 +224,26 @@ def _resolve_task(db: Session, project: Project, annotator: User, body: RankingI
 
 def validate_tiers(tiers: object, allowed: set[int], *, allow_ties: bool, allow_partial: bool) -> list[list[int]]:
     """Tiers as a clean list of lists of completion ids, or Invalid naming the problem."""
+    tiers = tier_lists(tiers)
+    clean = tier_items(tiers, allowed, allow_ties=allow_ties)
+    if len(clean) < 2:
+        raise Invalid("rank at least two tiers (all tied says nothing)", field="tiers")
+    seen = {cid for tier in clean for cid in tier}
+    if not allow_partial and seen != allowed:
+        missing = sorted(allowed - seen)
+        raise Invalid(f"rank every completion; missing {', '.join(map(str, missing))}", field="tiers")
+    return clean
+
+
+def tier_lists(tiers: object) -> list[list[Any]]:
+    """`tiers` if it is a list of lists, else Invalid (a human's ranking and a gold order alike)."""
     if not isinstance(tiers, list) or not all(isinstance(t, list) for t in tiers):
         raise Invalid("must be a list of tiers, each a list of completion ids", field="tiers")
+    return tiers
+
+
+def tier_items(tiers: list[list[Any]], allowed: set[int], *, allow_ties: bool = True) -> list[list[int]]:
+    """The tiers copied, each non-empty and made of distinct ids of `allowed`, or Invalid naming the item."""
     seen: set[int] = set()
     clean: list[list[int]] = []
     for i, tier in enumerate(tiers):
@@ -181,11 +260,6 @@ def validate_tiers(tiers: object, allowed: set[int], *, allow_ties: bool, allow_
                 raise Invalid(f"completion {cid} appears more than once", field=f"tiers[{i}][{j}]")
             seen.add(cid)
         clean.append(list(tier))
-    if len(clean) < 2:
-        raise Invalid("rank at least two tiers (all tied says nothing)", field="tiers")
-    if not allow_partial and seen != allowed:
-        missing = sorted(allowed - seen)
-        raise Invalid(f"rank every completion; missing {', '.join(map(str, missing))}", field="tiers")
     return clean
 
 

@@ -35,7 +35,7 @@ def accuracy(model_dir: str, pairs: list[tuple[Any, str, str]]) -> float | None:
     """Share of pairs the reward model scores chosen above rejected (None without pairs)."""
     if not pairs:
         return None
-    from training.reward_model import RewardModel
+    from training.reward_model import RewardModel  # lazy: torch loads only in the worker that scores
 
     model = RewardModel.load(model_dir)
     prompts = [p for p, _, _ in pairs]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from app import permissions
 from app.errors import Conflict, Invalid, NotFound
 from app.models import Completion, Export, Job, Project, Prompt, TrainingRun, User
 from app.services import audit, endpoints, jobs, projects
+from training import config
+from training.config import build_config, field_docs, known_fields
 from training.weights import UnsafeWeights, require_safetensors
 
 # Each run kind: the export it trains on, and the config field that export's file goes into.
@@ -35,9 +38,6 @@ RESERVED = {"prompts", "train", "eval", "model", "out", "reward_model", "resume"
 
 
 def config_class(kind: str) -> type:
-    # training.config is torch-free: validating a run's config must not stall the web process importing torch.
-    from training import config
-
     classes = {"sft": config.SFTConfig, "reward": config.RewardConfig, "dpo": config.DPOConfig,
                "rft": config.RFTConfig, "grpo": config.GRPOConfig, "ppo": config.PPOConfig}
     if kind not in classes:
@@ -47,8 +47,6 @@ def config_class(kind: str) -> type:
 
 def config_fields(kind: str) -> list[dict[str, Any]]:
     """Every config field of a run kind with its default and meaning, for the training form's field list."""
-    from training.config import field_docs
-
     cls = config_class(kind)
     docs = field_docs(cls)
     defaults = {f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())  # type: ignore[misc]
@@ -75,10 +73,6 @@ def export_file(data_dir: Path, export: Export) -> Path:
 
 def _validate_config(kind: str, config: dict[str, Any], filled: dict[str, Any]) -> dict[str, Any]:
     """The resolved config as the trainer will see it, or Invalid naming `config.<field>`."""
-    import warnings
-
-    from training.config import build_config, known_fields
-
     cls = config_class(kind)
     known = known_fields(cls)
     renamed = {old: new for old, (new, _) in getattr(cls, "RENAMED", {}).items()}
@@ -206,37 +200,30 @@ def read_metrics(run: TrainingRun, last: int | None = None) -> list[dict[str, An
     return rows[-last:] if last else rows
 
 
-def read_eval(run: TrainingRun) -> dict[str, Any] | None:
+def _written_by_trainer(run: TrainingRun, name: str) -> Any:
+    """A JSON file the trainer (or the job) wrote beside the run's model, or None while there is none to read."""
     if not run.model_dir:
         return None
-    path = Path(run.model_dir).parent / "eval.json"
     try:
-        return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+        return json.loads((Path(run.model_dir).parent / name).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return None
+
+
+def read_eval(run: TrainingRun) -> dict[str, Any] | None:
+    return _written_by_trainer(run, "eval.json")
 
 
 def read_trackers(run: TrainingRun) -> dict[str, Any]:
     """Where the run's experiment trackers keep it (OUT/trackers.json, written by the trainer): per tracker a link
     or the command that opens it."""
-    if not run.model_dir:
-        return {}
-    try:
-        found = json.loads((Path(run.model_dir).parent / "trackers.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return {}
+    found = _written_by_trainer(run, "trackers.json")
     return {str(k): v for k, v in found.items() if isinstance(v, dict)} if isinstance(found, dict) else {}
 
 
 def read_human_check(run: TrainingRun) -> dict[str, Any] | None:
     """The reward model's accuracy on held-out human pairs and on pairs labelled since its export."""
-    if run.kind != "reward" or not run.model_dir:
-        return None
-    path = Path(run.model_dir).parent / "human_check.json"
-    try:
-        return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
-    except (OSError, json.JSONDecodeError):
-        return None
+    return _written_by_trainer(run, "human_check.json") if run.kind == "reward" else None
 
 
 def lineage(db: Session, run: TrainingRun) -> dict[str, Any]:

@@ -1,0 +1,95 @@
+"""What a job handler works with: its context (payload, sessions, progress, stop checks) and the two job exceptions."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime
+from typing import Any, Protocol, TypeVar
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.errors import DomainError
+from app.services import endpoints, jobs
+from app.settings import Settings
+from training.hold import hold
+
+T = TypeVar("T")
+
+
+class JobError(Exception):
+    """A failure that retrying cannot fix (bad input, missing model): the job fails at once with this message."""
+
+
+class JobStopped(Exception):
+    """Raised by `JobContext.check()` when the job must stop (cancelled, shutting down, or taken over)."""
+
+
+class WorkerState(Protocol):
+    """The part of the worker a job sees: who holds the job, with what settings and sessions, and whether it is
+    shutting down (the worker itself lives in app/worker.py, which imports this module, not the other way)."""
+
+    worker_id: str
+    settings: Settings
+    session_factory: sessionmaker[Session]
+    terminating: bool
+
+
+class JobContext:
+    """What a handler gets: the job's payload, a session factory, progress and log reporting, and stop checks."""
+
+    def __init__(self, worker: WorkerState, job_id: int, kind: str, payload: dict[str, Any], project_id: int | None,
+                 attempts: int) -> None:
+        self.worker = worker
+        self.job_id = job_id
+        self.kind = kind
+        self.payload = payload
+        self.project_id = project_id
+        self.attempts = attempts
+        self.settings = worker.settings
+        self.session_factory: sessionmaker[Session] = worker.session_factory
+        self.stop_reason: str | None = None
+        self._progress: tuple[int | None, int | None, str | None] = (None, None, None)
+        self._lock = threading.Lock()
+        self.log_path = jobs.log_path(worker.settings.data_dir, job_id)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def log(self, message: str) -> None:
+        stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S")
+        with self._lock, self.log_path.open("a", encoding="utf-8") as fh:
+            fh.write(f"{stamp} {message}\n")
+
+    def progress(self, done: int, total: int, message: str | None = None) -> None:
+        with self._lock:
+            self._progress = (done, total, message)
+        hold(f"job.{self.kind}.progress.{done}", give_up=self.should_stop)  # crash tests stop a job mid-work here
+
+    def should_stop(self) -> bool:
+        if self.worker.terminating and self.stop_reason is None:
+            self.stop_reason = "terminating"
+        return self.stop_reason is not None
+
+    def check(self) -> None:
+        if self.should_stop():
+            raise JobStopped(self.stop_reason)
+
+    def take_progress(self) -> tuple[int | None, int | None, str | None]:
+        with self._lock:
+            return self._progress
+
+
+def job_row(db: Session, model: type[T], row_id: int, what: str) -> T:
+    """The row a job works on, or JobError when it was deleted since the job was queued (retrying cannot help)."""
+    row = db.get(model, row_id)
+    if row is None:
+        raise JobError(f"{what} {row_id} no longer exists")
+    return row
+
+
+def runtime_generator(ctx: JobContext, stored: dict[str, Any], what: str = "generator") -> tuple[Any, dict[str, Any]]:
+    """(generator, spec) built now: a model endpoint's URL and key are read (and the URL checked again) when the job
+    runs, so neither ever sits in the job's payload; its client checks every address it connects to as well."""
+    with ctx.session_factory() as db:
+        try:
+            return endpoints.runtime_generator(db, dict(stored), field=what)
+        except DomainError as exc:
+            raise JobError(f"{what}: {exc.message}") from None
