@@ -40,21 +40,12 @@ from training.judge_prompts import (
     COT_STOP,
     CRITIQUE_STOP,
     TEMPLATE_VERSION,
-    build_comparison_prompt,
-    build_cot_prompt,
     build_critique_prompt,
     build_revision_prompt,
     comparison_body,
     cot_scoring_prompt,
-    format_conversation,
 )
 from training.judge_ranking import METHODS, RankingMethod, rank_from_pairwise
-
-__all__ = [
-    "JudgeConfig", "Verdict", "Judge", "JudgeResult", "build_comparison_prompt", "build_cot_prompt",
-    "format_conversation", "rank_from_pairwise", "judge_prompt_completions", "judge_many", "critique_and_revise",
-    "debias", "clamp",
-]
 
 Item = tuple[str, str, str]
 """(conversation, response_a, response_b)."""

@@ -41,12 +41,6 @@ from training.sampling import (
 )
 from training.weights import SAFE_LOAD, require_safetensors
 
-__all__ = [
-    "LoraSettings", "Reference", "Rollouts", "batched_logprobs", "eos_token_ids", "fuse_activations",
-    "generate_rollouts", "is_peft_model", "load_policy", "position_ids_from_mask", "prepare_tokenizer",
-    "render_prompt", "rollout_server", "row_seed", "token_logprobs", "unwrap",
-]
-
 
 @dataclass
 class LoraSettings:
