@@ -166,3 +166,8 @@ def judge_agreement(db: Session, project: Project, *, constitution_version: int 
         per_principle={k: {"n": len(v), "pair_agreement": mean(v)} for k, v in sorted(per_principle.items())},
         gold_prompts=len(gold_scores), gold_accuracy=mean(gold_scores), ai_labels_enabled=ai_labels_enabled(project),
     )
+
+
+def list_runs(db: Session, project: Project) -> list[JudgeRun]:
+    """The project's judge runs, newest first (the judge page's table)."""
+    return list(db.scalars(select(JudgeRun).where(JudgeRun.project_id == project.id).order_by(JudgeRun.id.desc())))
