@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from fastapi import Request, UploadFile
-from fastapi.responses import Response
+from fastapi.responses import RedirectResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from sqlalchemy.orm import Session
 
@@ -33,7 +33,6 @@ from app.schemas import (
     RankingIn,
     RevisionDecisionIn,
     RevisionJobIn,
-    RubricIn,
     RubricVersionIn,
     SamplingJobIn,
     TrainingRunIn,
@@ -123,22 +122,20 @@ class PageForm(BaseModel):
         return self.model_dump(exclude=set(self.SECRET))
 
 
-def submit(db: Session, form: PageForm, action: Callable[[Any], T], *, done: Callable[[T], Response],
-           failed: Callable[[FieldError], Response]) -> Response:
-    """Validate the form into its API model and run `action` on it in a savepoint: `done(result)` on success,
-    `failed(error)` when the model or the service refuses (the savepoint is gone, the page can still be read)."""
+def submit(request: Request, db: Session, form: PageForm, action: Callable[[Any], T], *,
+           redirect: str | Callable[[T], str], template: str,
+           context: Callable[[FieldError], dict[str, Any]], block: str | None = None) -> Response:
+    """The page's POST: validate the form into its API model and run `action` on it in a savepoint, then redirect
+    (303) to `redirect`; when the model or the service refuses, show `template` again: `context(error)` with the
+    error and what the user typed (`form`) (the savepoint is gone, so the page's queries still run)."""
     try:
         with db.begin_nested():
             result = action(form.to_api())
     except (DomainError, ValidationError) as exc:
-        return failed(form.error(exc))
-    return done(result)
-
-
-def rerender(request: Request, template: str, context: Callable[[FieldError], dict[str, Any]], *,
-             block: str | None = None) -> Callable[[FieldError], Response]:
-    """A `failed` for `submit`: the page again, built by `context(error)`, answered with the error's status."""
-    return lambda error: render(request, template, context(error), status_code=error.status_code, block=block)
+        error = form.error(exc)
+        ctx = context(error) | {"error": error, "form": form.values()}
+        return render(request, template, ctx, status_code=error.status_code, block=block)
+    return RedirectResponse(redirect if isinstance(redirect, str) else redirect(result), status_code=303)
 
 
 # --- projects, members, rubrics -----------------------------------------------------------------------------
@@ -157,8 +154,10 @@ class ProjectForm(PageForm):
     criteria: str = Field("", max_length=20_000)
 
     def to_api(self) -> ProjectIn:
-        return ProjectIn(name=self.name, completions_per_prompt=self.completions_per_prompt, overlap=self.overlap,
-                         rubric=RubricIn(text=self.rubric, criteria=lines(self.criteria)))
+        # One validation of the whole body, so a rubric error is named `rubric.text` as the API names it.
+        return ProjectIn.model_validate({"name": self.name, "completions_per_prompt": self.completions_per_prompt,
+                                         "overlap": self.overlap,
+                                         "rubric": {"text": self.rubric, "criteria": lines(self.criteria)}})
 
 
 class MemberForm(PageForm):
@@ -241,6 +240,9 @@ class UserUpdateForm(PageForm):
     def to_api(self) -> UserPatch:
         return UserPatch(role=self.role, active=self.active)  # type: ignore[arg-type]
 
+    def values(self) -> dict[str, Any]:
+        return {}  # a row's edit: the page's one form to fill again is "Add a user", which this is not
+
 
 _ENDPOINT_LABELS = {"name": "Name", "base_url": "Base URL", "model": "Default model", "api_key": "API key",
                     "allow_private": "trusted private host", "clear_api_key": "remove the stored key"}
@@ -268,6 +270,9 @@ class EndpointUpdateForm(EndpointForm):
         return ModelEndpointPatch(name=self.name, base_url=self.base_url, model=self.model,
                                   api_key=self.api_key or None, clear_api_key=self.clear_api_key,
                                   allow_private=self.allow_private)
+
+    def values(self) -> dict[str, Any]:
+        return {}  # a row's edit: the page's one form to fill again is "Add a model endpoint", which this is not
 
 
 # --- generators: sampling, the judge, revisions -------------------------------------------------------------------

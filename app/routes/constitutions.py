@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Form, Request
-from fastapi.responses import RedirectResponse, Response
+from fastapi.responses import Response
 
 from app import forms, permissions
 from app.deps import CurrentUser, PageUser, SessionDep
@@ -66,15 +66,13 @@ def save(request: Request, project_id: int, db: SessionDep, user: PageUser,
         current = constitutions.current(db, project)
         conflict = error.status_code == 409
         return form.values() | {
-            "project": project, "current": current, "error": error, "fields": constitutions.FIELDS,
+            "project": project, "current": current, "fields": constitutions.FIELDS,
             "base_version": current.version if conflict and current else form.base_version,
             "conflict_with": current if conflict else None}
 
-    return forms.submit(
-        db, form, lambda body: _save(db, project, user, body),
-        done=lambda row: RedirectResponse(f"/projects/{project.id}/constitution/history#v{row.version}",
-                                          status_code=303),
-        failed=forms.rerender(request, "constitution_edit.html", again))
+    return forms.submit(request, db, form, lambda body: _save(db, project, user, body),
+                        redirect=lambda row: f"/projects/{project.id}/constitution/history#v{row.version}",
+                        template="constitution_edit.html", context=again)
 
 
 @router.get("/projects/{project_id}/constitution/history", include_in_schema=False)

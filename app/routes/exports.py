@@ -89,11 +89,9 @@ def exports_page(request: Request, project_id: int, db: SessionDep, user: PageUs
 def export_from_page(request: Request, project_id: int, db: SessionDep, user: PageUser,
                      form: Annotated[ExportForm, Form()]) -> Response:
     project = projects.get_visible(db, project_id, user)
-    return forms.submit(
-        db, form, lambda body: _request_export(db, project, user, body),
-        done=lambda _: RedirectResponse(f"/projects/{project.id}/exports", status_code=303),
-        failed=forms.rerender(request, "exports.html",
-                              lambda error: _page_context(db, project, user) | {"error": error, "form": form.values()}))
+    return forms.submit(request, db, form, lambda body: _request_export(db, project, user, body),
+                        redirect=f"/projects/{project.id}/exports", template="exports.html",
+                        context=lambda _: _page_context(db, project, user))
 
 
 @router.post("/exports/{export_id}/delete", include_in_schema=False)

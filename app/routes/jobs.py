@@ -74,11 +74,9 @@ def jobs_page(request: Request, project_id: int, db: SessionDep, user: PageUser)
 def sample_from_page(request: Request, project_id: int, db: SessionDep, user: PageUser,
                      form: Annotated[SamplingForm, Form()]) -> Response:
     project = projects.get_visible(db, project_id, user)
-    return forms.submit(
-        db, form, lambda body: _request_sampling(db, project, user, body),
-        done=lambda _: RedirectResponse(f"/projects/{project.id}/jobs", status_code=303),
-        failed=forms.rerender(request, "jobs.html",
-                              lambda error: _jobs_context(db, project, user) | {"error": error, "form": form.values()}))
+    return forms.submit(request, db, form, lambda body: _request_sampling(db, project, user, body),
+                        redirect=f"/projects/{project.id}/jobs", template="jobs.html",
+                        context=lambda _: _jobs_context(db, project, user))
 
 
 @router.get("/jobs/{job_id}", include_in_schema=False)

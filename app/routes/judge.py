@@ -86,11 +86,9 @@ def judge_page(request: Request, project_id: int, db: SessionDep, user: PageUser
 def start_from_page(request: Request, project_id: int, db: SessionDep, user: PageUser,
                     form: Annotated[JudgeForm, Form()]) -> Response:
     project = projects.get_visible(db, project_id, user)
-    return forms.submit(
-        db, form, lambda body: _request_judge_run(db, project, user, body),
-        done=lambda _: RedirectResponse(f"/projects/{project.id}/jobs", status_code=303),
-        failed=forms.rerender(request, "judge.html",
-                              lambda error: _context(db, project, user) | {"error": error, "form": form.values()}))
+    return forms.submit(request, db, form, lambda body: _request_judge_run(db, project, user, body),
+                        redirect=f"/projects/{project.id}/jobs", template="judge.html",
+                        context=lambda _: _context(db, project, user))
 
 
 @router.post("/projects/{project_id}/judge/ai-labels", include_in_schema=False)
@@ -143,12 +141,10 @@ def revisions_page(request: Request, project_id: int, db: SessionDep, user: Page
 def start_revisions_from_page(request: Request, project_id: int, db: SessionDep, user: PageUser,
                               form: Annotated[RevisionsForm, Form()]) -> Response:
     project = projects.get_visible(db, project_id, user)
-    return forms.submit(
-        db, form, lambda body: _request_revisions(db, project, user, body),
-        done=lambda _: RedirectResponse(f"/projects/{project.id}/jobs", status_code=303),
-        # The form was on screen, so it stays on screen with the error (can_revise).
-        failed=forms.rerender(request, "revisions.html", lambda error: _revisions_context(db, project, user)
-                              | {"error": error, "form": form.values(), "can_revise": True}))
+    # The form was on screen, so it stays on screen with the error (can_revise).
+    return forms.submit(request, db, form, lambda body: _request_revisions(db, project, user, body),
+                        redirect=f"/projects/{project.id}/jobs", template="revisions.html",
+                        context=lambda _: _revisions_context(db, project, user) | {"can_revise": True})
 
 
 @router.post("/projects/{project_id}/revisions/{revision_id}/decision", include_in_schema=False)

@@ -9,77 +9,71 @@ from fastapi.responses import RedirectResponse, Response
 
 from app import forms
 from app.deps import AdminPageUser, EndpointAdminPage, SessionDep
-from app.forms import EndpointForm, EndpointUpdateForm, FieldError, UserForm, UserUpdateForm
+from app.forms import EndpointForm, EndpointUpdateForm, UserForm, UserUpdateForm
 from app.services import endpoints, users
 from app.web import render
 
 router = APIRouter(include_in_schema=False)
 
 
-def _users_page(request: Request, db: SessionDep, error: FieldError | None = None,
-                form: dict | None = None) -> Response:
-    return render(request, "admin_users.html", {"users": users.list_users(db), "roles": users.ROLES, "error": error,
-                                                "form": form or {}}, status_code=error.status_code if error else 200)
+def _users(db: SessionDep) -> dict:
+    return {"users": users.list_users(db), "roles": users.ROLES, "form": {}}
 
 
 @router.get("/admin/users")
 def users_page(request: Request, db: SessionDep, admin: AdminPageUser) -> Response:
-    return _users_page(request, db)
+    return render(request, "admin_users.html", _users(db))
 
 
 @router.post("/admin/users")
 def create_user(request: Request, db: SessionDep, admin: AdminPageUser, form: Annotated[UserForm, Form()]) -> Response:
-    return forms.submit(
-        db, form, lambda body: users.create_user(db, body.email, body.password, body.role, name=body.name, actor=admin),
-        done=lambda _: RedirectResponse("/admin/users", status_code=303),
-        failed=lambda error: _users_page(request, db, error, form.values()))  # the password is not echoed back
+    return forms.submit(request, db, form,  # the password is not echoed back (UserForm.SECRET)
+                        lambda body: users.create_user(db, body.email, body.password, body.role, name=body.name,
+                                                       actor=admin),
+                        redirect="/admin/users", template="admin_users.html", context=lambda _: _users(db))
 
 
 @router.post("/admin/users/{user_id}")
 def update_user(request: Request, user_id: int, db: SessionDep, admin: AdminPageUser,
                 form: Annotated[UserUpdateForm, Form()]) -> Response:
     target = users.get_user(db, user_id)
-    return forms.submit(
-        db, form, lambda body: users.update_user(db, target, actor=admin, role=body.role, active=body.active),
-        done=lambda _: RedirectResponse("/admin/users", status_code=303),
-        failed=lambda error: _users_page(request, db, error))
+    return forms.submit(request, db, form,
+                        lambda body: users.update_user(db, target, actor=admin, role=body.role, active=body.active),
+                        redirect="/admin/users", template="admin_users.html", context=lambda _: _users(db))
 
 
 # --- model endpoints --------------------------------------------------------------------------------------
 
 
-def _endpoints_page(request: Request, db: SessionDep, error: FieldError | None = None,
-                    form: dict | None = None) -> Response:
-    return render(request, "admin_endpoints.html", {"endpoints": endpoints.list_endpoints(db), "error": error,
-                                                    "form": form or {}},
-                  status_code=error.status_code if error else 200)
+def _endpoints(db: SessionDep) -> dict:
+    return {"endpoints": endpoints.list_endpoints(db), "form": {}}
 
 
 @router.get("/admin/endpoints")
 def endpoints_page(request: Request, db: SessionDep, admin: EndpointAdminPage) -> Response:
-    return _endpoints_page(request, db)
+    return render(request, "admin_endpoints.html", _endpoints(db))
 
 
 @router.post("/admin/endpoints")
 def create_endpoint(request: Request, db: SessionDep, admin: EndpointAdminPage,
                     form: Annotated[EndpointForm, Form()]) -> Response:
-    return forms.submit(
-        db, form, lambda body: endpoints.create(db, admin, name=body.name, base_url=body.base_url, model=body.model,
-                                                api_key=body.api_key, allow_private=body.allow_private),
-        done=lambda _: RedirectResponse("/admin/endpoints", status_code=303),
-        failed=lambda error: _endpoints_page(request, db, error, form.values()))  # the key is not echoed back
+    return forms.submit(request, db, form,  # the key is not echoed back (EndpointForm.SECRET)
+                        lambda body: endpoints.create(db, admin, name=body.name, base_url=body.base_url,
+                                                      model=body.model, api_key=body.api_key,
+                                                      allow_private=body.allow_private),
+                        redirect="/admin/endpoints", template="admin_endpoints.html", context=lambda _: _endpoints(db))
 
 
 @router.post("/admin/endpoints/{endpoint_id}")
 def update_endpoint(request: Request, endpoint_id: int, db: SessionDep, admin: EndpointAdminPage,
                     form: Annotated[EndpointUpdateForm, Form()]) -> Response:
     endpoint = endpoints.get(db, endpoint_id)
-    return forms.submit(
-        db, form, lambda body: endpoints.update(db, admin, endpoint, name=body.name, base_url=body.base_url,
-                                                model=body.model, api_key=body.api_key,
-                                                clear_api_key=body.clear_api_key, allow_private=body.allow_private),
-        done=lambda _: RedirectResponse("/admin/endpoints", status_code=303),
-        failed=lambda error: _endpoints_page(request, db, error))
+    return forms.submit(request, db, form,
+                        lambda body: endpoints.update(db, admin, endpoint, name=body.name, base_url=body.base_url,
+                                                      model=body.model, api_key=body.api_key,
+                                                      clear_api_key=body.clear_api_key,
+                                                      allow_private=body.allow_private),
+                        redirect="/admin/endpoints", template="admin_endpoints.html", context=lambda _: _endpoints(db))
 
 
 @router.post("/admin/endpoints/{endpoint_id}/delete")

@@ -38,11 +38,9 @@ def project_list(request: Request, db: SessionDep, user: PageUser) -> Response:
 @router.post("/projects")
 def create_project(request: Request, db: SessionDep, user: PageUser,
                    form: Annotated[ProjectForm, Form()]) -> Response:
-    return forms.submit(
-        db, form, lambda body: create_from(db, user, body),
-        done=lambda project: RedirectResponse(f"/projects/{project.id}", status_code=303),
-        failed=forms.rerender(request, "projects.html",
-                              lambda error: _list_context(db, user) | {"error": error, "form": form.values()}))
+    return forms.submit(request, db, form, lambda body: create_from(db, user, body),
+                        redirect=lambda project: f"/projects/{project.id}", template="projects.html",
+                        context=lambda _: _list_context(db, user))
 
 
 def _project_context(db, project, user) -> dict:  # type: ignore[no-untyped-def]
@@ -70,11 +68,11 @@ def project_page(request: Request, project_id: int, db: SessionDep, user: PageUs
 def add_member(request: Request, project_id: int, db: SessionDep, user: PageUser,
                form: Annotated[MemberForm, Form()]) -> Response:
     project = projects.get_visible(db, project_id, user)
-    return forms.submit(
-        db, form, lambda body: projects.add_member(db, project, user, email=body.email, role=body.role),
-        done=lambda _: RedirectResponse(f"/projects/{project.id}#members", status_code=303),
-        failed=forms.rerender(request, "project.html", lambda error: _project_context(db, project, user)
-                              | {"member_error": error, "member_email": form.email}))
+    return forms.submit(request, db, form,
+                        lambda body: projects.add_member(db, project, user, email=body.email, role=body.role),
+                        redirect=f"/projects/{project.id}#members", template="project.html",
+                        context=lambda error: _project_context(db, project, user)
+                        | {"member_error": error, "member_email": form.email})
 
 
 @router.post("/projects/{project_id}/members/{user_id}/remove")
@@ -111,15 +109,14 @@ def save_rubric(request: Request, project_id: int, db: SessionDep, user: PageUse
     def again(error: FieldError) -> dict:
         # The user's text stays; on a conflict the current version is shown beside it (and saved on top of).
         current = rubrics.current(db, project)
-        return form.values() | {"project": project, "rubric": current, "error": error,
+        return form.values() | {"project": project, "rubric": current,
                                 "conflict_with": current if error.status_code == 409 else None}
 
-    return forms.submit(
-        db, form, lambda body: rubrics.create_version(db, project, user, text=body.text, criteria=body.criteria,
-                                                      base_version=body.base_version, note=body.note),
-        done=lambda rubric: RedirectResponse(f"/projects/{project.id}/rubric/history#v{rubric.version}",
-                                             status_code=303),
-        failed=forms.rerender(request, "rubric_edit.html", again))
+    return forms.submit(request, db, form,
+                        lambda body: rubrics.create_version(db, project, user, text=body.text, criteria=body.criteria,
+                                                            base_version=body.base_version, note=body.note),
+                        redirect=lambda rubric: f"/projects/{project.id}/rubric/history#v{rubric.version}",
+                        template="rubric_edit.html", context=again)
 
 
 @router.get("/projects/{project_id}/rubric/history")

@@ -115,11 +115,9 @@ def training_page(request: Request, project_id: int, db: SessionDep, user: PageU
 def launch_from_page(request: Request, project_id: int, db: SessionDep, user: PageUser,
                      form: Annotated[TrainingForm, Form()]) -> Response:
     project = projects.get_visible(db, project_id, user)
-    return forms.submit(
-        db, form, lambda body: _request_run(request, db, project, user, body),
-        done=lambda started: RedirectResponse(f"/training-runs/{started[0].id}", status_code=303),
-        failed=forms.rerender(request, "training.html",
-                              lambda error: _list_context(db, project, user) | {"error": error, "form": form.values()}))
+    return forms.submit(request, db, form, lambda body: _request_run(request, db, project, user, body),
+                        redirect=lambda started: f"/training-runs/{started[0].id}", template="training.html",
+                        context=lambda _: _list_context(db, project, user))
 
 
 @router.get("/training-runs/{run_id}", include_in_schema=False)
