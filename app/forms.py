@@ -101,8 +101,10 @@ class PageForm(BaseModel):
     csrf_token: str = Field("", exclude=True, max_length=200)
 
     def to_api(self) -> Any:
-        """The JSON API's request model for these fields (ValidationError or Invalid when they do not make one)."""
-        raise NotImplementedError(type(self).__name__)
+        """The JSON API's request model for these fields (ValidationError or Invalid when they do not make one).
+        Forms with no JSON twin (logging in, tokens, an upload's options) are read field by field instead and
+        never go through `submit`."""
+        raise NotImplementedError(f"{type(self).__name__} has no JSON request model")
 
     def label(self, field: str) -> str | None:
         """The visible label of `field` or of the nearest enclosing field that has one (`rubric.text` → Rubric)."""
