@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from app.models import ModelEndpoint, Project, Rubric, User
+from app.formats import Aggregation, Conflicts, ExportFormat, ExportKind
+from app.models import Completion, Constitution, Export, Job, ModelEndpoint, Project, Rubric, User
 
 
 class Strict(BaseModel):
@@ -270,6 +271,16 @@ class JobOut(BaseModel):
     finished_at: datetime | None
     result: dict | None = Field(default=None, description="The job's summary once it succeeded.")
 
+    @classmethod
+    def from_model(cls, job: Job) -> JobOut:
+        result = dict(job.result or {})
+        return cls(id=job.id, kind=job.kind, state=job.state,  # type: ignore[arg-type]
+                   progress=JobProgress(done=int(result.get("done", 0)), total=int(result.get("total", 0))),
+                   message=result.get("message"), error=job.error, attempts=job.attempts, project_id=job.project_id,
+                   created_at=job.created_at, started_at=job.started_at, finished_at=job.finished_at,
+                   result={k: v for k, v in result.items() if k not in ("done", "total", "message")}
+                   if job.state == "succeeded" else None)
+
 
 class PrincipleIn(Strict):
     name: str = Field(min_length=1, max_length=200)
@@ -292,6 +303,11 @@ class ConstitutionOut(BaseModel):
     note: str
     created_at: datetime
     current: bool
+
+    @classmethod
+    def from_model(cls, constitution: Constitution, current_id: int | None) -> ConstitutionOut:
+        return cls(version=constitution.version, principles=constitution.principles, note=constitution.note,
+                   created_at=constitution.created_at, current=constitution.id == current_id)
 
 
 class JudgeRunIn(Strict):
@@ -399,6 +415,14 @@ class RevisionOut(BaseModel):
     constitution_version: int | None
     status: str
 
+    @classmethod
+    def from_model(cls, revision: Completion, original: Completion | None) -> RevisionOut:
+        meta = revision.meta or {}
+        return cls(id=revision.id, prompt_id=revision.prompt_id, original_id=meta.get("original_id"),
+                   original=original.text if original else None, critique=meta.get("critique", ""),
+                   revision=revision.text, principle=meta.get("principle"),
+                   constitution_version=meta.get("constitution_version"), status=meta.get("status", "pending"))
+
 
 class RevisionDecisionIn(Strict):
     accept: bool
@@ -410,23 +434,98 @@ class IterateIn(Strict):
     k: int | None = Field(default=None, ge=1, le=16, description="Completions per prompt for the next round.")
 
 
-_GENERATOR: TypeAdapter = TypeAdapter(Annotated[HFGeneratorIn | OpenAIGeneratorIn, Field(discriminator="backend")])
+class ExportIn(Strict):
+    kind: ExportKind = "pairs"
+    format: ExportFormat
+    filters: dict[str, Any] = Field(default_factory=dict)
+    aggregation: Aggregation = "raw"
+    conflicts: Conflicts = Field(
+        "keep", description="Aggregated pairs whose votes disagree: kept with weight = agreement, or dropped")
 
 
-def generator_from_form(backend: str, model: str, base_url: str = "", api_key: str = "", endpoint_id: str = "",
-                        **params: object) -> dict:
-    """A validated generator spec from page form fields, or Invalid naming `generator.<field>` (the pages' forms
-    share the API's validation, so a page and a script get the same answer). Blank fields are left out, so a
-    page that posts a base URL or key gets the same refusal from the service as the API would."""
-    from app.errors import Invalid
+class ExportAccepted(BaseModel):
+    export_id: int
+    job_id: int
 
-    raw: dict[str, object] = {"backend": backend, "model": model, **params}
-    if backend == "openai":
-        raw |= {"endpoint_id": endpoint_id.strip() or None, "base_url": base_url.strip() or None,
-                "api_key": api_key or None, "model": model.strip() or None}
-    try:
-        return _GENERATOR.validate_python(raw).model_dump()
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = [str(p) for p in err["loc"] if str(p) not in ("hf", "openai")]
-        raise Invalid(err["msg"], field=".".join(["generator", *loc])) from None
+
+class ExportOut(BaseModel):
+    id: int
+    project_id: int
+    kind: str
+    format: str
+    filters: dict[str, Any]
+    status: str
+    """queued | running | ready | failed | cancelled | deleted"""
+    row_count: int
+    row_counts: dict[str, int]
+    empty: bool
+    sha256: str | None
+    files: dict[str, str]
+    snapshot: str | None = Field(description="The database snapshot the export read (Postgres: pg_current_snapshot())")
+    job_id: int | None
+    created_by_id: int | None
+    created_at: datetime
+    deleted_at: datetime | None
+
+    @classmethod
+    def from_model(cls, export: Export, state: str) -> ExportOut:
+        """`state` is `services.exports.status`: the job's state folded into the export's own."""
+        return cls(id=export.id, project_id=export.project_id, kind=export.kind, format=export.format,
+                   filters=dict(export.filters or {}), status=state, row_count=export.row_count,
+                   row_counts=dict(export.row_counts or {}), empty=state == "ready" and export.row_count == 0,
+                   sha256=export.sha256, files=dict(export.files or {}), snapshot=export.snapshot,
+                   job_id=export.job_id,
+                   created_by_id=export.created_by_id, created_at=export.created_at, deleted_at=export.deleted_at)
+
+
+class AnnotatorOut(BaseModel):
+    user_id: int
+    email: str
+    name: str
+    rankings: int = Field(description="Human rankings submitted, skips included.")
+    skipped: int
+    skip_share: float | None = Field(description="skipped / rankings.")
+    median_seconds: float | None = Field(description="Median seconds per ranking that was not a skip.")
+    agreement: float | None = Field(
+        description="Mean pairwise agreement with other annotators' rankings of the same prompts: the share of "
+                    "item pairs ranked by both that both order the same way (a tie is a relation of its own).")
+    comparisons: int = Field(description="Ranking pairs behind `agreement`.")
+    kendall_tau: float | None = Field(description="Mean Kendall τ_b over the same comparisons, where defined.")
+    tie_share: float | None = Field(description="Share of non-skipped rankings with a tier of two or more items.")
+    position_rate: float | None = Field(description="Share of rankings whose first-shown item is in the top tier.")
+    position_expected: float | None = Field(
+        description="The rate without position bias: mean |top tier| / items shown, i.e. 1/K without ties.")
+    gold_seen: int = Field(description="Non-skipped rankings of gold prompts.")
+    gold_pairs: int = Field(description="Gold pairs (from the gold tiers) whose two completions were shown.")
+    gold_agreed: int = Field(description="Gold pairs ordered the same way (a tie or an unranked item is a miss).")
+    gold_accuracy: float | None = Field(description="gold_agreed / gold_pairs.")
+
+
+class AgreementOut(BaseModel):
+    project_id: int
+    rubric_version: int | None = Field(description="The rubric version filtered to; null for all versions.")
+    rubric_versions: list[int]
+    overlap: int = Field(description="Rankings wanted per prompt.")
+    total_prompts: int
+    prompts_at_overlap: int = Field(
+        description="Prompts with at least `overlap` non-skipped human rankings in the current round.")
+    human_rankings: int
+    skipped: int
+    shared_prompts: int = Field(description="Prompts ranked by two or more annotators.")
+    comparisons: int = Field(description="Pairs of rankings of one prompt by two different annotators.")
+    mean_agreement: float | None
+    mean_kendall_tau: float | None
+    krippendorff_alpha: float | None = Field(
+        description="Ordinal α over mid-ranks; units are the ranked completions, coders the annotators.")
+    gold_prompts: int
+    annotators: list[AnnotatorOut]
+
+
+class GoldIn(Strict):
+    tiers: list[list[int]] = Field(
+        max_length=16, description="The known correct order: completion ids, best tier first; ties share a tier.")
+
+
+class GoldOut(BaseModel):
+    prompt_id: int
+    gold_tiers: list[list[int]] | None

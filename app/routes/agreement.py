@@ -7,71 +7,18 @@ from typing import Annotated
 
 from fastapi import APIRouter, Form, Query, Request, Response
 from fastapi.responses import RedirectResponse
-from pydantic import BaseModel, Field
 
 from app import permissions
 from app.deps import CurrentUser, PageUser, SessionDep
 from app.errors import DomainError
-from app.schemas import Strict
+from app.forms import GoldFromMetadataForm
+from app.schemas import AgreementOut, GoldIn, GoldOut
 from app.services import agreement, gold, projects
 from app.web import render
 
 router = APIRouter()
 
 RubricVersionQuery = Annotated[int | None, Query(ge=1, description="Only rankings made under this rubric version.")]
-
-
-class AnnotatorOut(BaseModel):
-    user_id: int
-    email: str
-    name: str
-    rankings: int = Field(description="Human rankings submitted, skips included.")
-    skipped: int
-    skip_share: float | None = Field(description="skipped / rankings.")
-    median_seconds: float | None = Field(description="Median seconds per ranking that was not a skip.")
-    agreement: float | None = Field(
-        description="Mean pairwise agreement with other annotators' rankings of the same prompts: the share of "
-                    "item pairs ranked by both that both order the same way (a tie is a relation of its own).")
-    comparisons: int = Field(description="Ranking pairs behind `agreement`.")
-    kendall_tau: float | None = Field(description="Mean Kendall τ_b over the same comparisons, where defined.")
-    tie_share: float | None = Field(description="Share of non-skipped rankings with a tier of two or more items.")
-    position_rate: float | None = Field(description="Share of rankings whose first-shown item is in the top tier.")
-    position_expected: float | None = Field(
-        description="The rate without position bias: mean |top tier| / items shown, i.e. 1/K without ties.")
-    gold_seen: int = Field(description="Non-skipped rankings of gold prompts.")
-    gold_pairs: int = Field(description="Gold pairs (from the gold tiers) whose two completions were shown.")
-    gold_agreed: int = Field(description="Gold pairs ordered the same way (a tie or an unranked item is a miss).")
-    gold_accuracy: float | None = Field(description="gold_agreed / gold_pairs.")
-
-
-class AgreementOut(BaseModel):
-    project_id: int
-    rubric_version: int | None = Field(description="The rubric version filtered to; null for all versions.")
-    rubric_versions: list[int]
-    overlap: int = Field(description="Rankings wanted per prompt.")
-    total_prompts: int
-    prompts_at_overlap: int = Field(
-        description="Prompts with at least `overlap` non-skipped human rankings in the current round.")
-    human_rankings: int
-    skipped: int
-    shared_prompts: int = Field(description="Prompts ranked by two or more annotators.")
-    comparisons: int = Field(description="Pairs of rankings of one prompt by two different annotators.")
-    mean_agreement: float | None
-    mean_kendall_tau: float | None
-    krippendorff_alpha: float | None = Field(
-        description="Ordinal α over mid-ranks; units are the ranked completions, coders the annotators.")
-    gold_prompts: int
-    annotators: list[AnnotatorOut]
-
-
-class GoldIn(Strict):
-    tiers: list[list[int]] = Field(
-        max_length=16, description="The known correct order: completion ids, best tier first; ties share a tier.")
-
-
-class GoldOut(BaseModel):
-    prompt_id: int
-    gold_tiers: list[list[int]] | None
 
 
 def _readable_project(db, project_id: int, user):  # type: ignore[no-untyped-def]
@@ -129,8 +76,7 @@ def agreement_page(request: Request, project_id: int, db: SessionDep, user: Page
 
 @router.post("/projects/{project_id}/agreement/gold-from-metadata", include_in_schema=False)
 def mark_gold_from_metadata(project_id: int, db: SessionDep, user: PageUser,
-                            limit: Annotated[str, Form(max_length=10)] = "") -> Response:
+                            form: Annotated[GoldFromMetadataForm, Form()]) -> Response:
     project = projects.get_visible(db, project_id, user)
-    count = gold.gold_from_metadata(db, project, limit=int(limit) if limit.strip().isdigit() else None,
-                                    actor=user)
+    count = gold.gold_from_metadata(db, project, limit=form.count, actor=user)
     return RedirectResponse(f"/projects/{project.id}/agreement?marked={count}", status_code=303)

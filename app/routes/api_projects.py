@@ -31,11 +31,15 @@ def _out(db, project) -> ProjectOut:  # type: ignore[no-untyped-def]
 
 @router.post("", status_code=201, summary="Create a project with its first rubric version")
 def create_project(body: ProjectIn, db: SessionDep, user: CurrentUser) -> ProjectOut:
-    project = projects.create_project(
+    return _out(db, create_from(db, user, body))
+
+
+def create_from(db, user, body: ProjectIn):  # type: ignore[no-untyped-def]
+    """The API's and the page's new project: one mapping of the request model onto the service."""
+    return projects.create_project(
         db, user, name=body.name, completions_per_prompt=body.completions_per_prompt, overlap=body.overlap,
         rubric_text=body.rubric.text, criteria=body.rubric.criteria, description=body.description,
     )
-    return _out(db, project)
 
 
 @router.get("", summary="Projects the caller is a member of (all, for admins)")

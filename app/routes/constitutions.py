@@ -2,32 +2,33 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
-from fastapi.responses import RedirectResponse, Response
+from typing import Annotated
 
-from app import permissions
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import Response
+
+from app import forms, permissions
 from app.deps import CurrentUser, PageUser, SessionDep
-from app.errors import DomainError, Invalid
-from app.models import Constitution
+from app.forms import ConstitutionForm, FieldError
 from app.schemas import ConstitutionIn, ConstitutionOut
 from app.services import constitutions, projects, versions
 from app.web import render
 
 router = APIRouter()
+_out = ConstitutionOut.from_model
 
 
-def _out(c: Constitution, current_id: int | None) -> ConstitutionOut:
-    return ConstitutionOut(version=c.version, principles=c.principles, note=c.note, created_at=c.created_at,
-                           current=c.id == current_id)
+def _save(db, project, user, body: ConstitutionIn):  # type: ignore[no-untyped-def]
+    """The API's and the editor's save: one mapping of the request model onto the service."""
+    return constitutions.create_version(db, project, user, principles=[p.model_dump() for p in body.principles],
+                                        base_version=body.base_version, note=body.note)
 
 
 @router.post("/api/projects/{project_id}/constitutions", status_code=201, tags=["constitutions"],
              summary="Save a new constitution version (409 when base_version is not current)")
 def create_constitution(project_id: int, body: ConstitutionIn, db: SessionDep, user: CurrentUser) -> ConstitutionOut:
     project = projects.get_visible(db, project_id, user)
-    row = constitutions.create_version(db, project, user, principles=[p.model_dump() for p in body.principles],
-                                       base_version=body.base_version, note=body.note)
-    return _out(row, project.current_constitution_id)
+    return _out(_save(db, project, user, body), project.current_constitution_id)
 
 
 @router.get("/api/projects/{project_id}/constitutions", tags=["constitutions"], summary="Every version, newest first")
@@ -44,22 +45,6 @@ def get_constitution(project_id: int, version: int, db: SessionDep, user: Curren
 
 # --- pages --------------------------------------------------------------------------------------
 
-def _principles_from_form(form) -> list[dict]:  # type: ignore[no-untyped-def]
-    """Fieldsets `p-<i>-<field>`; a principle whose name and comparison are both blank is left out."""
-    out = []
-    indices = sorted({int(k.split("-")[1]) for k in form if k.startswith("p-") and k.split("-")[1].isdigit()})
-    for i in indices:
-        item = {f: str(form.get(f"p-{i}-{f}", "")).strip() for f in constitutions.FIELDS}
-        if not item["name"] and not item["comparison"]:
-            continue
-        try:
-            item["priority"] = int(item["priority"] or len(out) + 1)
-        except ValueError:
-            raise Invalid("must be a whole number", field=f"principles[{len(out)}].priority") from None
-        out.append(item)
-    return out
-
-
 @router.get("/projects/{project_id}/constitution", include_in_schema=False)
 def editor(request: Request, project_id: int, db: SessionDep, user: PageUser) -> Response:
     project = projects.get_visible(db, project_id, user)
@@ -72,25 +57,22 @@ def editor(request: Request, project_id: int, db: SessionDep, user: PageUser) ->
 
 
 @router.post("/projects/{project_id}/constitution", include_in_schema=False)
-async def save(request: Request, project_id: int, db: SessionDep, user: PageUser) -> Response:
+def save(request: Request, project_id: int, db: SessionDep, user: PageUser,
+         form: Annotated[ConstitutionForm, Form()]) -> Response:
     project = projects.get_visible(db, project_id, user)
-    form = await request.form()
-    principles: list[dict] = []
-    try:
-        base = int(str(form.get("base_version") or 0)) or None
-        principles = _principles_from_form(form)
-        with db.begin_nested():
-            row = constitutions.create_version(db, project, user, principles=principles, base_version=base,
-                                               note=str(form.get("note", "")))
-    except (DomainError, ValueError) as exc:
-        error = exc if isinstance(exc, DomainError) else Invalid(str(exc), field="base_version")
+
+    def again(error: FieldError) -> dict:
+        # On a conflict the editor saves on top of the version that is current now; the user's text stays.
         current = constitutions.current(db, project)
-        return render(request, "constitution_edit.html", {
-            "project": project, "current": current, "principles": principles or [], "error": error,
-            "base_version": current.version if error.status_code == 409 and current else form.get("base_version"),
-            "conflict_with": current if error.status_code == 409 else None, "fields": constitutions.FIELDS,
-            "note": form.get("note", "")}, status_code=error.status_code)
-    return RedirectResponse(f"/projects/{project.id}/constitution/history#v{row.version}", status_code=303)
+        conflict = error.status_code == 409
+        return form.values() | {
+            "project": project, "current": current, "fields": constitutions.FIELDS,
+            "base_version": current.version if conflict and current else form.base_version,
+            "conflict_with": current if conflict else None}
+
+    return forms.submit(request, db, form, lambda body: _save(db, project, user, body),
+                        redirect=lambda row: f"/projects/{project.id}/constitution/history#v{row.version}",
+                        template="constitution_edit.html", context=again)
 
 
 @router.get("/projects/{project_id}/constitution/history", include_in_schema=False)

@@ -2,75 +2,36 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Any
 
-from fastapi import APIRouter, Form, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
-from pydantic import BaseModel, Field
-from sqlalchemy.orm import Session
 
-from app import permissions
+from app import formats, permissions
 from app.deps import CurrentUser, PageUser, SessionDep
-from app.errors import DomainError
-from app.models import Export, Rubric
-from app.schemas import Strict
-from app.services import exports, projects
-from app.web import render
+from app.forms import ExportForm
+from app.routes.form_pages import ProjectPage
+from app.schemas import ExportAccepted, ExportIn, ExportOut
+from app.services import exports, projects, rubrics
 
 router = APIRouter()
 
 
-class ExportIn(Strict):
-    kind: Literal["pairs", "rankings", "prompts", "sft"] = "pairs"
-    format: Literal["jsonl", "parquet", "hf"]
-    filters: dict[str, Any] = Field(default_factory=dict)
-    aggregation: Literal["raw", "aggregated"] = "raw"
-    conflicts: Literal["keep", "drop"] = Field(
-        "keep", description="Aggregated pairs whose votes disagree: kept with weight = agreement, or dropped")
+def export_out(db, export) -> ExportOut:  # type: ignore[no-untyped-def]
+    return ExportOut.from_model(export, exports.status(db, export))
 
 
-class ExportAccepted(BaseModel):
-    export_id: int
-    job_id: int
-
-
-class ExportOut(BaseModel):
-    id: int
-    project_id: int
-    kind: str
-    format: str
-    filters: dict[str, Any]
-    status: str
-    """queued | running | ready | failed | cancelled | deleted"""
-    row_count: int
-    row_counts: dict[str, int]
-    empty: bool
-    sha256: str | None
-    files: dict[str, str]
-    snapshot: str | None = Field(description="The database snapshot the export read (Postgres: pg_current_snapshot())")
-    job_id: int | None
-    created_by_id: int | None
-    created_at: datetime
-    deleted_at: datetime | None
-
-
-def export_out(db: Session, export: Export) -> ExportOut:
-    state = exports.status(db, export)
-    return ExportOut(id=export.id, project_id=export.project_id, kind=export.kind, format=export.format,
-                     filters=dict(export.filters or {}), status=state, row_count=export.row_count,
-                     row_counts=dict(export.row_counts or {}), empty=state == "ready" and export.row_count == 0,
-                     sha256=export.sha256, files=dict(export.files or {}), snapshot=export.snapshot,
-                     job_id=export.job_id,
-                     created_by_id=export.created_by_id, created_at=export.created_at, deleted_at=export.deleted_at)
+def _request_export(db, project, user, body: ExportIn):  # type: ignore[no-untyped-def]
+    """The API's and the page's export request: one mapping of the request model onto the service."""
+    return exports.request_export(db, project, user, body.kind, body.format, body.filters, body.aggregation,
+                                  body.conflicts)
 
 
 @router.post("/api/projects/{project_id}/exports", status_code=202, tags=["exports"],
              summary="Export pairs, rankings, prompts or SFT rows (a background job)")
 def create_export(project_id: int, body: ExportIn, db: SessionDep, user: CurrentUser) -> ExportAccepted:
     project = projects.get_visible(db, project_id, user)
-    export = exports.request_export(db, project, user, body.kind, body.format, body.filters, body.aggregation,
-                                    body.conflicts)
+    export = _request_export(db, project, user, body)
     assert export.job_id is not None
     return ExportAccepted(export_id=export.id, job_id=export.job_id)
 
@@ -109,49 +70,20 @@ def delete_export(export_id: int, request: Request, db: SessionDep, user: Curren
 # --- pages --------------------------------------------------------------------------------------
 
 
-def _page_context(db: Session, project, user) -> dict[str, Any]:  # type: ignore[no-untyped-def]
-    from sqlalchemy import select
-
-    items = exports.list_for_project(db, project)
-    rows = [(e, exports.status(db, e)) for e in items]
+def _page_context(db, project, user) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    rows = [(e, exports.status(db, e)) for e in exports.list_for_project(db, project)]
     return {"project": project, "rows": rows, "can_export": permissions.may(db, user, project, "export.create"),
             "can_delete": permissions.may(db, user, project, "export.delete"),
             "active": any(s in ("queued", "running") for _, s in rows), "form": {},
-            "rubric_versions": list(db.scalars(select(Rubric.version).where(Rubric.project_id == project.id)
-                                               .order_by(Rubric.version))),
-            "kinds": exports.KINDS, "formats": exports.FORMATS}
+            "rubric_versions": sorted(r.version for r in rubrics.list_versions(db, project)),
+            "kinds": exports.KINDS, "formats": exports.FORMATS, "format_names": formats.EXPORT_FORMAT_NAMES}
 
 
-@router.get("/projects/{project_id}/exports", include_in_schema=False)
-def exports_page(request: Request, project_id: int, db: SessionDep, user: PageUser) -> Response:
-    project = projects.get_visible(db, project_id, user)
-    return render(request, "exports.html", _page_context(db, project, user), block="export_table")
+EXPORTS_PAGE = ProjectPage("exports.html", _page_context, block="export_table")
 
 
-@router.post("/projects/{project_id}/exports", include_in_schema=False)
-def export_from_page(request: Request, project_id: int, db: SessionDep, user: PageUser,
-                     kind: Annotated[str, Form()] = "pairs", format: Annotated[str, Form()] = "jsonl",
-                     aggregation: Annotated[str, Form()] = "raw", conflicts: Annotated[str, Form()] = "keep",
-                     source: Annotated[list[str] | None, Form()] = None, split: Annotated[str, Form()] = "",
-                     rubric_versions: Annotated[str, Form(max_length=200)] = "",
-                     min_agreement: Annotated[str, Form(max_length=20)] = "",
-                     flagged: Annotated[str, Form()] = "include") -> Response:
-    project = projects.get_visible(db, project_id, user)
-    form = {"kind": kind, "format": format, "aggregation": aggregation, "conflicts": conflicts, "source": source or [],
-            "split": split, "rubric_versions": rubric_versions, "min_agreement": min_agreement, "flagged": flagged}
-    filters: dict[str, Any] = {"split": split}
-    if kind != "prompts":
-        filters |= {"source": source or [], "rubric_versions": rubric_versions, "flagged": flagged}
-    if kind == "pairs":
-        filters["min_agreement"] = min_agreement
-    try:
-        with db.begin_nested():
-            exports.request_export(db, project, user, kind, format, filters,
-                                   aggregation if kind == "pairs" else "raw", conflicts)
-    except DomainError as exc:
-        ctx = _page_context(db, project, user) | {"error": exc, "form": form}
-        return render(request, "exports.html", ctx, status_code=exc.status_code)
-    return RedirectResponse(f"/projects/{project.id}/exports", status_code=303)
+EXPORTS_PAGE.mount(router, "/projects/{project_id}/exports", form=ExportForm, action=_request_export,
+                   redirect="/projects/{project_id}/exports")
 
 
 @router.post("/exports/{export_id}/delete", include_in_schema=False)

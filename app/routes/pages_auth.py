@@ -8,7 +8,8 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse, Response
 
 from app.deps import OptionalUser, PageUser, SessionDep
-from app.errors import DomainError, TooManyAttempts
+from app.errors import DomainError, Invalid, TooManyAttempts
+from app.forms import LoginForm, PasswordForm, TokenForm
 from app.services import audit, users
 from app.web import SESSION_COOKIE, client_ip, render, safe_next
 
@@ -30,8 +31,8 @@ def login_page(request: Request, user: OptionalUser, next: str = "") -> Response
 
 
 @router.post("/login")
-def login(request: Request, db: SessionDep, email: Annotated[str, Form(max_length=320)] = "",
-          password: Annotated[str, Form(max_length=1024)] = "", next: Annotated[str, Form()] = "") -> Response:
+def login(request: Request, db: SessionDep, form: Annotated[LoginForm, Form()]) -> Response:
+    email, password, next = form.email, form.password, form.next
     throttle = request.app.state.login_throttle
     email_key, ip_key = f"acct:{email.strip().lower()}", f"ip:{client_ip(request)}"
     account = users.get_by_email(db, email) if email else None
@@ -74,20 +75,15 @@ def account(request: Request, db: SessionDep, user: PageUser) -> Response:
 
 @router.post("/account/password")
 def change_password(request: Request, db: SessionDep, user: PageUser,
-                    current_password: Annotated[str, Form(max_length=1024)],
-                    new_password: Annotated[str, Form(max_length=1024)]) -> Response:
+                    form: Annotated[PasswordForm, Form()]) -> Response:
     from app import security
 
-    error = None
-    if not security.verify_password(user.password_hash, current_password):
-        error = "current_password: not right"
-    else:
-        try:
-            users.set_password(db, user, new_password, actor=user)
-        except DomainError as exc:
-            error = f"{exc.field}: {exc.message}" if exc.field else exc.message
-    if error:
-        return render(request, "account.html", {"tokens": users.list_tokens(db, user), "error": error},
+    try:
+        if not security.verify_password(user.password_hash, form.current_password):
+            raise Invalid("not right", field="current_password")
+        users.set_password(db, user, form.new_password, actor=user)
+    except DomainError as exc:
+        return render(request, "account.html", {"tokens": users.list_tokens(db, user), "error": form.error(exc)},
                       status_code=422)
     # Every session was revoked with the password change; log this browser in again.
     settings = request.app.state.settings
@@ -99,9 +95,8 @@ def change_password(request: Request, db: SessionDep, user: PageUser,
 
 
 @router.post("/account/tokens")
-def create_token(request: Request, db: SessionDep, user: PageUser,
-                 name: Annotated[str, Form(max_length=100)] = "") -> Response:
-    _, token = users.create_token(db, user, name)
+def create_token(request: Request, db: SessionDep, user: PageUser, form: Annotated[TokenForm, Form()]) -> Response:
+    _, token = users.create_token(db, user, form.name)
     return render(request, "account.html", {"tokens": users.list_tokens(db, user), "new_token": token},
                   status_code=201)
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, File, Form, Request, UploadFile
+from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse, Response
 
-from app import permissions
+from app import forms, permissions
 from app.deps import PageUser, SessionDep
 from app.errors import DomainError
-from app.models import MEMBER_ROLES
-from app.routes.api_projects import read_upload
+from app.forms import FieldError, ImportForm, MemberForm, ProjectForm, RubricForm
+from app.routes.api_projects import create_from, read_upload
 from app.services import imports, jobs, projects, rubrics
 from app.web import render
 
@@ -25,32 +25,22 @@ DEFAULT_RUBRIC = """Rank the responses from best to worst.
 """
 
 
-def _criteria(raw: str) -> list[str]:
-    return [line.strip(" -\t") for line in raw.splitlines() if line.strip(" -\t")]
+def _list_context(db, user) -> dict:  # type: ignore[no-untyped-def]
+    return {"items": [(p, projects.counts(db, p)) for p in projects.list_visible(db, user)]}
 
 
 @router.get("/projects")
 def project_list(request: Request, db: SessionDep, user: PageUser) -> Response:
-    items = [(p, projects.counts(db, p)) for p in projects.list_visible(db, user)]
-    return render(request, "projects.html", {"items": items, "form": {"rubric": DEFAULT_RUBRIC, "k": 4, "overlap": 1}})
+    form = ProjectForm(rubric=DEFAULT_RUBRIC).values()
+    return render(request, "projects.html", _list_context(db, user) | {"form": form})
 
 
 @router.post("/projects")
 def create_project(request: Request, db: SessionDep, user: PageUser,
-                   name: Annotated[str, Form(max_length=200)] = "",
-                   completions_per_prompt: Annotated[int, Form()] = 4, overlap: Annotated[int, Form()] = 1,
-                   rubric: Annotated[str, Form(max_length=100_000)] = "",
-                   criteria: Annotated[str, Form(max_length=20_000)] = "") -> Response:
-    try:
-        with db.begin_nested():
-            project = projects.create_project(db, user, name=name, completions_per_prompt=completions_per_prompt,
-                                              overlap=overlap, rubric_text=rubric, criteria=_criteria(criteria))
-    except DomainError as exc:
-        items = [(p, projects.counts(db, p)) for p in projects.list_visible(db, user)]
-        form = {"name": name, "k": completions_per_prompt, "overlap": overlap, "rubric": rubric, "criteria": criteria}
-        return render(request, "projects.html", {"items": items, "error": exc, "form": form},
-                      status_code=exc.status_code)
-    return RedirectResponse(f"/projects/{project.id}", status_code=303)
+                   form: Annotated[ProjectForm, Form()]) -> Response:
+    return forms.submit(request, db, form, lambda body: create_from(db, user, body),
+                        redirect=lambda project: f"/projects/{project.id}", template="projects.html",
+                        context=lambda _: _list_context(db, user))
 
 
 def _project_context(db, project, user) -> dict:  # type: ignore[no-untyped-def]
@@ -63,7 +53,7 @@ def _project_context(db, project, user) -> dict:  # type: ignore[no-untyped-def]
         "can_import": permissions.may(db, user, project, "data.import"),
         "can_annotate": permissions.may(db, user, project, "annotate"),
         "can_see_agreement": permissions.may(db, user, project, "agreement.see"),
-        "member_roles": MEMBER_ROLES,
+        "member_roles": projects.MEMBER_ROLES,
         "running_jobs": sum(1 for j in jobs.list_for_project(db, project) if j.state in ("queued", "running")),
     }
 
@@ -76,16 +66,13 @@ def project_page(request: Request, project_id: int, db: SessionDep, user: PageUs
 
 @router.post("/projects/{project_id}/members")
 def add_member(request: Request, project_id: int, db: SessionDep, user: PageUser,
-               email: Annotated[str, Form(max_length=320)] = "",
-               role: Annotated[str, Form(max_length=20)] = "") -> Response:
+               form: Annotated[MemberForm, Form()]) -> Response:
     project = projects.get_visible(db, project_id, user)
-    try:
-        with db.begin_nested():
-            projects.add_member(db, project, user, email=email, role=role)
-    except DomainError as exc:
-        ctx = _project_context(db, project, user) | {"member_error": exc, "member_email": email}
-        return render(request, "project.html", ctx, status_code=exc.status_code)
-    return RedirectResponse(f"/projects/{project.id}#members", status_code=303)
+    return forms.submit(request, db, form,
+                        lambda body: projects.add_member(db, project, user, email=body.email, role=body.role),
+                        redirect=f"/projects/{project.id}#members", template="project.html",
+                        context=lambda error: _project_context(db, project, user)
+                        | {"member_error": error, "member_email": form.email})
 
 
 @router.post("/projects/{project_id}/members/{user_id}/remove")
@@ -108,29 +95,28 @@ def rubric_editor(request: Request, project_id: int, db: SessionDep, user: PageU
 
 @router.post("/projects/{project_id}/rubric/preview")
 def rubric_preview(request: Request, project_id: int, db: SessionDep, user: PageUser,
-                   text: Annotated[str, Form(max_length=100_000)] = "") -> Response:
+                   form: Annotated[RubricForm, Form()]) -> Response:
+    # htmx posts the whole editor form; only the text is previewed.
     projects.get_visible(db, project_id, user)
-    return render(request, "_markdown_preview.html", {"text": text})
+    return render(request, "_markdown_preview.html", {"text": form.text})
 
 
 @router.post("/projects/{project_id}/rubric")
 def save_rubric(request: Request, project_id: int, db: SessionDep, user: PageUser,
-                text: Annotated[str, Form(max_length=100_000)] = "",
-                criteria: Annotated[str, Form(max_length=20_000)] = "",
-                base_version: Annotated[int, Form()] = 0, note: Annotated[str, Form(max_length=500)] = "") -> Response:
+                form: Annotated[RubricForm, Form()]) -> Response:
     project = projects.get_visible(db, project_id, user)
-    try:
-        with db.begin_nested():
-            rubric = rubrics.create_version(db, project, user, text=text, criteria=_criteria(criteria),
-                                            base_version=base_version or None, note=note)
-    except DomainError as exc:
+
+    def again(error: FieldError) -> dict:
+        # The user's text stays; on a conflict the current version is shown beside it (and saved on top of).
         current = rubrics.current(db, project)
-        return render(request, "rubric_edit.html", {
-            "project": project, "rubric": current, "text": text, "criteria": criteria, "note": note,
-            "base_version": base_version, "error": exc,
-            "conflict_with": current if exc.status_code == 409 else None,
-        }, status_code=exc.status_code)
-    return RedirectResponse(f"/projects/{project.id}/rubric/history#v{rubric.version}", status_code=303)
+        return form.values() | {"project": project, "rubric": current,
+                                "conflict_with": current if error.status_code == 409 else None}
+
+    return forms.submit(request, db, form,
+                        lambda body: rubrics.create_version(db, project, user, text=body.text, criteria=body.criteria,
+                                                            base_version=body.base_version, note=body.note),
+                        redirect=lambda rubric: f"/projects/{project.id}/rubric/history#v{rubric.version}",
+                        template="rubric_edit.html", context=again)
 
 
 @router.get("/projects/{project_id}/rubric/history")
@@ -151,18 +137,17 @@ def import_page(request: Request, project_id: int, db: SessionDep, user: PageUse
 
 @router.post("/projects/{project_id}/import")
 async def import_upload(request: Request, project_id: int, db: SessionDep, user: PageUser,
-                        file: Annotated[UploadFile, File()],
-                        on_duplicate: Annotated[str, Form()] = "error") -> Response:
+                        form: Annotated[ImportForm, Form()]) -> Response:
     project = projects.get_visible(db, project_id, user)
     permissions.require(db, user, project, "data.import")
     settings = request.app.state.settings
+    file = form.file
     ctx: dict = {"project": project, "filename": file.filename}
     try:
         data = await read_upload(file, settings.max_upload_mb)
         with db.begin_nested():
             result = imports.import_file(db, project, file.filename or "upload", data, actor=user,
-                                         max_rows=settings.max_import_rows,
-                                         on_duplicate="skip" if on_duplicate == "skip" else "error")
+                                         max_rows=settings.max_import_rows, on_duplicate=form.policy)
     except imports.ImportRejected as exc:
         ctx["errors"] = exc.errors
         ctx["more_errors"] = exc.omitted

@@ -15,18 +15,18 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app import permissions
+from app import formats, permissions
 from app.db import after_commit
 from app.errors import DomainError, Invalid, NotFound
 from app.models import LABEL_SOURCES, SPLITS, Constitution, Export, Job, Project, Rubric, User, utcnow
 from app.services import audit, jobs, projects
 from app.services.export_writer import ExportSpec
 
-KINDS = ("pairs", "rankings", "prompts", "sft")
-FORMATS = ("jsonl", "parquet", "hf")
-AGGREGATIONS = ("raw", "aggregated")
-CONFLICTS = ("keep", "drop")
-FLAGGED = ("include", "exclude", "only")
+KINDS = formats.EXPORT_KINDS
+FORMATS = formats.EXPORT_FORMATS
+AGGREGATIONS = formats.AGGREGATIONS
+CONFLICTS = formats.CONFLICTS
+FLAGGED = formats.FLAGGED
 
 # Which filters each kind understands; anything else is refused by name.
 _LABEL_FILTERS = ("source", "rubric_versions", "constitution_versions", "flagged", "created_after", "created_before",

@@ -21,6 +21,7 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from app.formats import IMPORT_FORMAT_NAMES, ImportFormat
 from app.models import SPLITS
 
 MAX_ERRORS = 100
@@ -35,7 +36,7 @@ MAX_MESSAGES = 200
 HH_ASSISTANT = "\n\nAssistant:"
 CHAT_ROLES = ("system", "user", "assistant")
 
-Format = Literal["jsonl", "csv", "parquet"]
+Format = ImportFormat
 Kind = Literal["prompts", "pairs"]
 
 EXTENSIONS: dict[str, Format] = {
@@ -46,7 +47,7 @@ EXTENSIONS: dict[str, Format] = {
     ".parquet": "parquet",
     ".pq": "parquet",
 }
-FORMAT_NAMES = {"jsonl": "JSON Lines", "csv": "CSV", "parquet": "Parquet"}
+FORMAT_NAMES = IMPORT_FORMAT_NAMES
 PROMPT_FIELDS = ("prompt", "messages", "completions", "reference", "split", "metadata")
 PAIR_FIELDS = ("prompt", "messages", "chosen", "rejected", "p", "margin", "weight", "split")
 COMPLETION_COLUMN = re.compile(r"completion_(\d+)")

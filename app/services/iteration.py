@@ -74,11 +74,7 @@ def advance(db: Session, job: Job, data_dir: Path) -> Job | None:
         plan |= {"step": "policy", "new_policy_run_id": run.id}
     else:  # "policy": the new policy's answers become the next round
         new_policy = db.get(TrainingRun, plan["new_policy_run_id"])
-        resolved = (new_policy.config or {}).get("resolved", {})
-        nxt = sampling.request_sampling(
-            db, project, actor, generator={"backend": "hf", "model": new_policy.model_dir,
-                                           "max_new_tokens": int(resolved.get("max_new_tokens") or 256)},
-            k=plan.get("k"), prompt_ids=None, seed=None, resample_duplicates=0, source=f"policy:{new_policy.id}")
+        nxt = sampling.request_policy_sampling(db, project, actor, new_policy, k=plan.get("k"), seed=None)
         project.current_round += 1
         plan |= {"step": "sample"}
     nxt.payload = dict(nxt.payload) | {"iteration": plan}

@@ -204,3 +204,8 @@ def _human_votes(pair: Pair, human: list[list[list[int]]]) -> tuple[int, int]:
             else:
                 votes_against += 1
     return votes_for, votes_against
+
+
+def list_runs(db: Session, project: Project) -> list[JudgeRun]:
+    """The project's judge runs, newest first (the judge page's table)."""
+    return list(db.scalars(select(JudgeRun).where(JudgeRun.project_id == project.id).order_by(JudgeRun.id.desc())))

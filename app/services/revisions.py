@@ -52,3 +52,8 @@ def decide(db: Session, project: Project, actor: User, revision_id: int, accept:
     audit.record(db, actor, "revision.accept" if accept else "revision.reject", project_id=project.id,
                  object_type="completion", object_id=revision.id)
     return revision
+
+
+def original_of(db: Session, revision: Completion) -> Completion | None:
+    """The completion a revision rewrote (None when it is gone)."""
+    return db.get(Completion, int((revision.meta or {}).get("original_id", 0)))

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 
 from app import permissions
 from app.errors import Invalid
-from app.models import Job, Project, Prompt, User
+from app.models import Job, Project, Prompt, TrainingRun, User
 from app.services import endpoints, jobs
 
 
@@ -34,3 +34,22 @@ def request_sampling(db: Session, project: Project, actor: User, *, generator: d
     payload = {"generator": generator, "k": k, "prompt_ids": prompt_ids, "seed": seed,
                "resample_duplicates": resample_duplicates, "source": source}
     return jobs.enqueue(db, "sample_completions", payload, project=project, actor=actor)
+
+
+def policy_generator(run: TrainingRun, *, max_new_tokens: int | None = None,
+                     temperature: float | None = None) -> dict[str, Any]:
+    """A local generator for a finished policy run that samples the way the policy was trained to answer: its own
+    length and temperature (from its resolved config) unless the caller says otherwise."""
+    resolved = (run.config or {}).get("resolved", {})
+    return {"backend": "hf", "model": run.model_dir,
+            "max_new_tokens": max_new_tokens or int(resolved.get("max_new_tokens") or 256),
+            "temperature": temperature if temperature is not None else float(resolved.get("temperature", 1.0))}
+
+
+def request_policy_sampling(db: Session, project: Project, actor: User, run: TrainingRun, *, k: int | None,
+                            seed: int | None, max_new_tokens: int | None = None,
+                            temperature: float | None = None) -> Job:
+    """Sample a finished policy's answers into the project (the completions' source names the run)."""
+    generator = policy_generator(run, max_new_tokens=max_new_tokens, temperature=temperature)
+    return request_sampling(db, project, actor, generator=generator, k=k, prompt_ids=None, seed=seed,
+                            resample_duplicates=0, source=f"policy:{run.id}")

@@ -17,8 +17,8 @@ from sqlalchemy.orm import Session
 
 from app import permissions
 from app.errors import Conflict, Invalid, NotFound
-from app.models import Completion, Export, Job, Project, Prompt, TrainingRun, User
-from app.services import audit, endpoints, jobs, projects
+from app.models import Completion, Export, Job, Project, Prompt, TrainingRun, User, utcnow
+from app.services import audit, endpoints, jobs, projects, sampling, versions
 from training import config
 from training.config import build_config, field_docs, known_fields
 from training.weights import UnsafeWeights, require_safetensors
@@ -259,3 +259,94 @@ def cancel(db: Session, run: TrainingRun, actor: User) -> TrainingRun:
         jobs.cancel(db, job, actor)
     run.state = "cancelled"
     return run
+
+
+# --- what the training pages and actions need ---------------------------------------------------------------
+
+
+def project_of(db: Session, run: TrainingRun) -> Project:
+    return db.get(Project, run.project_id)  # type: ignore[return-value]
+
+
+def job_of(db: Session, run: TrainingRun) -> Job | None:
+    return db.get(Job, run.job_id) if run.job_id else None
+
+
+def ready_exports(db: Session, project: Project) -> list[Export]:
+    """Exports a run can train on: written (hashed) and not deleted, newest first."""
+    return list(db.scalars(select(Export).where(Export.project_id == project.id, Export.deleted_at.is_(None),
+                                                Export.sha256.is_not(None)).order_by(Export.id.desc())))
+
+
+def sample_into_project(db: Session, run: TrainingRun, actor: User, *, k: int | None, seed: int | None,
+                        new_round: bool, max_new_tokens: int | None = None, temperature: float | None = None) -> Job:
+    """Sample a finished policy's answers into its project; with `new_round` every prompt is ranked again."""
+    project = project_of(db, run)
+    permissions.require(db, actor, project, "sampling.start", doing="sample into the project")
+    if run.kind not in POLICY_KINDS:
+        raise Invalid(f"only policy runs ({', '.join(POLICY_KINDS)}) can sample", field="run_id")
+    if run.state != "succeeded" or not run.model_dir:
+        raise Invalid("the run has not finished", field="run_id")
+    job = sampling.request_policy_sampling(db, project, actor, run, k=k, seed=seed, max_new_tokens=max_new_tokens,
+                                           temperature=temperature)
+    if new_round:
+        project.current_round += 1  # every prompt is ranked again, on the new policy's answers
+    return job
+
+
+def request_human_check(db: Session, run: TrainingRun, actor: User) -> Job:
+    """Re-score a finished reward model against the project's human pairs now (the drift check)."""
+    project = project_of(db, run)
+    permissions.require(db, actor, project, "training.start", doing="check reward models")
+    if run.kind != "reward" or run.state != "succeeded":
+        raise Invalid("only a finished reward-model run can be checked", field="run_id")
+    return jobs.enqueue(db, "rm_check", {"training_run_id": run.id}, project=project, actor=actor)
+
+
+def stop(db: Session, run: TrainingRun, actor: User) -> None:
+    """The page's Stop button: cancel a run that is still going; a finished one is left as it is."""
+    permissions.require(db, actor, project_of(db, run), "training.start", doing="cancel training runs")
+    if run.state not in ("succeeded", "failed", "cancelled"):
+        cancel(db, run, actor)
+
+
+def eta_seconds(job: Job | None) -> int | None:
+    """Seconds left for a running job at its pace so far, or None before there is a pace to go by."""
+    if job is None or job.state != "running" or job.started_at is None:
+        return None
+    done, total = int((job.result or {}).get("done", 0)), int((job.result or {}).get("total", 0))
+    if not 0 < done < total:
+        return None
+    elapsed = (utcnow() - job.started_at).total_seconds()
+    return round(elapsed / done * (total - done))
+
+
+def latest_samples(run: TrainingRun, limit: int = 8) -> list[dict[str, Any]]:
+    """The last answers the policy wrote while training (or, failing that, at evaluation)."""
+    if not run.model_dir:
+        return []
+    for name in ("samples.jsonl", "eval_samples.jsonl"):
+        path = Path(run.model_dir).parent / name
+        if path.exists():
+            rows = []
+            for line in path.read_text(encoding="utf-8", errors="replace").splitlines()[-limit:]:
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+            return rows
+    return []
+
+
+def compare(db: Session, project: Project, runs: list[TrainingRun]) -> dict[str, Any]:
+    """Two runs of `project` side by side: eval and last metrics, lineage, and the diff of their resolved configs."""
+    if any(r.project_id != project.id for r in runs):
+        raise Invalid("both runs must belong to this project", field="b")
+
+    def config_lines(run: TrainingRun) -> list[str]:
+        return json.dumps((run.config or {}).get("resolved", {}), indent=1, sort_keys=True).splitlines()
+
+    rows = [{"run": run, "eval": read_eval(run) or {}, "last": (read_metrics(run, last=1) or [{}])[-1],
+             "lineage": lineage(db, run)} for run in runs]
+    keys = sorted({k for r in rows for k, v in r["eval"].items() if isinstance(v, int | float)})
+    return {"rows": rows, "eval_keys": keys, "diff": versions.diff_lines(config_lines(runs[0]), config_lines(runs[1]))}

@@ -1,0 +1,24 @@
+"""The file formats preflab reads and writes and the kinds of export, named once: schemas, services and pages
+import these instead of spelling the lists again."""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+ExportKind = Literal["pairs", "rankings", "prompts", "sft"]
+ExportFormat = Literal["jsonl", "parquet", "hf"]
+Aggregation = Literal["raw", "aggregated"]
+Conflicts = Literal["keep", "drop"]
+Flagged = Literal["include", "exclude", "only"]
+ImportFormat = Literal["jsonl", "csv", "parquet"]
+
+EXPORT_KINDS: tuple[str, ...] = get_args(ExportKind)
+EXPORT_FORMATS: tuple[str, ...] = get_args(ExportFormat)
+AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)
+CONFLICTS: tuple[str, ...] = get_args(Conflicts)
+FLAGGED: tuple[str, ...] = get_args(Flagged)
+IMPORT_FORMATS: tuple[str, ...] = get_args(ImportFormat)
+
+# What a person reads for each format (the exports page's picker, import messages).
+EXPORT_FORMAT_NAMES = {"jsonl": "JSONL", "parquet": "Parquet", "hf": "Hugging Face datasets directory"}
+IMPORT_FORMAT_NAMES = {"jsonl": "JSON Lines", "csv": "CSV", "parquet": "Parquet"}
