@@ -143,17 +143,25 @@
         paintShowAll(li);
       });
     }
+    // Long answers open where the keyboard is: on the card the focus moves to by key (focus events do not fire while
+    // the window lacks focus, so the key paths call this themselves). A mouse or a finger changes nothing by focusing:
+    // a card collapsing under the pointer would move the one being grabbed.
+    function openOnly(li) {
+      form.querySelectorAll(".resp.open").forEach(function (c) {
+        if (c !== li && c.dataset.pinned !== "true") { c.classList.remove("open"); paintShowAll(c); }
+      });
+      if (li.dataset.closedByHand !== "true") { li.classList.add("open"); paintShowAll(li); }
+    }
+    function focusCard(li, options) { li.focus(options); openOnly(li); }
     form.addEventListener("focusin", function (ev) {
       var li = ev.target.closest(".resp");
-      if (ev.target.closest(".show-all")) return;  // its click decides
-      if (li && li.dataset.closedByHand !== "true") { li.classList.add("open"); paintShowAll(li); }
+      if (li && ev.target === li && li.matches(":focus-visible")) openOnly(li);
     });
     form.addEventListener("focusout", function (ev) {
       var li = ev.target.closest(".resp");
       if (!li || (ev.relatedTarget && li.contains(ev.relatedTarget))) return;
       lockControls(li);
       delete li.dataset.closedByHand;
-      if (li.dataset.pinned !== "true") { li.classList.remove("open"); paintShowAll(li); }
     });
 
     function onCardKey(ev, li) {
@@ -185,7 +193,7 @@
       }
       ev.preventDefault();
       sync();
-      after.focus();
+      focusCard(after);
     }
 
     function toggleRubric() { if (rubric) rubric.open = !rubric.open; }
@@ -302,7 +310,11 @@
                      var touch = evt.pointerType === "touch" || (evt.touches && evt.touches.length > 0);
                      return Boolean(touch) && !t.closest(".resp-head");
                    },
-                   onEnd: function (evt) { evt.item.dataset.tie = "false"; sync(); } };
+                   onEnd: function (evt) {
+                     evt.item.dataset.tie = "false";
+                     if (evt.item.dataset.pinned !== "true") { evt.item.classList.remove("open"); paintShowAll(evt.item); }
+                     sync();
+                   } };
       window.Sortable.create(ranked, opts);
       window.Sortable.create(unranked, opts);
     }
@@ -314,7 +326,7 @@
     current = { form: form, onKey: onKey, measure: measure };
     // Focus starts on the first card to rank, so a full ranking is K number keys and Ctrl+Enter.
     var first = cards(unranked)[0] || cards(ranked)[0];
-    if (first) first.focus({ preventScroll: true });
+    if (first) focusCard(first, { preventScroll: true });
   }
 
   function init(el) { setup(el && el.querySelector ? el : document); }
