@@ -18,8 +18,8 @@ def _short(live_server, n_prompts: int = 2):  # type: ignore[no-untyped-def]
                  answer=lambda i, j: f"Answer {i}.{j}: {i + j}")
 
 
-def _shown(page) -> list[int]:  # type: ignore[no-untyped-def]
-    return [int(c) for c in page.locator("#unranked > .resp").evaluate_all("els => els.map(e => e.dataset.cid)")]
+def _shown(pg) -> list[int]:  # type: ignore[no-untyped-def]
+    return [int(c) for c in pg.locator("#unranked > .resp").evaluate_all("els => els.map(e => e.dataset.cid)")]
 
 
 def test_a_full_ranking_takes_k_number_keys_and_ctrl_enter(live_server, page) -> None:  # noqa: F811

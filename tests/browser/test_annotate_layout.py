@@ -15,26 +15,26 @@ PHONE = {"width": 390, "height": 844, "has_touch": True, "is_mobile": True}
 LONG_RUBRIC = DEMO_RUBRIC + "\n\n" + DEMO_RUBRIC  # taller than the demo's, which filled 640 px of a phone
 
 
-def _box(page, selector: str) -> dict:  # type: ignore[no-untyped-def]
-    return page.locator(selector).first.bounding_box()
+def _box(pg, selector: str) -> dict:  # type: ignore[no-untyped-def]
+    return pg.locator(selector).first.bounding_box()
 
 
-def _on_first_screen(page, selector: str) -> bool:  # type: ignore[no-untyped-def]
-    box, height = _box(page, selector), page.viewport_size["height"]
+def _on_first_screen(pg, selector: str) -> bool:  # type: ignore[no-untyped-def]
+    box, height = _box(pg, selector), pg.viewport_size["height"]
     return box is not None and 0 <= box["y"] and box["y"] + box["height"] <= height
 
 
-def _touch_drag(page, start: tuple[float, float], end: tuple[float, float], steps: int = 12) -> None:  # type: ignore[no-untyped-def]
+def _touch_drag(pg, start: tuple[float, float], end: tuple[float, float], steps: int = 12) -> None:  # type: ignore[no-untyped-def]
     """A finger on the screen, as the phone's touch events deliver it (CDP Input.dispatchTouchEvent)."""
-    cdp = page.context.new_cdp_session(page)
+    cdp = pg.context.new_cdp_session(pg)
     (x0, y0), (x1, y1) = start, end
     cdp.send("Input.dispatchTouchEvent", {"type": "touchStart", "touchPoints": [{"x": x0, "y": y0}]})
     for i in range(1, steps + 1):
         point = {"x": x0 + (x1 - x0) * i / steps, "y": y0 + (y1 - y0) * i / steps}
         cdp.send("Input.dispatchTouchEvent", {"type": "touchMove", "touchPoints": [point]})
-        settle(page)
+        settle(pg)
     cdp.send("Input.dispatchTouchEvent", {"type": "touchEnd", "touchPoints": []})
-    settle(page)
+    settle(pg)
     cdp.detach()
 
 
