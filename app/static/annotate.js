@@ -1,14 +1,26 @@
-// The ranking page: drag-and-drop and keyboard ordering into tiers, drafts that survive reloads,
-// and HTMX submit that keeps the ranking on screen when anything fails. No inline script (CSP).
+// The ranking page: keyboard and drag-and-drop ordering into tiers, drafts that survive reloads, and HTMX submit
+// that keeps the ranking on screen when anything fails. No inline script and no style attributes (CSP): layout
+// state lives in classes and the `hidden`/`open` attributes.
 (function () {
   "use strict";
 
+  // Controls inside a card stay out of the Tab order (Tab goes card to card); Enter on a card lets them in.
+  var CARD_CONTROLS = "select, input, summary, button";
+  var COLLAPSED_LINES = 4;  // keep in step with .resp:not(.open) .resp-body in preflab.css
+  var current = null;  // the controller of the form on screen; HTMX swaps in a new one per task
+
+  function load(key) { try { return localStorage.getItem(key); } catch (e) { return null; } }
+  function store(key, value) { try { localStorage.setItem(key, value); } catch (e) { /* private mode */ } }
+  function forget(key) { try { localStorage.removeItem(key); } catch (e) { /* private mode */ } }
   function draftKey(form) { return "preflab:draft:" + form.dataset.assignment; }
+  function typing(el) { return el && el.matches && el.matches("input:not([type=checkbox]), textarea, select, [contenteditable]"); }
 
   function setup(root) {
     var form = root.querySelector("#ranking-form");
-    if (!form || form.dataset.ready) return;
+    if (!form) { current = document.querySelector("#ranking-form") ? current : null; return; }
+    if (form.dataset.ready) return;
     form.dataset.ready = "1";
+    var page = form.closest(".annotate");
     var ranked = form.querySelector("#ranked");
     var unranked = form.querySelector("#unranked");
     var k = form.querySelectorAll(".resp").length;
@@ -16,6 +28,7 @@
     var allowTies = form.dataset.allowTies === "true";
     var errorBox = form.querySelector("#submit-error");
     var status = form.querySelector("#rank-status");
+    var keymap = page.querySelector("#keymap");
     var lastButton = null;
 
     // Time on task counts only while the page is visible.
@@ -67,17 +80,14 @@
     }
 
     function saveDraft() {
-      try {
-        var draft = { ranked: cards(ranked).map(function (li) { return [li.dataset.cid, li.dataset.tie === "true"]; }),
-                      flags: Array.prototype.map.call(form.querySelectorAll("input[type=checkbox][name^=flag_]:checked"),
-                                                      function (c) { return [c.name, c.value]; }) };
-        localStorage.setItem(draftKey(form), JSON.stringify(draft));
-      } catch (e) { /* private mode: the server-rendered form still works */ }
+      var draft = { ranked: cards(ranked).map(function (li) { return [li.dataset.cid, li.dataset.tie === "true"]; }),
+                    flags: Array.prototype.map.call(form.querySelectorAll("input[type=checkbox][name^=flag_]:checked"),
+                                                    function (c) { return [c.name, c.value]; }) };
+      store(draftKey(form), JSON.stringify(draft));
     }
 
     function restoreDraft() {
-      var raw = null;
-      try { raw = localStorage.getItem(draftKey(form)); } catch (e) { return false; }
+      var raw = load(draftKey(form));
       if (!raw) return false;
       var draft = JSON.parse(raw);
       (draft.ranked || []).forEach(function (item) {
@@ -98,27 +108,74 @@
       ranked.insertBefore(li, target || null);
     }
 
-    form.addEventListener("keydown", function (ev) {
-      var li = ev.target;
-      if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) {
-        ev.preventDefault();
-        form.requestSubmit(form.querySelector("#submit-btn"));
-        return;
-      }
-      if (!li.classList || !li.classList.contains("resp")) return;  // keys inside selects and checkboxes act normally
+    // The unranked card after `li` (or the first one left), for the focus to move to once `li` is placed.
+    function nextUnranked(li) {
+      var pool = cards(unranked).filter(function (c) { return c !== li; });
+      if (li.parentNode !== unranked) return null;
+      var after = cards(unranked).slice(cards(unranked).indexOf(li) + 1);
+      return after[0] || pool[0] || null;
+    }
+
+    // --- controls inside a card: out of the Tab order until Enter, back out when the focus leaves the card ---
+    function controls(li) {
+      return Array.prototype.filter.call(li.querySelectorAll(CARD_CONTROLS), function (el) { return !el.closest("[hidden]"); });
+    }
+    function lockControls(li) { li.querySelectorAll(CARD_CONTROLS).forEach(function (el) { el.tabIndex = -1; }); }
+    function unlockControls(li) {
+      li.querySelectorAll(CARD_CONTROLS).forEach(function (el) { el.removeAttribute("tabindex"); });
+      var first = controls(li)[0];
+      if (first) first.focus();
+    }
+
+    // --- long answers: a few lines until the card has the focus or "Show all" is pressed ---
+    function paintShowAll(li) {
+      var b = li.querySelector(".show-all");
+      var open = li.classList.contains("open");
+      b.textContent = open ? "Show less" : "Show all";
+      b.setAttribute("aria-expanded", open ? "true" : "false");
+    }
+    function measure() {
+      form.querySelectorAll(".resp").forEach(function (li) {
+        var body = li.querySelector(".resp-body");
+        var line = parseFloat(getComputedStyle(body).lineHeight) || 20;
+        li.classList.toggle("long", body.scrollHeight > line * COLLAPSED_LINES + 4);
+        li.querySelector(".show-all").hidden = !li.classList.contains("long");
+        paintShowAll(li);
+      });
+    }
+    // Long answers open where the keyboard is: on the card the focus moves to by key (focus events do not fire while
+    // the window lacks focus, so the key paths call this themselves). A mouse or a finger changes nothing by focusing:
+    // a card collapsing under the pointer would move the one being grabbed.
+    function openOnly(li) {
+      form.querySelectorAll(".resp.open").forEach(function (c) {
+        if (c !== li && c.dataset.pinned !== "true") { c.classList.remove("open"); paintShowAll(c); }
+      });
+      if (li.dataset.closedByHand !== "true") { li.classList.add("open"); paintShowAll(li); }
+    }
+    function focusCard(li, options) { li.focus(options); openOnly(li); }
+    form.addEventListener("focusin", function (ev) {
+      var li = ev.target.closest(".resp");
+      if (li && ev.target === li && li.matches(":focus-visible")) openOnly(li);
+    });
+    form.addEventListener("focusout", function (ev) {
+      var li = ev.target.closest(".resp");
+      if (!li || (ev.relatedTarget && li.contains(ev.relatedTarget))) return;
+      lockControls(li);
+      delete li.dataset.closedByHand;
+    });
+
+    function onCardKey(ev, li) {
       var inRanked = li.parentNode === ranked;
-      var handled = true;
+      var after = li;
       if (/^[1-9]$/.test(ev.key) && parseInt(ev.key, 10) <= k) {
+        after = nextUnranked(li) || li;
         place(li, parseInt(ev.key, 10) - 1);
       } else if (ev.key === "ArrowUp" || ev.key === "ArrowDown") {
         var list = cards(li.parentNode), i = list.indexOf(li);
         var j = ev.key === "ArrowUp" ? i - 1 : i + 1;
         if (!inRanked) {  // in the pool the arrows only move the focus
-          ev.preventDefault();
-          if (j >= 0 && j < list.length) list[j].focus();
-          return;
-        }
-        if (j >= 0 && j < list.length) {
+          if (j >= 0 && j < list.length) after = list[j];
+        } else if (j >= 0 && j < list.length) {
           li.dataset.tie = "false";
           ranked.insertBefore(li, ev.key === "ArrowUp" ? list[j] : list[j].nextSibling);
         }
@@ -127,11 +184,40 @@
       } else if ((ev.key === "0" || ev.key === "Backspace" || ev.key === "Delete") && inRanked) {
         li.dataset.tie = "false";
         unranked.appendChild(li);
+      } else if (ev.key === "Enter" && !ev.ctrlKey && !ev.metaKey) {
+        ev.preventDefault();
+        unlockControls(li);
+        return;
       } else {
-        handled = false;
+        return;
       }
-      if (handled) { ev.preventDefault(); sync(); li.focus(); }
-    });
+      ev.preventDefault();
+      sync();
+      focusCard(after);
+    }
+
+    function toggleRubric() { if (rubric) rubric.open = !rubric.open; }
+    function showKeys() { if (keymap && !keymap.open) keymap.showModal(); }
+
+    function onKey(ev) {
+      if (ev.defaultPrevented || ev.altKey) return;
+      if (keymap && keymap.contains(ev.target)) {
+        if (ev.key === "?") { ev.preventDefault(); keymap.close(); }
+        return;  // Escape closes the dialog natively
+      }
+      if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) {
+        ev.preventDefault();
+        form.requestSubmit(form.querySelector("#submit-btn"));
+        return;
+      }
+      if (ev.ctrlKey || ev.metaKey) return;
+      var li = ev.target.closest && ev.target.closest(".resp");
+      if (li && ev.target !== li && ev.key === "Escape") { ev.preventDefault(); lockControls(li); li.focus(); return; }
+      if (typing(ev.target)) return;  // keys inside selects and text fields act normally
+      if (ev.key === "?") { ev.preventDefault(); showKeys(); return; }
+      if (ev.key === "r" && (!li || ev.target === li)) { ev.preventDefault(); toggleRubric(); return; }
+      if (li && ev.target === li && form.contains(li)) onCardKey(ev, li);
+    }
 
     form.addEventListener("change", function (ev) {
       if (ev.target.tagName === "SELECT" && ev.target.name.indexOf("rank_") === 0) fromSelects();
@@ -140,6 +226,15 @@
     form.addEventListener("click", function (ev) {
       var b = ev.target.closest("button[type=submit]");
       if (b) lastButton = b;
+      var more = ev.target.closest(".show-all");
+      if (more) {
+        var li = more.closest(".resp");
+        var open = !li.classList.contains("open");
+        li.classList.toggle("open", open);
+        li.dataset.pinned = open ? "true" : "false";
+        li.dataset.closedByHand = open ? "false" : "true";
+        paintShowAll(li);
+      }
     });
 
     // Check before HTMX sends: a full ranking is needed unless the project allows partial ones.
@@ -158,7 +253,7 @@
       form.querySelector("input[name=seconds_spent]").value = secondsSpent().toFixed(1);
     });
     form.addEventListener("htmx:afterRequest", function (ev) {
-      if (ev.detail.successful) { try { localStorage.removeItem(draftKey(form)); } catch (e) { /* ignore */ } }
+      if (ev.detail.successful) forget(draftKey(form));
     });
     form.addEventListener("htmx:responseError", function (ev) {
       var message = "The server refused this submission.";
@@ -177,30 +272,72 @@
     errorBox.setAttribute("tabindex", "-1");
 
     var mono = form.querySelector("#mono-toggle");
-    try { mono.checked = localStorage.getItem("preflab:mono") === "1"; } catch (e) { /* ignore */ }
+    mono.checked = load("preflab:mono") === "1";
     form.classList.toggle("mono", mono.checked);
     mono.addEventListener("change", function () {
       form.classList.toggle("mono", mono.checked);
-      try { localStorage.setItem("preflab:mono", mono.checked ? "1" : "0"); } catch (e) { /* ignore */ }
+      store("preflab:mono", mono.checked ? "1" : "0");
+      measure();
     });
 
+    // The rubric: open on wide screens, a one-line bar on phones, and whatever this user chose last time.
+    var rubric = page.querySelector("#rubric-details");
+    if (rubric) {
+      var rubricKey = "preflab:rubric-open:" + (page.dataset.user || "anonymous");
+      var saved = load(rubricKey);
+      var shown = saved === null ? !window.matchMedia("(max-width: 900px)").matches : saved === "1";
+      rubric.open = shown;
+      rubric.addEventListener("toggle", function () {  // also fires for the line above: only a change is stored
+        if (rubric.open !== shown) { shown = rubric.open; store(rubricKey, shown ? "1" : "0"); }
+      });
+    }
+
+    if (keymap) {
+      var opener = page.querySelector("#keys-open");
+      opener.hidden = false;
+      opener.addEventListener("click", showKeys);
+      keymap.querySelector("#keys-close").addEventListener("click", function () { keymap.close(); });
+    }
+
     if (window.Sortable) {
-      // forceFallback: pointer events instead of native HTML5 drag, the same on mouse, pen and touch.
-      var opts = { group: "responses", animation: 120, draggable: ".resp", filter: "select, input, summary, label",
-                   forceFallback: true, fallbackTolerance: 3,
-                   preventOnFilter: false, onEnd: function (evt) { evt.item.dataset.tie = "false"; sync(); } };
+      // forceFallback: pointer events instead of native HTML5 drag, the same on mouse, pen and touch. A finger drags
+      // by the card's head only (touch-action: none there), so a swipe on the answer text still scrolls the page.
+      var opts = { group: "responses", animation: 120, draggable: ".resp", forceFallback: true, fallbackTolerance: 3,
+                   preventOnFilter: false,
+                   filter: function (evt) {
+                     var t = evt.target.closest ? evt.target : evt.target.parentElement;
+                     if (t.closest("select, input, summary, label, button")) return true;
+                     var touch = evt.pointerType === "touch" || (evt.touches && evt.touches.length > 0);
+                     return Boolean(touch) && !t.closest(".resp-head");
+                   },
+                   onEnd: function (evt) {
+                     evt.item.dataset.tie = "false";
+                     if (evt.item.dataset.pinned !== "true") { evt.item.classList.remove("open"); paintShowAll(evt.item); }
+                     sync();
+                   } };
       window.Sortable.create(ranked, opts);
       window.Sortable.create(unranked, opts);
     }
 
+    form.querySelectorAll(".resp").forEach(lockControls);
     if (!restoreDraft()) { fromSelects(); } else { sync(); }
     sync(false);
-    var flash = root.querySelector("#flash");
+    measure();
+    current = { form: form, onKey: onKey, measure: measure };
+    // Focus starts on the first card to rank, so a full ranking is K number keys and Ctrl+Enter.
     var first = cards(unranked)[0] || cards(ranked)[0];
-    if (flash && first) first.focus({ preventScroll: true });
+    if (first) focusCard(first, { preventScroll: true });
   }
 
   function init(el) { setup(el && el.querySelector ? el : document); }
   document.addEventListener("DOMContentLoaded", function () { init(document); });
   document.addEventListener("htmx:afterSettle", function (ev) { init(ev.detail.elt || document); });
+  document.addEventListener("keydown", function (ev) {
+    if (current && document.contains(current.form)) current.onKey(ev);
+  });
+  var resizing = null;
+  window.addEventListener("resize", function () {
+    clearTimeout(resizing);
+    resizing = setTimeout(function () { if (current) current.measure(); }, 150);
+  });
 })();

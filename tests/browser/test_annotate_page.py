@@ -1,4 +1,7 @@
-"""An annotator ranks in real headless Chromium: keyboard only (with a tie), and by dragging with the mouse."""
+"""An annotator ranks in real headless Chromium: keyboard only (with a tie), and by dragging with the mouse.
+
+Every test here fails on any console error (a CSP violation is one) that it did not name in advance.
+"""
 
 from __future__ import annotations
 
@@ -10,24 +13,77 @@ from app.services import projects, users
 
 PASSWORD = "correct horse battery staple"
 pytestmark = pytest.mark.slow
+CSP_WATCH = """document.addEventListener('securitypolicyviolation',
+  e => console.error('CSP violation: ' + e.violatedDirective + ' ' + e.sourceFile + ':' + e.columnNumber));"""
 
 
-def _seed(server, n_prompts: int = 2) -> tuple[int, str]:  # type: ignore[no-untyped-def]
+def watch_console(page) -> None:  # type: ignore[no-untyped-def]
+    """Collect console errors and CSP violations on `page`; `page.allowed_console` names the expected ones."""
+    page.console_errors = []
+    page.allowed_console = []
+    page.context.add_init_script(CSP_WATCH)
+    page.on("console", lambda m: m.type == "error" and page.console_errors.append(m.text))
+    page.on("pageerror", lambda e: page.console_errors.append(str(e)))
+
+
+def assert_console_clean(page) -> None:  # type: ignore[no-untyped-def]
+    unexpected = [e for e in page.console_errors if not any(a in e for a in page.allowed_console)]
+    assert unexpected == [], f"console errors on {page.url}: {unexpected}"
+
+
+@pytest.fixture
+def page(chromium):  # type: ignore[no-untyped-def]
+    """conftest's page (1366×800), failing the test on any console error it did not expect."""
+    context = chromium.new_context(viewport={"width": 1366, "height": 800})
+    pg = context.new_page()
+    watch_console(pg)
+    yield pg
+    errors = list(pg.console_errors)
+    context.close()
+    pg.console_errors = errors
+    assert_console_clean(pg)
+
+
+@pytest.fixture
+def new_page(chromium):  # type: ignore[no-untyped-def]
+    """Pages in contexts of one's own (a phone, touch, no JavaScript), held to the same rule as `page`."""
+    made = []
+
+    def make(width: int = 1366, height: int = 800, **options):  # type: ignore[no-untyped-def]
+        pg = chromium.new_context(viewport={"width": width, "height": height}, **options).new_page()
+        watch_console(pg)
+        made.append(pg)
+        return pg
+
+    yield make
+    for pg in made:
+        pg.context.close()
+    for pg in made:
+        assert_console_clean(pg)
+
+
+def _seed(server, n_prompts: int = 2, *, answer=None, prompt=None, rubric: str = "Rank **correct** answers first.",  # type: ignore[no-untyped-def]
+          flags: list[str] | None = None, annotators: int = 1) -> tuple[int, str]:
+    """A lead, annotators ann@ (ann2@, …), and a K=4 project; `answer(i, j)` and `prompt(i)` give the texts."""
+    answer = answer or (lambda i, j: f"Answer {i}.{j}: " + "long text " * 150)
+    prompt = prompt or (lambda i: f"What is {i} + {i}? <script>alert(1)</script>")
     with server.session() as db:
         lead = users.create_user(db, "lead@example.org", PASSWORD, "lead")
-        ann = users.create_user(db, "ann@example.org", PASSWORD, "annotator")
-        project = projects.create_project(db, lead, name="Browser", completions_per_prompt=4, overlap=1,
-                                          rubric_text="Rank **correct** answers first.", criteria=["Correct"])
-        projects.add_member(db, project, lead, email=ann.email, role="annotator")
+        project = projects.create_project(db, lead, name="Browser", completions_per_prompt=4, overlap=annotators,
+                                          rubric_text=rubric, criteria=["Correct"])
+        if flags:
+            project.flags = flags
+        emails = ["ann@example.org"] + [f"ann{n}@example.org" for n in range(2, annotators + 1)]
+        for email in emails:
+            ann = users.create_user(db, email, PASSWORD, "annotator")
+            projects.add_member(db, project, lead, email=ann.email, role="annotator")
         for i in range(n_prompts):
-            prompt = Prompt(project_id=project.id, text=f"What is {i} + {i}? <script>alert(1)</script>",
-                            text_hash=f"h{i}", split="train")
-            db.add(prompt)
+            row = Prompt(project_id=project.id, text=prompt(i), text_hash=f"h{i}", split="train")
+            db.add(row)
             db.flush()
-            db.add_all(Completion(prompt_id=prompt.id, text=f"Answer {i}.{j}: " + "long text " * 150)
-                       for j in range(4))
+            db.add_all(Completion(prompt_id=row.id, text=answer(i, j)) for j in range(4))
         db.commit()
-        return project.id, ann.email
+        return project.id, emails[0]
 
 
 def _login(page, base: str, email: str) -> None:  # type: ignore[no-untyped-def]
@@ -37,6 +93,12 @@ def _login(page, base: str, email: str) -> None:  # type: ignore[no-untyped-def]
     page.keyboard.type(PASSWORD)
     page.keyboard.press("Enter")
     page.wait_for_url(f"{base}/projects")
+
+
+def _focused_card(page):  # type: ignore[no-untyped-def]
+    """(completion id, list id) of the focused response card, or None."""
+    return page.evaluate("() => { const a = document.activeElement;"
+                         " return a && a.classList.contains('resp') ? [+a.dataset.cid, a.parentNode.id] : null; }")
 
 
 def _tab_to_unranked_card(page, limit: int = 80) -> str:  # type: ignore[no-untyped-def]
@@ -60,11 +122,15 @@ def test_keyboard_only_ranking_with_a_tie(live_server, page) -> None:  # type: i
     assert page.locator("script", has_text="alert(1)").count() == 0  # the prompt's markup stayed text
     first_prompt = page.locator(".prompt .text").inner_text()
 
+    shown = [int(c) for c in page.locator("#unranked > .resp").evaluate_all("els => els.map(e => e.dataset.cid)")]
     order = []
-    for key in ["1", "2", "3", "4"]:
-        cid = _tab_to_unranked_card(page)
+    for key in ["1", "2", "3", "4"]:  # focus starts on the first card and moves on to the next unranked one
+        cid, where = _focused_card(page)
+        assert where == "unranked"
         page.keyboard.press(key)
-        order.append(int(cid))
+        order.append(cid)
+    assert order == shown
+    assert _focused_card(page) == [order[3], "ranked"]  # the last one placed keeps the focus
     page.keyboard.press("=")  # the fourth card ties with the third
     assert page.locator("#rank-status").inner_text().startswith("4 of 4 ranked")
     page.keyboard.press("Control+Enter")
@@ -75,12 +141,11 @@ def test_keyboard_only_ranking_with_a_tie(live_server, page) -> None:  # type: i
 
     with live_server.session() as db:
         ranking = db.scalar(select(Ranking))
-        assert ranking.tiers == [[order[0]], [order[1]], [order[2], order[3]]]
+        assert ranking.tiers == [[order[0]], [order[1]], sorted([order[2], order[3]])]
         assert ranking.seconds_spent is not None and ranking.seconds_spent >= 0
         pairs = {(p.chosen_id, p.rejected_id, p.margin) for p in db.scalars(select(Pair))}
         a, b, c, d = order
         assert pairs == {(a, b, 1), (a, c, 2), (a, d, 2), (b, c, 1), (b, d, 1)}
-    assert page.console_errors == []  # type: ignore[attr-defined]
 
 
 def test_drag_with_the_mouse_and_a_draft_survives_reload(live_server, page) -> None:  # type: ignore[no-untyped-def]
@@ -126,12 +191,12 @@ def test_drag_with_the_mouse_and_a_draft_survives_reload(live_server, page) -> N
         ranking = db.scalar(select(Ranking))
         assert ranking.tiers == [[c] for c in order]
         assert db.scalar(select(Pair).where(Pair.chosen_id == order[0], Pair.rejected_id == order[3])).margin == 3
-    assert page.console_errors == []  # type: ignore[attr-defined]
 
 
 def test_a_refused_submit_keeps_the_ranking_on_screen(live_server, page) -> None:  # type: ignore[no-untyped-def]
     project_id, email = _seed(live_server, n_prompts=1)
     base = live_server.base
+    page.allowed_console = ["the server responded with a status of 422", "Response Status Error Code 422"]
     _login(page, base, email)
     page.goto(f"{base}/projects/{project_id}/annotate")
     for key in ["1", "2", "3", "4"]:
@@ -159,6 +224,7 @@ def test_import_errors_show_on_the_page_after_an_htmx_upload(live_server, page, 
     project_id, _ = _seed(live_server, n_prompts=1)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "ok", "completions": ["a", "b"]}\n{"prompt": 42}\n')
+    page.allowed_console = ["the server responded with a status of 4"]
     _login(page, live_server.base, "lead@example.org")
     page.goto(f"{live_server.base}/projects/{project_id}/import")
     page.set_input_files("input[type=file]", str(bad))
