@@ -26,35 +26,37 @@ class DataError(ValueError):
 
 
 @dataclass
-class PromptRow:
+class ExportRow:
+    """What any export's row may carry beside its own fields (keyword-only, so each kind lists its own first)."""
+
+    split: str | None = field(default=None, kw_only=True)
+    """"train", "heldout", … when the export carries a split column."""
+    extra: dict[str, Any] = field(default_factory=dict, kw_only=True)
+    """Every other column (origin, votes, …); a prompt's are passed to reward functions as keyword arguments."""
+
+
+@dataclass
+class PromptRow(ExportRow):
     """One prompt of a prompts export."""
 
     prompt: Text
     """The prompt as text, or as chat messages ({"role", "content"} dicts) to render with a chat template."""
     reference: str | None = None
     """A reference answer (e.g. GSM8K's "#### 42"), for exact-match rewards and Pass@K / Maj@K."""
-    split: str | None = None
-    """"train", "heldout", … when the export carries a split column."""
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Every other column, passed to reward functions as keyword arguments."""
 
 
 @dataclass
-class SFTRow:
+class SFTRow(ExportRow):
     """One example of an SFT export: a prompt and the target completion."""
 
     prompt: Text
     """The prompt as text, or as chat messages (every turn before the target)."""
     completion: str
     """The target response: what the loss covers."""
-    split: str | None = None
-    """"train", "heldout", … when the export carries a split column."""
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Every other column (origin, votes, …)."""
 
 
 @dataclass
-class PairRow:
+class PairRow(ExportRow):
     """One chosen/rejected pair of a pairs export (the TRL preference layout plus our soft-label columns)."""
 
     prompt: Text
@@ -69,10 +71,6 @@ class PairRow:
     """How much better the chosen response is (e.g. tiers apart); subtracted inside the BT loss."""
     weight: float | None = None
     """Non-negative weight of the pair in the loss; None means 1."""
-    split: str | None = None
-    """"train", "heldout", … when the export carries a split column."""
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Every other column."""
 
 
 # ----------------------------------------------------------------------------------------------

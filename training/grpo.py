@@ -119,9 +119,7 @@ class GRPOTrainer(RLMethod):
         """Sample, score, compute advantages, run μ passes; returns the step's metrics."""
         c = self.config
         started = time.perf_counter()
-        rows = self.next_prompts()
-        rollouts = self.rollouts(rows)
-        gen_seconds = time.perf_counter() - started
+        rows, rollouts, gen_seconds = self.sample_step(self.rollouts)
         rewards = compute_rewards(self.functions, [r.prompt for r in rows for _ in range(c.group_size)],
                                   rollouts.texts, reward_columns(rows, c.group_size))
         if c.scale_rewards == "batch" and self.accelerator.num_processes > 1 and rewards.steps is None:

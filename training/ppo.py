@@ -209,12 +209,11 @@ class PPOTrainer(RLMethod):
 
     name = "ppo"
     config: PPOConfig
+    needs_reward = True
 
     def __init__(self, config: PPOConfig, model: torch.nn.Module, tokenizer: Any, functions: Sequence[RewardFunction],
                  train_rows: Sequence[PromptRow], eval_rows: Sequence[PromptRow] = (),
                  critic: torch.nn.Module | None = None, accelerator: Any = None) -> None:
-        if not functions:
-            raise ValueError("reward_fn: no reward; give a reward model or a reward function")
         super().__init__(config, model, tokenizer, functions, train_rows, eval_rows, accelerator)
         actor_critic = ActorCritic(model, critic)
         actor_critic.eval()
@@ -312,9 +311,7 @@ class PPOTrainer(RLMethod):
         """One rollout phase and one update phase; returns the step's metrics (β is the one used this step)."""
         c = self.config
         started = time.perf_counter()
-        rows = self.next_prompts()
-        batch = self.collect(rows)
-        rollout_s = time.perf_counter() - started
+        rows, batch, rollout_s = self.sample_step(self.collect)
         beta = self.kl_controller.beta
         mask = batch.rollouts.response_mask.float()
         kl_seq = masked_sum(kl_k1(batch.old_logp, batch.ref_logp), mask, dim=-1)  # (N,) Σ_t log π/π_ref

@@ -70,14 +70,12 @@ class RFTTrainer(RLMethod):
     name = "rft"
     config: RFTConfig
     batch_field = "prompts_per_round"
+    divisible_fields = ("batch_size",)
+    needs_reward = True
 
     def __init__(self, config: RFTConfig, model: torch.nn.Module, tokenizer: Any, functions: Sequence[RewardFunction],
                  train_rows: Sequence[PromptRow], eval_rows: Sequence[PromptRow] = (), accelerator: Any = None) -> None:
-        if not functions:
-            raise ValueError("reward_fn: no reward; give a reward model or a reward function")
         super().__init__(config, model, tokenizer, functions, train_rows, eval_rows, accelerator)
-        self.check_divides_over_processes("batch_size")
-        self.pad_id = tokenizer.pad_token_id
         self.prepare(model)
         self.rounds: list[dict[str, Any]] = []
         """Per round sampled so far: its kept examples (every process's) and its figures."""
@@ -157,7 +155,7 @@ class RFTTrainer(RLMethod):
         self._position = (self._position + c.batch_size) % len(self._round_order)
         local = batch[acc.process_index::acc.num_processes]
         tokens = sum(len(examples[i].target) for i in batch)
-        logp, mask = target_logprobs(self.model, [examples[i] for i in local], self.pad_id, acc.device)
+        logp, mask = target_logprobs(self.model, [examples[i] for i in local], self.tokenizer.pad_token_id, acc.device)
         loss = sft_loss(logp, mask, num_tokens=tokens / acc.num_processes)
         acc.backward(loss)
         grad_norm = self.optimizer_step()

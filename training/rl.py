@@ -9,9 +9,10 @@ it). Each method adds only its own step.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -25,6 +26,8 @@ from training.loop import Method
 from training.policy import Reference, load_policy, unwrap
 from training.rewards import RewardFunction, build_reward_functions
 
+T = TypeVar("T")
+
 
 class RLMethod(Method):
     """The policy, its reference, the rewards and the prompt order of an online run."""
@@ -32,13 +35,20 @@ class RLMethod(Method):
     config: RLConfig
     batch_field = "prompts_per_step"
     """The config field holding the prompts of one step (must divide over the processes)."""
+    divisible_fields: tuple[str, ...] = ()
+    """Other batch sizes that must divide over the processes."""
+    needs_reward = False
+    """Refuse to start without a reward function (GRPO's reward computation refuses on its first step)."""
 
     def __init__(self, config: RLConfig, model: torch.nn.Module, tokenizer: Any, functions: Sequence[RewardFunction],
                  train_rows: Sequence[PromptRow], eval_rows: Sequence[PromptRow] = (), accelerator: Any = None) -> None:
         if not train_rows:
             raise ValueError("prompts: no training prompts")
+        if self.needs_reward and not functions:
+            raise ValueError("reward_fn: no reward; give a reward model or a reward function")
         super().__init__(config, accelerator)
-        self.check_divides_over_processes(self.batch_field)
+        for name in (self.batch_field, *self.divisible_fields):
+            self.check_divides_over_processes(name)
         self.tokenizer = tokenizer
         self.functions = list(functions)
         self.train_rows = list(train_rows)
@@ -64,6 +74,13 @@ class RLMethod(Method):
         return unwrap(self.unwrapped())
 
     # -- data -------------------------------------------------------------------------------------
+
+    def sample_step(self, sample: Callable[[list[PromptRow]], T]) -> tuple[list[PromptRow], T, float]:
+        """A step's rollout phase: the next prompts, what `sample` made of them, and the seconds it took."""
+        started = time.perf_counter()
+        rows = self.next_prompts()
+        out = sample(rows)
+        return rows, out, time.perf_counter() - started
 
     def next_prompts(self, need: int | None = None) -> list[PromptRow]:
         """This process's share of the next `need` prompts (default: one step's), in a seeded per-epoch shuffle."""
