@@ -47,7 +47,7 @@ def seed(url: str, n_pairs: int) -> tuple[int, int]:
     from app.db import make_engine, make_session_factory, session_scope
     from app.models import Completion, Pair, Prompt, Ranking
     from app.services import projects, users
-    from app.services.imports import _copy_rows
+    from app.services.bulk import _copy_rows
     from app.services.pairs import expand_tiers
 
     factory = make_session_factory(make_engine(url))
