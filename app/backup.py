@@ -420,10 +420,10 @@ def _columns(conn: Connection) -> dict[str, dict[str, bool]]:
 
 def _verify_counts(conn: Connection, expected: dict[str, int]) -> None:
     got = _count_rows(conn)
-    wrong = [f"{t}: {got.get(t, 'no table')} rows, the manifest says {n}" for t, n in expected.items()
+    wrong = [f"table {t}: {got.get(t, 'no')} rows restored, the manifest says {n}" for t, n in expected.items()
              if got.get(t) != n]
     if wrong:
-        raise BackupError("the restored database does not match the manifest (" + "; ".join(wrong) + ")")
+        raise BackupError("; ".join(wrong))
 
 
 def _restore_sqlite(settings: Settings, src: Path, manifest: dict[str, Any], force: bool,
@@ -459,7 +459,7 @@ def _restore_sqlite(settings: Settings, src: Path, manifest: dict[str, Any], for
 def _sqlite_tables_with_rows(conn: sqlite3.Connection) -> list[str]:
     names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
                                         "AND name NOT LIKE 'sqlite_%' AND name != 'alembic_version'")]
-    return [n for n in names if conn.execute(f'SELECT EXISTS (SELECT 1 FROM "{n}")').fetchone()[0]]
+    return [n for n in sorted(names) if conn.execute(f'SELECT EXISTS (SELECT 1 FROM "{n}")').fetchone()[0]]
 
 
 def _nonempty_message(tables: list[str]) -> str:
