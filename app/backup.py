@@ -359,12 +359,12 @@ def _stage_data(src: Path, manifest: dict[str, Any], data_dir: Path) -> Path:
     return staging
 
 
-def _occupied(data_dir: Path, staging: Path) -> list[str]:
-    """Top-level entries of the data directory a restore would replace, other than keys and the staging area."""
+def _occupied(data_dir: Path) -> list[str]:
+    """Top-level entries of the data directory a restore would replace, other than keys and staging areas."""
     if not data_dir.is_dir():
         return []
     return sorted(p.name for p in data_dir.iterdir()
-                  if p != staging and p.name not in KEY_FILES and not p.name.startswith(".restore-")
+                  if p.name not in KEY_FILES and not p.name.startswith(".restore-")
                   and (p.is_file() or any(p.iterdir())))
 
 
@@ -551,12 +551,12 @@ def restore(settings: Settings, src: Path, *, force: bool = False) -> RestoreRep
     if settings.is_sqlite:
         db = _sqlite_path(settings.database_url)
         keep = {db, Path(f"{db}-wal"), Path(f"{db}-shm"), Path(f"{db}-journal")}
+    occupied = [n for n in _occupied(data_dir) if (data_dir / n).resolve() not in keep]
+    if occupied and not force:
+        raise BackupError(f"the data directory {data_dir} is not empty ({', '.join(occupied[:5])}): restore "
+                          "into an empty one, or pass --force to replace its contents")
     staging = _stage_data(src, manifest, data_dir)
     try:
-        occupied = [n for n in _occupied(data_dir, staging) if (data_dir / n).resolve() not in keep]
-        if occupied and not force:
-            raise BackupError(f"the data directory {data_dir} is not empty ({', '.join(occupied[:5])}): restore "
-                              "into an empty one, or pass --force to replace its contents")
         if settings.is_sqlite:
             _restore_sqlite(settings, src, manifest, force, relocate)
         else:
