@@ -1,4 +1,4 @@
-"""The `preflab` command: serve, demo, migrate, user, token, import, export, train."""
+"""The `preflab` command: serve, demo, migrate, backup, restore, user, token, import, export, train."""
 
 from __future__ import annotations
 
@@ -39,23 +39,99 @@ def _session_factory(settings: Settings):  # type: ignore[no-untyped-def]
 
 
 def _at_head(settings: Settings) -> bool:
-    from alembic.runtime.migration import MigrationContext
-
+    """Whether the schema is current; a database from a newer preflab stops the command with a message."""
     from app.db import make_engine
-    from app.migrate import current_head
+    from app.migrate import schema_status
 
-    with make_engine(settings.database_url).connect() as conn:
-        return MigrationContext.configure(conn).get_current_revision() == current_head()
+    engine = make_engine(settings.database_url)
+    try:
+        status = schema_status(engine)
+    finally:
+        engine.dispose()
+    if not status.known:
+        _fail(status.describe())
+    return status.behind == 0
 
 
 @cli.command()
-def migrate(revision: Annotated[str, typer.Argument(help="Target revision")] = "head") -> None:
+def migrate(revision: Annotated[str, typer.Argument(help="Target revision")] = "head",
+            check: Annotated[bool, typer.Option("--check", help="Only say whether the database is behind, and by "
+                                                "how many revisions; change nothing. Exit 0 when current, 1 when "
+                                                "behind, 2 when a newer preflab upgraded it")] = False) -> None:
     """Upgrade the database named by PREFLAB_DATABASE_URL to the latest schema (or REVISION)."""
     from app.migrate import upgrade
 
     settings = _settings()
+    if check:
+        _migrate_check(settings)
+        return
+    _at_head(settings)  # refuses a database a newer preflab upgraded (Alembic would say only "can't locate")
     upgrade(settings.database_url, revision)
     typer.echo(f"database at {revision}: {_redact(settings.database_url)}")
+
+
+def _migrate_check(settings: Settings) -> None:
+    from app.db import make_engine
+    from app.migrate import schema_status
+
+    engine = make_engine(settings.database_url)
+    try:
+        status = schema_status(engine)
+    finally:
+        engine.dispose()
+    typer.echo(f"{status.describe()}: {_redact(settings.database_url)}")
+    if not status.known:
+        raise typer.Exit(2)
+    if status.behind:
+        raise typer.Exit(1)
+
+
+@cli.command("backup")
+def backup_cmd(dest: Annotated[Path, typer.Argument(help="New (or empty) directory to write the backup into")]) -> None:
+    """Back up the database and the data directory (exports, run outputs, job logs) into DEST, with a manifest
+    of the schema revision, the rows per table and the sha256 of every file. All or nothing; key files are not
+    copied (keep PREFLAB_SECRET_KEY and the key files apart)."""
+    import time
+
+    from app.backup import BackupError, backup
+
+    settings = _settings()
+    started = time.monotonic()
+    try:
+        manifest = backup(settings, dest)
+    except BackupError as exc:
+        _fail(f"no backup was written: {exc}")
+    rows = sum(n for t, n in manifest["counts"].items() if t != "alembic_version")
+    typer.echo(f"backup of {_redact(settings.database_url)} at revision {manifest['revision']}: {rows} rows in "
+               f"{len(manifest['counts'])} tables, {len(manifest['files'])} files, "
+               f"{time.monotonic() - started:.1f} s -> {dest}")
+    for note in manifest["notes"]:
+        typer.echo(f"  note: {note}")
+
+
+@cli.command("restore")
+def restore_cmd(src: Annotated[Path, typer.Argument(help="A directory `preflab backup` wrote")],
+                force: Annotated[bool, typer.Option("--force", help="Replace a database that has rows and a data "
+                                                    "directory that has files")] = False) -> None:
+    """Restore a backup into PREFLAB_DATABASE_URL and PREFLAB_DATA_DIR: checks every hash and the revision first,
+    replaces the database in one transaction, and verifies the rows per table. Stop the server and workers first."""
+    import time
+
+    from app.backup import BackupError, restore
+
+    settings = _settings()
+    started = time.monotonic()
+    try:
+        report = restore(settings, src, force=force)
+    except BackupError as exc:
+        _fail(f"nothing was restored: {exc}")
+    rows = sum(n for t, n in report.counts.items() if t != "alembic_version")
+    typer.echo(f"restored {src} into {_redact(settings.database_url)}: revision {report.revision}, {rows} rows "
+               f"verified in {len(report.counts)} tables, {report.files} files, {time.monotonic() - started:.1f} s")
+    if report.relocated:
+        typer.echo(f"  paths under {report.relocated[0]} now point into {report.relocated[1]}")
+    for note in report.notes:
+        typer.echo(f"  note: {note}")
 
 
 def _die_with_parent() -> None:

@@ -6,13 +6,15 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
-from sqlalchemy.exc import DataError
+from sqlalchemy import Engine
+from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException
 
 from app import __version__
 from app.db import RetryTransientErrors, make_engine, make_session_factory
 from app.deps import LoginRequired, csrf_guard
 from app.errors import DomainError, TooManyAttempts
+from app.migrate import refuse_newer
 from app.security import LoginThrottle
 from app.services.import_formats import ImportRejected
 from app.settings import Settings, get_settings
@@ -69,6 +71,14 @@ def _document_error_format(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
+def _refuse_newer_schema(engine: Engine) -> None:
+    """SchemaTooNew when a newer preflab upgraded the database: never write to a schema this code does not know."""
+    try:
+        refuse_newer(engine)
+    except OperationalError:
+        pass  # the database is down at start: /healthz reports it, and requests fail until it is back
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     app = FastAPI(title="preflab", version=__version__, description=DESCRIPTION,
@@ -77,6 +87,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.secret = settings.resolved_secret()
     app.state.engine = make_engine(settings.database_url, settings.database_pool_size)
     app.state.session_factory = make_session_factory(app.state.engine)
+    _refuse_newer_schema(app.state.engine)
     app.state.login_throttle = LoginThrottle()
 
     app.add_middleware(BodyLimitMiddleware, max_bytes=(settings.max_upload_mb + 1) * 1024 * 1024)

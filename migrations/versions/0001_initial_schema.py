@@ -1,5 +1,7 @@
 """initial schema
 
+Downgrade: drops every table; all data is lost (there is no earlier schema to keep it in).
+
 Revision ID: 0001
 Revises:
 Create Date: 2026-11-30 06:17:53.722901

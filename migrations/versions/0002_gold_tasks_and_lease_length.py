@@ -1,5 +1,8 @@
 """gold tasks and lease length
 
+Downgrade: drops projects.lease_minutes and prompts.gold_tiers; lease lengths and gold orders are lost,
+everything else stays.
+
 Revision ID: 0002
 Revises: 0001
 Create Date: 2026-11-30 06:27:34.731577

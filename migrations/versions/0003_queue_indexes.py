@@ -1,5 +1,7 @@
 """queue indexes: a prompt's load, an annotator's tasks, gold prompts
 
+Downgrade: drops the three indexes; no data changes.
+
 Revision ID: 0003
 Revises: 0002
 Create Date: 2026-11-30 06:50:00.000000

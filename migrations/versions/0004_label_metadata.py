@@ -1,5 +1,8 @@
 """label metadata: provenance of AI rankings and pairs (raw judge probabilities, principles, confidence)
 
+Data migration: existing rankings and pairs get `{}` as their metadata.
+Downgrade: drops rankings.metadata and pairs.metadata; the AI labels' provenance is lost, the labels stay.
+
 Revision ID: 0004
 Revises: 0003
 Create Date: 2026-11-30 07:00:00.000000

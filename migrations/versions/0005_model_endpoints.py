@@ -1,5 +1,8 @@
 """model endpoints: OpenAI-compatible servers configured by admins (leads pick one by id)
 
+Downgrade: drops model_endpoints; the configured endpoints (and their keys) are lost. Jobs that named one
+keep its id in their payload.
+
 Revision ID: 0005
 Revises: 0004
 Create Date: 2026-12-01 09:00:00.000000

@@ -1,5 +1,8 @@
 """export snapshot: the database snapshot an export read, kept on its immutable row
 
+Data migration: none; exports written before it keep a NULL snapshot (it was in their job's result only).
+Downgrade: drops exports.snapshot; the recorded snapshots are lost, the exports stay.
+
 Revision ID: 0006
 Revises: 0005
 Create Date: 2026-11-30 09:45:00.000000

@@ -1,5 +1,8 @@
 """training run kinds: sft, rft and dpo (and prm, for process reward models) beside reward, ppo and grpo
 
+Downgrade: restores the old kind check; refuses (changing nothing) while runs of kind sft, rft, dpo or prm
+exist, since the old schema cannot hold them: delete those runs first.
+
 Revision ID: 0007
 Revises: 0006
 Create Date: 2026-12-01 20:40:00.000000
