@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import tomllib
+from abc import abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
@@ -91,7 +92,8 @@ def lines(raw: str) -> list[str]:
 
 class PageForm(BaseModel):
     """The fields of one page's form. `LABELS` maps the API model's field names (dotted) to what the page shows
-    next to the input; `SECRET` fields are never echoed back into the page."""
+    next to the input; `SECRET` fields are never echoed back into the page. Forms with no JSON twin (logging in,
+    tokens, an upload's options) are read field by field; the others are `ApiForm`s."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -99,12 +101,6 @@ class PageForm(BaseModel):
     SECRET: ClassVar[tuple[str, ...]] = ()
 
     csrf_token: str = Field("", exclude=True, max_length=200)
-
-    def to_api(self) -> Any:
-        """The JSON API's request model for these fields (ValidationError or Invalid when they do not make one).
-        Forms with no JSON twin (logging in, tokens, an upload's options) are read field by field instead and
-        never go through `submit`."""
-        raise NotImplementedError(f"{type(self).__name__} has no JSON request model")
 
     def label(self, field: str) -> str | None:
         """The visible label of `field` or of the nearest enclosing field that has one (`rubric.text` → Rubric)."""
@@ -124,7 +120,15 @@ class PageForm(BaseModel):
         return self.model_dump(exclude=set(self.SECRET))
 
 
-def submit(request: Request, db: Session, form: PageForm, action: Callable[[Any], T], *,
+class ApiForm(PageForm):
+    """A page form with a JSON twin: `submit` turns it into the API's request model and runs the same service."""
+
+    @abstractmethod
+    def to_api(self) -> Any:
+        """The JSON API's request model for these fields (ValidationError or Invalid when they do not make one)."""
+
+
+def submit(request: Request, db: Session, form: ApiForm, action: Callable[[Any], T], *,
            redirect: str | Callable[[T], str], template: str,
            context: Callable[[FieldError], dict[str, Any]], block: str | None = None) -> Response:
     """The page's POST: validate the form into its API model and run `action` on it in a savepoint, then redirect
@@ -143,7 +147,7 @@ def submit(request: Request, db: Session, form: PageForm, action: Callable[[Any]
 # --- projects, members, rubrics -----------------------------------------------------------------------------
 
 
-class ProjectForm(PageForm):
+class ProjectForm(ApiForm):
     LABELS: ClassVar[Mapping[str, str]] = {
         "name": "Name", "completions_per_prompt": "Completions per prompt (K)",
         "overlap": "Overlap (rankings per prompt)", "rubric": "Rubric (Markdown)",
@@ -162,7 +166,7 @@ class ProjectForm(PageForm):
                                          "rubric": {"text": self.rubric, "criteria": lines(self.criteria)}})
 
 
-class MemberForm(PageForm):
+class MemberForm(ApiForm):
     LABELS: ClassVar[Mapping[str, str]] = {"email": "Email", "role": "Role"}
 
     email: str = Field("", max_length=320)
@@ -172,7 +176,7 @@ class MemberForm(PageForm):
         return MemberIn(email=self.email, role=self.role)  # type: ignore[arg-type]
 
 
-class RubricForm(PageForm):
+class RubricForm(ApiForm):
     LABELS: ClassVar[Mapping[str, str]] = {"text": "Rubric (Markdown)", "criteria": "Criteria (one per line)",
                                            "note": "What changed (for the history)", "base_version": "Version"}
 
@@ -219,7 +223,7 @@ class TokenForm(PageForm):
     name: str = Field("", max_length=100)
 
 
-class UserForm(PageForm):
+class UserForm(ApiForm):
     LABELS: ClassVar[Mapping[str, str]] = {"email": "Email", "name": "Name", "role": "Role",
                                            "password": "Initial password"}
     SECRET = ("password",)
@@ -233,7 +237,7 @@ class UserForm(PageForm):
         return UserIn(email=self.email, password=self.password, role=self.role, name=self.name)  # type: ignore[arg-type]
 
 
-class UserUpdateForm(PageForm):
+class UserUpdateForm(ApiForm):
     LABELS: ClassVar[Mapping[str, str]] = {"role": "Role", "active": "active"}
 
     role: str = Field(max_length=20)
@@ -250,7 +254,7 @@ _ENDPOINT_LABELS = {"name": "Name", "base_url": "Base URL", "model": "Default mo
                     "allow_private": "trusted private host", "clear_api_key": "remove the stored key"}
 
 
-class EndpointForm(PageForm):
+class EndpointForm(ApiForm):
     LABELS: ClassVar[Mapping[str, str]] = _ENDPOINT_LABELS
     SECRET = ("api_key",)
 
@@ -309,7 +313,7 @@ GENERATOR_LABELS = {"model": "Model", "endpoint_id": "Model endpoint", "base_url
                     "max_new_tokens": "Max new tokens", "backend": "Backend"}
 
 
-class SamplingForm(GeneratorForm):
+class SamplingForm(GeneratorForm, ApiForm):
     LABELS: ClassVar[Mapping[str, str]] = {"seed": "Seed", "resample_duplicates": "Resample near-duplicates (tries)",
                                            "prompt_ids": "Prompts", "k": "Completions per prompt"}
 
@@ -331,7 +335,7 @@ class SamplingForm(GeneratorForm):
         return SamplingJobIn(generator=generator, seed=seed, resample_duplicates=max(0, min(tries, 5)))  # type: ignore[arg-type]
 
 
-class JudgeForm(GeneratorForm):
+class JudgeForm(GeneratorForm, ApiForm):
     LABELS: ClassVar[Mapping[str, str]] = {"mode": "Mode", "principles": "Principles", "seed": "Seed",
                                            "constitution_version": "Constitution"}
 
@@ -344,7 +348,7 @@ class JudgeForm(GeneratorForm):
                           seed=self.seed)
 
 
-class RevisionsForm(PageForm):
+class RevisionsForm(ApiForm):
     LABELS: ClassVar[Mapping[str, str]] = {"generator": "Model directory", "limit": "Completions",
                                            "constitution_version": "Constitution"}
 
@@ -364,14 +368,14 @@ class GoldFromMetadataForm(PageForm):
         return int(self.limit) if self.limit.strip().isdigit() else None
 
 
-class AILabelsForm(PageForm):
+class AILabelsForm(ApiForm):
     enabled: str = ""
 
     def to_api(self) -> AILabelsIn:
         return AILabelsIn(enabled=self.enabled == "yes")
 
 
-class DecisionForm(PageForm):
+class DecisionForm(ApiForm):
     accept: str = ""
 
     def to_api(self) -> RevisionDecisionIn:
@@ -410,7 +414,7 @@ PRINCIPLE_LABELS = {"name": "Name", "rationale": "Rationale", "priority": "Prior
                     "revision": "Revision request"}
 
 
-class ConstitutionForm(FieldsetForm):
+class ConstitutionForm(FieldsetForm, ApiForm):
     """The editor's fieldsets `p-<i>-<field>`, one per principle; `principles()` reads them back in order."""
 
     PREFIXES = ("p-",)
@@ -505,7 +509,7 @@ class RankingForm(FieldsetForm):
 # --- exports and training -------------------------------------------------------------------------------------
 
 
-class ExportForm(PageForm):
+class ExportForm(ApiForm):
     LABELS: ClassVar[Mapping[str, str]] = {
         "kind": "Kind", "format": "Format", "aggregation": "Aggregation (pairs)",
         "conflicts": "Conflicts (aggregated)", "filters.source": "Sources", "filters.split": "Split",
@@ -537,7 +541,7 @@ class ExportForm(PageForm):
                         conflicts=self.conflicts)  # type: ignore[arg-type]
 
 
-class TrainingForm(PageForm):
+class TrainingForm(ApiForm):
     LABELS: ClassVar[Mapping[str, str]] = {"kind": "Kind", "export_id": "Export", "reward_run_id": "Reward model run",
                                            "base_model": "Base model directory", "config": "Config (TOML)"}
 
@@ -559,7 +563,7 @@ class TrainingForm(PageForm):
                              config=config)
 
 
-class IterateForm(PageForm):
+class IterateForm(ApiForm):
     replay_share: float = Field(0.1, ge=0, le=1)
 
     def to_api(self) -> IterateIn:

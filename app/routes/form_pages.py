@@ -33,7 +33,7 @@ class FormPage:
     def show(self, request: Request, db: Session) -> Response:
         return render(request, self.template, self.context(db))
 
-    def submit(self, request: Request, db: Session, form: forms.PageForm, action: Callable[[Any], Any]) -> Response:
+    def submit(self, request: Request, db: Session, form: forms.ApiForm, action: Callable[[Any], Any]) -> Response:
         return forms.submit(request, db, form, action, redirect=self.redirect, template=self.template,
                             context=lambda _: self.context(db))
 
@@ -49,7 +49,7 @@ class ProjectPage:
         project = projects.get_visible(db, project_id, user)
         return render(request, self.template, self.context(db, project, user), block=self.block)
 
-    def submit(self, request: Request, db: Session, user: Any, project_id: int, form: forms.PageForm,
+    def submit(self, request: Request, db: Session, user: Any, project_id: int, form: forms.ApiForm,
                action: Callable[[Session, Any, Any, Any], T], *, redirect: str | Callable[[T], str],
                shown: dict[str, Any] | None = None) -> Response:
         """`redirect` may name `{project_id}`; `shown` adds to the context when the page is shown again."""
@@ -58,7 +58,7 @@ class ProjectPage:
         return forms.submit(request, db, form, lambda body: action(db, project, user, body), redirect=target,
                             template=self.template, context=lambda _: self.context(db, project, user) | (shown or {}))
 
-    def mount(self, router: APIRouter, path: str, *, form: type[forms.PageForm],
+    def mount(self, router: APIRouter, path: str, *, form: type[forms.ApiForm],
               action: Callable[[Session, Any, Any, Any], Any], redirect: str | Callable[[Any], str],
               post_path: str | None = None, shown: dict[str, Any] | None = None) -> None:
         """GET `path` shows the page; POST `post_path` (default: `path`) parses `form` and runs `action`."""
