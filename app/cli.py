@@ -327,7 +327,8 @@ def _queue_training_run(args: list[str]) -> None:
                 _fail("no such user" if user is None else "no such project")
             run, job = training_runs.request_run(db, project, user, data_dir=settings.data_dir, kind=ns.kind,
                                                  export_id=ns.export, base_model=ns.base_model,
-                                                 reward_run_id=ns.reward_run, config=config)
+                                                 reward_run_id=ns.reward_run, config=config,
+                                                 default_policy=settings.default_policy_model)
             run_id, job_id = run.id, job.id
     except (DomainError, ValueError) as exc:
         field = getattr(exc, "field", None)
