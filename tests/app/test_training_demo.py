@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from app.demo_setup import DEMO_PROJECT, demo_policy_dir, setup_demo
 from app.main import create_app
 from app.models import Completion, Project, Prompt, TrainingRun
-from app.services import users
+from app.services import training_runs, users
 from app.settings import Settings
 from app.worker import Worker
 
@@ -119,6 +119,9 @@ def test_an_engineer_trains_a_reward_model_and_a_policy_in_the_demo_with_the_def
     assert grpo.base_model == policy  # the default, recorded on the run
     page = eng.get(f"/training-runs/{grpo.id}").text
     assert re.search(r'id="run-progress">2/2 ', page), page[:3000]
+    # log_every's default: a metrics row (a chart point) for every step of a short run
+    assert [row["step"] for row in training_runs.read_metrics(grpo)] == [1, 2]
+    assert "2 points" in page.split('data-metric="reward_mean"', 1)[1].split("</svg>", 1)[0]
     assert "Pass@K" in page and "Reward of held-out samples, before and after" in page
     log = html.unescape(page.split('id="run-log"', 1)[1].split(">", 1)[1].split("</pre>", 1)[0])
     lines = [line for line in log.splitlines() if line.strip()]
