@@ -184,17 +184,20 @@ def demo(host: Annotated[str, typer.Option(help="Interface to bind")] = "127.0.0
          port: Annotated[int, typer.Option(help="Port to listen on")] = 8000,
          no_serve: Annotated[bool, typer.Option("--no-serve", help="Set up the demo and exit")] = False) -> None:
     """Create (or refresh) the demo: SQLite database, five accounts (admin, lead, two annotators, engineer), a GSM8K
-    project; then serve it."""
+    project and a tiny policy model (the default base model of its policy runs); then serve it."""
     os.environ.setdefault("PREFLAB_ENV", "demo")
     settings = _settings()
-    from app.demo_setup import setup_demo
+    from app.demo_setup import demo_policy_dir, setup_demo
 
     accounts, project_id = setup_demo(settings)
+    # The server and its worker read it from the environment: policy runs without a base model start from it.
+    os.environ.setdefault("PREFLAB_DEFAULT_POLICY_MODEL", str(demo_policy_dir(settings)))
     typer.echo("\npreflab demo is ready.\n")
     typer.echo(f"  Log in at http://{host}:{port}/login  with one of these accounts (passwords are new each run):\n")
     for role, email, password in accounts:
         typer.echo(f"    {role:<10} {email:<28} {password}")
-    typer.echo(f"\n  Demo project: http://{host}:{port}/projects/{project_id}\n")
+    typer.echo(f"\n  Demo project: http://{host}:{port}/projects/{project_id}")
+    typer.echo(f"  Policy runs start from {os.environ['PREFLAB_DEFAULT_POLICY_MODEL']} (a tiny demo model)\n")
     if not no_serve:
         # One process group: the worker runs beside the server and stops with it.
         import subprocess
@@ -400,7 +403,8 @@ def _queue_training_run(args: list[str]) -> None:
                 _fail("no such user" if user is None else "no such project")
             run, job = training_runs.request_run(db, project, user, data_dir=settings.data_dir, kind=ns.kind,
                                                  export_id=ns.export, base_model=ns.base_model,
-                                                 reward_run_id=ns.reward_run, config=config)
+                                                 reward_run_id=ns.reward_run, config=config,
+                                                 default_policy=settings.default_policy_model)
             run_id, job_id = run.id, job.id
     except (DomainError, ValueError) as exc:
         field = getattr(exc, "field", None)

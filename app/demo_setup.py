@@ -1,4 +1,5 @@
-"""The demo: a migrated SQLite database, an account per role (two annotators) and a GSM8K project from shipped data."""
+"""The demo: a migrated SQLite database, an account per role (two annotators), a GSM8K project from shipped data,
+and a tiny policy model under DATA_DIR so policy runs (GRPO, PPO, …) and *Sample into project* work offline."""
 
 from __future__ import annotations
 
@@ -42,9 +43,17 @@ Flag a solution as *factually wrong* when a step misreads the question, even if 
 DEMO_CRITERIA = ["Correct final answer", "Sound step-by-step reasoning", "Concise and readable"]
 
 
+def demo_policy_dir(settings: Settings) -> Path:
+    """Where the demo keeps its tiny policy: the default base model of its policy runs."""
+    return (settings.data_dir / "models" / "demo-policy").resolve()
+
+
 def setup_demo(settings: Settings) -> tuple[list[tuple[str, str, str]], int]:
     """Idempotent: a second run keeps the data and gives the demo accounts fresh passwords."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    from training.demo_policy import write_demo_policy  # torch: only the demo pays for the import
+
+    write_demo_policy(demo_policy_dir(settings))  # once: a complete copy already there is kept
     upgrade(settings.database_url)
     factory = make_session_factory(make_engine(settings.database_url))
     printed: list[tuple[str, str, str]] = []

@@ -45,6 +45,9 @@ class Settings(BaseSettings):
     """The site's external origin (e.g. https://preflab.example.org) when behind a TLS-terminating proxy."""
     secure_cookies: bool | None = None
     """Mark cookies Secure; defaults to true outside dev/demo."""
+    default_policy_model: Path | None = None
+    """Model directory (a causal LM) that sft, dpo, rft, grpo and ppo runs start from when the run names none.
+    `preflab demo` sets it to the tiny policy it writes under DATA_DIR; unset, such a run must name its base model."""
 
     @field_validator("database_url")
     @classmethod

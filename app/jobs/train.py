@@ -96,8 +96,10 @@ def _run(ctx: JobContext) -> dict[str, Any]:
     accelerate = os.environ.get("PREFLAB_ACCELERATE_CONFIG") or None
     cmd = command(kind, config_path, accelerate_config=accelerate)
     ctx.log("$ " + " ".join(shlex.quote(c) for c in cmd))
+    # No progress bars in the log: a bar redraws its line with carriage returns, which a log file keeps as one
+    # line per redraw (the same line over and over); the job writes the run's progress lines itself (Progress).
     env = os.environ.copy() | {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                               RUN_MARKER: str(run_id)}
+                               "TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", RUN_MARKER: str(run_id)}
     # The supervisor's lifeline: this process holds the only write end, so the kernel closes it when the worker
     # dies, however it dies, and the supervisor wakes at once to that end of file.
     lifeline, keep = os.pipe()
@@ -109,19 +111,19 @@ def _run(ctx: JobContext) -> dict[str, Any]:
         os.close(lifeline)
         lifeline = -1
         stopped = False
+        tracker = Progress(out, int(config.get("steps") or 0), ctx)
         while proc.poll() is None:
             if ctx.should_stop() and not stopped:
                 stopped = True
                 _stop_group(proc, ctx)
-            steps, total = progress(out, int(config.get("steps") or 0))
-            ctx.progress(steps, max(total, steps), f"step {steps}" + (f" of {total}" if total else ""))
+            tracker.poll()
             time.sleep(0.5)
     finally:
         # Closing our end takes the trainer down too: it never outlives the job that supervises it.
         for fd in (lifeline, keep):
             if fd >= 0:
                 os.close(fd)
-    steps, _ = progress(out, 0)
+    steps = tracker.poll(final=True)
     if stopped:
         if ctx.stop_reason == "cancelled":
             _set_state(ctx, run_id, "cancelled")
@@ -264,6 +266,57 @@ def progress(out: Path, configured_steps: int) -> tuple[int, int]:
     except (OSError, ValueError):
         pass
     return _last_step(out / "metrics.jsonl"), total
+
+
+PROGRESS_FILE = "progress.json"
+"""OUT/progress.json: the progress line the job last wrote to the log, as figures for the run page."""
+PROGRESS_EVERY_S = 5.0
+
+
+class Progress:
+    """The run's one progress figure, from what the trainer wrote (`progress`): the job logs it as a line
+    ("progress: step 7/20, about 2 min 18 s left") and writes the same figures to OUT/progress.json for the run page,
+    so the page and the log never disagree. The time left is the pace since the first step the job saw (model
+    loading before it is not a step), projected over the steps still to go."""
+
+    def __init__(self, out: Path, configured_steps: int, ctx: JobContext, every_s: float = PROGRESS_EVERY_S) -> None:
+        self.out, self.configured, self.ctx, self.every_s = out, configured_steps, ctx, every_s
+        self.first: tuple[float, int] | None = None
+        self.shown: tuple[float, int] = (0.0, -1)
+
+    def poll(self, final: bool = False) -> int:
+        """Read the trainer's figures; log and publish them when they moved (at most every `every_s`, but always the
+        first step, the last one and the final figure); the steps done."""
+        steps, total = progress(self.out, self.configured)
+        total = max(total, steps)
+        now = time.monotonic()
+        if steps and self.first is None:
+            self.first = (now, steps)
+        eta = None
+        if self.first is not None and steps > self.first[1] and total > steps:
+            eta = round((now - self.first[0]) / (steps - self.first[1]) * (total - steps))
+        line = f"step {steps}/{total}" + (f", about {duration(eta)} left" if eta is not None else "")
+        shown_at, shown_step = self.shown
+        due = steps != shown_step and (final or steps >= total or shown_step <= 0 or now - shown_at >= self.every_s)
+        if steps and due:
+            self.shown = (now, steps)
+            self.ctx.log(f"progress: {line}")
+            record = {"step": steps, "total": total, "eta_s": eta, "line": line, "at": datetime.now(UTC).isoformat()}
+            tmp = self.out / (PROGRESS_FILE + ".tmp")
+            tmp.write_text(json.dumps(record), encoding="utf-8")
+            tmp.replace(self.out / PROGRESS_FILE)  # whole: the page never reads half a file
+        self.ctx.progress(steps, total, line)
+        return steps
+
+
+def duration(seconds: float) -> str:
+    """2 h 5 min, 2 min 18 s, 40 s."""
+    seconds = max(0, int(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600} h {(seconds % 3600) // 60} min"
+    if seconds >= 60:
+        return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds} s"
 
 
 def _last_step(path: Path) -> int:

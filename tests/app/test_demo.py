@@ -92,7 +92,12 @@ def test_demo_serves_a_working_project(demo_server) -> None:  # type: ignore[no-
     # The engineer is a member with the engineer's role: exports and training, not the rubric.
     engineer, csrf = _login(base, *accounts["engineer"])
     assert engineer.get(f"{project_path}/exports").status_code == 200
-    assert engineer.get(f"{project_path}/training").status_code == 200
+    training = engineer.get(f"{project_path}/training")
+    assert training.status_code == 200
+    # The demo ships a tiny policy, written once under its data directory: policy runs default to it.
+    policy = re.search(r"Policy runs start from (\S+) ", output).group(1)  # type: ignore[union-attr]
+    assert Path(policy, "config.json").is_file() and Path(policy, "model.safetensors").is_file()
+    assert f'data-kind="grpo"><strong>grpo</strong>: <code>{policy}</code>' in training.text
     refused = engineer.post(f"{project_path}/rubric", data={"text": "x", "criteria": "", "base_version": "2",
                                                             "csrf_token": csrf, "note": ""})
     assert refused.status_code == 403

@@ -1,0 +1,137 @@
+"""The engineer's day in the demo, with nothing typed but choices (and tiny step counts): export → a reward model on
+the shipped MiniLM → GRPO from the demo's tiny policy → *Sample into project*, through the training page's form,
+the real worker and the real trainer processes, on the demo's own data."""
+
+from __future__ import annotations
+
+import html
+import re
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+
+from app.demo_setup import DEMO_PROJECT, demo_policy_dir, setup_demo
+from app.main import create_app
+from app.models import Completion, Project, Prompt, TrainingRun
+from app.services import training_runs, users
+from app.settings import Settings
+from app.worker import Worker
+
+CSRF_RE = re.compile(r'name="csrf_token" value="([0-9a-f]{64})"')
+
+
+class _Page:
+    """A logged-in browser: cookies and the page's CSRF token."""
+
+    def __init__(self, app: object, email: str, password: str) -> None:
+        self.client = TestClient(app, base_url="http://testserver", follow_redirects=False)  # type: ignore[arg-type]
+        self.csrf = ""
+        self.get("/login")
+        assert self.post("/login", {"email": email, "password": password}).status_code == 303
+
+    def get(self, url: str):  # type: ignore[no-untyped-def]
+        response = self.client.get(url)
+        if match := CSRF_RE.search(response.text):
+            self.csrf = match.group(1)
+        return response
+
+    def post(self, url: str, data: dict):  # type: ignore[no-untyped-def]
+        return self.client.post(url, data=data | {"csrf_token": self.csrf})
+
+
+def _work(app) -> None:  # type: ignore[no-untyped-def]
+    Worker(app.state.settings, session_factory=app.state.session_factory, heartbeat_s=0.2,
+           poll_s=0.05).run(exit_when_idle=True)
+
+
+@pytest.fixture
+def demo(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """The demo as `preflab demo` sets it up (its database, accounts, project and tiny policy) and serves it."""
+    settings = Settings(env="demo", database_url=f"sqlite:///{tmp_path}/demo.db", data_dir=tmp_path / "data",
+                        secret_key="s" * 48)
+    accounts, project_id = setup_demo(settings)
+    assert (demo_policy_dir(settings) / "config.json").is_file()
+    app = create_app(settings.model_copy(update={"default_policy_model": demo_policy_dir(settings)}))
+    yield app, {email: password for _, email, password in accounts}, project_id
+    app.state.engine.dispose()
+
+
+def _rank_some(app, accounts: dict[str, str], project_id: int, per_annotator: int = 12) -> None:  # type: ignore[no-untyped-def]
+    for email in ("annotator1@example.org", "annotator2@example.org"):
+        with app.state.session_factory() as db:
+            _, token = users.create_token(db, users.get_by_email(db, email))
+            db.commit()
+        api = TestClient(app, base_url="http://testserver", headers={"Authorization": f"Bearer {token}"})
+        for _ in range(per_annotator):
+            task = api.get(f"/api/projects/{project_id}/tasks/next").json()
+            ids = [c["id"] for c in task["completions"]]
+            assert api.post(f"/api/projects/{project_id}/rankings", json={
+                "assignment_id": task["assignment_id"], "tiers": [[i] for i in ids], "rubric_version": 1,
+                "submission_id": f"{email}-{task['assignment_id']}"}).status_code == 201
+
+
+def _export(eng: _Page, app, project_id: int, kind: str) -> int:  # type: ignore[no-untyped-def]
+    page = eng.post(f"/projects/{project_id}/exports", {"kind": kind, "format": "jsonl", "aggregation": "raw"})
+    assert page.status_code == 303, page.text[-2000:]
+    _work(app)
+    exports = eng.get(f"/projects/{project_id}/training").text
+    return int(re.search(rf'<option value="(\d+)"[^>]*>#\d+ {kind} ', exports).group(1))  # type: ignore[union-attr]
+
+
+def _train(eng: _Page, app, project_id: int, **form: str) -> TrainingRun:  # type: ignore[no-untyped-def]
+    started = eng.post(f"/projects/{project_id}/training", {"base_model": "", "reward_run_id": ""} | form)
+    assert started.status_code == 303, started.text[-3000:]
+    run_id = int(started.headers["location"].rsplit("/", 1)[1])
+    _work(app)
+    with app.state.session_factory() as db:
+        run = db.get(TrainingRun, run_id)
+        db.expunge(run)
+    page = eng.get(f"/training-runs/{run_id}").text
+    assert run.state == "succeeded", page[page.find('id="run-log"'):][:6000]
+    return run
+
+
+@pytest.mark.slow
+def test_an_engineer_trains_a_reward_model_and_a_policy_in_the_demo_with_the_defaults(demo) -> None:  # type: ignore[no-untyped-def]
+    app, accounts, project_id = demo
+    _rank_some(app, accounts, project_id)
+    eng = _Page(app, "engineer@example.org", accounts["engineer@example.org"])
+
+    form = eng.get(f"/projects/{project_id}/training").text
+    policy = str(demo_policy_dir(app.state.settings))
+    assert f'<span class="for-kind" data-kind="grpo"><strong>grpo</strong>: <code>{policy}</code>' in form
+    assert "shipped MiniLM" in form
+
+    pairs = _export(eng, app, project_id, "pairs")
+    reward = _train(eng, app, project_id, kind="reward", export_id=str(pairs),
+                    config="steps = 2\nbatch_size = 4\nmax_length = 128")
+    assert reward.base_model is None  # the shipped MiniLM
+    page = eng.get(f"/training-runs/{reward.id}").text
+    assert 'id="eval-table"' in page and "Calibration (reliability diagram)" in page
+    assert "Rubric versions: 1 " in page  # the export's labels were all given under version 1
+
+    prompts = _export(eng, app, project_id, "prompts")
+    grpo = _train(eng, app, project_id, kind="grpo", export_id=str(prompts), reward_run_id=str(reward.id),
+                  config="steps = 2\ngroup_size = 2\nprompts_per_step = 2\nmax_new_tokens = 8\n"
+                         "eval_max_prompts = 3\neval_k = 2")
+    assert grpo.base_model == policy  # the default, recorded on the run
+    page = eng.get(f"/training-runs/{grpo.id}").text
+    assert re.search(r'id="run-progress">2/2 ', page), page[:3000]
+    # log_every's default: a metrics row (a chart point) for every step of a short run
+    assert [row["step"] for row in training_runs.read_metrics(grpo)] == [1, 2]
+    assert "2 points" in page.split('data-metric="reward_mean"', 1)[1].split("</svg>", 1)[0]
+    assert "Pass@K" in page and "Reward of held-out samples, before and after" in page
+    log = html.unescape(page.split('id="run-log"', 1)[1].split(">", 1)[1].split("</pre>", 1)[0])
+    lines = [line for line in log.splitlines() if line.strip()]
+    assert any(line.endswith("progress: step 2/2") for line in lines), log
+    assert len(lines) == len(set(lines)) and "it/s]" not in log, log  # no line twice, no progress-bar redraws
+
+    assert eng.post(f"/training-runs/{grpo.id}/sample", {}).status_code == 303
+    _work(app)
+    with app.state.session_factory() as db:
+        project = db.scalar(select(Project).where(Project.name == DEMO_PROJECT))
+        produced = db.scalar(select(func.count(Completion.id)).join(Prompt).where(
+            Prompt.project_id == project.id, Completion.source == f"policy:{grpo.id}"))
+    assert produced == 100 * 4  # every demo prompt, K answers each, for the next round of ranking
