@@ -365,6 +365,8 @@ class GoldFromMetadataForm(PageForm):
 
 
 class AILabelsForm(PageForm):
+    LABELS: ClassVar[Mapping[str, str]] = {"enabled": "Allow AI labels for training"}
+
     enabled: str = ""
 
     def to_api(self) -> AILabelsIn:

@@ -333,6 +333,7 @@ class CalibrationBinOut(BaseModel):
     p_high: float
     n: int
     human_rate: float | None
+    mean_p: float | None = Field(None, description="The judge's mean p(chosen ≻ rejected) over the bin's pairs.")
 
 
 class JudgeAgreementOut(BaseModel):
@@ -346,6 +347,10 @@ class JudgeAgreementOut(BaseModel):
     gold_prompts: int
     gold_accuracy: float | None
     ai_labels_enabled: bool
+    gate_missing: list[str] = Field(
+        default_factory=list, description="What the evidence for allowing AI labels for training still lacks "
+                                          "(prompts judged beside humans, agreement); empty when the lead may allow "
+                                          "them.")
 
 
 class AILabelsIn(Strict):
