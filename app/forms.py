@@ -70,12 +70,33 @@ class FieldError:
         return f"{self.label or self.field}: {self.message}" if self.field else self.message
 
 
+# pydantic's wording for people: its messages speak of types ("String should have at least 1 character").
+_PLAIN_MESSAGES: dict[str, Callable[[dict[str, Any]], str]] = {
+    "missing": lambda ctx: "is required",
+    "string_too_short": lambda ctx: "must not be blank" if ctx.get("min_length") == 1
+    else f"must be at least {ctx.get('min_length')} characters",
+    "string_too_long": lambda ctx: f"must be at most {ctx.get('max_length')} characters",
+    "int_parsing": lambda ctx: "must be a whole number",
+    "int_from_float": lambda ctx: "must be a whole number",
+    "float_parsing": lambda ctx: "must be a number",
+    "bool_parsing": lambda ctx: "must be yes or no",
+    "greater_than_equal": lambda ctx: f"must be at least {ctx.get('ge')}",
+    "less_than_equal": lambda ctx: f"must be at most {ctx.get('le')}",
+    "greater_than": lambda ctx: f"must be more than {ctx.get('gt')}",
+    "less_than": lambda ctx: f"must be less than {ctx.get('lt')}",
+    "too_short": lambda ctx: f"needs at least {ctx.get('min_length')}",
+    "extra_forbidden": lambda ctx: "is not a field of this form",
+}
+
+
 def validation_field(exc: ValidationError) -> tuple[str, str]:
     """(dotted field, message) of a validation error's first problem, named as the JSON API names it: the
-    generator's backend is a union's tag, not a field, so `generator.hf.temperature` reads `generator.temperature`."""
+    generator's backend is a union's tag, not a field, so `generator.hf.temperature` reads `generator.temperature`.
+    Common type errors are said in plain words; others keep pydantic's message."""
     err = exc.errors()[0]
     loc = [str(p) for p in err["loc"] if str(p) not in GENERATOR_BACKENDS]
-    return ".".join(loc), err["msg"]
+    plain = _PLAIN_MESSAGES.get(err["type"])
+    return ".".join(loc), plain(err.get("ctx") or {}) if plain else err["msg"]
 
 
 def field_error(exc: DomainError | ValidationError, label: Callable[[str], str | None]) -> FieldError:
@@ -103,11 +124,13 @@ class PageForm(BaseModel):
     csrf_token: str = Field("", exclude=True, max_length=200)
 
     def label(self, field: str) -> str | None:
-        """The visible label of `field` or of the nearest enclosing field that has one (`rubric.text` → Rubric)."""
+        """The visible label of `field` or of the nearest enclosing field that has one (`rubric.text` → Rubric).
+        "" for a field the page does not show as an input (a hidden version number): the message then stands
+        alone."""
         parts = field.split(".")
         while parts:
             found = self.LABELS.get(".".join(parts))
-            if found:
+            if found is not None:
                 return found
             parts.pop()
         return None
@@ -178,7 +201,7 @@ class MemberForm(ApiForm):
 
 class RubricForm(ApiForm):
     LABELS: ClassVar[Mapping[str, str]] = {"text": "Rubric (Markdown)", "criteria": "Criteria (one per line)",
-                                           "note": "What changed (for the history)", "base_version": "Version"}
+                                           "note": "What changed (for the history)", "base_version": ""}
 
     text: str = Field("", max_length=100_000)
     criteria: str = Field("", max_length=20_000)
@@ -298,8 +321,16 @@ class GeneratorForm(PageForm):
     def generator(self, **params: object) -> dict[str, object]:
         """The generator as the API receives it. Blank fields are left out, so a page that posts a base URL or a
         key gets the same refusal from the service as the API would."""
-        raw: dict[str, object] = {"backend": self.backend, "model": self.model, **params}
-        if self.backend == "openai":
+        backend = self.backend
+        if backend == "hf" and not self.model.strip() and self.endpoint_id.strip():
+            # The label promises "blank: the endpoint's default": a chosen endpoint with no model name is that,
+            # even when the local-directory choice was left as it was.
+            backend = "openai"
+        raw: dict[str, object] = {"backend": backend, "model": self.model, **params}
+        if backend == "hf" and not self.model.strip():
+            raise Invalid("give the path of a local model directory, or choose a model endpoint (a blank model "
+                          "name then means the endpoint's default model)", field="generator.model")
+        if backend == "openai":
             raw |= {"endpoint_id": self.endpoint_id.strip() or None, "base_url": self.base_url.strip() or None,
                     "api_key": self.api_key or None, "model": self.model.strip() or None}
         return raw
@@ -349,7 +380,8 @@ class JudgeForm(GeneratorForm, ApiForm):
 
 
 class RevisionsForm(ApiForm):
-    LABELS: ClassVar[Mapping[str, str]] = {"generator": "Model directory", "limit": "Completions",
+    LABELS: ClassVar[Mapping[str, str]] = {"generator": "Model directory", "generator.model": "Model directory",
+                                           "limit": "Completions",
                                            "constitution_version": "Constitution"}
 
     model: str = Field("", max_length=1000)
@@ -369,6 +401,8 @@ class GoldFromMetadataForm(PageForm):
 
 
 class AILabelsForm(ApiForm):
+    LABELS: ClassVar[Mapping[str, str]] = {"enabled": "Allow AI labels for training"}
+
     enabled: str = ""
 
     def to_api(self) -> AILabelsIn:
@@ -418,7 +452,7 @@ class ConstitutionForm(FieldsetForm, ApiForm):
     """The editor's fieldsets `p-<i>-<field>`, one per principle; `principles()` reads them back in order."""
 
     PREFIXES = ("p-",)
-    LABELS: ClassVar[Mapping[str, str]] = {"base_version": "Version", "note": "What changed (for the history)",
+    LABELS: ClassVar[Mapping[str, str]] = {"base_version": "", "note": "What changed (for the history)",
                                            "principles": "Principles"}
 
     base_version: int = 0
@@ -550,6 +584,12 @@ class TrainingForm(ApiForm):
     base_model: str = Field("", max_length=1000)
     reward_run_id: str = ""
     config: str = Field("", max_length=20_000)
+
+    def label(self, field: str) -> str | None:
+        # A key of the TOML the user typed: name it, since the label alone does not say which line is wrong.
+        if field.startswith("config."):
+            return f"Config (TOML), {field.removeprefix('config.')}"
+        return super().label(field)
 
     def to_api(self) -> TrainingRunIn:
         try:

@@ -333,6 +333,7 @@ class CalibrationBinOut(BaseModel):
     p_high: float
     n: int
     human_rate: float | None
+    mean_p: float | None = Field(None, description="The judge's mean p(chosen ≻ rejected) over the bin's pairs.")
 
 
 class JudgeAgreementOut(BaseModel):
@@ -346,6 +347,10 @@ class JudgeAgreementOut(BaseModel):
     gold_prompts: int
     gold_accuracy: float | None
     ai_labels_enabled: bool
+    gate_missing: list[str] = Field(
+        default_factory=list, description="What the evidence for allowing AI labels for training still lacks "
+                                          "(prompts judged beside humans, agreement); empty when the lead may allow "
+                                          "them.")
 
 
 class AILabelsIn(Strict):
@@ -478,6 +483,22 @@ class ExportOut(BaseModel):
                    created_by_id=export.created_by_id, created_at=export.created_at, deleted_at=export.deleted_at)
 
 
+class FlagOut(BaseModel):
+    kind: str = Field(description="too_fast | position_bias | low_gold | negative_alpha")
+    title: str
+    why: str = Field(description="Why it is a problem, in words, with the figures behind it.")
+    action: str = Field(description="What a lead should do about it.")
+
+
+class TrendPointOut(BaseModel):
+    label: str = Field(description="The bucket's start (UTC) or the rubric version (\"v2\").")
+    x: float
+    rankings: int
+    agreement: float | None
+    gold_accuracy: float | None
+    median_seconds: float | None
+
+
 class AnnotatorOut(BaseModel):
     user_id: int
     email: str
@@ -499,6 +520,8 @@ class AnnotatorOut(BaseModel):
     gold_pairs: int = Field(description="Gold pairs (from the gold tiers) whose two completions were shown.")
     gold_agreed: int = Field(description="Gold pairs ordered the same way (a tie or an unranked item is a miss).")
     gold_accuracy: float | None = Field(description="gold_agreed / gold_pairs.")
+    position_rankings: int = Field(0, description="Rankings behind `position_rate` (with a display order).")
+    flags: list[FlagOut] = Field(default_factory=list, description="What a lead should look at for this annotator.")
 
 
 class AgreementOut(BaseModel):
@@ -517,8 +540,14 @@ class AgreementOut(BaseModel):
     mean_kendall_tau: float | None
     krippendorff_alpha: float | None = Field(
         description="Ordinal α over mid-ranks; units are the ranked completions, coders the annotators.")
-    gold_prompts: int
+    gold_prompts: int = Field(description="Prompts marked as gold tasks, ranked by anyone or not.")
     annotators: list[AnnotatorOut]
+    gold_prompts_ranked: int = Field(0, description="Gold prompts at least one annotator has ranked.")
+    median_seconds: float | None = Field(None, description="The project's median seconds per non-skipped ranking.")
+    flags: list[FlagOut] = Field(default_factory=list, description="What a lead should look at for the project.")
+    trend_unit: str = Field("day", description="hour | day | week: the width of each point of `trend`.")
+    trend: list[TrendPointOut] = Field(default_factory=list)
+    by_rubric_version: list[TrendPointOut] = Field(default_factory=list)
 
 
 class GoldIn(Strict):

@@ -13,7 +13,8 @@ from app.deps import CurrentUser, PageUser, SessionDep
 from app.errors import DomainError
 from app.forms import GoldFromMetadataForm
 from app.schemas import AgreementOut, GoldIn, GoldOut
-from app.services import agreement, gold, projects
+from app.services import agreement, agreement_flags, agreement_rows, gold, projects
+from app.services.charts import line_chart
 from app.web import render
 
 router = APIRouter()
@@ -56,22 +57,68 @@ def delete_gold(project_id: int, prompt_id: int, db: SessionDep, user: CurrentUs
     return Response(status_code=204)
 
 
+def _charts(report: agreement.AgreementReport) -> list:  # type: ignore[type-arg]
+    """Agreement and gold accuracy over time and by rubric version (shares, so both on a 0–1 axis)."""
+    out = []
+    if report.trend:
+        lines = {"agreement": [(p.x, p.agreement) for p in report.trend if p.agreement is not None],
+                 "gold accuracy": [(p.x, p.gold_accuracy) for p in report.trend if p.gold_accuracy is not None]}
+        out.append(line_chart("trend", f"By {report.trend_unit}, from {report.trend[0].label} UTC", lines,
+                              x_label=report.trend_unit, y_label="share of pairs", y_range=(0.0, 1.0)))
+    if report.by_rubric_version:
+        lines = {"agreement": [(p.x, p.agreement) for p in report.by_rubric_version if p.agreement is not None],
+                 "gold accuracy": [(p.x, p.gold_accuracy) for p in report.by_rubric_version
+                                   if p.gold_accuracy is not None]}
+        out.append(line_chart("by_rubric_version", "By rubric version", lines, x_label="rubric version",
+                              y_label="share of pairs", y_range=(0.0, 1.0)))
+    return [c for c in out if c is not None]
+
+
 @router.get("/projects/{project_id}/agreement", include_in_schema=False)
 def agreement_page(request: Request, project_id: int, db: SessionDep, user: PageUser,
                    rubric_version: Annotated[str | None, Query()] = None,
                    marked: Annotated[int | None, Query()] = None) -> Response:
     project = _readable_project(db, project_id, user)
-    # The selector submits "" for "all versions"; anything else that is not a number is treated the same.
-    version = int(rubric_version) if rubric_version and rubric_version.isdigit() else None
-    ctx: dict = {"project": project, "marked": marked,
+    version = _version(rubric_version)
+    ctx: dict = {"project": project, "marked": marked, "thresholds": agreement_flags.THRESHOLDS,
                  "can_set_gold": permissions.may(db, user, project, "gold.manage")}
     try:
         ctx["report"] = agreement.project_report(db, project, rubric_version=version)
     except DomainError as exc:
         ctx["error"] = exc
         ctx["report"] = agreement.project_report(db, project)
+        ctx["charts"] = _charts(ctx["report"])
         return render(request, "agreement.html", ctx, status_code=exc.status_code)
+    ctx["charts"] = _charts(ctx["report"])
     return render(request, "agreement.html", ctx)
+
+
+def _version(raw: str | None) -> int | None:
+    # The selector submits "" for "all versions"; anything else that is not a number is treated the same.
+    return int(raw) if raw and raw.isdigit() else None
+
+
+@router.get("/projects/{project_id}/agreement/prompts", include_in_schema=False)
+def disagreement_page(request: Request, project_id: int, db: SessionDep, user: PageUser,
+                      rubric_version: Annotated[str | None, Query()] = None) -> Response:
+    """The prompts annotators disagree on, least agreement first: what the agreement figures are made of."""
+    project = _readable_project(db, project_id, user)
+    version = _version(rubric_version)
+    items, total = agreement_rows.disagreements(db, project, rubric_version=version)
+    return render(request, "agreement_prompts.html", {"project": project, "items": items, "total": total,
+                                                      "rubric_version": version})
+
+
+@router.get("/projects/{project_id}/agreement/annotators/{user_id}", include_in_schema=False)
+def annotator_page(request: Request, project_id: int, user_id: int, db: SessionDep, user: PageUser,
+                   view: Annotated[str, Query()] = "all",
+                   rubric_version: Annotated[str | None, Query()] = None) -> Response:
+    """One annotator's rankings (or only their gold misses), with time, first-shown card and agreement."""
+    project = _readable_project(db, project_id, user)
+    version = _version(rubric_version)
+    found = agreement_rows.annotator_rankings(db, project, user_id, view=view, rubric_version=version)
+    return render(request, "agreement_annotator.html", {"project": project, "found": found, "view": view,
+                                                        "annotator_id": user_id, "rubric_version": version})
 
 
 @router.post("/projects/{project_id}/agreement/gold-from-metadata", include_in_schema=False)

@@ -76,7 +76,8 @@ def _page_context(db, project, user) -> dict[str, Any]:  # type: ignore[no-untyp
             "can_delete": permissions.may(db, user, project, "export.delete"),
             "active": any(s in ("queued", "running") for _, s in rows), "form": {},
             "rubric_versions": sorted(r.version for r in rubrics.list_versions(db, project)),
-            "kinds": exports.KINDS, "formats": exports.FORMATS, "format_names": formats.EXPORT_FORMAT_NAMES}
+            "kinds": exports.KINDS, "formats": exports.FORMATS, "format_names": formats.EXPORT_FORMAT_NAMES,
+            "describe_filters": exports.describe_filters, "describe_snapshot": exports.describe_snapshot}
 
 
 EXPORTS_PAGE = ProjectPage("exports.html", _page_context, block="export_table")

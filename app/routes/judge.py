@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Form, Query
+from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
 
 from app import permissions
@@ -22,6 +22,7 @@ from app.schemas import (
     RevisionOut,
 )
 from app.services import constitutions, endpoints, judging, projects, revisions
+from app.services.charts import reliability_diagram
 
 router = APIRouter()
 
@@ -69,10 +70,14 @@ def set_ai_labels(project_id: int, body: AILabelsIn, db: SessionDep, user: Curre
 # --- pages --------------------------------------------------------------------------------------
 
 def _context(db, project, user) -> dict:  # type: ignore[no-untyped-def]
-    return {"project": project, "runs": judging.list_runs(db, project), "report": judging.judge_agreement(db, project),
+    report = judging.judge_agreement(db, project)
+    return {"project": project, "runs": judging.list_runs(db, project), "report": report,
+            "calibration_chart": reliability_diagram(judging.reliability_bins(report.calibration)),
             "constitution": constitutions.current(db, project), "form": {},
             "can_judge": permissions.may(db, user, project, "judge.start"),
             "can_manage": permissions.may(db, user, project, "labels.decide"),
+            "can_add_endpoints": permissions.may_account(user, "endpoints.manage"),
+            "gate": {"min_prompts": judging.GATE_MIN_PROMPTS, "min_agreement": judging.GATE_MIN_AGREEMENT},
             "endpoints": endpoints.list_endpoints(db)}
 
 
@@ -84,11 +89,12 @@ JUDGE_PAGE.mount(router, "/projects/{project_id}/judge", post_path="/projects/{p
 
 
 @router.post("/projects/{project_id}/judge/ai-labels", include_in_schema=False)
-def ai_labels_from_page(project_id: int, db: SessionDep, user: PageUser,
+def ai_labels_from_page(request: Request, project_id: int, db: SessionDep, user: PageUser,
                         form: Annotated[AILabelsForm, Form()]) -> Response:
-    project = projects.get_visible(db, project_id, user)
-    judging.set_ai_labels(db, project, user, form.to_api().enabled)
-    return RedirectResponse(f"/projects/{project.id}/judge", status_code=303)
+    # A refusal (the gate's evidence is missing) shows the page again with what is missing.
+    return JUDGE_PAGE.submit(request, db, user, project_id, form,
+                             lambda db, project, user, body: judging.set_ai_labels(db, project, user, body.enabled),
+                             redirect="/projects/{project_id}/judge")
 
 
 # --- supervised CAI stage: critique → revision --------------------------------------------------

@@ -109,8 +109,10 @@ def save_rubric(request: Request, project_id: int, db: SessionDep, user: PageUse
     def again(error: FieldError) -> dict:
         # The user's text stays; on a conflict the current version is shown beside it (and saved on top of).
         current = rubrics.current(db, project)
-        return form.values() | {"project": project, "rubric": current,
-                                "conflict_with": current if error.status_code == 409 else None}
+        conflict = current if error.status_code == 409 else None
+        return form.values() | {"project": project, "rubric": current, "conflict_with": conflict,
+                                "conflict_diff": rubrics.diff_draft(conflict, form.text, forms.lines(form.criteria))
+                                if conflict else []}
 
     return forms.submit(request, db, form,
                         lambda body: rubrics.create_version(db, project, user, text=body.text, criteria=body.criteria,

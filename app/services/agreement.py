@@ -12,6 +12,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from itertools import combinations
 from typing import Any, NamedTuple
 
@@ -215,6 +216,17 @@ def _mean(values: Sequence[float]) -> float | None:
 
 
 @dataclass(frozen=True)
+class Flag:
+    """Something a lead must act on, said for people: what is wrong, why it matters, and what to do."""
+
+    kind: str
+    """too_fast | position_bias | low_gold | negative_alpha"""
+    title: str
+    why: str
+    action: str
+
+
+@dataclass(frozen=True)
 class AnnotatorStats:
     user_id: int
     email: str
@@ -244,6 +256,24 @@ class AnnotatorStats:
     gold_agreed: int
     gold_accuracy: float | None
     """gold_agreed / gold_pairs: pooled over every gold pair the annotator was shown."""
+    position_rankings: int = 0
+    """Rankings behind `position_rate` (those with a display order)."""
+    flags: list[Flag] = field(default_factory=list)
+    """What a lead should look at for this annotator (app.services.agreement_flags decides)."""
+
+
+@dataclass(frozen=True)
+class TrendPoint:
+    """The project's figures over one stretch of time (or one rubric version)."""
+
+    label: str
+    """The bucket's start (UTC, e.g. "2025-03-01 14:00") or "v2" for a rubric version."""
+    x: float
+    """Position on the chart's x axis: hours/days/weeks since the first ranking, or the version number."""
+    rankings: int
+    agreement: float | None
+    gold_accuracy: float | None
+    median_seconds: float | None
 
 
 @dataclass(frozen=True)
@@ -267,7 +297,20 @@ class AgreementReport:
     mean_kendall_tau: float | None
     krippendorff_alpha: float | None
     gold_prompts: int
+    """Prompts marked as gold tasks (whether or not anyone has ranked them yet)."""
     annotators: list[AnnotatorStats] = field(default_factory=list)
+    gold_prompts_ranked: int = 0
+    """Gold prompts that at least one annotator has ranked (not skipped)."""
+    median_seconds: float | None = None
+    """The project's median seconds per non-skipped ranking: what "too fast" is measured against."""
+    flags: list[Flag] = field(default_factory=list)
+    """What a lead should look at for the project as a whole."""
+    trend_unit: str = "day"
+    """hour | day | week: the width of each point of `trend`."""
+    trend: list[TrendPoint] = field(default_factory=list)
+    """Agreement, gold accuracy and speed per stretch of time, oldest first."""
+    by_rubric_version: list[TrendPoint] = field(default_factory=list)
+    """The same figures per rubric version (always every version, whatever `rubric_version` filters)."""
 
 
 @dataclass
@@ -289,106 +332,150 @@ class _Acc:
 
 def project_report(db: Session, project: Project, *, rubric_version: int | None = None) -> AgreementReport:
     """Agreement, quality and gold figures for the project's human rankings (optionally one rubric version)."""
+    from app.services import agreement_flags  # it reads this module's types: imported here, not at the top
+
     versions = list(db.scalars(select(Rubric.version).where(Rubric.project_id == project.id)
                                .order_by(Rubric.version)))
     if rubric_version is not None and rubric_version not in versions:
         raise Invalid(f"this project has no rubric version {rubric_version}", field="rubric_version")
-    rows = _human_rankings(db, project, rubric_version)
-    gold = {pid: tiers for pid, tiers in db.execute(
-        select(Prompt.id, Prompt.gold_tiers).where(Prompt.project_id == project.id, Prompt.gold_tiers.is_not(None))
-    ) if tiers}  # JSON null reads back as None too
+    all_rows = human_rankings(db, project, None)
+    rows = all_rows if rubric_version is None else [r for r in all_rows if r.rubric_version == rubric_version]
+    gold = gold_orders(db, project)
     total_prompts = int(db.scalar(select(func.count(Prompt.id)).where(Prompt.project_id == project.id)) or 0)
 
-    tally = _tally_annotators(rows, gold, project.current_round)
-    pairs = _compare_annotators(tally)
-    alpha = ranking_alpha((key, annotator, tiers) for key, ranked in tally.by_prompt.items()
-                          for annotator, tiers in ranked)
-    return AgreementReport(
+    tally = tally_rankings(rows, gold, project.current_round)
+    pairs = compare_annotators(tally)
+    alpha = ranking_alpha((key, r.annotator_id, r.tiers) for key, ranked in tally.by_prompt.items() for r in ranked)
+    unit, trend = _trend(rows, tally, pairs)
+    report = AgreementReport(
         project_id=project.id, rubric_version=rubric_version, rubric_versions=versions, overlap=project.overlap,
         total_prompts=total_prompts,
         prompts_at_overlap=sum(1 for n in tally.done_current_round.values() if n >= project.overlap),
         human_rankings=len(rows), skipped=tally.skipped, shared_prompts=len(pairs.shared_prompts),
         comparisons=len(pairs.agreements), mean_agreement=_mean(pairs.agreements), mean_kendall_tau=_mean(pairs.taus),
         krippendorff_alpha=alpha, gold_prompts=len(gold), annotators=_annotator_stats(db, tally.acc),
+        gold_prompts_ranked=len(tally.gold_prompts_ranked), median_seconds=_median(tally.seconds),
+        trend_unit=unit, trend=trend, by_rubric_version=_by_version(all_rows, gold, versions),
     )
+    return agreement_flags.flagged(report)
 
 
-def _human_rankings(db: Session, project: Project, rubric_version: int | None) -> list[Any]:
+def gold_orders(db: Session, project: Project) -> dict[int, Any]:
+    """prompt id → its gold tiers, for the project's gold prompts."""
+    return {pid: tiers for pid, tiers in db.execute(
+        select(Prompt.id, Prompt.gold_tiers).where(Prompt.project_id == project.id, Prompt.gold_tiers.is_not(None))
+    ) if tiers}  # JSON null reads back as None too
+
+
+def human_rankings(db: Session, project: Project, rubric_version: int | None) -> list[Any]:
     """Every human ranking of the project (of one rubric version), in one query; the figures are computed in Python."""
-    query = (select(Ranking.prompt_id, Ranking.round, Ranking.annotator_id, Ranking.tiers, Ranking.display_order,
-                    Ranking.skipped, Ranking.seconds_spent)
+    query = (select(Ranking.id, Ranking.prompt_id, Ranking.round, Ranking.annotator_id, Ranking.tiers,
+                    Ranking.display_order, Ranking.skipped, Ranking.seconds_spent, Ranking.created_at,
+                    Rubric.version.label("rubric_version"))
+             .outerjoin(Rubric, Ranking.rubric_id == Rubric.id)
              .where(Ranking.project_id == project.id, Ranking.source == "human")
              .order_by(Ranking.prompt_id, Ranking.round, Ranking.id))
     if rubric_version is not None:
-        query = query.join(Rubric, Ranking.rubric_id == Rubric.id).where(Rubric.version == rubric_version)
+        query = query.where(Rubric.version == rubric_version)
     return list(db.execute(query).all())
 
 
+class Ranked(NamedTuple):
+    """One non-skipped ranking of a (prompt, round), as the comparisons need it."""
+
+    ranking_id: int
+    annotator_id: int
+    tiers: list[list[int]]
+    at: Any
+    """When it was made (a datetime)."""
+
+
 @dataclass
-class _Tally:
+class Tally:
     """Per annotator what they did; per (prompt, round) who ranked it how; per prompt the current round's count."""
 
     acc: dict[int, _Acc] = field(default_factory=lambda: defaultdict(_Acc))
-    by_prompt: dict[tuple[int, int], list[tuple[int, list[list[int]]]]] = field(
-        default_factory=lambda: defaultdict(list))
+    by_prompt: dict[tuple[int, int], list[Ranked]] = field(default_factory=lambda: defaultdict(list))
     done_current_round: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     skipped: int = 0
+    seconds: list[float] = field(default_factory=list)
+    gold_prompts_ranked: set[int] = field(default_factory=set)
+    gold: dict[int, GoldScore] = field(default_factory=dict)
+    """ranking id → its gold score, for rankings of gold prompts."""
 
 
-def _tally_annotators(rows: list[Any], gold: dict[int, Any], current_round: int) -> _Tally:
+def tally_rankings(rows: list[Any], gold: dict[int, Any], current_round: int) -> Tally:
     """One pass over the rankings: skips, time, ties, display orders and gold scores per annotator."""
-    tally = _Tally()
-    for prompt_id, round_, annotator_id, tiers, shown, skipped, seconds in rows:
-        a = tally.acc[annotator_id]
+    tally = Tally()
+    for r in rows:
+        a = tally.acc[r.annotator_id]
         a.rankings += 1
-        if skipped or not tiers:
+        if r.skipped or not r.tiers:
             a.skipped += 1
             tally.skipped += 1
             continue
-        if seconds is not None:
-            a.seconds.append(seconds)
-        a.ties += has_tie(tiers)
-        a.shown.append((tiers, shown or []))
-        tally.by_prompt[(prompt_id, round_)].append((annotator_id, tiers))
-        if round_ == current_round:
-            tally.done_current_round[prompt_id] += 1
-        if prompt_id in gold:
-            score = gold_score(gold[prompt_id], tiers, shown)
+        if r.seconds_spent is not None:
+            a.seconds.append(r.seconds_spent)
+            tally.seconds.append(r.seconds_spent)
+        a.ties += has_tie(r.tiers)
+        a.shown.append((r.tiers, r.display_order or []))
+        tally.by_prompt[(r.prompt_id, r.round)].append(Ranked(r.id, r.annotator_id, r.tiers, r.created_at))
+        if r.round == current_round:
+            tally.done_current_round[r.prompt_id] += 1
+        if r.prompt_id in gold:
+            score = gold_score(gold[r.prompt_id], r.tiers, r.display_order)
+            tally.gold[r.id] = score
+            tally.gold_prompts_ranked.add(r.prompt_id)
             a.gold_seen += 1
             a.gold_agreed += score.agreed
             a.gold_pairs += score.total
     return tally
 
 
+class Comparison(NamedTuple):
+    prompt_id: int
+    round: int
+    a: Ranked
+    b: Ranked
+    agreement: float
+    tau: float | None
+
+
 @dataclass
-class _Comparisons:
+class Comparisons:
     agreements: list[float] = field(default_factory=list)
     taus: list[float] = field(default_factory=list)
     shared_prompts: set[int] = field(default_factory=set)
+    each: list[Comparison] = field(default_factory=list)
 
 
-def _compare_annotators(tally: _Tally) -> _Comparisons:
+def compare_annotators(tally: Tally) -> Comparisons:
     """Every two annotators' rankings of the same prompt and round: pairwise agreement and Kendall's τ-b, for the
     project and (added to `tally.acc`) for each of the two."""
-    out = _Comparisons()
-    for (prompt_id, _), ranked in tally.by_prompt.items():
-        for (ua, ta), (ub, tb) in combinations(ranked, 2):
-            if ua == ub:
+    out = Comparisons()
+    for (prompt_id, round_), ranked in tally.by_prompt.items():
+        for ra, rb in combinations(ranked, 2):
+            if ra.annotator_id == rb.annotator_id:
                 continue
-            agreement = pairwise_agreement(ta, tb)
+            agreement = pairwise_agreement(ra.tiers, rb.tiers)
             if agreement is None:
                 continue
+            tau = kendall_tau_b(ra.tiers, rb.tiers)
+            out.each.append(Comparison(prompt_id, round_, ra, rb, agreement, tau))
             out.shared_prompts.add(prompt_id)
             out.agreements.append(agreement)
-            tau = kendall_tau_b(ta, tb)
             if tau is not None:
                 out.taus.append(tau)
-            for user in (ua, ub):
+            for user in (ra.annotator_id, rb.annotator_id):
                 tally.acc[user].agreements.append(agreement)
                 tally.acc[user].comparisons += 1
                 if tau is not None:
                     tally.acc[user].taus.append(tau)
     return out
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
 
 
 def _annotator_stats(db: Session, acc: dict[int, _Acc]) -> list[AnnotatorStats]:
@@ -402,12 +489,78 @@ def _annotator_stats(db: Session, acc: dict[int, _Acc]) -> list[AnnotatorStats]:
         annotators.append(AnnotatorStats(
             user_id=user_id, email=person.email if person else "", name=person.name if person else "",
             rankings=a.rankings, skipped=a.skipped, skip_share=a.skipped / a.rankings if a.rankings else None,
-            median_seconds=statistics.median(a.seconds) if a.seconds else None,
+            median_seconds=_median(a.seconds),
             agreement=_mean(a.agreements), comparisons=a.comparisons, kendall_tau=_mean(a.taus),
             tie_share=a.ties / ranked if ranked else None,
-            position_rate=bias.rate, position_expected=bias.expected,
+            position_rate=bias.rate, position_expected=bias.expected, position_rankings=bias.rankings,
             gold_seen=a.gold_seen, gold_pairs=a.gold_pairs, gold_agreed=a.gold_agreed,
             gold_accuracy=a.gold_agreed / a.gold_pairs if a.gold_pairs else None,
         ))
     annotators.sort(key=lambda s: s.email)
     return annotators
+
+
+# --- trends -------------------------------------------------------------------------------------------------
+
+# (unit, seconds per bucket, span up to which it is used): a campaign of an afternoon is drawn by the hour, one of
+# a quarter by the day, anything longer by the week, so a chart has tens of points rather than one or thousands.
+_UNITS = (("hour", 3600, 3 * 86400), ("day", 86400, 120 * 86400), ("week", 7 * 86400, math.inf))
+
+
+def _figures(label: str, x: float, rows: list[Any], gold: dict[int, Any]) -> TrendPoint:
+    """Agreement, gold accuracy and median speed of one group of rankings, compared only within the group."""
+    tally = tally_rankings(rows, gold, current_round=-1)
+    pairs = compare_annotators(tally)
+    agreed = sum(s.agreed for s in tally.gold.values())
+    total = sum(s.total for s in tally.gold.values())
+    return TrendPoint(label, x, len(rows), _mean(pairs.agreements), agreed / total if total else None,
+                      _median(tally.seconds))
+
+
+def _trend(rows: list[Any], tally: Tally, pairs: Comparisons) -> tuple[str, list[TrendPoint]]:
+    """The figures per hour, day or week: a comparison counts when its later ranking was made (when the two
+    could first be compared), a gold score and a time when the ranking was made."""
+    when = {r.id: r.created_at for r in rows if r.created_at is not None}
+    if not when:
+        return "day", []
+    first = min(when.values())
+    span = (max(when.values()) - first).total_seconds()
+    unit, width, _ = next(u for u in _UNITS if span <= u[2])
+
+    def bucket(at: Any) -> int:
+        return int((at - first).total_seconds() // width)
+
+    agree: dict[int, list[float]] = defaultdict(list)
+    for c in pairs.each:
+        if c.a.at is not None and c.b.at is not None:
+            agree[bucket(max(c.a.at, c.b.at))].append(c.agreement)
+    gold: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+    for ranking_id, score in tally.gold.items():
+        if ranking_id in when:
+            g = gold[bucket(when[ranking_id])]
+            g[0] += score.agreed
+            g[1] += score.total
+    seconds: dict[int, list[float]] = defaultdict(list)
+    counts: dict[int, int] = defaultdict(int)
+    for r in rows:
+        if r.created_at is None:
+            continue
+        counts[bucket(r.created_at)] += 1
+        if r.seconds_spent is not None and not r.skipped and r.tiers:
+            seconds[bucket(r.created_at)].append(r.seconds_spent)
+    fmt = "%Y-%m-%d %H:00" if unit == "hour" else "%Y-%m-%d"
+    out = []
+    for i in sorted(counts):
+        start = first + timedelta(seconds=i * width)
+        g = gold.get(i)
+        out.append(TrendPoint(start.strftime(fmt), float(i), counts[i], _mean(agree.get(i, [])),
+                              g[0] / g[1] if g and g[1] else None, _median(seconds.get(i, []))))
+    return unit, out
+
+
+def _by_version(rows: list[Any], gold: dict[int, Any], versions: list[int]) -> list[TrendPoint]:
+    by: dict[int, list[Any]] = defaultdict(list)
+    for r in rows:
+        if r.rubric_version is not None:
+            by[r.rubric_version].append(r)
+    return [_figures(f"v{v}", float(v), by[v], gold) for v in versions if by.get(v)]

@@ -199,6 +199,43 @@ def spec_of(export: Export) -> ExportSpec:
                       aggregation=aggregation, conflicts=conflicts)
 
 
+# How the exports page names each stored filter (the API keeps the stored names and values as they are).
+FILTER_LABELS = {"source": "Sources", "split": "Split", "rubric_versions": "Rubric versions",
+                 "constitution_versions": "Constitution versions", "flagged": "Flagged items",
+                 "min_agreement": "Minimum agreement", "min_confidence": "Minimum confidence",
+                 "replay_share": "Replay share", "created_after": "Created after", "created_before": "Created before",
+                 "aggregation": "Aggregation", "conflicts": "Conflicts"}
+
+
+def describe_filters(filters: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The stored filters as (label, value) for people: lists joined with commas, instants as dates and times,
+    e.g. [("Sources", "human, imported"), ("Aggregation", "raw")]."""
+    out = []
+    for name, value in (filters or {}).items():
+        if isinstance(value, list | tuple):
+            text = ", ".join(str(v) for v in value)
+        elif isinstance(value, float):
+            text = f"{value:g}"
+        elif name.startswith("created_") and isinstance(value, str):
+            text = value.replace("T", " ").removesuffix("+00:00") + " UTC"
+        else:
+            text = str(value)
+        out.append((FILTER_LABELS.get(name, name.replace("_", " ").capitalize()), text))
+    return out
+
+
+def describe_snapshot(snapshot: str | None) -> str:
+    """Where the export read its rows, for people: Postgres names its snapshot; SQLite has no snapshot id, the
+    export read everything inside one deferred read transaction."""
+    if not snapshot:
+        return ""
+    if snapshot.startswith("postgres "):
+        return f"Postgres snapshot {snapshot.removeprefix('postgres ')}"
+    if snapshot.startswith("sqlite"):
+        return "one SQLite read transaction"
+    return snapshot
+
+
 def export_dir(data_dir: Path, export_id: int) -> Path:
     return Path(data_dir) / "exports" / str(export_id)
 

@@ -16,6 +16,14 @@ from app.services import agreement, audit, constitutions, endpoints, jobs
 
 CALIBRATION_BINS = 5
 
+# The evidence a lead needs before AI labels may train a model (the server refuses "allow" without it).
+GATE_MIN_PROMPTS = 20
+"""Prompts both the judge and humans ranked: with fewer, one prompt's pairs move the agreement figure by several
+points, too much to decide on."""
+GATE_MIN_AGREEMENT = 0.6
+"""Pair agreement with the humans' majority: 0.5 is a coin toss; human–human agreement on preference data is
+typically 0.65–0.75, so a judge under 0.6 disagrees with people too often to stand in for them."""
+
 
 def request_judge_run(db: Session, project: Project, actor: User, *, constitution_version: int | None,
                       generator: dict[str, Any], mode: str, principles: str, prompt_ids: list[int] | None,
@@ -49,9 +57,28 @@ def ai_labels_enabled(project: Project) -> bool:
     return bool((project.settings or {}).get("ai_labels_for_training", False))
 
 
+def gate_missing(n_prompts: int, pair_agreement: float | None) -> list[str]:
+    """What the evidence for allowing AI labels still lacks, in words (empty: the lead may decide)."""
+    missing = []
+    if n_prompts < GATE_MIN_PROMPTS:
+        missing.append(f"the judge and humans have ranked {n_prompts} of the {GATE_MIN_PROMPTS} prompts in common "
+                       "needed to measure agreement: run the judge on prompts annotators have ranked")
+    if pair_agreement is None:
+        missing.append("no agreement with humans measured yet")
+    elif pair_agreement < GATE_MIN_AGREEMENT:
+        missing.append(f"the judge agrees with humans on {pair_agreement:.0%} of pairs, under the "
+                       f"{GATE_MIN_AGREEMENT:.0%} needed: revise the constitution or try a stronger judge model")
+    return missing
+
+
 def set_ai_labels(db: Session, project: Project, actor: User, enabled: bool) -> None:
-    """The lead's explicit decision whether AI labels may be used for training (exports exclude them otherwise)."""
+    """The lead's explicit decision whether AI labels may be used for training (exports exclude them otherwise).
+    Allowing them needs the gate's evidence (`gate_missing`); stopping them is always possible."""
     permissions.require(db, actor, project, "labels.decide")
+    if enabled and not ai_labels_enabled(project):
+        report = judge_agreement(db, project)
+        if report.gate_missing:
+            raise Invalid("AI labels cannot be allowed yet: " + "; ".join(report.gate_missing), field="enabled")
     project.settings = dict(project.settings or {}) | {"ai_labels_for_training": bool(enabled)}
     audit.record(db, actor, "ai_labels.set", project_id=project.id, object_type="project", object_id=project.id,
                  enabled=bool(enabled))
@@ -64,6 +91,8 @@ class CalibrationBin:
     n: int
     human_rate: float | None
     """Share of human votes for the judge's `chosen` among pairs whose p falls in the bin."""
+    mean_p: float | None = None
+    """The judge's mean p over those pairs."""
 
 
 @dataclass
@@ -80,6 +109,8 @@ class JudgeAgreement:
     gold_accuracy: float | None = None
     """Against the known correct order of gold prompts (e.g. GSM8K correctness)."""
     ai_labels_enabled: bool = False
+    gate_missing: list[str] = field(default_factory=list)
+    """What the evidence for allowing AI labels still lacks; empty when the lead may allow them."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,7 +135,8 @@ def judge_agreement(db: Session, project: Project, *, constitution_version: int 
 
     mean = _mean4
     calibration = [CalibrationBin(p_low=i / CALIBRATION_BINS, p_high=(i + 1) / CALIBRATION_BINS, n=len(b),
-                                  human_rate=mean(b)) for i, b in enumerate(tally.bins)]
+                                  human_rate=mean(b), mean_p=mean(tally.bin_p[i]))
+                   for i, b in enumerate(tally.bins)]
     return JudgeAgreement(
         n_prompts=len(tally.shared_prompts), n_pairs=len(tally.agree), pair_agreement=mean(tally.agree),
         kendall_tau=mean(tally.taus), calibration=calibration,
@@ -112,6 +144,7 @@ def judge_agreement(db: Session, project: Project, *, constitution_version: int 
         per_principle={k: {"n": len(v), "pair_agreement": mean(v)} for k, v in sorted(tally.per_principle.items())},
         gold_prompts=len(tally.gold_scores), gold_accuracy=mean(tally.gold_scores),
         ai_labels_enabled=ai_labels_enabled(project),
+        gate_missing=gate_missing(len(tally.shared_prompts), mean(tally.agree)),
     )
 
 
@@ -161,6 +194,7 @@ class _JudgeTally:
     flips: int = 0
     flip_n: int = 0
     bins: list[list[float]] = field(default_factory=lambda: [[] for _ in range(CALIBRATION_BINS)])
+    bin_p: list[list[float]] = field(default_factory=lambda: [[] for _ in range(CALIBRATION_BINS)])
     per_principle: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     gold_scores: list[float] = field(default_factory=list)
     shared_prompts: set[int] = field(default_factory=set)
@@ -185,7 +219,9 @@ class _JudgeTally:
             if votes_for + votes_against == 0:
                 continue
             rate = votes_for / (votes_for + votes_against)
-            self.bins[min(CALIBRATION_BINS - 1, int(pair.p * CALIBRATION_BINS))].append(rate)
+            b = min(CALIBRATION_BINS - 1, int(pair.p * CALIBRATION_BINS))
+            self.bins[b].append(rate)
+            self.bin_p[b].append(pair.p)
             if votes_for != votes_against:
                 hit = int((pair.p >= 0.5) == (votes_for > votes_against))
                 self.agree.append(hit)
@@ -204,6 +240,26 @@ def _human_votes(pair: Pair, human: list[list[list[int]]]) -> tuple[int, int]:
             else:
                 votes_against += 1
     return votes_for, votes_against
+
+
+def reliability_bins(calibration: list[CalibrationBin]) -> list[dict[str, Any]]:
+    """The judge's calibration as `charts.reliability_diagram` draws it: per bin the judge's confidence in the
+    side it favours, max(p, 1 − p), against the share of humans on that side, pairs as weights. A bin under
+    p = 0.5 favours `rejected`, so it is folded over: confidence 1 − p, accuracy 1 − human rate; bins that fold
+    onto the same confidence are merged."""
+    merged: dict[float, list[float]] = {}
+    for b in calibration:
+        if not b.n or b.human_rate is None:
+            continue
+        p = b.mean_p if b.mean_p is not None else (b.p_low + b.p_high) / 2
+        confidence, accuracy = (p, b.human_rate) if p >= 0.5 else (1 - p, 1 - b.human_rate)
+        key = round((b.p_low + b.p_high) / 2 if p >= 0.5 else 1 - (b.p_low + b.p_high) / 2, 6)
+        acc = merged.setdefault(key, [0.0, 0.0, 0.0])  # Σ n·confidence, Σ n·accuracy, Σ n
+        acc[0] += b.n * confidence
+        acc[1] += b.n * accuracy
+        acc[2] += b.n
+    return [{"mean_confidence": c / n, "accuracy": a / n, "pairs": int(n)}
+            for _, (c, a, n) in sorted(merged.items())]
 
 
 def list_runs(db: Session, project: Project) -> list[JudgeRun]:

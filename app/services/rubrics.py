@@ -56,11 +56,18 @@ def get_version(db: Session, project: Project, version: int) -> Rubric:
     return versions.get_version(db, project, Rubric, version)
 
 
+def as_lines(text: str, criteria: list[str]) -> list[str]:
+    """A rubric as the lines a diff compares: its text, then its criteria as a list."""
+    return text.replace("\r\n", "\n").split("\n") + ["", "Criteria:"] + [f"- {c}" for c in criteria]
+
+
 def diff(old: Rubric | None, new: Rubric) -> list[versions.DiffLine]:
     """A unified diff of the text and criteria of two versions, as lines the template escapes."""
-    def lines(r: Rubric | None) -> list[str]:
-        if r is None:
-            return []
-        return r.text.split("\n") + ["", "Criteria:"] + [f"- {c}" for c in r.criteria]
+    return versions.diff_lines(as_lines(old.text, old.criteria) if old else [], as_lines(new.text, new.criteria))
 
-    return versions.diff_lines(lines(old), lines(new))
+
+def diff_draft(theirs: Rubric, text: str, criteria: list[str]) -> list[versions.DiffLine]:
+    """An edit conflict: the version someone else saved against the user's draft, text and criteria both, so a
+    change to the criteria alone shows too. Empty when the two are the same."""
+    return versions.diff_lines(as_lines(theirs.text, theirs.criteria),
+                               as_lines(text.strip(), [c.strip() for c in criteria if c.strip()]))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -69,14 +70,61 @@ def get_version(db: Session, project: Project, model: type[V], version: int) -> 
 class DiffLine:
     kind: str  # "add" | "del" | "ctx" | "hunk"
     text: str
+    parts: tuple[tuple[str, str], ...] = ()
+    """For a changed line paired with its counterpart: (kind, text) runs, kind "same" or "changed", so a page can
+    mark the words that changed; empty for context, hunks and lines with no counterpart."""
+
+
+_WORDS = re.compile(r"\s+|\w+|[^\w\s]")
+
+
+def word_parts(old: str, new: str) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]:
+    """The two lines as runs of unchanged and changed words (whitespace and punctuation are words too)."""
+    a, b = _WORDS.findall(old), _WORDS.findall(new)
+    left: list[tuple[str, str]] = []
+    right: list[tuple[str, str]] = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if tag == "equal":
+            left.append(("same", "".join(a[i1:i2])))
+            right.append(("same", "".join(b[j1:j2])))
+            continue
+        if i2 > i1:
+            left.append(("changed", "".join(a[i1:i2])))
+        if j2 > j1:
+            right.append(("changed", "".join(b[j1:j2])))
+    return tuple(left), tuple(right)
 
 
 def diff_lines(old: list[str], new: list[str]) -> list[DiffLine]:
-    """A unified diff as typed lines; the template escapes the text."""
-    out = []
+    """A unified diff as typed lines; the template escapes the text. Within a change, the i-th removed line and
+    the i-th added line are paired and carry their word-level `parts`."""
+    out: list[DiffLine] = []
     for line in difflib.unified_diff(old, new, lineterm="", n=2):
         if line.startswith(("---", "+++")):
             continue
         kind = {"@": "hunk", "+": "add", "-": "del"}.get(line[:1], "ctx")
         out.append(DiffLine(kind, line[1:] if kind != "hunk" else line))
+    return _pair_words(out)
+
+
+def _pair_words(lines: list[DiffLine]) -> list[DiffLine]:
+    out: list[DiffLine] = []
+    i = 0
+    while i < len(lines):
+        if lines[i].kind != "del":
+            out.append(lines[i])
+            i += 1
+            continue
+        dels = []
+        while i < len(lines) and lines[i].kind == "del":
+            dels.append(lines[i])
+            i += 1
+        adds = []
+        while i < len(lines) and lines[i].kind == "add":
+            adds.append(lines[i])
+            i += 1
+        for k, d in enumerate(dels):
+            out.append(DiffLine("del", d.text, word_parts(d.text, adds[k].text)[0]) if k < len(adds) else d)
+        for k, a in enumerate(adds):
+            out.append(DiffLine("add", a.text, word_parts(dels[k].text, a.text)[1]) if k < len(dels) else a)
     return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -473,6 +474,13 @@ def test_exports_page_requests_and_lists_an_export(db, app, make_user, make_proj
                               "conflicts": "keep"}
     assert f'/api/exports/{export.id}/files/pairs.parquet' in page.text and "ready" in page.text
     assert "(empty: the filters select nothing)" in page.text  # nothing was ranked yet
+    # Filters for people, not a Python repr; the sha256 cell holds the hash only, the snapshot sits with the date.
+    assert "<dt>Sources</dt><dd>human</dd>" in page.text and "<dt>Flagged items</dt><dd>exclude</dd>" in page.text
+    assert "source=[" not in page.text and "[&#39;human&#39;]" not in page.text
+    sha_cell = re.search(r'<td class="sha">(.*?)</td>', page.text, re.S).group(1)
+    assert export.sha256[:12] in sha_cell and "snapshot" not in sha_cell and "sqlite" not in sha_cell
+    assert re.search(r'class="muted snapshot"[^>]*>read in (one SQLite read transaction|Postgres snapshot \S+)<',
+                     page.text)
 
 
 def test_cli_export_writes_the_same_bytes_as_the_job(db, app, make_user, make_project, token_for, api, tmp_path,

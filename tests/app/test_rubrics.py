@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from app.errors import Conflict
-from app.services import rubrics
+from app.services import rubrics, versions
 
 
 def test_each_save_is_a_new_version_and_the_old_one_is_kept(db, make_user, make_project, token_for, api) -> None:
@@ -76,9 +78,45 @@ def test_history_shows_every_version_with_a_diff(db, make_user, make_project, br
     page.login(lead.email)
     html = page.get(f"/projects/{project.id}/rubric/history").text
     assert 'id="v2"' in html and 'id="v1"' in html and "renamed" in html
-    assert '<span class="d-del">- line two</span>' in html
-    assert '<span class="d-add">+ line 2</span>' in html
-    assert '<span class="d-add">+ - B</span>' in html
+    diff = re.search(r'<pre class="diff"[^>]*>(.*?)</pre>', html, re.S).group(1)
+    assert "\n" not in diff  # one block per line and nothing between them: not double-spaced
+    # Word level: "line two" → "line 2" marks only the word that changed.
+    assert '<span class="d-del"><span class="d-sign" aria-hidden="true">- </span><span class="sr">removed: </span>' \
+           'line <del>two</del></span>' in diff
+    assert '<span class="sr">added: </span>line <ins>2</ins></span>' in diff
+    assert '<span class="sr">added: </span>- B</span>' in diff  # a new criterion, with no counterpart
+
+
+def test_word_parts_mark_only_what_changed() -> None:
+    left, right = versions.word_parts("Prefer short, correct answers.", "Prefer correct, cited answers.")
+    assert [t for k, t in left if k == "changed"] == ["short", "correct"]
+    assert [t for k, t in right if k == "changed"] == ["correct", "cited"]
+    assert "".join(t for _, t in left) == "Prefer short, correct answers."  # nothing lost
+    assert "".join(t for _, t in right) == "Prefer correct, cited answers."
+
+
+def test_a_criteria_only_conflict_shows_their_criteria_against_yours(db, make_user, make_project, browser) -> None:
+    lead = make_user(db, "lead")
+    project = make_project(db, lead=lead, rubric="same text", criteria=["Correctness"])
+    db.commit()
+    page = browser()
+    page.login(lead.email)
+    page.get(f"/projects/{project.id}/rubric")
+    # Someone else adds a criterion; I, on the stale version, change a criterion; the text is the same for both.
+    assert page.post(f"/projects/{project.id}/rubric", {"text": "same text", "criteria": "Correctness\nSafety",
+                                                        "base_version": "1"}).status_code == 303
+    stale = page.post(f"/projects/{project.id}/rubric", {"text": "same text", "criteria": "Correctness, clearly",
+                                                         "base_version": "1"})
+    assert stale.status_code == 409
+    diff = re.search(r'<div id="conflict-diff">(.*?)</div>', stale.text, re.S).group(1)
+    assert '<span class="sr">removed: </span>- Safety</span>' in diff  # only theirs: a whole removed line
+    assert '<span class="sr">added: </span>- Correctness<ins>, clearly</ins></span>' in diff  # the words I added
+    assert "Their criteria" in stale.text and "<li>Safety</li>" in stale.text
+
+    # The same draft as theirs: nothing to merge, and the page says so.
+    same = page.post(f"/projects/{project.id}/rubric", {"text": "same text", "criteria": "Correctness\nSafety",
+                                                        "base_version": "1"})
+    assert same.status_code == 409 and 'id="conflict-same"' in same.text
 
 
 def test_rubric_markdown_is_sanitised(db, make_user, make_project, browser) -> None:

@@ -164,6 +164,8 @@ POLICY: dict[tuple[str, str], Policy] = {
     ("DELETE", "/api/projects/{project_id}/prompts/{prompt_id}/gold"): Policy(MANAGE),
     ("GET", "/projects/{project_id}/agreement"): Policy(LEAD_ENG),
     ("POST", "/projects/{project_id}/agreement/gold-from-metadata"): Policy(MANAGE),
+    ("GET", "/projects/{project_id}/agreement/prompts"): Policy(LEAD_ENG),
+    ("GET", "/projects/{project_id}/agreement/annotators/{user_id}"): Policy(LEAD_ENG),
     # jobs
     ("POST", "/api/projects/{project_id}/sampling-jobs"): Policy(LEAD_ENG, lambda w: {"json": {"generator": _gen()}}),
     ("GET", "/api/projects/{project_id}/jobs"): Policy(MEMBERS),
