@@ -87,7 +87,7 @@ def seed(url: str, *, prompts: int, chars: int, overlap: int, annotators: int, n
 
     from app import security
     from app.db import make_engine, make_session_factory, session_scope
-    from app.services import imports, projects, users
+    from app.services import bulk, projects, users
 
     security._hasher = PasswordHasher(time_cost=1, memory_cost=8 * 1024, parallelism=1)  # seeding, not login
     rng = random.Random(seed_)
@@ -104,10 +104,10 @@ def seed(url: str, *, prompts: int, chars: int, overlap: int, annotators: int, n
             ids.append(person.id)
         from app.models import Completion, Prompt
 
-        prompt_ids = imports._bulk_insert(db, Prompt, [
+        prompt_ids = bulk.insert_rows(db, Prompt, [
             {"project_id": project.id, "text": f"Question {i}: {_text(rng, 200)}", "text_hash": f"{name}-{i}",
              "split": "train", "meta": {}} for i in range(prompts)], ids=True)
-        imports._bulk_insert(db, Completion, [
+        bulk.insert_rows(db, Completion, [
             {"prompt_id": pid, "text": _text(rng, chars), "source": "imported", "generator_params": {},
              "meta": {}} for pid in prompt_ids for _ in range(4)])
         project_id = project.id
