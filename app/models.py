@@ -314,6 +314,23 @@ class Assignment(Base):
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
 
 
+
+class AssignmentDraft(Base):
+    """The unsent ranking of one leased task, saved as it is made, so the lease resumes with it on another device.
+
+    Only while the lease lasts: submitting the task deletes it, and a lease that ran out takes its draft with it.
+    """
+
+    __tablename__ = "assignment_drafts"
+
+    assignment_id: Mapped[int] = mapped_column(ForeignKey("assignments.id", ondelete="CASCADE"), primary_key=True)
+    tiers: Mapped[list[list[int]]] = mapped_column(JSONType, default=list)
+    flags: Mapped[dict[str, list[str]]] = mapped_column(JSONType, default=dict)
+    seconds_spent: Mapped[float | None] = mapped_column(Float)
+    # When the ranking was last changed (the client's clock, never later than the server's): the newer edit wins.
+    edited_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    saved_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
 class JudgeRun(Base):
     """One pass of an AI judge over prompts, under one constitution version."""
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.formats import Aggregation, Conflicts, ExportFormat, ExportKind
-from app.models import Completion, Constitution, Export, Job, ModelEndpoint, Project, Rubric, User
+from app.models import AssignmentDraft, Completion, Constitution, Export, Job, ModelEndpoint, Project, Rubric, User
 
 
 class Strict(BaseModel):
@@ -206,6 +206,38 @@ class RankingOut(BaseModel):
     pairs_created: int
     created: bool
 
+
+
+DRAFT_MAX_BYTES = 16 * 1024
+"""The largest draft body accepted (a K=16 task with every flag ticked is well under it)."""
+
+
+class DraftIn(Strict):
+    tiers: list[Annotated[list[int], Field(max_length=16)]] = Field(
+        default_factory=list, max_length=16,
+        description="The completions placed so far, best tier first; ties share a tier. Unplaced ones are left out.")
+    flags: dict[str, Annotated[list[Annotated[str, Field(max_length=200)]], Field(max_length=32)]] = Field(
+        default_factory=dict, max_length=16, description="Completion id → the flags ticked so far.")
+    seconds_spent: float | None = Field(default=None, ge=0, le=24 * 3600,
+                                        description="Time on the task so far: a resumed page counts on from it.")
+    edited_at: datetime | None = Field(
+        default=None, description="When the ranking was last changed, on the client's clock (default: now; never "
+                                  "later than the server's). A draft older than the stored one is refused with 409, "
+                                  "so a late retry never overwrites a newer draft from another device.")
+
+
+class DraftOut(BaseModel):
+    assignment_id: int
+    tiers: list[list[int]]
+    flags: dict[str, list[str]]
+    seconds_spent: float | None
+    edited_at: datetime
+    saved_at: datetime
+
+    @classmethod
+    def from_model(cls, draft: AssignmentDraft) -> DraftOut:
+        return cls(assignment_id=draft.assignment_id, tiers=draft.tiers, flags=draft.flags,
+                   seconds_spent=draft.seconds_spent, edited_at=draft.edited_at, saved_at=draft.saved_at)
 
 class HFGeneratorIn(Strict):
     backend: Literal["hf"]

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Form, Request
+from fastapi import APIRouter, Depends, Form, HTTPException, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from app.deps import PageUser, SessionDep, api_user, get_db, optional_user
 from app.errors import DomainError
 from app.forms import RankingForm
-from app.schemas import RankingIn, RankingOut, TaskOut
+from app.schemas import DRAFT_MAX_BYTES, DraftIn, DraftOut, RankingIn, RankingOut, TaskOut
 from app.services import annotation, queue, rankings, rubrics
 from app.services.pairs import expand_tiers
 from app.web import render
@@ -58,10 +58,47 @@ def submit_ranking(project_id: int, body: RankingIn, request: Request) -> Respon
         user = _api_caller(request, db)
         project = annotation.annotator_project(db, project_id, user)
         ranking, created = rankings.submit(db, project, user, rankings.RankingInput(**body.model_dump()))
+        if created:
+            annotation.clear_submitted_draft(db, ranking)
         # A new ranking's pairs are exactly its expanded tiers; only a repeat needs to count what was stored.
         pairs_created = len(expand_tiers(ranking.tiers)) if created else rankings.pair_count(db, ranking)
         out = RankingOut(ranking_id=ranking.id, pairs_created=pairs_created, created=created)
     return Response(out.model_dump_json(), status_code=201 if created else 200, media_type="application/json")
+
+
+async def _small_body(request: Request) -> None:
+    """413 for a draft over DRAFT_MAX_BYTES, before it is parsed (async: no threadpool hop for it)."""
+    if len(await request.body()) > DRAFT_MAX_BYTES:
+        raise HTTPException(413, [{"field": "body", "message": f"a draft is at most {DRAFT_MAX_BYTES} bytes"}])
+
+
+_NOT_YOURS = {404: {"description": "Not your task, already submitted, or its lease ran out"}}
+
+
+@router.get("/api/assignments/{assignment_id}/draft", tags=["annotation"], response_model=DraftOut,
+            summary="Your saved draft of a task you hold (204 when none is saved)",
+            responses={204: {"description": "No draft saved for this task"}, **_NOT_YOURS})
+def get_draft(assignment_id: int, request: Request) -> Response:
+    with _transaction(request) as db:
+        user = _api_caller(request, db)
+        draft = annotation.get_draft(db, user, assignment_id)
+        if draft is None:
+            return Response(status_code=204)
+        out = DraftOut.from_model(draft)
+    return Response(out.model_dump_json(), media_type="application/json")
+
+
+@router.put("/api/assignments/{assignment_id}/draft", tags=["annotation"], response_model=DraftOut,
+            dependencies=[Depends(_small_body)],
+            summary="Save the ranking so far of a task you hold, so another device resumes it (the ranking page "
+                    "does this as you rank); cleared when the task is submitted or its lease runs out",
+            responses={**_NOT_YOURS, 409: {"description": "A draft edited later is already saved"},
+                       413: {"description": f"The draft is over {DRAFT_MAX_BYTES} bytes"}})
+def put_draft(assignment_id: int, body: DraftIn, request: Request) -> Response:
+    with _transaction(request) as db:
+        user = _api_caller(request, db)
+        out = DraftOut.from_model(annotation.save_draft(db, user, assignment_id, body))
+    return Response(out.model_dump_json(), media_type="application/json")
 
 
 # --- the ranking page ----------------------------------------------------------------------------
@@ -72,8 +109,10 @@ def _page_context(db, project, user, assignment, **extra) -> dict:  # type: igno
            "k": project.completions_per_prompt, "task": None}
     if assignment is not None:
         task = annotation.task_view(db, project, assignment)
+        draft = annotation.draft_of(db, assignment)
         ctx.update(task=task, prompt=annotation.prompt_of(db, assignment), submission_id=uuid.uuid4().hex,
-                   started_at=datetime.now(UTC).timestamp())
+                   started_at=datetime.now(UTC).timestamp(),
+                   draft=draft.model_dump(mode="json") if draft else None)
     ctx.update(extra)
     return ctx
 
@@ -102,7 +141,9 @@ def annotate_submit(request: Request, project: AnnotatorProject, db: SessionDep,
     try:
         with db.begin_nested():
             body = form.ranking(assignment.id, completion_ids)
-            ranking, _ = rankings.submit(db, project, user, rankings.RankingInput(**body.model_dump()))
+            ranking, created = rankings.submit(db, project, user, rankings.RankingInput(**body.model_dump()))
+            if created:
+                annotation.clear_submitted_draft(db, ranking)
     except (DomainError, ValidationError) as exc:
         # The ranking stays on screen: HTMX shows this message and keeps the form; a plain POST re-renders it.
         error = form.error(exc)

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Select, and_, bindparam, exists, func, insert, or_, select, update
+from sqlalchemy import Select, and_, bindparam, delete, exists, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.errors import NotFound
-from app.models import Assignment, Completion, Project, Prompt, Ranking, User, utcnow
+from app.models import Assignment, AssignmentDraft, Completion, Project, Prompt, Ranking, User, utcnow
 
 GOLD_RATE_DEFAULT = 0.1
 """Share of tasks drawn from gold prompts, when the annotator has unseen ones."""
@@ -97,6 +97,8 @@ _RENEW = (update(Assignment).where(Assignment.id == bindparam("assignment_id"))
           .execution_options(synchronize_session=False))
 _ASSIGNMENTS = Assignment.__table__
 _LEASE = insert(_ASSIGNMENTS).returning(_ASSIGNMENTS.c.id, _ASSIGNMENTS.c.created_at)
+_DROP_DRAFT = (delete(AssignmentDraft).where(AssignmentDraft.assignment_id == bindparam("assignment_id"))
+               .execution_options(synchronize_session=False))
 
 
 def _assignment(project: Project, annotator: User, **values: Any) -> Assignment:
@@ -190,6 +192,8 @@ def _lease(db: Session, project: Project, annotator: User, prompt_id: int, until
         assert existing is not None
         existing.state = "leased"
         existing.leased_until = until
+        # A new lease starts clean: the draft of the one that ran out went with it.
+        db.execute(_DROP_DRAFT, {"assignment_id": existing_id})
         db.flush()
         return existing
     row = db.execute(_LEASE, {"project_id": project.id, "prompt_id": prompt_id, "annotator_id": annotator.id,

@@ -1,18 +1,46 @@
-// The ranking page: keyboard and drag-and-drop ordering into tiers, drafts that survive reloads, and HTMX submit
-// that keeps the ranking on screen when anything fails. No inline script and no style attributes (CSP): layout
-// state lives in classes and the `hidden`/`open` attributes.
+// The ranking page: keyboard and drag-and-drop ordering into tiers, drafts that survive reloads and follow the
+// annotator to another device, and HTMX submit that keeps the ranking on screen when anything fails. No inline
+// script and no style attributes (CSP): layout state lives in classes and the `hidden`/`open` attributes.
 (function () {
   "use strict";
 
   // Controls inside a card stay out of the Tab order (Tab goes card to card); Enter on a card lets them in.
   var CARD_CONTROLS = "select, input, summary, button";
   var COLLAPSED_LINES = 4;  // keep in step with .resp:not(.open) .resp-body in preflab.css
+  // Drafts: kept in localStorage at once, and on the server (PUT /api/assignments/{id}/draft) after a pause in the
+  // ranking, so one request per burst of keys; when the server cannot be reached it is tried again, backing off.
+  var DRAFT_PUT_DELAY_MS = 800;
+  var DRAFT_RETRY_MS = [2000, 5000, 15000, 30000];
   var current = null;  // the controller of the form on screen; HTMX swaps in a new one per task
 
   function load(key) { try { return localStorage.getItem(key); } catch (e) { return null; } }
   function store(key, value) { try { localStorage.setItem(key, value); } catch (e) { /* private mode */ } }
   function forget(key) { try { localStorage.removeItem(key); } catch (e) { /* private mode */ } }
   function draftKey(form) { return "preflab:draft:" + form.dataset.assignment; }
+
+  // A draft is {tiers: [[cid, …], …] best first, flags: {cid: [flag, …]}, seconds_spent, edited_at (ms),
+  // synced (the server holds it)}. Drafts stored before server drafts read as never synced, edited at 0.
+  function parseDraft(raw) {
+    if (!raw) return null;
+    var d;
+    try { d = JSON.parse(raw); } catch (e) { return null; }
+    if (!d || !d.ranked) return d;
+    var tiers = [], flags = {};
+    d.ranked.forEach(function (item, i) {
+      if (i === 0 || !item[1]) tiers.push([]);
+      tiers[tiers.length - 1].push(parseInt(item[0], 10));
+    });
+    (d.flags || []).forEach(function (f) { var cid = f[0].slice(5); (flags[cid] = flags[cid] || []).push(f[1]); });
+    return { tiers: tiers, flags: flags, edited_at: 0, synced: false };
+  }
+  function serverDraft(form) {
+    var d = parseDraft(form.dataset.draft);
+    if (d) { d.edited_at = Date.parse(d.edited_at) || 0; d.synced = true; }
+    return d;
+  }
+  // Whether a failed PUT may succeed later: not when the task is gone (404), a newer draft is saved (409), or the
+  // draft or the session is refused (4xx); yes when offline, rate-limited or the server is busy.
+  function worthRetrying(status) { return status === 0 || status === 429 || status >= 500; }
   function typing(el) { return el && el.matches && el.matches("input:not([type=checkbox]), textarea, select, [contenteditable]"); }
 
   function setup(root) {
@@ -30,6 +58,10 @@
     var status = form.querySelector("#rank-status");
     var keymap = page.querySelector("#keymap");
     var lastButton = null;
+    var draftUrl = "/api/assignments/" + encodeURIComponent(form.dataset.assignment) + "/draft";
+    var csrfInput = form.querySelector("input[name=csrf_token]");
+    var unsent = null;  // the draft the server does not hold yet
+    var putTimer = null, putting = null, putAgain = false, retries = 0, submitting = false;
 
     // Time on task counts only while the page is visible.
     var visibleMs = 0, since = document.hidden ? null : performance.now();
@@ -64,7 +96,7 @@
       if (save !== false) saveDraft();
     }
 
-    function fromSelects() {
+    function fromSelects(save) {
       var entries = cards(ranked).concat(cards(unranked)).map(function (li) {
         return { li: li, rank: parseInt(li.querySelector("select").value, 10) };
       });
@@ -76,28 +108,98 @@
         ranked.appendChild(e.li);
       });
       entries.filter(function (e) { return isNaN(e.rank); }).forEach(function (e) { unranked.appendChild(e.li); });
-      sync();
+      sync(save);
+    }
+
+    // --- drafts: this browser first, then the server ---
+    function currentDraft() {
+      var tiers = [], flags = {};
+      cards(ranked).forEach(function (li, i) {
+        if (i === 0 || li.dataset.tie !== "true") tiers.push([]);
+        tiers[tiers.length - 1].push(parseInt(li.dataset.cid, 10));
+      });
+      form.querySelectorAll("input[type=checkbox][name^=flag_]:checked").forEach(function (c) {
+        var cid = c.name.slice(5);
+        (flags[cid] = flags[cid] || []).push(c.value);
+      });
+      return { tiers: tiers, flags: flags, seconds_spent: Math.min(Math.round(secondsSpent() * 10) / 10, 86400),
+               edited_at: Date.now(), synced: false };
     }
 
     function saveDraft() {
-      var draft = { ranked: cards(ranked).map(function (li) { return [li.dataset.cid, li.dataset.tie === "true"]; }),
-                    flags: Array.prototype.map.call(form.querySelectorAll("input[type=checkbox][name^=flag_]:checked"),
-                                                    function (c) { return [c.name, c.value]; }) };
-      store(draftKey(form), JSON.stringify(draft));
+      unsent = currentDraft();
+      store(draftKey(form), JSON.stringify(unsent));
+      retries = 0;
+      schedulePut(DRAFT_PUT_DELAY_MS);
     }
 
+    function schedulePut(delay) {
+      clearTimeout(putTimer);
+      putTimer = setTimeout(putDraft, delay);
+    }
+
+    function putDraft(leaving) {
+      putTimer = null;
+      if (!unsent || submitting || !document.contains(form)) return;
+      if (putting) { putAgain = true; return; }  // one request at a time; the newest draft goes next
+      var sent = unsent;
+      putting = new AbortController();
+      fetch(draftUrl, {
+        method: "PUT", credentials: "same-origin", keepalive: leaving === true, signal: putting.signal,
+        headers: { "Content-Type": "application/json", "X-CSRF-Token": csrfInput ? csrfInput.value : "" },
+        body: JSON.stringify({ tiers: sent.tiers, flags: sent.flags, seconds_spent: sent.seconds_spent,
+                               edited_at: new Date(sent.edited_at).toISOString() })
+      }).then(function (r) {
+        return r.ok ? r.json().then(function (saved) { putDone(sent, saved); }) : putFailed(sent, r.status);
+      }).catch(function () { putFailed(sent, 0); }).then(function () {
+        putting = null;
+        if (putAgain) { putAgain = false; putDraft(); }
+      });
+    }
+
+    function putDone(sent, saved) {
+      retries = 0;
+      if (unsent !== sent) return;  // changed again meanwhile: that one is on its way
+      unsent = null;
+      // The server's clock from now on, so that this draft and one from another device compare fairly.
+      sent.edited_at = Date.parse(saved.edited_at) || sent.edited_at;
+      sent.synced = true;
+      store(draftKey(form), JSON.stringify(sent));
+    }
+
+    function putFailed(sent, status) {
+      if (unsent !== sent) return;
+      if (!worthRetrying(status)) { unsent = null; return; }  // it stays in this browser
+      schedulePut(DRAFT_RETRY_MS[Math.min(retries, DRAFT_RETRY_MS.length - 1)]);
+      retries += 1;
+    }
+
+    function applyDraft(draft) {
+      (draft.tiers || []).forEach(function (tier) {
+        tier.forEach(function (cid, j) {
+          var li = byId(cid);
+          if (li) { li.dataset.tie = j > 0 ? "true" : "false"; ranked.appendChild(li); }
+        });
+      });
+      Object.keys(draft.flags || {}).forEach(function (cid) {
+        draft.flags[cid].forEach(function (name) {
+          var box = form.querySelector('input[name="flag_' + CSS.escape(cid) + '"][value="' + CSS.escape(name) + '"]');
+          if (box) box.checked = true;
+        });
+      });
+      // The clock goes on from where the draft left it, on whichever device.
+      if (typeof draft.seconds_spent === "number") visibleMs = Math.max(visibleMs, draft.seconds_spent * 1000);
+    }
+
+    // The newer of this browser's draft and the server's (given with the page); one not on the server yet is sent.
     function restoreDraft() {
-      var raw = load(draftKey(form));
-      if (!raw) return false;
-      var draft = JSON.parse(raw);
-      (draft.ranked || []).forEach(function (item) {
-        var li = byId(item[0]);
-        if (li) { li.dataset.tie = item[1] ? "true" : "false"; ranked.appendChild(li); }
-      });
-      (draft.flags || []).forEach(function (f) {
-        var box = form.querySelector('input[name="' + f[0] + '"][value="' + CSS.escape(f[1]) + '"]');
-        if (box) box.checked = true;
-      });
+      var local = parseDraft(load(draftKey(form)));
+      var server = serverDraft(form);
+      var draft = server && (!local || server.edited_at > local.edited_at) ? server : local;
+      if (!draft) return false;
+      applyDraft(draft);
+      if (draft === server) store(draftKey(form), JSON.stringify(server));
+      else if (!draft.synced) { unsent = draft; schedulePut(0); }
       return true;
     }
 
@@ -221,7 +323,7 @@
 
     form.addEventListener("change", function (ev) {
       if (ev.target.tagName === "SELECT" && ev.target.name.indexOf("rank_") === 0) fromSelects();
-      else saveDraft();
+      else if (ev.target.name && ev.target.name.indexOf("flag_") === 0) saveDraft();
     });
     form.addEventListener("click", function (ev) {
       var b = ev.target.closest("button[type=submit]");
@@ -248,12 +350,21 @@
       else if (!skipping && tiers < 2) problem = "Put at least two responses in different places.";
       if (problem) { ev.preventDefault(); showError(problem); return; }
       errorBox.hidden = true;
+      // The submit replaces the draft: no save of it may land after (a 404 then) or race it.
+      submitting = true;
+      clearTimeout(putTimer);
+      if (putting) putting.abort();
     });
     form.addEventListener("submit", function () {
       form.querySelector("input[name=seconds_spent]").value = secondsSpent().toFixed(1);
     });
     form.addEventListener("htmx:afterRequest", function (ev) {
-      if (ev.detail.successful) forget(draftKey(form));
+      submitting = false;
+      if (!ev.detail.successful) { if (unsent) schedulePut(DRAFT_PUT_DELAY_MS); return; }
+      // Submitted: the server dropped its copy with the task; this browser's goes too.
+      unsent = null;
+      clearTimeout(putTimer);
+      forget(draftKey(form));
     });
     form.addEventListener("htmx:responseError", function (ev) {
       var message = "The server refused this submission.";
@@ -320,10 +431,12 @@
     }
 
     form.querySelectorAll(".resp").forEach(lockControls);
-    if (!restoreDraft()) { fromSelects(); } else { sync(); }
+    // Nothing is saved for what was only restored: a draft's time is its last edit, not its last page load.
+    if (!restoreDraft()) fromSelects(false);
     sync(false);
     measure();
-    current = { form: form, onKey: onKey, measure: measure };
+    current = { form: form, onKey: onKey, measure: measure,
+                sendDraft: function (leaving) { if (unsent) { clearTimeout(putTimer); putDraft(leaving); } } };
     // Focus starts on the first card to rank, so a full ranking is K number keys and Ctrl+Enter.
     var first = cards(unranked)[0] || cards(ranked)[0];
     if (first) focusCard(first, { preventScroll: true });
@@ -334,6 +447,11 @@
   document.addEventListener("htmx:afterSettle", function (ev) { init(ev.detail.elt || document); });
   document.addEventListener("keydown", function (ev) {
     if (current && document.contains(current.form)) current.onKey(ev);
+  });
+  // Back online: the draft waiting for the server goes now. Leaving the page: it goes before the page does.
+  window.addEventListener("online", function () { if (current) current.sendDraft(); });
+  document.addEventListener("visibilitychange", function () {
+    if (document.hidden && current) current.sendDraft(true);
   });
   var resizing = null;
   window.addEventListener("resize", function () {

@@ -158,6 +158,10 @@ POLICY: dict[tuple[str, str], Policy] = {
                                       "submission_id": "matrix"}}),
     ("GET", "/projects/{project_id}/annotate"): Policy(ANNOTATE),
     ("POST", "/projects/{project_id}/annotate"): Policy(ANNOTATE, lambda w: {"data": {"x": "1"}}),
+    # a task's draft: its own annotator's alone (not even an admin or the project's lead)
+    ("GET", "/api/assignments/{assignment_id}/draft"): Policy(frozenset({"annotator"})),
+    ("PUT", "/api/assignments/{assignment_id}/draft"): Policy(
+        frozenset({"annotator"}), lambda w: {"json": {"tiers": [[w.a.completion_ids[0]]]}}),
     # agreement and gold
     ("GET", "/api/projects/{project_id}/agreement"): Policy(LEAD_ENG),
     ("PUT", "/api/projects/{project_id}/prompts/{prompt_id}/gold"): Policy(MANAGE, lambda w: {"json": {"tiers": _tiers(w)}}),

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session
 
-from app.models import Completion, Export, Job, ModelEndpoint, Project, Prompt, TrainingRun
+from app.models import Assignment, Completion, Export, Job, ModelEndpoint, Project, Prompt, TrainingRun
 from app.services import constitutions, projects, users
 
 PASSWORD = "correct horse battery staple"
@@ -32,10 +33,13 @@ class ProjectObjects:
     run_id: int
     revision_id: int
     running_run_id: int
+    assignment_id: int = 0
+    """A running lease of the prompt (A: `annotator`'s, B: `outsider`'s), for the routes of one annotator's task."""
 
     def params(self) -> dict[str, Any]:
         return {"project_id": self.project_id, "prompt_id": self.prompt_id, "job_id": self.job_id,
-                "export_id": self.export_id, "run_id": self.run_id, "revision_id": self.revision_id, "version": 1, "name": "pairs.jsonl"}
+                "export_id": self.export_id, "run_id": self.run_id, "revision_id": self.revision_id, "version": 1, "name": "pairs.jsonl",
+                "assignment_id": self.assignment_id}
 
 
 @dataclass
@@ -114,6 +118,12 @@ def seed(db: Session, data_dir: Path) -> World:
                                         overlap=1, rubric_text="Rank B.", criteria=["Correctness"])
     a = _objects(db, project_a, people["lead"], data_dir, "a")
     b = _objects(db, project_b, people["outsider"], data_dir, "b")
+    for objects, holder in ((a, people["annotator"]), (b, people["outsider"])):
+        lease = Assignment(project_id=objects.project_id, prompt_id=objects.prompt_id, annotator_id=holder.id,
+                           state="leased", leased_until=datetime.now(UTC) + timedelta(days=1))
+        db.add(lease)
+        db.flush()
+        objects.assignment_id = lease.id
     tokens: dict[str, str] = {}
     for who in IDENTITIES[1:]:
         _, tokens[who] = users.create_token(db, people[who], "world")
