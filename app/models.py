@@ -331,6 +331,7 @@ class AssignmentDraft(Base):
     edited_at: Mapped[datetime] = mapped_column(UTCDateTime())
     saved_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
+
 class JudgeRun(Base):
     """One pass of an AI judge over prompts, under one constitution version."""
 

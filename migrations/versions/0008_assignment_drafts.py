@@ -1,5 +1,7 @@
 """assignment drafts: the unsent ranking of a leased task, kept on the server so another device resumes it
 
+Downgrade: drops the table; the drafts of tasks still leased are lost (each browser keeps its own copy).
+
 Revision ID: 0008
 Revises: 0007
 Create Date: 2026-12-02 10:00:00.000000

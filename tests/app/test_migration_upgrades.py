@@ -40,6 +40,7 @@ def seed(url: str) -> None:
     from app.db import make_engine, make_session_factory, session_scope
     from app.models import (
         Assignment,
+        AssignmentDraft,
         AuditEvent,
         Completion,
         Constitution,
@@ -107,6 +108,13 @@ def seed(url: str) -> None:
                               constitution_id=constitution.id, tiers=[[ids[0]], [ids[1]], [ids[2]]],
                               meta={"method": "pairwise", "confidence": 0.8}), Pair, expand_tiers,
                   meta={"p_ab": 0.9, "p_ba": 0.2})
+        # A task still being ranked, with a draft kept on the server (0008).
+        leased = Assignment(project_id=project.id, prompt_id=prompt.id, annotator_id=lead.id, state="leased",
+                            leased_until=now + timedelta(minutes=45))
+        db.add(leased)
+        db.flush()
+        db.add(AssignmentDraft(assignment_id=leased.id, tiers=[[ids[2]], [ids[0]]], flags={str(ids[1]): ["unsafe"]},
+                               seconds_spent=5.5, edited_at=now, saved_at=now))
         job = Job(kind="export", project_id=project.id, payload={"export_id": 1}, state="succeeded", progress=1.0,
                   attempts=1, log_path="/srv/preflab/jobs/1.log", result={"rows": 30}, created_by_id=lead.id,
                   started_at=now, finished_at=now)
