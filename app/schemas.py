@@ -142,14 +142,19 @@ class ModelEndpointOut(BaseModel):
 class ModelEndpointAdminOut(ModelEndpointOut):
     base_url: str
     has_api_key: bool = Field(description="Whether a key is stored; the key itself is never returned.")
+    api_key_status: Literal["none", "stored", "unreadable"] = Field(
+        description='"unreadable": no configured encryption key decrypts the stored key; jobs using this endpoint '
+                    "fail until an admin enters the key again.")
     allow_private: bool
     created_by: str | None
     created_at: datetime
 
     @classmethod
-    def from_model(cls, endpoint: ModelEndpoint) -> ModelEndpointAdminOut:
+    def from_model(cls, endpoint: ModelEndpoint, key_status: Literal["none", "stored", "unreadable"]
+                   ) -> ModelEndpointAdminOut:
         return cls(id=endpoint.id, name=endpoint.name, model=endpoint.model, base_url=endpoint.base_url,
-                   has_api_key=bool(endpoint.api_key), allow_private=endpoint.allow_private,
+                   has_api_key=endpoint.api_key_stored is not None, api_key_status=key_status,
+                   allow_private=endpoint.allow_private,
                    created_by=endpoint.created_by.email if endpoint.created_by else None,
                    created_at=endpoint.created_at)
 
