@@ -250,7 +250,8 @@ class SamplingJobIn(Strict):
                           description="Completions wanted per prompt (default: the project's K).")
     prompt_ids: list[int] | None = Field(default=None, max_length=100_000, description="Only these prompts.")
     seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
-    resample_duplicates: int = Field(default=0, ge=0, le=5, description="Tries to replace near-duplicate answers.")
+    resample_duplicates: int = Field(default=0, ge=0, le=5, description=(
+        "Tries to replace empty, blank and near-duplicate answers; what is still empty or identical is dropped."))
 
 
 class JobAccepted(BaseModel):
