@@ -1,4 +1,5 @@
-"""The `preflab` command: serve, demo, migrate, backup, restore, user, token, import, export, train."""
+"""The `preflab` command: serve, demo, migrate, backup, restore, user, token, import, export, train,
+rotate-encryption-key."""
 
 from __future__ import annotations
 
@@ -420,6 +421,41 @@ def _literal(value: str):  # type: ignore[no-untyped-def]
         return tomllib.loads(f"v = {value}")["v"]
     except tomllib.TOMLDecodeError:
         return value
+
+
+@cli.command("rotate-encryption-key")
+def rotate_encryption_key(
+        forget_unreadable: Annotated[bool, typer.Option(
+            "--forget-unreadable", help="Remove the keys no configured encryption key opens (an admin enters them "
+                                        "again) instead of stopping with nothing changed")] = False) -> None:
+    """Re-encrypt every model-endpoint API key under the current encryption key, in one transaction.
+
+    With PREFLAB_ENCRYPTION_KEY: set it to the new key and PREFLAB_ENCRYPTION_KEY_OLD to the old one (on the
+    servers and workers too), run this, then unset PREFLAB_ENCRYPTION_KEY_OLD. Without it (dev, demo): a new key
+    is generated into DATA_DIR/encryption_key. Keys stored in plain text are encrypted too."""
+    from app.crypto import Keyring, KeyringError, finish_rotation, start_rotation
+    from app.db import session_scope
+    from app.errors import Invalid
+    from app.services import endpoints
+
+    settings = _settings()
+    if not _at_head(settings):
+        _fail("the database schema is not current; run `preflab migrate` first")
+    keyring = Keyring(settings)
+    try:
+        next_file = start_rotation(keyring)
+        with session_scope(_session_factory(settings)) as db:
+            report = endpoints.reencrypt_all(db, keyring, forget_unreadable=forget_unreadable)
+    except (KeyringError, Invalid) as exc:
+        _fail(f"{exc}; nothing was changed")
+    finish_rotation(next_file)
+    typer.echo(f"re-encrypted {report.reencrypted} API key(s) under {keyring.source} ({report.from_old_key} were "
+               f"under an old key, {report.from_plain} in plain text)")
+    if report.forgotten:
+        typer.echo(f"removed {report.forgotten} unreadable key(s), of: {', '.join(report.unreadable or [])}; "
+                   "enter them again on the model endpoints page")
+    if settings.encryption_key_old is not None:
+        typer.echo("PREFLAB_ENCRYPTION_KEY_OLD is no longer needed: unset it and restart the servers and workers")
 
 
 def _redact(url: str) -> str:

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from app import permissions, security
 from app.cookies import CSRF_FIELD, CSRF_HEADER, SESSION_COOKIE, browser_id
+from app.crypto import Keyring
 from app.db import session_scope
 from app.models import User
 from app.services import users
@@ -35,6 +36,14 @@ def get_db(request: Request) -> Iterator[Session]:
 
 # scope="function": commit before the response is sent, so a failed commit is never reported as success.
 SessionDep = Annotated[Session, Depends(get_db, scope="function")]
+
+
+def get_keyring(request: Request) -> Keyring:
+    """The keys that encrypt model-endpoint API keys at rest (app/crypto.py)."""
+    return request.app.state.keyring
+
+
+KeyringDep = Annotated[Keyring, Depends(get_keyring)]
 
 
 class LoginRequired(Exception):

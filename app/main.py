@@ -11,6 +11,7 @@ from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException
 
 from app import __version__
+from app.crypto import Keyring
 from app.db import RetryTransientErrors, make_engine, make_session_factory
 from app.deps import LoginRequired, csrf_guard
 from app.errors import DomainError, TooManyAttempts
@@ -79,6 +80,31 @@ def _refuse_newer_schema(engine: Engine) -> None:
         pass  # the database is down at start: /healthz reports it, and requests fail until it is back
 
 
+def _seal_plain_keys(app: FastAPI) -> None:
+    """Encrypt the model-endpoint API keys an older version stored in plain text (app/crypto.py), at every start:
+    the upgrade is done the first time the new version starts, with the encryption key only the app has."""
+    import logging
+
+    from sqlalchemy.exc import OperationalError, ProgrammingError
+
+    from app.db import session_scope
+    from app.services import endpoints
+
+    log = logging.getLogger("preflab.crypto")
+    try:
+        with session_scope(app.state.session_factory) as db:
+            sealed = endpoints.seal_plain_keys(db, app.state.keyring)
+            left = endpoints.plain_key_count(db)
+    except (OperationalError, ProgrammingError):  # a schema not migrated yet: `preflab migrate` says so
+        log.warning("model-endpoint API keys not checked: the database schema is not current")
+        return
+    if sealed:
+        log.info("encrypted %d model-endpoint API key(s) stored in plain text", sealed)
+    if left:
+        log.warning("%d model-endpoint API key(s) are stored in plain text: set PREFLAB_ENCRYPTION_KEY and restart "
+                    "to encrypt them (SECURITY.md, 'Secrets at rest')", left)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     app = FastAPI(title="preflab", version=__version__, description=DESCRIPTION,
@@ -89,6 +115,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.session_factory = make_session_factory(app.state.engine)
     _refuse_newer_schema(app.state.engine)
     app.state.login_throttle = LoginThrottle()
+    app.state.keyring = Keyring(settings)
+    _seal_plain_keys(app)
 
     app.add_middleware(BodyLimitMiddleware, max_bytes=(settings.max_upload_mb + 1) * 1024 * 1024)
     app.add_middleware(BrowserIdAndHeadersMiddleware, secure_cookies=settings.cookies_secure,

@@ -141,7 +141,9 @@ class ModelEndpoint(Base):
     name: Mapped[str] = mapped_column(String(100), unique=True)
     base_url: Mapped[str] = mapped_column(String(1000))
     model: Mapped[str] = mapped_column(String(300))
-    api_key: Mapped[str | None] = mapped_column(String(500))
+    api_key_stored: Mapped[str | None] = mapped_column("api_key", Text)
+    """The API key encrypted (`fernet:<token>`, app/crypto.py); read it through app.services.endpoints only.
+    Text, since a token is about 1.4 times the key plus 80 characters."""
     allow_private: Mapped[bool] = mapped_column(Boolean, default=False)
     """The admin trusts this host although it resolves to a private or loopback address."""
     created_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))

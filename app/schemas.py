@@ -142,14 +142,19 @@ class ModelEndpointOut(BaseModel):
 class ModelEndpointAdminOut(ModelEndpointOut):
     base_url: str
     has_api_key: bool = Field(description="Whether a key is stored; the key itself is never returned.")
+    api_key_status: Literal["none", "stored", "unreadable"] = Field(
+        description='"unreadable": no configured encryption key decrypts the stored key; jobs using this endpoint '
+                    "fail until an admin enters the key again.")
     allow_private: bool
     created_by: str | None
     created_at: datetime
 
     @classmethod
-    def from_model(cls, endpoint: ModelEndpoint) -> ModelEndpointAdminOut:
+    def from_model(cls, endpoint: ModelEndpoint, key_status: Literal["none", "stored", "unreadable"]
+                   ) -> ModelEndpointAdminOut:
         return cls(id=endpoint.id, name=endpoint.name, model=endpoint.model, base_url=endpoint.base_url,
-                   has_api_key=bool(endpoint.api_key), allow_private=endpoint.allow_private,
+                   has_api_key=endpoint.api_key_stored is not None, api_key_status=key_status,
+                   allow_private=endpoint.allow_private,
                    created_by=endpoint.created_by.email if endpoint.created_by else None,
                    created_at=endpoint.created_at)
 
@@ -277,7 +282,8 @@ class SamplingJobIn(Strict):
                           description="Completions wanted per prompt (default: the project's K).")
     prompt_ids: list[int] | None = Field(default=None, max_length=100_000, description="Only these prompts.")
     seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
-    resample_duplicates: int = Field(default=0, ge=0, le=5, description="Tries to replace near-duplicate answers.")
+    resample_duplicates: int = Field(default=0, ge=0, le=5, description=(
+        "Tries to replace empty, blank and near-duplicate answers; what is still empty or identical is dropped."))
 
 
 class JobAccepted(BaseModel):

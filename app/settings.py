@@ -6,7 +6,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # Values that mean "nobody chose a secret": refused in production.
@@ -31,6 +31,12 @@ class Settings(BaseSettings):
     burst open and close connections, which costs more than the requests themselves."""
     secret_key: str | None = None
     """Signs cookies and CSRF tokens. Required in production; generated into DATA_DIR otherwise."""
+    encryption_key: SecretStr | None = None
+    """Encrypts model-endpoint API keys at rest (a Fernet key). Needed in production to store a key;
+    generated into DATA_DIR/encryption_key otherwise."""
+    encryption_key_old: SecretStr | None = None
+    """Earlier encryption keys, comma-separated: they decrypt, never encrypt. Set during a rotation
+    (`preflab rotate-encryption-key`), unset after it."""
     data_dir: Path = Path("./data")
     """Where exports, job logs, model outputs and the generated dev secret live."""
     max_upload_mb: int = Field(default=50, ge=1, le=10_000)
@@ -59,6 +65,18 @@ class Settings(BaseSettings):
             value = "postgresql+psycopg://" + value[len("postgresql://"):]
         if not (value.startswith("sqlite") or value.startswith("postgresql+psycopg")):
             raise ValueError("PREFLAB_DATABASE_URL must be a sqlite:/// or postgresql:// URL")
+        return value
+
+    @field_validator("encryption_key", "encryption_key_old")
+    @classmethod
+    def _fernet_keys(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value().strip():
+            return None
+        from app.crypto import check_key
+
+        for part in value.get_secret_value().split(","):
+            if part.strip():
+                check_key(part)
         return value
 
     @model_validator(mode="after")

@@ -19,6 +19,10 @@ from sqlalchemy.orm import Session
 PG_URL = os.environ.get("PREFLAB_TEST_DATABASE_URL", "")
 IN_CI = os.environ.get("CI", "").lower() == "true"
 TEST_SECRET = "test-secret-key-that-is-long-enough-for-production-0123456789"
+TEST_ENCRYPTION_KEY = "hV0bY8cZq3o5pM6Tq0uU1lX7cQe2yWm9nK4rJ8sD1aE="
+# One encryption key for every Settings a test builds (apps, workers, CLI subprocesses), as a deployment's server
+# and workers share one: they have different data directories here, so generated dev keys would not match.
+os.environ.setdefault("PREFLAB_ENCRYPTION_KEY", TEST_ENCRYPTION_KEY)
 PASSWORD = "correct horse battery staple"
 
 

@@ -25,6 +25,7 @@ texts for the same request; OpenAI itself only tries. No seed is sent when none 
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import email.utils
@@ -469,8 +470,11 @@ class OpenAIGenerator:
     """Backend "openai": any OpenAI-compatible server (vLLM, TGI, llama.cpp, Ollama, OpenAI).
 
     `base_url` is the API root including `/v1` (a bare host gets `/v1` appended). Each request asks
-    for up to `max_n` samples of one prompt; n above that is split over several requests (set
-    `max_n=1` for servers that ignore `n`, like Ollama). At most `concurrency` requests are in flight.
+    for up to `max_n` samples of one prompt; n above that is split over several requests. A server that
+    answers fewer choices than asked (one that caps `n`, or ignores it, like transformers' `serve` and
+    Ollama) is detected on the first request asking for more than one, which is sent alone: its choices
+    are kept, and from then on each request asks for at most what it answered (`n_cap`; `max_n=1` skips
+    the check). At most `concurrency` requests are in flight.
     429, 5xx, timeouts and connection errors are retried `max_retries` times with exponential backoff
     and full jitter (`backoff_s · 2^attempt`, capped at `max_backoff_s`), or after Retry-After when the
     server sends one (capped the same way). `api="completions"` takes string prompts only.
@@ -506,6 +510,11 @@ class OpenAIGenerator:
         self.name = f"openai:{model}"
         self.__api_key = api_key or None  # name-mangled and left out of repr/describe on purpose
         self.address_check = address_check
+        self.n_cap: int | None = None
+        """The most choices the server answered for one request, once it answered fewer than asked."""
+        self.n_cap_seen: tuple[int, int] | None = None
+        """(n asked, choices answered) of the request that revealed `n_cap`, for the job log."""
+        self._n_checked = False  # a request asking for more than one sample has been answered
         self._client: Any = None
         self._client_lock = threading.Lock()
 
@@ -628,13 +637,14 @@ class OpenAIGenerator:
         return body
 
     def _parse(self, data: Any, n: int, seed: int | None) -> list[Sample]:
+        """The 1..n samples the answer holds (fewer than n when the server caps n), or GenerationError."""
         url = self.base_url + ("/chat/completions" if self.api == "chat" else "/completions")
         choices = data.get("choices") if isinstance(data, dict) else None
         if not isinstance(choices, list):
             raise GenerationError(f"{url} gave a malformed answer: no choices list")
-        if len(choices) != n:
-            raise GenerationError(f"{url} returned {len(choices)} choices for n={n}; if the server caps n, "
-                                  "set max_n to that cap")
+        if not choices or len(choices) > n:
+            raise GenerationError(f"{url} returned {len(choices)} choices for n={n}")
+        n = len(choices)  # fewer than asked: a server that caps or ignores n (the caller asks again for the rest)
         indexed: dict[int, dict[str, Any]] = {}
         for k, choice in enumerate(choices):
             if not isinstance(choice, dict):
@@ -676,8 +686,9 @@ class OpenAIGenerator:
         if self.api == "completions" and any(not isinstance(p, str) for p in prompts):
             raise GenerationError('chat-message prompts need api="chat"')
         path = "/chat/completions" if self.api == "chat" else "/completions"
-        # one job per (prompt, chunk of ≤ max_n samples)
-        jobs = [(j, a, min(self.max_n, n - a)) for j in range(len(prompts)) for a in range(0, n, self.max_n)]
+        # one job per (prompt, chunk of ≤ max_n samples); a chunk is cut smaller once the server's cap is known
+        jobs = collections.deque((j, a, min(self.max_n, n - a)) for j in range(len(prompts))
+                                 for a in range(0, n, self.max_n))
         total = len(prompts) * n
         results: list[list[Sample | None]] = [[None] * n for _ in prompts]
         remaining = [n] * len(prompts)
@@ -695,16 +706,13 @@ class OpenAIGenerator:
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.concurrency)
         try:
             pending: dict[concurrent.futures.Future[list[Sample]], tuple[int, int, int]] = {}
-            queue = iter(jobs)
             stopped = False
             while True:
-                while not stopped and failure is None and len(pending) < self.concurrency:
-                    job = next(queue, None)
-                    if job is None:
-                        break
+                while not stopped and failure is None and jobs and len(pending) < self._in_flight_limit(jobs):
                     if should_stop is not None and should_stop():
                         stopped = True
                         break
+                    job = self._next_chunk(jobs)
                     pending[pool.submit(run, *job)] = job
                 if not pending:
                     break
@@ -719,9 +727,13 @@ class OpenAIGenerator:
                     except BaseException as exc:  # first failure wins; let in-flight requests end
                         failure = failure or exc
                         continue
-                    results[j][a:a + size] = samples
-                    remaining[j] -= size
-                    done += size
+                    got = len(samples)
+                    self._note_answer(size, got)
+                    if got < size:  # the rest of this chunk, asked again (each its own seed: s + position)
+                        jobs.appendleft((j, a + got, size - got))
+                    results[j][a:a + got] = samples
+                    remaining[j] -= got
+                    done += got
                     if progress is not None:
                         progress(done, total)
             if failure is not None:
@@ -731,6 +743,30 @@ class OpenAIGenerator:
         finally:
             pool.shutdown(wait=True)
         return results  # type: ignore[return-value]
+
+
+    def _in_flight_limit(self, jobs: collections.deque[tuple[int, int, int]]) -> int:
+        """One request alone until the server has answered one asking for several samples (its cap on n is
+        learnt from it); `concurrency` after that."""
+        if self._n_checked or all(size == 1 for _, _, size in jobs):
+            return self.concurrency
+        return 1
+
+    def _next_chunk(self, jobs: collections.deque[tuple[int, int, int]]) -> tuple[int, int, int]:
+        """The next (prompt, offset, size) to request, cut to the server's cap when one is known."""
+        j, a, size = jobs.popleft()
+        cap = min(self.max_n, self.n_cap or self.max_n)
+        if size > cap:
+            jobs.appendleft((j, a + cap, size - cap))
+            size = cap
+        return j, a, size
+
+    def _note_answer(self, asked: int, got: int) -> None:
+        if asked > 1:
+            self._n_checked = True
+        if got < asked and (self.n_cap is None or got < self.n_cap):
+            self.n_cap = got
+            self.n_cap_seen = (asked, got)
 
 
 class _Stopped(Exception):  # noqa: N818 - internal signal from a retry wait

@@ -8,6 +8,7 @@ from typing import Any, Protocol, TypeVar
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.crypto import Keyring
 from app.errors import DomainError
 from app.services import endpoints, jobs
 from app.settings import Settings
@@ -87,9 +88,10 @@ def job_row(db: Session, model: type[T], row_id: int, what: str) -> T:
 
 def runtime_generator(ctx: JobContext, stored: dict[str, Any], what: str = "generator") -> tuple[Any, dict[str, Any]]:
     """(generator, spec) built now: a model endpoint's URL and key are read (and the URL checked again) when the job
-    runs, so neither ever sits in the job's payload; its client checks every address it connects to as well."""
+    runs, so neither ever sits in the job's payload; its client checks every address it connects to as well. A key
+    no configured encryption key opens fails this job (JobError naming the endpoint), nothing else."""
     with ctx.session_factory() as db:
         try:
-            return endpoints.runtime_generator(db, dict(stored), field=what)
+            return endpoints.runtime_generator(db, dict(stored), field=what, keyring=Keyring(ctx.settings))
         except DomainError as exc:
             raise JobError(f"{what}: {exc.message}") from None

@@ -85,6 +85,8 @@ def _run(ctx: JobContext) -> dict[str, Any]:
         tr.state = "running"
         kind = tr.kind
         resolved = dict((tr.config or {}).get("resolved") or {})
+        if isinstance(resolved.get("server_base_url"), str):  # the trainer fetches from it: checked again now
+            resolved["server_base_url"] = _checked_server_url(db, resolved["server_base_url"])
     out = training_runs.run_dir(ctx.settings.data_dir, run_id)
     out.mkdir(parents=True, exist_ok=True)
     config = resolved | {"out": str(out)}
@@ -144,6 +146,19 @@ def _run(ctx: JobContext) -> dict[str, Any]:
         result["human_check"] = write_human_check(ctx, run_id)
     _set_state(ctx, run_id, "succeeded")
     return result
+
+
+def _checked_server_url(db: Any, url: str) -> str:
+    """A rollout server URL (GRPO's `server_base_url`) under the model endpoints' outbound rules as they stand now
+    (a name may resolve inward since the run was accepted, an endpoint's trust may be withdrawn), or JobError."""
+    from app.errors import DomainError
+    from app.jobs.context import JobError
+    from app.services import endpoints
+
+    try:
+        return endpoints.recheck_server_url(db, url, field="config.server_base_url")
+    except DomainError as exc:
+        raise JobError(f"config.server_base_url: {exc.message}") from None
 
 
 def _clear_dead_attempt(ctx: JobContext, run_id: int, out: Path) -> None:

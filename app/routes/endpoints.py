@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from app import permissions
-from app.deps import CurrentUser, EndpointAdmin, SessionDep
+from app.deps import CurrentUser, EndpointAdmin, KeyringDep, SessionDep
 from app.schemas import ModelEndpointAdminOut, ModelEndpointIn, ModelEndpointOut, ModelEndpointPatch
 from app.services import endpoints
 
@@ -13,27 +13,29 @@ router = APIRouter(prefix="/api", tags=["model endpoints"])
 
 
 @router.get("/model-endpoints", summary="Model endpoints to pick from (admins also see URLs; keys never)")
-def list_endpoints(db: SessionDep, user: CurrentUser) -> list[ModelEndpointAdminOut] | list[ModelEndpointOut]:
+def list_endpoints(db: SessionDep, user: CurrentUser,
+                   keyring: KeyringDep) -> list[ModelEndpointAdminOut] | list[ModelEndpointOut]:
     items = endpoints.list_endpoints(db)
     if permissions.may_account(user, "endpoints.manage"):
-        return [ModelEndpointAdminOut.from_model(e) for e in items]
+        return [ModelEndpointAdminOut.from_model(e, endpoints.key_status(e, keyring)) for e in items]
     return [ModelEndpointOut(id=e.id, name=e.name, model=e.model) for e in items]
 
 
 @router.post("/model-endpoints", status_code=201, summary="Add a model endpoint (admin)")
-def create_endpoint(body: ModelEndpointIn, db: SessionDep, admin: EndpointAdmin) -> ModelEndpointAdminOut:
-    endpoint = endpoints.create(db, admin, name=body.name, base_url=body.base_url, model=body.model,
+def create_endpoint(body: ModelEndpointIn, db: SessionDep, admin: EndpointAdmin,
+                    keyring: KeyringDep) -> ModelEndpointAdminOut:
+    endpoint = endpoints.create(db, admin, keyring, name=body.name, base_url=body.base_url, model=body.model,
                                 api_key=body.api_key, allow_private=body.allow_private)
-    return ModelEndpointAdminOut.from_model(endpoint)
+    return ModelEndpointAdminOut.from_model(endpoint, endpoints.key_status(endpoint, keyring))
 
 
 @router.patch("/model-endpoints/{endpoint_id}", summary="Change a model endpoint (admin)")
 def update_endpoint(endpoint_id: int, body: ModelEndpointPatch, db: SessionDep,
-                    admin: EndpointAdmin) -> ModelEndpointAdminOut:
-    endpoint = endpoints.update(db, admin, endpoints.get(db, endpoint_id), name=body.name, base_url=body.base_url,
-                                model=body.model, api_key=body.api_key, clear_api_key=body.clear_api_key,
-                                allow_private=body.allow_private)
-    return ModelEndpointAdminOut.from_model(endpoint)
+                    admin: EndpointAdmin, keyring: KeyringDep) -> ModelEndpointAdminOut:
+    endpoint = endpoints.update(db, admin, keyring, endpoints.get(db, endpoint_id), name=body.name,
+                                base_url=body.base_url, model=body.model, api_key=body.api_key,
+                                clear_api_key=body.clear_api_key, allow_private=body.allow_private)
+    return ModelEndpointAdminOut.from_model(endpoint, endpoints.key_status(endpoint, keyring))
 
 
 @router.delete("/model-endpoints/{endpoint_id}", status_code=204, summary="Remove a model endpoint (admin)")

@@ -7,7 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse, Response
 
-from app.deps import AdminPageUser, EndpointAdminPage, SessionDep
+from app.crypto import Keyring
+from app.deps import AdminPageUser, EndpointAdminPage, KeyringDep, SessionDep
 from app.forms import EndpointForm, EndpointUpdateForm, UserForm, UserUpdateForm
 from app.routes.form_pages import FormPage
 from app.services import endpoints, users
@@ -46,36 +47,41 @@ def update_user(request: Request, user_id: int, db: SessionDep, admin: AdminPage
 # --- model endpoints --------------------------------------------------------------------------------------
 
 
-def _endpoints(db: SessionDep) -> dict:
-    return {"endpoints": endpoints.list_endpoints(db), "form": {}}
+def _endpoints_page(keyring: Keyring) -> FormPage:
+    """The page, with each endpoint's key status (stored, unreadable, none) for the request's keyring."""
 
+    def context(db: SessionDep) -> dict:
+        items = endpoints.list_endpoints(db)
+        return {"endpoints": items, "key_status": {e.id: endpoints.key_status(e, keyring) for e in items},
+                "form": {}}
 
-ENDPOINTS_PAGE = FormPage("admin_endpoints.html", _endpoints, redirect="/admin/endpoints")
+    return FormPage("admin_endpoints.html", context, redirect="/admin/endpoints")
 
 
 @router.get("/admin/endpoints")
-def endpoints_page(request: Request, db: SessionDep, admin: EndpointAdminPage) -> Response:
-    return ENDPOINTS_PAGE.show(request, db)
+def endpoints_page(request: Request, db: SessionDep, admin: EndpointAdminPage, keyring: KeyringDep) -> Response:
+    return _endpoints_page(keyring).show(request, db)
 
 
 @router.post("/admin/endpoints")
-def create_endpoint(request: Request, db: SessionDep, admin: EndpointAdminPage,
+def create_endpoint(request: Request, db: SessionDep, admin: EndpointAdminPage, keyring: KeyringDep,
                     form: Annotated[EndpointForm, Form()]) -> Response:
-    return ENDPOINTS_PAGE.submit(request, db, form,  # the key is not echoed back (EndpointForm.SECRET)
-                                 lambda body: endpoints.create(db, admin, name=body.name, base_url=body.base_url,
-                                                               model=body.model, api_key=body.api_key,
-                                                               allow_private=body.allow_private))
+    return _endpoints_page(keyring).submit(request, db, form,  # the key is not echoed back (EndpointForm.SECRET)
+                                           lambda body: endpoints.create(db, admin, keyring, name=body.name,
+                                                                         base_url=body.base_url, model=body.model,
+                                                                         api_key=body.api_key,
+                                                                         allow_private=body.allow_private))
 
 
 @router.post("/admin/endpoints/{endpoint_id}")
 def update_endpoint(request: Request, endpoint_id: int, db: SessionDep, admin: EndpointAdminPage,
-                    form: Annotated[EndpointUpdateForm, Form()]) -> Response:
+                    keyring: KeyringDep, form: Annotated[EndpointUpdateForm, Form()]) -> Response:
     endpoint = endpoints.get(db, endpoint_id)
-    return ENDPOINTS_PAGE.submit(request, db, form,
-                                 lambda body: endpoints.update(db, admin, endpoint, name=body.name,
-                                                               base_url=body.base_url, model=body.model,
-                                                               api_key=body.api_key, clear_api_key=body.clear_api_key,
-                                                               allow_private=body.allow_private))
+    return _endpoints_page(keyring).submit(
+        request, db, form, lambda body: endpoints.update(db, admin, keyring, endpoint, name=body.name,
+                                                         base_url=body.base_url, model=body.model,
+                                                         api_key=body.api_key, clear_api_key=body.clear_api_key,
+                                                         allow_private=body.allow_private))
 
 
 @router.post("/admin/endpoints/{endpoint_id}/delete")

@@ -2,17 +2,21 @@
 
 A generator spec stored in a job says `{"backend": "openai", "endpoint_id": 3, "model": ...}`; the base URL and
 API key are looked up (and the URL checked again) only when a worker builds the generator, so a key never lands
-in a job payload, a judge run's parameters or a log line.
+in a job payload, a judge run's parameters or a log line. Keys are stored encrypted (app/crypto.py): they are
+encrypted here on the way in and decrypted only for a worker's generator.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
-from sqlalchemy import select
+from sqlalchemy import select, text
+from sqlalchemy import update as sql_update
 from sqlalchemy.orm import Session
 
 from app import permissions
+from app.crypto import Keyring, KeyringError, KeyUnreadable, encrypted_under_current, is_encrypted
 from app.errors import Conflict, Invalid, NotFound
 from app.models import ModelEndpoint, User
 from app.services import audit, outbound
@@ -51,14 +55,23 @@ def _clean_model(model: str) -> str:
     return model
 
 
-def create(db: Session, actor: User, *, name: str, base_url: str, model: str, api_key: str | None = None,
-           allow_private: bool = False) -> ModelEndpoint:
-    """A new endpoint, or Invalid / Conflict naming the field. The URL is checked (and resolved) now."""
+def _sealed(keyring: Keyring, api_key: str) -> str:
+    try:
+        return keyring.encrypt(api_key)
+    except KeyringError as exc:
+        raise Invalid(str(exc), field="api_key") from None
+
+
+def create(db: Session, actor: User, keyring: Keyring, *, name: str, base_url: str, model: str,
+           api_key: str | None = None, allow_private: bool = False) -> ModelEndpoint:
+    """A new endpoint, or Invalid / Conflict naming the field. The URL is checked (and resolved) now; the key
+    is stored encrypted under `keyring`'s current key."""
     permissions.require_account(actor, "endpoints.manage")
+    key = (api_key or "").strip()
     endpoint = ModelEndpoint(name=_clean_name(db, name), model=_clean_model(model),
                              base_url=outbound.check_base_url(base_url, allow_private=allow_private),
-                             api_key=(api_key or "").strip() or None, allow_private=bool(allow_private),
-                             created_by_id=actor.id)
+                             api_key_stored=_sealed(keyring, key) if key else None,
+                             allow_private=bool(allow_private), created_by_id=actor.id)
     db.add(endpoint)
     db.flush()
     audit.record(db, actor, "model_endpoint.create", object_type="model_endpoint", object_id=endpoint.id,
@@ -66,7 +79,7 @@ def create(db: Session, actor: User, *, name: str, base_url: str, model: str, ap
     return endpoint
 
 
-def update(db: Session, actor: User, endpoint: ModelEndpoint, *, name: str | None = None,
+def update(db: Session, actor: User, keyring: Keyring, endpoint: ModelEndpoint, *, name: str | None = None,
            base_url: str | None = None, model: str | None = None, api_key: str | None = None,
            clear_api_key: bool = False, allow_private: bool | None = None) -> ModelEndpoint:
     """Change the given fields. `api_key=None` keeps the stored key (it is never shown, so forms send it blank);
@@ -88,14 +101,25 @@ def update(db: Session, actor: User, endpoint: ModelEndpoint, *, name: str | Non
                                                     allow_private=endpoint.allow_private)
         changed.append("base_url")
     if clear_api_key:
-        endpoint.api_key = None
+        endpoint.api_key_stored = None
         changed.append("api_key")
     elif api_key is not None and api_key.strip():
-        endpoint.api_key = api_key.strip()
+        endpoint.api_key_stored = _sealed(keyring, api_key.strip())
         changed.append("api_key")
     audit.record(db, actor, "model_endpoint.update", object_type="model_endpoint", object_id=endpoint.id,
                  changed=sorted(set(changed)))
     return endpoint
+
+
+KeyStatus = Literal["none", "stored", "unreadable"]
+
+
+def key_status(endpoint: ModelEndpoint, keyring: Keyring) -> KeyStatus:
+    """What an admin sees about the stored key: none, stored (and decryptable), or unreadable (no configured
+    encryption key opens it: the jobs using this endpoint fail until an admin enters the key again)."""
+    if endpoint.api_key_stored is None:
+        return "none"
+    return "stored" if keyring.readable(endpoint.api_key_stored) else "unreadable"
 
 
 def delete(db: Session, actor: User, endpoint: ModelEndpoint) -> None:
@@ -146,18 +170,21 @@ def choose(db: Session, actor: User, generator: dict[str, Any], *, field: str = 
     return spec
 
 
-def runtime_generator(db: Session, spec: dict[str, Any], *, field: str = "generator") -> tuple[Any, dict[str, Any]]:
+def runtime_generator(db: Session, spec: dict[str, Any], *, field: str = "generator",
+                      keyring: Keyring | None = None) -> tuple[Any, dict[str, Any]]:
     """(generator, resolved spec) for a job: the spec `training.generation.make_generator` takes, with the endpoint's
     URL and key filled in and the URL checked again now (DNS may have changed since the job was queued; the resolved
     spec is never stored anywhere), and an openai client that checks every address it connects to by the endpoint's
-    trust, so a DNS answer that changes after the URL check is refused too.
-    Raises Invalid, or the generator's SpecError (a ValueError) naming the bad key."""
-    resolved, allow_private = _resolve(db, spec, field)
+    trust, so a DNS answer that changes after the URL check is refused too. The endpoint's key is decrypted with
+    `keyring`; without one (an up-front check, which never connects) the generator has no key.
+    Raises Invalid (also for a key no configured encryption key opens), or the generator's SpecError
+    (a ValueError) naming the bad key."""
+    resolved, allow_private = _resolve(db, spec, field, keyring)
     guard = outbound.address_guard(allow_private) if resolved.get("backend") == "openai" else None
     return make_generator(resolved, address_check=guard), resolved
 
 
-def _resolve(db: Session, spec: dict[str, Any], field: str) -> tuple[dict[str, Any], bool]:
+def _resolve(db: Session, spec: dict[str, Any], field: str, keyring: Keyring | None) -> tuple[dict[str, Any], bool]:
     spec = dict(spec)
     if spec.get("backend") != "openai":
         return spec, False
@@ -171,8 +198,13 @@ def _resolve(db: Session, spec: dict[str, Any], field: str) -> tuple[dict[str, A
     spec["base_url"] = outbound.check_base_url(endpoint.base_url, field=f"{field}.endpoint_id",
                                                allow_private=endpoint.allow_private)
     spec["model"] = spec.get("model") or endpoint.model
-    if endpoint.api_key:
-        spec["api_key"] = endpoint.api_key
+    if endpoint.api_key_stored is not None and keyring is not None:
+        try:
+            spec["api_key"] = keyring.decrypt(endpoint.api_key_stored)
+        except KeyUnreadable:
+            raise Invalid(f"the API key of model endpoint {endpoint.name!r} cannot be decrypted with the configured "
+                          "PREFLAB_ENCRYPTION_KEY (or PREFLAB_ENCRYPTION_KEY_OLD); an admin must enter the key "
+                          "again on the model endpoints page", field=f"{field}.endpoint_id") from None
     return spec, endpoint.allow_private
 
 
@@ -197,3 +229,92 @@ def check_server_url(db: Session, actor: User, url: str, *, field: str) -> str:
     if not permissions.may_account(actor, "endpoints.manage"):
         raise Invalid("must be the base URL of a model endpoint an admin configured", field=field)
     return outbound.check_base_url(wanted, field=field)
+
+
+def recheck_server_url(db: Session, url: str, *, field: str) -> str:
+    """`check_server_url` again when the run starts (DNS and trust may have changed since it was accepted): the
+    URL of a configured endpoint is checked with that endpoint's trust now; any other URL (an admin's public
+    one, or an endpoint's that was deleted since) must be public now. Invalid naming `field` otherwise."""
+    wanted = url.strip().rstrip("/")
+    for endpoint in list_endpoints(db):
+        if endpoint.base_url.rstrip("/") == wanted:
+            return outbound.check_base_url(endpoint.base_url, field=field, allow_private=endpoint.allow_private)
+    return outbound.check_base_url(wanted, field=field)
+
+
+# --- keys at rest: the start-up pass and rotation -------------------------------------------------------------
+
+
+def seal_plain_keys(db: Session, keyring: Keyring) -> int:
+    """Encrypt every API key still stored in plain text (from before encryption at rest); how many. Each row is
+    updated only if it still holds the value read, so two processes starting at once, or an admin saving a new
+    key meanwhile, never lose a write. 0, with nothing changed, when there is no key to encrypt with."""
+    rows = db.execute(select(ModelEndpoint.id, ModelEndpoint.api_key_stored).where(
+        ModelEndpoint.api_key_stored.is_not(None))).all()
+    plain = [(endpoint_id, value) for endpoint_id, value in rows if not is_encrypted(value)]
+    if not plain or keyring.keys().encrypt is None:
+        return 0
+    for endpoint_id, value in plain:
+        unchanged = (ModelEndpoint.id == endpoint_id) & (ModelEndpoint.api_key_stored == value)
+        db.execute(sql_update(ModelEndpoint).where(unchanged).values(api_key_stored=keyring.encrypt(value)))
+    return len(plain)
+
+
+def plain_key_count(db: Session) -> int:
+    values = db.scalars(select(ModelEndpoint.api_key_stored).where(ModelEndpoint.api_key_stored.is_not(None)))
+    return sum(1 for value in values if not is_encrypted(value))
+
+
+@dataclass
+class Rotation:
+    reencrypted: int = 0
+    """Keys now under the current key (all of the readable ones)."""
+    from_old_key: int = 0
+    """Of those, how many only an old key (or the file key being replaced) opened."""
+    from_plain: int = 0
+    """Of those, how many were stored in plain text."""
+    unreadable: list[str] | None = None
+    """Names of the endpoints whose key no configured key opens."""
+    forgotten: int = 0
+    """Unreadable keys removed (with `forget_unreadable`); an admin enters them again."""
+
+
+def reencrypt_all(db: Session, keyring: Keyring, *, forget_unreadable: bool = False) -> Rotation:
+    """Every stored key decrypted with any configured key and encrypted again under the current one, in the
+    caller's one transaction. Writers are locked out meanwhile (Postgres: a table lock; SQLite's one writer
+    already holds the database). An unreadable key raises Invalid listing the endpoints, so the caller rolls
+    back and nothing changes, unless `forget_unreadable` removes those keys."""
+    if db.get_bind().dialect.name == "postgresql":
+        db.execute(text("LOCK TABLE model_endpoints IN SHARE ROW EXCLUSIVE MODE"))
+    report = Rotation(unreadable=[])
+    endpoints = list(db.scalars(select(ModelEndpoint).where(ModelEndpoint.api_key_stored.is_not(None))
+                                .order_by(ModelEndpoint.id)))
+    unreadable: list[ModelEndpoint] = []
+    for endpoint in endpoints:
+        stored = endpoint.api_key_stored
+        assert stored is not None
+        try:
+            plain = keyring.decrypt(stored)
+        except KeyUnreadable:
+            unreadable.append(endpoint)
+            continue
+        if not is_encrypted(stored):
+            report.from_plain += 1
+        elif not encrypted_under_current(keyring, stored):
+            report.from_old_key += 1
+        endpoint.api_key_stored = keyring.encrypt(plain)
+        report.reencrypted += 1
+    report.unreadable = [e.name for e in unreadable]
+    if unreadable and not forget_unreadable:
+        raise Invalid(f"no configured encryption key opens the API key of {len(unreadable)} model endpoint(s): "
+                      f"{', '.join(report.unreadable)}; set PREFLAB_ENCRYPTION_KEY_OLD to the key they were "
+                      "encrypted with, or pass --forget-unreadable to remove them (an admin enters them again)",
+                      field="PREFLAB_ENCRYPTION_KEY_OLD")
+    for endpoint in unreadable:
+        endpoint.api_key_stored = None
+        report.forgotten += 1
+    audit.record(db, None, "model_endpoint.keys_reencrypted", object_type="model_endpoint",
+                 reencrypted=report.reencrypted, from_old_key=report.from_old_key, from_plain=report.from_plain,
+                 forgotten=report.unreadable if forget_unreadable else [])
+    db.flush()
+    return report

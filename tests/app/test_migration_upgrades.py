@@ -77,7 +77,7 @@ def seed(url: str) -> None:
         db.add(constitution)
         db.flush()
         project.current_constitution_id = constitution.id
-        endpoint = ModelEndpoint(name="vllm", base_url="http://10.0.0.5:8000/v1", model="qwen", api_key="sk-test",
+        endpoint = ModelEndpoint(name="vllm", base_url="http://10.0.0.5:8000/v1", model="qwen", api_key_stored="sk-test",
                                  allow_private=True, created_by_id=admin.id)
         judge = JudgeRun(project_id=project.id, constitution_id=constitution.id, name="judge 1",
                          params={"endpoint_id": 1}, state="succeeded", created_by_id=lead.id)

@@ -131,7 +131,8 @@ def test_cancel_stops_a_running_job(db, make_user, make_project, token_for, api,
     db.commit()
     job_id = client.post(f"/api/projects/{project.id}/sampling-jobs",
                          json={"generator": {"backend": "hf", "model": str(tiny_model_dir), "max_new_tokens": 24,
-                                             "batch_size": 4}, "seed": 3}).json()["job_id"]
+                                             "batch_size": 4}, "seed": 3,
+                               "resample_duplicates": 5}).json()["job_id"]  # the tiny model answers "" at times
     # Held after its first batch until the cancel reaches it (the hold ends when the job is told to stop).
     release = tmp_path / "release"
     monkeypatch.setenv(HOLD_ENV, f"job.sample_completions.progress.8={release}")
@@ -177,7 +178,8 @@ def test_a_worker_killed_mid_job_loses_nothing_and_doubles_nothing(db, make_user
     db.commit()
     job_id = client.post(f"/api/projects/{project.id}/sampling-jobs",
                          json={"generator": {"backend": "hf", "model": str(tiny_model_dir), "max_new_tokens": 24,
-                                             "batch_size": 8}, "seed": 5}).json()["job_id"]
+                                             "batch_size": 8}, "seed": 5,
+                               "resample_duplicates": 5}).json()["job_id"]  # the tiny model answers "" at times
     # The worker stops after its first batch of 8 prompts is written, until the test lets it go: the signal lands
     # mid-job on any machine. SIGTERM ends the hold by itself (the worker is stopping); SIGKILL needs no release.
     release = tmp_path / "release"

@@ -63,7 +63,7 @@ def _seed(server) -> dict[str, int]:  # type: ignore[no-untyped-def]
         db.add(job)
         # A model endpoint named and described by the corpus: shown in the lead's pickers and the admin's list.
         db.add(ModelEndpoint(name=XSS[:100], base_url="http://10.0.0.7:8000/v1?" + XSS[:200], model=XSS[:300],
-                             api_key=XSS[:500], allow_private=True, created_by_id=admin.id))
+                             api_key_stored=XSS[:500], allow_private=True, created_by_id=admin.id))
         db.commit()
         return {"project": project.id, "job": job.id, "admin": admin.id}
 

@@ -82,7 +82,7 @@ def test_an_admin_page_form_keeps_the_key_when_left_blank_and_refuses_inward_url
             "allow_private": "on"}
     assert client.post(f"/admin/endpoints/{world.endpoint_id}", data=form, headers=admin).status_code == 303
     with client.app.state.session_factory() as db:
-        assert db.get(ModelEndpoint, world.endpoint_id).api_key == SECRET
+        assert client.app.state.keyring.decrypt(db.get(ModelEndpoint, world.endpoint_id).api_key_stored) == SECRET
     before = snapshot(clean_engine, world)
     for change in ({"allow_private": ""}, {"base_url": "http://169.254.169.254/v1"}, {"base_url": "file:///x"}):
         response = client.post(f"/admin/endpoints/{world.endpoint_id}", data=form | change, headers=admin)

@@ -16,8 +16,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from app.crypto import Keyring
 from app.models import Assignment, Completion, Export, Job, ModelEndpoint, Project, Prompt, TrainingRun
 from app.services import constitutions, projects, users
+from app.settings import Settings
 
 PASSWORD = "correct horse battery staple"
 IDENTITIES = ("anon", "admin", "lead", "annotator", "engineer", "outsider")
@@ -129,7 +131,8 @@ def seed(db: Session, data_dir: Path) -> World:
         _, tokens[who] = users.create_token(db, people[who], "world")
     # Added as a row, not through the service: the service resolves host names, and the suite needs no DNS.
     endpoint = ModelEndpoint(name="World vLLM", base_url="http://10.9.8.7:8000/v1", model="world-model",
-                             api_key="sk-world-secret-key", allow_private=True, created_by_id=people["admin"].id)
+                             api_key_stored=Keyring(Settings(data_dir=data_dir)).encrypt("sk-world-secret-key"),
+                             allow_private=True, created_by_id=people["admin"].id)
     db.add(endpoint)
     db.flush()
     lead_row, _ = users.create_token(db, people["lead"], "revocable")

@@ -12,6 +12,10 @@ It serves `POST /v1/chat/completions`, `POST /v1/completions` and `GET /v1/model
 seed sampled through this server or locally give the same texts. Faults are consumed in the order they
 were queued, one per completions request; `fail_always` applies to every request until cleared.
 
+`ignore_n=True` answers one choice per prompt whatever `n` asks, as transformers' `serve` does;
+`texts_next([...])` makes the next choices answer those texts (in order, one per choice) instead of the model's,
+so a test can have the server return empty, blank or repeated completions.
+
 Log-probs: chat `logprobs: true` (+ `top_logprobs: k`) and completions `logprobs: k` are answered in
 OpenAI's formats from the model's own next-token distribution (temperature 1) at each generated token,
 the text re-tokenised after the rendered prompt. `server.logprobs = False` makes the server ignore the
@@ -50,8 +54,12 @@ class OpenAICompatibleServer:
     """
 
     def __init__(self, model_dir: str | Path, *, model_name: str = "tiny", api_key: str | None = None,
-                 max_n: int | None = None, batch_size: int = 16, logprobs: bool = True) -> None:
+                 max_n: int | None = None, batch_size: int = 16, logprobs: bool = True,
+                 ignore_n: bool = False) -> None:
         self.model_name = model_name
+        self.ignore_n = ignore_n
+        """Answer one choice per prompt whatever `n` is (transformers' `serve`)."""
+        self._scripted: deque[str] = deque()
         self.logprobs = logprobs
         """Whether log-probs are returned when asked for (False: always `"logprobs": null`)."""
         self.api_key = api_key
@@ -137,6 +145,11 @@ class OpenAICompatibleServer:
         """The next `times` requests answer with one choice more than `n`."""
         self._queue(Fault("wrong_choices"), times)
 
+    def texts_next(self, texts: list[str]) -> None:
+        """The next choices answered (across requests, in order) carry these texts instead of the model's."""
+        with self._lock:
+            self._scripted.extend(texts)
+
     def clear_faults(self) -> None:
         with self._lock:
             self._faults.clear()
@@ -173,6 +186,8 @@ class OpenAICompatibleServer:
         n = body.get("n", 1)
         if not isinstance(n, int) or n < 1 or (self.max_n is not None and n > self.max_n):
             return 400, _error(f"n must be between 1 and {self.max_n or 'any'}")
+        if self.ignore_n:
+            n = 1
         top = body.get("top_logprobs", 0) if chat else body.get("logprobs")
         wanted = body.get("logprobs") is True if chat else top is not None
         if wanted and (not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= 20):
@@ -192,10 +207,11 @@ class OpenAICompatibleServer:
                 choice: dict[str, Any] = {"index": j * n + k, "finish_reason": sample.finish_reason, "logprobs": None}
                 if wanted and self.logprobs:
                     choice["logprobs"] = self._logprobs(prompts[j], sample.text, top, chat)
+                text = self._scripted_text(sample.text)
                 if chat:
-                    choice["message"] = {"role": "assistant", "content": sample.text}
+                    choice["message"] = {"role": "assistant", "content": text}
                 else:
-                    choice["text"] = sample.text
+                    choice["text"] = text
                 choices.append(choice)
         prompt_tokens = sum(group[0].prompt_tokens or 0 for group in results)
         completion_tokens = sum(s.completion_tokens or 0 for group in results for s in group)
@@ -205,6 +221,10 @@ class OpenAICompatibleServer:
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                       "total_tokens": prompt_tokens + completion_tokens},
         }
+
+    def _scripted_text(self, generated: str) -> str:
+        with self._lock:
+            return self._scripted.popleft() if self._scripted else generated
 
     def _logprobs(self, prompt: Any, text: str, top: int, chat: bool) -> dict[str, Any]:
         """OpenAI log-probs of `text` after `prompt`: the chosen token's and the `top` most likely ones."""

@@ -260,6 +260,24 @@ def test_openai_splits_n_over_requests_above_max_n(fresh, hf):
     assert texts(out) == texts(hf.generate(["1+2="], 5, params))
 
 
+def test_a_server_that_ignores_n_is_detected_on_the_first_request_and_sampled_one_by_one(tiny_dir, hf):
+    """transformers' `serve` answers one choice whatever n asks: the first request goes alone, its one choice is
+    kept, and every later request asks for one sample, seeded as its position, so the texts are those of local
+    sampling with the same seed."""
+    params = GenerationParams(max_new_tokens=6, seed=40)
+    with OpenAICompatibleServer(tiny_dir, model_name="tiny", ignore_n=True) as srv:
+        client = make_generator({"backend": "openai", "base_url": srv.url, "model": "tiny", "api": "completions",
+                                 "concurrency": 8})
+        out = client.generate(PROMPTS[:2], 4, params)
+        assert texts(out) == texts(hf.generate(PROMPTS[:2], 4, params))
+        assert srv.requests[0]["n"] == 4 and [r["n"] for r in srv.requests[1:]] == [1] * 7  # 1 + 3 + 4 requests
+        assert client.n_cap == 1 and client.n_cap_seen == (4, 1)
+        assert sorted(r["seed"] for r in srv.requests if r["prompt"] == PROMPTS[1]) == [40, 41, 42, 43]
+        srv.requests.clear()
+        client.generate(PROMPTS[:1], 3, params)  # the cap is remembered: no request asks for more than one
+        assert [r["n"] for r in srv.requests] == [1, 1, 1]
+
+
 def test_openai_server_cap_above_max_n_is_a_clear_error(fresh):
     with pytest.raises(GenerationError, match="HTTP 400") as info:
         remote(fresh, max_n=4).generate(["1+2="], 4, GenerationParams(max_new_tokens=4))
