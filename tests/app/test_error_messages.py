@@ -8,10 +8,12 @@ import re
 import pytest
 from pydantic import ValidationError
 
+from app.crypto import Keyring
 from app.errors import Invalid
 from app.forms import JudgeForm, TrainingForm
 from app.schemas import JudgeRunIn
 from app.services import endpoints
+from app.settings import Settings
 
 
 def _alert(html: str) -> str:
@@ -35,10 +37,11 @@ def test_a_blank_local_model_says_what_to_do_by_its_label(db, make_user, make_pr
     assert "generator.model" not in alert and "String should" not in alert
 
 
-def test_a_chosen_endpoint_with_a_blank_model_uses_its_default(db, make_user, make_project, browser) -> None:
+def test_a_chosen_endpoint_with_a_blank_model_uses_its_default(db, make_user, make_project, browser, tmp_path) -> None:
     admin, lead = make_user(db, "admin"), make_user(db, "lead")
     project = make_project(db, lead=lead)
-    endpoint = endpoints.create(db, admin, name="vLLM", base_url="http://10.1.2.3:8000/v1", model="qwen",
+    keyring = Keyring(Settings(data_dir=tmp_path))  # no key is stored: any keyring will do
+    endpoint = endpoints.create(db, admin, keyring, name="vLLM", base_url="http://10.1.2.3:8000/v1", model="qwen",
                                 allow_private=True)
     db.commit()
     page = browser()
