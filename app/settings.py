@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -45,6 +45,12 @@ class Settings(BaseSettings):
     """The site's external origin (e.g. https://preflab.example.org) when behind a TLS-terminating proxy."""
     secure_cookies: bool | None = None
     """Mark cookies Secure; defaults to true outside dev/demo."""
+    log_format: Literal["text", "json"] = "text"
+    """Log lines as plain text, or one JSON object per line (time, level, logger, message, request_id, job_id)."""
+    metrics_allowed_networks: str = "127.0.0.1/32,::1/128"
+    """Comma-separated CIDRs whose clients may read /metrics without logging in (admins may from anywhere)."""
+    worker_heartbeat_max_age_s: int = Field(default=60, ge=0)
+    """Readiness fails when no worker sent a heartbeat within this many seconds; 0 leaves workers out of it."""
 
     @field_validator("database_url")
     @classmethod
@@ -57,6 +63,26 @@ class Settings(BaseSettings):
         if not (value.startswith("sqlite") or value.startswith("postgresql+psycopg")):
             raise ValueError("PREFLAB_DATABASE_URL must be a sqlite:/// or postgresql:// URL")
         return value
+
+    @field_validator("metrics_allowed_networks")
+    @classmethod
+    def _check_networks(cls, value: str) -> str:
+        import ipaddress
+
+        for item in (v.strip() for v in value.split(",")):
+            if item:
+                try:
+                    ipaddress.ip_network(item, strict=False)
+                except ValueError:
+                    raise ValueError(f"{item!r} is not a network in CIDR notation (e.g. 10.0.0.0/8)") from None
+        return value
+
+    @property
+    def metrics_networks(self) -> list[Any]:
+        import ipaddress
+
+        return [ipaddress.ip_network(v.strip(), strict=False) for v in self.metrics_allowed_networks.split(",")
+                if v.strip()]
 
     @model_validator(mode="after")
     def _require_secret_in_production(self) -> Settings:

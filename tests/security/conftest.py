@@ -18,6 +18,9 @@ def reseed(app: Any, clean_engine: Any) -> Callable[[], World]:
     def make() -> World:
         _empty_tables(clean_engine)
         app.state.login_throttle.reset()
+        from app.observability import record_worker_heartbeat
+
+        record_worker_heartbeat(app.state.settings.data_dir, "security-suite")  # so /healthz/ready answers 200
         session = app.state.session_factory()
         try:
             return seed(session, app.state.settings.data_dir)
