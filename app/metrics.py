@@ -112,30 +112,34 @@ class DatabaseCollector(Collector):
     def _queue(self, db: Session) -> Iterator[Any]:
         now = utcnow()
         # Open slots: every ordinary prompt takes `overlap` labels per round; gold prompts test everyone and are
-        # left out. Slots held by submitted or live leased assignments of the current round are taken.
-        prompts = dict(db.execute(select(Prompt.project_id, func.count()).where(Prompt.gold_tiers.is_(None))
-                                  .group_by(Prompt.project_id)).all())
+        # left out. Slots held by submitted or live leased assignments of the current round are taken. The big
+        # aggregates need no join with prompts: assignments on gold prompts (few, found by the partial gold index)
+        # are counted apart and subtracted.
+        ordinary = dict(db.execute(select(Prompt.project_id, func.count()).where(Prompt.gold_tiers.is_(None))
+                                   .group_by(Prompt.project_id)).all())
         live = and_(Assignment.state == "leased", Assignment.leased_until > now)
         expiring = and_(live, Assignment.leased_until <= now + EXPIRING_WITHIN)
+        current = and_(Assignment.project_id == Project.id, Assignment.round == Project.current_round)
+        taken = Assignment.state == "submitted"
         rows = db.execute(
-            select(Project.id, Project.overlap,
-                   func.count(Assignment.id).filter(Assignment.state == "submitted", Prompt.gold_tiers.is_(None)),
-                   func.count(Assignment.id).filter(live, Prompt.gold_tiers.is_(None)),
-                   func.count(Assignment.id).filter(live),
-                   func.count(Assignment.id).filter(expiring))
-            .outerjoin(Assignment, and_(Assignment.project_id == Project.id, Assignment.round == Project.current_round))
-            .outerjoin(Prompt, Prompt.id == Assignment.prompt_id)
-            .group_by(Project.id, Project.overlap)).all()
+            select(Project.id, Project.overlap, func.count(Assignment.id).filter(taken),
+                   func.count(Assignment.id).filter(live), func.count(Assignment.id).filter(expiring))
+            .outerjoin(Assignment, current).group_by(Project.id, Project.overlap)).all()
+        on_gold = dict(db.execute(
+            select(Assignment.project_id, func.count())
+            .join(Prompt, and_(Prompt.id == Assignment.prompt_id, Prompt.gold_tiers.is_not(None)))
+            .join(Project, current).where(taken | live).group_by(Assignment.project_id)).all())
         depth = GaugeMetricFamily("preflab_queue_depth", "Label slots left in the current round (prompts × overlap, "
                                   "less submitted and live-leased)", labels=["project"])
         leases = GaugeMetricFamily("preflab_leases_outstanding", "Live leases (assigned, not yet submitted)",
                                    labels=["project"])
         soon = GaugeMetricFamily("preflab_leases_expiring", "Live leases that run out within 5 minutes",
                                  labels=["project"])
-        for project_id, overlap, submitted, live_plain, live_all, expiring_n in rows:
+        for project_id, overlap, submitted, live_n, expiring_n in rows:
             label = [str(project_id)]
-            depth.add_metric(label, max(0, prompts.get(project_id, 0) * overlap - submitted - live_plain))
-            leases.add_metric(label, live_all)
+            held = submitted + live_n - on_gold.get(project_id, 0)
+            depth.add_metric(label, max(0, ordinary.get(project_id, 0) * overlap - held))
+            leases.add_metric(label, live_n)
             soon.add_metric(label, expiring_n)
         yield from (depth, leases, soon)
 
