@@ -155,13 +155,29 @@ class TextFormatter(logging.Formatter):
 _HANDLER_MARK = "_preflab_handler"
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever sys.stderr is at each line (test runners swap it), unless given a stream."""
+
+    def __init__(self) -> None:
+        self._own: Any = None
+        super().__init__()
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return self._own if self._own is not None else sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        self._own = None if value is sys.stderr else value
+
+
 def configure_logging(fmt: str = "text", level: int | str = logging.INFO) -> logging.Handler:
     """One stderr handler on the root logger (replacing an earlier one of ours), with uvicorn's loggers routed
     through it so that access lines carry the request id too. Safe to call again (tests build many apps)."""
     root = logging.getLogger()
     for old in [h for h in root.handlers if getattr(h, _HANDLER_MARK, False)]:
         root.removeHandler(old)
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     setattr(handler, _HANDLER_MARK, True)
     handler.addFilter(ContextFilter())
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
