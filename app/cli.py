@@ -176,8 +176,10 @@ def serve(host: Annotated[str, typer.Option(help="Interface to bind")] = "127.0.
     from app.main import create_app
 
     typer.echo(f"preflab serving on http://{host}:{port}  (API docs: http://{host}:{port}/docs)")
+    # log_config=None: uvicorn keeps the handler create_app installed, so its lines carry request ids (and are
+    # JSON with PREFLAB_LOG_FORMAT=json) instead of going through uvicorn's own formatters.
     uvicorn.run(create_app(settings), host=host, port=port, proxy_headers=settings.trust_proxy_headers,
-                log_level="info", timeout_keep_alive=keep_alive)
+                log_level="info", timeout_keep_alive=keep_alive, log_config=None)
 
 
 @cli.command()

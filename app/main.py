@@ -15,7 +15,9 @@ from app.crypto import Keyring
 from app.db import RetryTransientErrors, make_engine, make_session_factory
 from app.deps import LoginRequired, csrf_guard
 from app.errors import DomainError, TooManyAttempts
+from app.metrics import AppMetrics
 from app.migrate import refuse_newer
+from app.observability import RequestIdMiddleware, RouteRecorder, configure_logging
 from app.security import LoginThrottle
 from app.services.import_formats import ImportRejected
 from app.settings import Settings, get_settings
@@ -29,7 +31,7 @@ Browser sessions must send the CSRF token (`X-CSRF-Token`) on every state-changi
 
 
 def _wants_json(request: Request) -> bool:
-    return request.url.path.startswith("/api") or request.url.path == "/healthz" or (
+    return request.url.path.startswith(("/api", "/healthz", "/metrics")) or (
         "application/json" in request.headers.get("accept", "") and "text/html" not in request.headers.get("accept", "")
     )
 
@@ -105,6 +107,19 @@ def _seal_plain_keys(app: FastAPI) -> None:
                     "to encrypt them (SECURITY.md, 'Secrets at rest')", left)
 
 
+async def internal_error(request: Request, exc: Exception) -> Response:
+    """A 500 that names the request id. It runs in Starlette's outermost middleware, past ours: the id comes from
+    the request's state and the header is set here (RequestIdMiddleware already logged the traceback under it)."""
+    request_id = getattr(request.state, "request_id", "")
+    if _wants_json(request):
+        response: Response = JSONResponse({"detail": "internal error", "request_id": request_id}, status_code=500)
+    else:
+        response = render(request, "error.html", {"status": 500, "message": "Something went wrong on our side."},
+                          status_code=500)
+    response.headers["X-Request-ID"] = request_id
+    return response
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     app = FastAPI(title="preflab", version=__version__, description=DESCRIPTION,
@@ -117,13 +132,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.login_throttle = LoginThrottle()
     app.state.keyring = Keyring(settings)
     _seal_plain_keys(app)
+    configure_logging(settings.log_format)
+    app.state.metrics = AppMetrics(app.state.engine, app.state.session_factory, settings.data_dir)
 
+    app.add_middleware(RouteRecorder)  # innermost: tells RequestIdMiddleware which route template answered
     app.add_middleware(BodyLimitMiddleware, max_bytes=(settings.max_upload_mb + 1) * 1024 * 1024)
     app.add_middleware(BrowserIdAndHeadersMiddleware, secure_cookies=settings.cookies_secure,
                        hsts=settings.env == "production")
     # Outermost of ours, still inside Starlette's error middleware: a request whose transaction Postgres aborted
     # (deadlock victim, serialization failure) runs again before anything was sent.
     app.add_middleware(RetryTransientErrors)
+    # Outside the retry: a request run again keeps its id, and is counted once, under its route template.
+    app.add_middleware(RequestIdMiddleware, metrics=app.state.metrics)
 
     from app.routes import (
         agreement,
@@ -208,5 +228,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return JSONResponse({"detail": [{"message": message}]}, status_code=422)
         return render(request, "error.html", {"status": 422, "message": message}, status_code=422)
 
+    app.add_exception_handler(Exception, internal_error)
     _document_error_format(app)
     return app

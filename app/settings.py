@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -54,6 +54,12 @@ class Settings(BaseSettings):
     default_policy_model: Path | None = None
     """Model directory (a causal LM) that sft, dpo, rft, grpo and ppo runs start from when the run names none.
     `preflab demo` sets it to the tiny policy it writes under DATA_DIR; unset, such a run must name its base model."""
+    log_format: Literal["text", "json"] = "text"
+    """Log lines as plain text, or one JSON object per line (time, level, logger, message, request_id, job_id)."""
+    metrics_allowed_networks: str = "127.0.0.1/32,::1/128"
+    """Comma-separated CIDRs whose clients may read /metrics without logging in (admins may from anywhere)."""
+    worker_heartbeat_max_age_s: int = Field(default=60, ge=0)
+    """Readiness fails when no worker sent a heartbeat within this many seconds; 0 leaves workers out of it."""
 
     @field_validator("database_url")
     @classmethod
@@ -78,6 +84,26 @@ class Settings(BaseSettings):
             if part.strip():
                 check_key(part)
         return value
+
+    @field_validator("metrics_allowed_networks")
+    @classmethod
+    def _check_networks(cls, value: str) -> str:
+        import ipaddress
+
+        for item in (v.strip() for v in value.split(",")):
+            if item:
+                try:
+                    ipaddress.ip_network(item, strict=False)
+                except ValueError:
+                    raise ValueError(f"{item!r} is not a network in CIDR notation (e.g. 10.0.0.0/8)") from None
+        return value
+
+    @property
+    def metrics_networks(self) -> list[Any]:
+        import ipaddress
+
+        return [ipaddress.ip_network(v.strip(), strict=False) for v in self.metrics_allowed_networks.split(",")
+                if v.strip()]
 
     @model_validator(mode="after")
     def _require_secret_in_production(self) -> Settings:

@@ -73,7 +73,8 @@ templates.env.globals["CSRF_FIELD"] = CSRF_FIELD
 def render(request: Request, name: str, context: dict[str, Any] | None = None, *, status_code: int = 200,
            block: str | None = None) -> Any:
     """Render a page, or only one named block of it for HTMX requests (one template serves both)."""
-    ctx = {"request": request, "user": getattr(request.state, "user", None)}
+    ctx = {"request": request, "user": getattr(request.state, "user", None),
+           "request_id": getattr(request.state, "request_id", None)}  # error pages ask to quote it
     ctx.update(context or {})
     if block is not None and request.headers.get("hx-request") == "true":
         template = templates.env.get_template(name)

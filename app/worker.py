@@ -26,6 +26,7 @@ from app.errors import DomainError
 from app.jobs import handler_for
 from app.jobs.context import JobContext, JobError, JobStopped
 from app.models import Job
+from app.observability import configure_logging, forget_worker, job_id_var, record_worker_heartbeat, request_id_var
 from app.services import iteration, jobs
 from app.settings import Settings
 
@@ -48,6 +49,17 @@ class Worker:
         self.stale_after = timedelta(seconds=stale_after_s)
         self.session_factory = session_factory or make_session_factory(make_engine(settings.database_url))
         self.terminating = False
+        self._last_seen = 0.0
+
+    def announce(self, *, every_s: float = 5.0) -> None:
+        """Touch this worker's heartbeat file (at most every `every_s`): readiness and /metrics read its age."""
+        if time.monotonic() - self._last_seen < every_s:
+            return
+        try:
+            record_worker_heartbeat(self.settings.data_dir, self.worker_id)
+            self._last_seen = time.monotonic()
+        except OSError:  # a full or read-only disk must not stop the jobs; readiness will say the worker is unseen
+            log.warning("worker %s: cannot write its heartbeat file", self.worker_id, exc_info=True)
 
     def install_signal_handlers(self) -> None:
         def on_term(signum: int, _frame: Any) -> None:
@@ -61,6 +73,7 @@ class Worker:
         """Claim and run jobs until terminated (or `max_jobs` ran, or the queue is empty with exit_when_idle)."""
         ran = 0
         while not self.terminating and (max_jobs is None or ran < max_jobs):
+            self.announce()
             if self.run_one():
                 ran += 1
                 continue
@@ -86,7 +99,19 @@ class Worker:
         ctx = run_transaction(self.session_factory, take, what="claiming a job")
         if ctx is None:
             return False
+        # Every log line while the job runs names it, and the request that started it.
+        job_token = job_id_var.set(ctx.job_id)
+        request_token = request_id_var.set(ctx.payload.get("request_id"))
+        try:
+            self._run_claimed(ctx)
+        finally:
+            request_id_var.reset(request_token)
+            job_id_var.reset(job_token)
+        return True
+
+    def _run_claimed(self, ctx: JobContext) -> None:
         ctx.log(f"claimed by {self.worker_id} (attempt {ctx.attempts})")
+        log.info("job %s (%s): claimed, attempt %s", ctx.job_id, ctx.kind, ctx.attempts)
         stop_beating = threading.Event()
         beat = threading.Thread(target=self._heartbeat_loop, args=(ctx, stop_beating), daemon=True)
         beat.start()
@@ -105,7 +130,6 @@ class Worker:
             stop_beating.set()
             beat.join()
         self._settle(ctx, outcome)
-        return True
 
     def _settle(self, ctx: JobContext, outcome: tuple[str, Any]) -> None:
         kind, value = outcome
@@ -133,6 +157,7 @@ class Worker:
         line = run_transaction(self.session_factory, record, what=f"finishing job {ctx.job_id}")
         if line:
             ctx.log(line)
+            log.info("job %s (%s): %s", ctx.job_id, ctx.kind, line.splitlines()[0][:500])
 
     def _continue_iteration(self, db: Session, ctx: JobContext) -> None:
         """A step of an automated RLHF round starts the next one in the same transaction as its own success."""
@@ -151,6 +176,7 @@ class Worker:
 
     def _heartbeat_loop(self, ctx: JobContext, stop: threading.Event) -> None:
         while not stop.wait(self.heartbeat_s):
+            self.announce()  # a long job keeps its worker seen
             done, total, message = ctx.take_progress()
             try:
                 with session_scope(self.session_factory) as db:
@@ -166,10 +192,13 @@ class Worker:
 def run_worker(settings: Settings, *, kinds: tuple[str, ...] | None = None, poll_s: float = 1.0,
                max_jobs: int | None = None, exit_when_idle: bool = False, heartbeat_s: float = 2.0,
                stale_after_s: float = 30.0) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure_logging(settings.log_format)
     worker = Worker(settings, kinds=kinds, poll_s=poll_s, heartbeat_s=heartbeat_s, stale_after_s=stale_after_s)
     worker.install_signal_handlers()
     log.info("worker %s started on %s", worker.worker_id, Path(settings.data_dir).resolve())
-    ran = worker.run(max_jobs=max_jobs, exit_when_idle=exit_when_idle)
+    try:
+        ran = worker.run(max_jobs=max_jobs, exit_when_idle=exit_when_idle)
+    finally:
+        forget_worker(settings.data_dir, worker.worker_id)  # stopped on purpose: no longer counts as seen
     log.info("worker %s stopped after %d job(s)", worker.worker_id, ran)
     return ran

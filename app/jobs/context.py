@@ -56,8 +56,10 @@ class JobContext:
 
     def log(self, message: str) -> None:
         stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S")
+        # The id of the request that started the job, so an operator can follow one click into the worker.
+        request = f" [request {self.payload['request_id']}]" if self.payload.get("request_id") else ""
         with self._lock, self.log_path.open("a", encoding="utf-8") as fh:
-            fh.write(f"{stamp} {message}\n")
+            fh.write(f"{stamp}{request} {message}\n")
 
     def progress(self, done: int, total: int, message: str | None = None) -> None:
         with self._lock:

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from app import permissions
 from app.errors import Conflict, Invalid, NotFound
 from app.models import Job, Project, TrainingRun, User, utcnow
+from app.observability import current_request_id
 from app.services import audit, projects
 
 KINDS = ("sample_completions", "judge", "export", "train", "revise", "rm_check")
@@ -30,6 +31,9 @@ def enqueue(db: Session, kind: str, payload: dict[str, Any], *, project: Project
     """A queued job, written in the caller's transaction: it exists only if the request that asked for it commits."""
     if kind not in KINDS:
         raise Invalid(f"unknown job kind; one of {', '.join(KINDS)}", field="kind")
+    request_id = current_request_id()
+    if request_id and "request_id" not in payload:
+        payload = payload | {"request_id": request_id}  # the worker's log lines for this job carry it
     job = Job(kind=kind, payload=payload, project_id=project.id if project else None,
               created_by_id=actor.id if actor else None, max_attempts=max_attempts, state="queued",
               result={"done": 0, "total": 0, "message": "waiting for a worker"})

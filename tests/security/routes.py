@@ -90,6 +90,10 @@ POLICY: dict[tuple[str, str], Policy] = {
     ("GET", "/docs"): Policy(ALL, object_scoped=False),
     ("GET", "/docs/oauth2-redirect"): Policy(ALL, object_scoped=False),
     ("GET", "/healthz"): Policy(ALL, object_scoped=False),
+    ("GET", "/healthz/live"): Policy(ALL, object_scoped=False),
+    ("GET", "/healthz/ready"): Policy(ALL, object_scoped=False),  # the world's reseed records a worker heartbeat
+    # TestClient's address is in no allowed network, so only an admin may scrape.
+    ("GET", "/metrics"): Policy(ADMIN, object_scoped=False),
     ("GET", "/"): Policy(ALL, object_scoped=False),  # a redirect to /projects or /login
     ("GET", "/login"): Policy(ALL, object_scoped=False),
     # Anonymous form posts need the page's CSRF token, which these Bearer-token calls do not carry.
