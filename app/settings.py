@@ -61,6 +61,13 @@ class Settings(BaseSettings):
     worker_heartbeat_max_age_s: int = Field(default=60, ge=0)
     """Readiness fails when no worker sent a heartbeat within this many seconds; 0 leaves workers out of it."""
 
+    @field_validator("data_dir")
+    @classmethod
+    def _absolute_data_dir(cls, value: Path) -> Path:
+        # Absolute once, here: the paths stored in the database and handed to trainer processes (which run in
+        # other working directories) must not depend on where the server was started.
+        return value.expanduser().absolute()
+
     @field_validator("database_url")
     @classmethod
     def _normalise_url(cls, value: str) -> str:

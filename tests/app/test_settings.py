@@ -65,3 +65,11 @@ def test_the_postgres_pool_keeps_the_configured_connections(monkeypatch: pytest.
     engine = make_engine("postgresql+psycopg://u@127.0.0.1:1/db", settings.database_pool_size)
     assert engine.pool.size() == 32
     engine.dispose()
+
+
+def test_a_relative_data_dir_is_made_absolute(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`make demo` passes data/: trainer processes run in other working directories, so every path the server
+    stores or hands them must not depend on where it was started (a demo reward run once failed on data/runs/…)."""
+    monkeypatch.chdir(tmp_path)
+    settings = Settings(data_dir="data")
+    assert settings.data_dir == tmp_path / "data" and settings.data_dir.is_absolute()
