@@ -34,6 +34,7 @@ from sqlalchemy.engine import make_url
 from app import __version__
 from app.migrate import database_revision, status_of
 from app.settings import Settings
+from training.run_info import fsync_path
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -89,13 +90,6 @@ def _copy_hashing(src: Path, dst: Path) -> str:
     shutil.copystat(src, dst)
     return digest.hexdigest()
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _sqlite_path(url: str) -> Path:
@@ -288,11 +282,11 @@ def backup(settings: Settings, dest: Path) -> dict[str, Any]:
             json.dump(manifest, fh, indent=1, sort_keys=True)
             fh.flush()
             os.fsync(fh.fileno())
-        _fsync_dir(staging)
+        fsync_path(staging)
         if dest.exists():
             dest.rmdir()  # empty (checked above): rename cannot replace a directory on every platform
         os.rename(staging, dest)
-        _fsync_dir(dest.parent)
+        fsync_path(dest.parent)
         return manifest
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
+from training.run_info import fsync_path
+
 if TYPE_CHECKING:
     from app.settings import Settings  # settings validates keys with check_key: no import cycle at run time
 
@@ -176,15 +178,8 @@ def finish_rotation(next_file: Path | None) -> None:
     """After the re-encryption committed: the new key file becomes the key file (an atomic rename)."""
     if next_file is not None:
         os.replace(next_file, next_file.parent / KEY_FILE)
-        _fsync_dir(next_file.parent)
+        fsync_path(next_file.parent)
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def encrypted_under_current(keyring: Keyring, stored: str) -> bool:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import resource
 import subprocess
 import sys
@@ -26,76 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from _pg import fresh_database  # noqa: E402 - after the sys.path set-up
+from _seed import seed_pairs  # noqa: E402
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/preflab_bench_export"
-K = 4
-ANNOTATORS = 3
-PAIRS_PER_PROMPT = ANNOTATORS * K * (K - 1) // 2
-CHUNK_PROMPTS = 5_000
-WORDS = ("the model answer reasoning step value because therefore result check first second then total sum "
-         "number compute error careful explain why which when where prompt helpful honest harmless").split()
-
-
-def _sentence(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n))
-
-
-def seed(url: str, n_pairs: int) -> tuple[int, int]:
-    """(project id, pairs written): prompts, completions, rankings and pairs by COPY, in chunks of prompts."""
-    from sqlalchemy import text
-
-    from app.db import make_engine, make_session_factory, session_scope
-    from app.models import Completion, Pair, Prompt, Ranking
-    from app.services import projects, users
-    from app.services.bulk import _copy_rows
-    from app.services.pairs import expand_tiers
-
-    factory = make_session_factory(make_engine(url))
-    rng = random.Random(0)
-    with session_scope(factory) as db:
-        lead = users.create_user(db, "lead@bench.example", "correct horse battery staple", "lead")
-        people = [users.create_user(db, f"a{i}@bench.example", "correct horse battery staple", "annotator")
-                  for i in range(ANNOTATORS)]
-        project = projects.create_project(db, lead, name="bench export", completions_per_prompt=K,
-                                          overlap=ANNOTATORS, rubric_text="Prefer correct, helpful answers.",
-                                          criteria=["Correctness"])
-        project_id, rubric_id, annotator_ids = project.id, project.current_rubric_id, [p.id for p in people]
-    n_prompts = -(-n_pairs // PAIRS_PER_PROMPT)
-    written = 0
-    for start in range(0, n_prompts, CHUNK_PROMPTS):
-        count = min(CHUNK_PROMPTS, n_prompts - start)
-        with session_scope(factory) as db:
-            prompt_ids = _copy_rows(db, Prompt, [
-                {"project_id": project_id, "text": f"Q{start + i}: {_sentence(rng, 25)}?",
-                 "text_hash": f"{start + i:064x}", "split": "heldout" if (start + i) % 10 == 0 else "train",
-                 "reference": str(start + i)} for i in range(count)], ids=True)
-            completion_ids = _copy_rows(db, Completion, [
-                {"prompt_id": pid, "text": _sentence(rng, 45), "source": "sampled"}
-                for pid in prompt_ids for _ in range(K)], ids=True)
-            ranking_rows, orders = [], []
-            for i, pid in enumerate(prompt_ids):
-                cids = completion_ids[i * K:(i + 1) * K]
-                for annotator in annotator_ids:
-                    order = rng.sample(cids, K)
-                    orders.append((pid, order))
-                    ranking_rows.append({"project_id": project_id, "prompt_id": pid, "round": 1, "source": "human",
-                                         "annotator_id": annotator, "rubric_id": rubric_id,
-                                         "tiers": [[c] for c in order], "display_order": order, "flags": {},
-                                         "skipped": False, "seconds_spent": 20.0})
-            ranking_ids = _copy_rows(db, Ranking, ranking_rows, ids=True)
-            pair_rows = [{"ranking_id": rid, "prompt_id": pid, "chosen_id": s.chosen, "rejected_id": s.rejected,
-                          "margin": s.margin, "source": "human", "weight": 1.0, "p": 1.0}
-                         for rid, (pid, order) in zip(ranking_ids, orders, strict=True)
-                         for s in expand_tiers([[c] for c in order])]
-            _copy_rows(db, Pair, pair_rows, ids=False)
-            written += len(pair_rows)
-    # Steady state, as a production database is: hint bits set and statistics fresh, so the first export does
-    # not pay for the bulk load's clean-up.
-    with factory.kw["bind"].connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(text("VACUUM (FREEZE, ANALYZE)"))
-    return project_id, written
-
-
 def export_child(url: str, project_id: int, fmt: str, out: str) -> None:
     """Runs in its own process: one export, then one JSON line with seconds, rows and peak RSS."""
     from app.db import make_engine
@@ -137,7 +69,7 @@ def main() -> None:
             project_id, pairs = 1, int(conn.execute(text("SELECT count(*) FROM pairs")).scalar() or 0)
     else:
         url = fresh_database(url)
-        project_id, pairs = seed(url, args.pairs)
+        project_id, pairs = seed_pairs(url, args.pairs, name="bench export", vacuum=True)
     seed_s = time.perf_counter() - t0
     report: dict[str, object] = {"bench": "export", "pairs": pairs, "seed_s": round(seed_s, 1),
                                  "cpus": os.cpu_count(), "loadavg_before": [round(x, 2) for x in os.getloadavg()]}

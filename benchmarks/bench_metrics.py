@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_backup import seed  # noqa: E402 - after the sys.path set-up
+from _seed import seed_pairs  # noqa: E402 - after the sys.path set-up
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/preflab_bench_metrics"
 
@@ -93,7 +93,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         url = _database(args.database, Path(tmp))
         t0 = time.perf_counter()
-        pairs = seed(url, args.pairs)
+        _, pairs = seed_pairs(url, args.pairs, name="bench metrics")
         project_id, token = _more_rows(url)
         seed_s = time.perf_counter() - t0
         app = create_app(Settings(env="dev", database_url=url, secret_key="m" * 48, data_dir=Path(tmp) / "data"))

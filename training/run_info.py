@@ -89,7 +89,7 @@ def replace_dir(tmp: Path, path: Path) -> None:
     checkpoints and the app's exports.
     """
     for entry in [*tmp.rglob("*"), tmp]:
-        _fsync(entry)
+        fsync_path(entry)
     if path.exists():
         aside = path.parent / f".{path.name}.old-{os.getpid()}"
         os.replace(path, aside)
@@ -97,10 +97,11 @@ def replace_dir(tmp: Path, path: Path) -> None:
         shutil.rmtree(aside, ignore_errors=True)
     else:
         os.replace(tmp, path)
-    _fsync(path.parent)
+    fsync_path(path.parent)
 
 
-def _fsync(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory."""
     fd = os.open(path, os.O_RDONLY)  # directories too: on Linux fsync on a directory descriptor persists its entries
     try:
         os.fsync(fd)
