@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from app.services import constitutions
 
 PRINCIPLE = {"name": "harmless", "rationale": "r", "priority": 1, "comparison": "Which is less harmful?",
@@ -69,7 +71,11 @@ def test_editor_saves_a_version_and_history_shows_the_diff(db, make_user, make_p
     r = page.post(f"/projects/{project.id}/constitution", form | {"base_version": "1", "p-0-name": "gentle"})
     assert r.status_code == 303
     history = page.get(f"/projects/{project.id}/constitution/history").text
-    assert 'id="v2"' in history and "+ ## gentle (priority 1)" in history and "- ## kind (priority 1)" in history
+    assert 'id="v2"' in history
+    # One line per principle heading, marked added or removed, the changed word highlighted (templates/_diff.html).
+    added = re.search(r'<span class="d-add">.*?</span></span>', history.replace("\n", " "))
+    assert added and "gentle" in added.group(0) and "priority 1" in added.group(0), history
+    assert re.search(r'<span class="sr">removed: </span>## <del>kind</del> \(priority 1\)', history), history
     assert "<script>x</script>" not in history and "&lt;script&gt;x&lt;/script&gt;" in history
     stale = page.post(f"/projects/{project.id}/constitution", form)
     assert stale.status_code == 409 and "Someone saved version 2" in stale.text
