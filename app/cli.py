@@ -186,8 +186,10 @@ def serve(host: Annotated[str, typer.Option(help="Interface to bind")] = "127.0.
 def demo(host: Annotated[str, typer.Option(help="Interface to bind")] = "127.0.0.1",
          port: Annotated[int, typer.Option(help="Port to listen on")] = 8000,
          no_serve: Annotated[bool, typer.Option("--no-serve", help="Set up the demo and exit")] = False) -> None:
-    """Create (or refresh) the demo: SQLite database, five accounts (admin, lead, two annotators, engineer), a GSM8K
-    project and a tiny policy model (the default base model of its policy runs); then serve it."""
+    """Create (or refresh) the demo, then serve it: SQLite, five accounts, a GSM8K project, a tiny policy model.
+
+    The accounts are an admin, a lead, two annotators and an engineer.
+    The tiny policy is the default base model of the demo's policy runs (PREFLAB_DEFAULT_POLICY_MODEL)."""
     os.environ.setdefault("PREFLAB_ENV", "demo")
     settings = _settings()
     from app.demo_setup import demo_policy_dir, setup_demo
