@@ -116,7 +116,7 @@ def save_draft(db: Session, user: User, assignment_id: int, body: DraftIn) -> As
     allowed = set(queue.task_completion_ids(db, task.prompt_id, project.completions_per_prompt))
     tiers = rankings.tier_items(body.tiers, allowed, allow_ties=project.allow_ties)
     # The same rules as a submitted ranking's flags.
-    flags = rankings._validate_flags(body.flags, allowed, set(project.flags or []))
+    flags = rankings.validate_flags(body.flags, allowed, set(project.flags or []))
     now = utcnow()
     edited = now if body.edited_at is None else min(_as_utc(body.edited_at), now)
     draft = db.scalars(_DRAFT, {"assignment_id": assignment_id}).first()

@@ -158,7 +158,7 @@ def submit(db: Session, project: Project, annotator: User, body: RankingInput) -
     else:
         tiers = validate_tiers(body.tiers, set(completion_ids), allow_ties=project.allow_ties,
                                allow_partial=project.allow_partial)
-    flags = _validate_flags(body.flags, set(completion_ids), set(project.flags or []))
+    flags = validate_flags(body.flags, set(completion_ids), set(project.flags or []))
     seconds = _seconds(body.seconds_spent, assignment)
 
     values = dict(
@@ -263,7 +263,7 @@ def tier_items(tiers: list[list[Any]], allowed: set[int], *, allow_ties: bool = 
     return clean
 
 
-def _validate_flags(flags: object, allowed_ids: set[int], allowed_flags: set[str]) -> dict[str, list[str]]:
+def validate_flags(flags: object, allowed_ids: set[int], allowed_flags: set[str]) -> dict[str, list[str]]:
     if not flags:
         return {}
     if not isinstance(flags, dict):
