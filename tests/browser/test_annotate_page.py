@@ -88,7 +88,9 @@ def _seed(server, n_prompts: int = 2, *, answer=None, prompt=None, rubric: str =
 
 def _login(page, base: str, email: str) -> None:  # type: ignore[no-untyped-def]
     page.goto(f"{base}/login")
-    page.keyboard.type(email)  # the email field has autofocus
+    # The email field has autofocus, but Chromium may apply it after "load": wait for it, then type.
+    page.wait_for_function("() => document.activeElement && document.activeElement.name === 'email'")
+    page.keyboard.type(email)
     page.keyboard.press("Tab")
     page.keyboard.type(PASSWORD)
     page.keyboard.press("Enter")
