@@ -27,5 +27,8 @@ RUN pip install -e . && useradd --system --uid 10001 --home-dir /data preflab \
 USER preflab
 VOLUME /data
 EXPOSE 8000
-HEALTHCHECK --interval=30s --timeout=5s CMD python -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/healthz').status != 200)"
+# Readiness (/healthz/ready: database reachable, migrations current, a worker seen recently), printed so that
+# `docker inspect` shows which check failed. The start period covers `preflab migrate`. Run the worker from this
+# image with `--no-healthcheck` (it serves no HTTP); an orchestrator's liveness probe is /healthz/live instead.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 CMD ["python", "-m", "app.healthcheck"]
 CMD ["sh", "-c", "preflab migrate && exec preflab serve --host 0.0.0.0 --port 8000"]

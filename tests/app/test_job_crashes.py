@@ -6,6 +6,7 @@ did, not by the job's state), never left "running", with no temp files or orphan
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -348,6 +349,10 @@ def test_a_training_run_killed_mid_run_resumes_once_with_no_orphan_and_a_complet
     out = client.get(f"/api/training-runs/{run_id}").json()
     assert out["state"] == "succeeded"
     assert [m["step"] for m in out["metrics"]][-1] == steps
+    # Resumed from the step-8 checkpoint, not started again: every step logged exactly once, in order.
+    assert json.loads((run_dir / "run.json").read_text())["resumed_from_step"] == held
+    logged = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert logged == list(range(1, steps + 1)), logged
     model = run_dir / "model"
     assert (model / "config.json").is_file() and list(model.glob("*.safetensors"))
     from transformers import AutoModelForSequenceClassification

@@ -198,6 +198,35 @@ def test_readiness_names_the_worker_check_until_a_worker_is_seen(app, api) -> No
     forget_worker(data_dir, "obs-test")
 
 
+def test_the_container_health_probe_follows_readiness_and_says_why(app, server_url) -> None:
+    """The Dockerfile's HEALTHCHECK (`python -m app.healthcheck`) against a real server: unhealthy, naming the
+    worker check, until a worker is seen; healthy then; unhealthy with the reason when nothing listens."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    data_dir = app.state.settings.data_dir
+    for name in os.listdir(data_dir / "workers") if (data_dir / "workers").exists() else []:
+        (data_dir / "workers" / name).unlink()
+
+    def probe(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "app.healthcheck", *args], cwd=REPO, capture_output=True,
+                              text=True, timeout=60, env=os.environ | env)
+
+    unready = probe(f"{server_url}/healthz/ready")
+    assert unready.returncode == 1 and "503" in unready.stdout and "no worker has sent a heartbeat" in unready.stdout
+    record_worker_heartbeat(data_dir, "probe-test")
+    try:
+        ready = probe(PREFLAB_HEALTHCHECK_URL=f"{server_url}/healthz/ready")  # the URL from the environment
+        assert ready.returncode == 0 and json.loads(ready.stdout)["status"] == "ok", ready.stdout
+    finally:
+        forget_worker(data_dir, "probe-test")
+    down = probe("http://127.0.0.1:9/healthz/ready")
+    assert down.returncode == 1 and "http://127.0.0.1:9/healthz/ready" in down.stdout and "refused" in down.stdout
+    assert probe("file:///etc/passwd").returncode == 1
+
+
 def test_readiness_fails_with_the_database_named_when_it_is_down(tmp_path) -> None:
     from app.main import create_app
     from app.settings import Settings
