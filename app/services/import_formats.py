@@ -659,6 +659,11 @@ def _json_problem(value: Any) -> str | None:
     return None
 
 
+def _same_text_key(text: str) -> str:
+    """Texts equal under this key are the same answer to annotators: runs of whitespace collapse, ends trimmed."""
+    return " ".join(text.split())
+
+
 def _prompt_row(check: _RowCheck) -> PromptRow | None:
     record, line = check.record, check.line
     check.unknown_fields(PROMPT_FIELDS, "prompts")
@@ -669,16 +674,19 @@ def _prompt_row(check: _RowCheck) -> PromptRow | None:
     if raw is not None and not isinstance(raw, list):
         check.fail("completions", f"must be an array of strings, got {_type_name(raw)}")
     elif raw is not None:
-        first_seen: dict[str, str] = {}
+        first_seen: dict[str, tuple[str, str]] = {}
         for i, value in enumerate(raw):
             name = labels[i] if labels else f"completions[{i}]"
             text = check.text(value, name)
             if text is None:
                 continue
-            if text in first_seen:
-                check.fail(name, f"same text as {first_seen[text]}; each completion must differ")
+            key = _same_text_key(text)  # identical whitespace aside counts as identical, as sampling screens them
+            if key in first_seen:
+                earlier, earlier_text = first_seen[key]
+                aside = "" if earlier_text == text else " (whitespace aside)"
+                check.fail(name, f"same text as {earlier}{aside}; each completion must differ")
                 continue
-            first_seen[text] = name
+            first_seen[key] = (name, text)
             completions.append(text)
     reference = check.text(record.get("reference"), "reference", required=False)
     split = check.split()
@@ -732,7 +740,7 @@ def _pair_row(check: _RowCheck) -> PairRow | None:
         # address), and they are real labels.
         text, chosen, rejected = parts
         prompt = (text, None)
-    if chosen.strip() == rejected.strip():
+    if _same_text_key(chosen) == _same_text_key(rejected):
         check.fail("rejected", "same text as chosen; a pair needs two different responses")
     if not check.ok or prompt is None:
         return None

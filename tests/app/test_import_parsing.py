@@ -246,6 +246,9 @@ def test_bad_json_line_names_the_line_and_column():
         ({"prompt": "q", "completions": ["a", "b", 3]}, "completions[2]", "must be a string, got number"),
         ({"prompt": "q", "completions": ["a", ""]}, "completions[1]", "must not be empty"),
         ({"prompt": "q", "completions": ["a", "a"]}, "completions[1]", "same text as completions[0]; each completion must differ"),
+        ({"prompt": "q", "completions": ["a", " \n\t"]}, "completions[1]", "must not be empty"),
+        # Identical whitespace aside is identical to an annotator (and to the sampling job's screen).
+        ({"prompt": "q", "completions": ["the answer is 4", "b", "the  answer\nis 4 "]}, "completions[2]", "same text as completions[0] (whitespace aside); each completion must differ"),
         ({"prompt": "q", "split": "test"}, "split", "must be one of train, heldout, got 'test'"),
         ({"prompt": "q", "metadata": ["a"]}, "metadata", "must be an object, got array"),
         ({"prompt": "q", "reference": 1}, "reference", "must be a string, got number"),
@@ -271,6 +274,7 @@ def test_bad_prompt_row_names_line_and_field(row: dict, field: str, message: str
         ({"prompt": "q", "rejected": "a"}, "chosen", "missing"),
         ({"prompt": "q", "chosen": "a", "rejected": ["b"]}, "rejected", "must be a string, got array"),
         ({"prompt": "q", "chosen": "same", "rejected": "same "}, "rejected", "same text as chosen; a pair needs two different responses"),
+        ({"prompt": "q", "chosen": "the same\nanswer", "rejected": "the  same answer"}, "rejected", "same text as chosen; a pair needs two different responses"),
         ({"prompt": "q", "chosen": "a", "rejected": "b", "p": 1.5}, "p", "must be between 0 and 1, got 1.5"),
         ({"prompt": "q", "chosen": "a", "rejected": "b", "p": True}, "p", "must be a number, got boolean"),
         ({"prompt": "q", "chosen": "a", "rejected": "b", "p": "0.5"}, "p", "must be a number, got string"),

@@ -274,6 +274,10 @@ BAD_FILES = {
     "wrong extension": ("p.csv", jsonl({"prompt": "a"}), (0, "file")),
     "more than K": ("p.parquet", parquet({"prompt": ["a"], "completions": [list("abcdefg")]}), (1, "completions")),
     "duplicate prompt": ("p.jsonl", jsonl({"prompt": "a"}, {"prompt": "b"}, {"prompt": "a"}), (3, "prompt")),
+    "completions identical whitespace aside": ("p.jsonl", jsonl({"prompt": "a", "completions": ["x y", "x  y\n"]}),
+                                               (1, "completions[1]")),
+    "completion columns identical whitespace aside": ("p.csv", b'prompt,completion_1,completion_2\nq,"x\ny",x y\n',
+                                                      (2, "completion_2")),
     "bad pair": ("pairs.jsonl", jsonl({"chosen": "same", "rejected": "same", "prompt": "q"}), (1, "rejected")),
     "no HH prefix": ("hh.jsonl", jsonl({"chosen": "\n\nHuman: a\n\nAssistant: x", "rejected": "b"}), (1, "prompt")),
 }
