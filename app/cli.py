@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -170,8 +172,9 @@ def serve(host: Annotated[str, typer.Option(help="Interface to bind")] = "127.0.
     if workers > 1 and settings.is_sqlite:
         _fail("--workers > 1 needs Postgres; SQLite is the single-process embedded mode")
     if workers > 1:
-        uvicorn.run("app.asgi:app", host=host, port=port, workers=workers, proxy_headers=settings.trust_proxy_headers,
-                    timeout_keep_alive=keep_alive)
+        with _shared_metrics_dir():
+            uvicorn.run("app.asgi:app", host=host, port=port, workers=workers,
+                        proxy_headers=settings.trust_proxy_headers, timeout_keep_alive=keep_alive)
         return
     from app.main import create_app
 
@@ -180,6 +183,28 @@ def serve(host: Annotated[str, typer.Option(help="Interface to bind")] = "127.0.
     # JSON with PREFLAB_LOG_FORMAT=json) instead of going through uvicorn's own formatters.
     uvicorn.run(create_app(settings), host=host, port=port, proxy_headers=settings.trust_proxy_headers,
                 log_level="info", timeout_keep_alive=keep_alive, log_config=None)
+
+
+@contextmanager
+def _shared_metrics_dir() -> Iterator[None]:
+    """/metrics across `--workers` processes: prometheus-client's multiprocess mode in a fresh directory, set in
+    the environment before uvicorn starts the processes (they import prometheus-client after this), removed after.
+    An operator's own PROMETHEUS_MULTIPROC_DIR is used as it is (empty it before each start, as its docs say)."""
+    import shutil
+    import tempfile
+
+    from app.metrics import MULTIPROC_ENV
+
+    if os.environ.get(MULTIPROC_ENV):
+        yield
+        return
+    path = tempfile.mkdtemp(prefix="preflab-metrics-")
+    os.environ[MULTIPROC_ENV] = path
+    try:
+        yield
+    finally:
+        os.environ.pop(MULTIPROC_ENV, None)
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @cli.command()

@@ -1,19 +1,23 @@
 """Prometheus metrics for GET /metrics: request counts and latency counted in this process, and the work state
 (queues, leases, rankings, jobs, workers, the connection pool) computed from the database at scrape time.
 
-Each app gets its own registry (tests build many apps in one process). The HTTP families count this process's
-requests only; the database families are the same whichever process answers the scrape (README, "Metrics").
+Each app gets its own registry (tests build many apps in one process). The database families are the same
+whichever process answers the scrape. With several server processes (`preflab serve --workers N`), the HTTP
+families use prometheus-client's multiprocess mode: `serve` sets PROMETHEUS_MULTIPROC_DIR to a fresh directory
+before the processes start, each writes its counts there, and a scrape from any of them sums them all
+(README, "Metrics").
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest, values
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine, and_, func, literal_column, select
@@ -22,7 +26,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.models import Assignment, Job, Project, Prompt, Ranking, utcnow
 from app.observability import worker_heartbeat_ages
 
-__all__ = ["CONTENT_TYPE_LATEST", "AppMetrics", "render"]
+__all__ = ["CONTENT_TYPE_LATEST", "MULTIPROC_ENV", "AppMetrics", "multiprocess_dir", "render"]
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 JOB_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 24 * 3600.0)
@@ -30,16 +36,31 @@ EXPIRING_WITHIN = timedelta(minutes=5)
 UNMATCHED = "<unmatched>"
 
 
+def multiprocess_dir() -> str | None:
+    """The directory the server processes share their HTTP counts in, when prometheus-client runs in multiprocess
+    mode (it decides once, when first imported, from PROMETHEUS_MULTIPROC_DIR); None for one process."""
+    path = os.environ.get(MULTIPROC_ENV)
+    return path if path and values.ValueClass is not values.MutexValue else None
+
+
 class AppMetrics:
     """The registry of one app: its HTTP families, and the database collector registered beside them."""
 
     def __init__(self, engine: Engine, session_factory: sessionmaker[Session], data_dir: Path) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter("preflab_http_requests", "HTTP requests answered by this process",
-                                ["method", "route", "status"], registry=self.registry)
+        shared = multiprocess_dir()
+        # In multiprocess mode the counts go to files; the scrape reads every process's files instead of this
+        # process's objects (registering both would report this process twice).
+        own = None if shared else self.registry
+        self.requests = Counter("preflab_http_requests", "HTTP requests answered by the server processes",
+                                ["method", "route", "status"], registry=own)
         self.latency = Histogram("preflab_http_request_duration_seconds",
-                                 "Time to answer an HTTP request in this process, by route template",
-                                 ["method", "route"], buckets=LATENCY_BUCKETS, registry=self.registry)
+                                 "Time to answer an HTTP request, by route template",
+                                 ["method", "route"], buckets=LATENCY_BUCKETS, registry=own)
+        if shared:
+            from prometheus_client.multiprocess import MultiProcessCollector
+
+            MultiProcessCollector(self.registry, path=shared)
         self.registry.register(DatabaseCollector(engine, session_factory, data_dir))
 
     def observe_request(self, method: str, route: Any, status: int, seconds: float) -> None:
