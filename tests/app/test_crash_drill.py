@@ -42,7 +42,7 @@ from app.services import projects
 from app.services.pairs import expand_tiers
 from tests.conftest import REPO, TEST_SECRET
 
-pytestmark = [pytest.mark.crash, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.crash, pytest.mark.timeout(300)]
 
 K, OVERLAP, PROMPTS, CLIENTS = 4, 2, 500, 8
 BEFORE_KILL = 40
@@ -51,7 +51,7 @@ AFTER_RESTART = 40
 """Rankings acknowledged by the restarted server before the connections are terminated (or the drill ends)."""
 AFTER_TERMINATE = 30
 """Rankings acknowledged after every database connection was terminated."""
-START_DEADLINE_S = 60.0
+START_DEADLINE_S = 90.0
 """A server process starts and answers /healthz/live within this (a busy shared machine is slow to import)."""
 RECOVERY_DEADLINE_S = 15.0
 """After the connections are terminated, the same server acknowledges rankings and is ready again within this."""
@@ -202,7 +202,7 @@ def _send(http: httpx.Client, drill: Drill, method: str, url: str, body: dict[st
         if time.monotonic() > deadline:
             raise GaveUp(f"{method} {url}: still failing after {CLIENT_RETRY_DEADLINE_S:.0f} s ({why})")
         time.sleep(delay)
-        delay = min(delay * 2, 0.25)
+        delay = min(delay * 2, 0.5)  # no faster: while the server starts, the clients' retries share its CPU
 
 
 def _annotate(base: str, project_id: int, token: str, annotator_id: int, k: int, drill: Drill) -> None:
