@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import secrets
@@ -13,9 +14,14 @@ from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
 _hasher = PasswordHasher()  # argon2id with the library's current recommended parameters
-# A valid hash of a random password, checked when the account does not exist, so a login for an
-# unknown email costs the same time as one for a known email (no user enumeration by timing).
-_DUMMY_HASH = _hasher.hash(secrets.token_urlsafe(16))
+
+
+@functools.cache
+def _dummy_hash() -> str:
+    """A valid hash of a random password, checked when the account does not exist, so a login for an unknown
+    email costs the same time as one for a known email (no user enumeration by timing). Made on first use:
+    argon2 is memory-hard, and paying for it at import slowed every process start (CLI, worker, server)."""
+    return _hasher.hash(secrets.token_urlsafe(16))
 
 MIN_PASSWORD_LENGTH = 10
 
@@ -26,7 +32,7 @@ def hash_password(password: str) -> str:
 
 def verify_password(password_hash: str | None, password: str) -> bool:
     try:
-        return _hasher.verify(password_hash or _DUMMY_HASH, password) and password_hash is not None
+        return _hasher.verify(password_hash or _dummy_hash(), password) and password_hash is not None
     except (VerificationError, InvalidHashError):
         return False
 
