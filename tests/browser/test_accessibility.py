@@ -15,6 +15,7 @@ import pytest
 from app.demo_setup import setup_demo
 from app.models import Job, Project, TrainingRun
 from app.services import constitutions, exports, rubrics, users
+from tests.app.test_training_demo import _rank_some
 from tests.browser.conftest import IN_CI, settle
 from tests.browser.test_annotate_page import assert_console_clean, new_page  # noqa: F401 - fixture
 from tests.browser.test_training_page import _step
@@ -57,6 +58,7 @@ def demo_world(live_server):  # type: ignore[no-untyped-def]
     accounts, pid = setup_demo(live_server.settings)
     passwords = {role: password for role, _, password in accounts}
     emails = {role: email for role, email, _ in accounts}
+    _rank_some(live_server.app, {email: password for _, email, password in accounts}, pid, per_annotator=6)
     with live_server.session() as db:
         lead = users.get_by_email(db, emails["lead"])
         project = db.get(Project, pid)
