@@ -67,6 +67,7 @@ def demo_world(live_server):  # type: ignore[no-untyped-def]
                                criteria=[*project.current_rubric.criteria, "Units"], base_version=1)
         constitutions.ensure_default(db, project, lead)
         exports.request_export(db, project, lead, "pairs", "jsonl")
+        exports.request_export(db, project, lead, "prompts", "jsonl")  # no filters at all
         job = Job(kind="train", payload={}, state="succeeded", result={}, project_id=pid)
         db.add(job)
         db.flush()
