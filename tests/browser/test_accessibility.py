@@ -31,7 +31,7 @@ PAGES = {
              "/projects/{p}/agreement", "/projects/{p}/agreement/prompts", "/projects/{p}/agreement/annotators/{u}",
              "/projects/{p}/judge", "/projects/{p}/constitution", "/projects/{p}/constitution/history",
              "/projects/{p}/revisions", "/projects/{p}/jobs"],
-    "engineer": ["/projects/{p}", "/projects/{p}/exports", "/projects/{p}/training", "/training-runs/{r}",
+    "engineer": ["/projects/{p}", "/projects/{p}/exports", "/projects/{p}/training", "/training-runs/{r}", "/training-runs/{live}",
                  "/projects/{p}/training/compare?a={r}&b={r}", "/jobs/{j}"],
     "admin": ["/projects", "/admin/users", "/admin/endpoints"],
 }
@@ -68,20 +68,26 @@ def demo_world(live_server):  # type: ignore[no-untyped-def]
         constitutions.ensure_default(db, project, lead)
         exports.request_export(db, project, lead, "pairs", "jsonl")
         exports.request_export(db, project, lead, "prompts", "jsonl")  # no filters at all
-        job = Job(kind="train", payload={}, state="succeeded", result={}, project_id=pid)
-        db.add(job)
-        db.flush()
-        out = live_server.settings.data_dir / "runs" / "axe"
-        out.mkdir(parents=True)
-        run = TrainingRun(project_id=pid, kind="grpo", state="succeeded", config={}, job_id=job.id,
-                          metrics_path=str(out / "metrics.jsonl"), model_dir=str(out / "model"))
-        db.add(run)
+        runs = {}
+        for state in ("succeeded", "running"):  # a finished run, and one the page is following
+            job = Job(kind="train", payload={}, state=state, result={}, project_id=pid)
+            db.add(job)
+            db.flush()
+            out = live_server.settings.data_dir / "runs" / state
+            out.mkdir(parents=True)
+            runs[state] = TrainingRun(project_id=pid, kind="grpo", state=state, config={}, job_id=job.id,
+                                      metrics_path=str(out / "metrics.jsonl"), model_dir=str(out / "model"))
+            db.add(runs[state])
         annotator = users.get_by_email(db, "annotator1@example.org")
         db.commit()
-        ids = {"p": pid, "u": annotator.id, "r": run.id, "j": job.id}
+        ids = {"p": pid, "u": annotator.id, "r": runs["succeeded"].id, "j": runs["succeeded"].job_id,
+               "live": runs["running"].id}
+        logs = {state: live_server.settings.data_dir / "jobs" / f"{run.job_id}.log" for state, run in runs.items()}
     (live_server.settings.data_dir / "jobs").mkdir(exist_ok=True)
-    for step in range(1, 4):
-        _step(out, live_server.settings.data_dir / "jobs" / f"{job.id}.log", step, total=3)
+    for state in runs:
+        for step in range(1, 4):
+            _step(live_server.settings.data_dir / "runs" / state, logs[state], step, total=3 if state == "succeeded" else 20)
+    out = live_server.settings.data_dir / "runs" / "succeeded"
     (out / "eval.json").write_text(json.dumps({
         "accuracy": 0.7, "calibration": [{"mean_confidence": c, "accuracy": a, "pairs": 10} for c, a in [(0.6, 0.55), (0.8, 0.7)]],
         "accuracy_by_length": [{"tokens": [0, 64], "accuracy": 0.7, "pairs": 12}],
