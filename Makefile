@@ -18,15 +18,18 @@ $(BIN)/.torch: $(BIN)/python
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "torch==2.13.0"
 	@touch $@
 
-vendor: app/static/vendor/htmx.min.js
+# axe.min.js is for the browser tests' accessibility check only: no page loads it.
+vendor: app/static/vendor/htmx.min.js app/static/vendor/axe.min.js
 
-app/static/vendor/htmx.min.js: package.json
+app/static/vendor/htmx.min.js app/static/vendor/axe.min.js &: package.json
 	@command -v npm >/dev/null || { echo "npm is needed once to fetch the pinned front-end libraries"; exit 1; }
 	npm install --no-audit --no-fund --loglevel=error
 	mkdir -p app/static/vendor
 	cp node_modules/htmx.org/dist/htmx.min.js node_modules/sortablejs/Sortable.min.js app/static/vendor/
+	cp node_modules/axe-core/axe.min.js app/static/vendor/
 	cp node_modules/htmx.org/LICENSE app/static/vendor/LICENSE-htmx
 	cp node_modules/sortablejs/LICENSE app/static/vendor/LICENSE-sortablejs
+	cp node_modules/axe-core/LICENSE app/static/vendor/LICENSE-axe-core
 
 setup: $(BIN)/.torch vendor
 	$(BIN)/pip install -q -e .

@@ -60,10 +60,13 @@ class FieldError:
     status_code: int = 422
 
     def detail(self) -> list[dict[str, object]]:
-        """The JSON API's error body (`DomainError.detail`), for HTMX requests that show it in place."""
+        """The JSON API's error body (`DomainError.detail`), for HTMX requests that show it in place; with the
+        field's visible `label` ("" for a hidden field) when the form knows it, so the page never shows the path."""
         item: dict[str, object] = {"message": self.message}
         if self.field:
             item["field"] = self.field
+            if self.label is not None:
+                item["label"] = self.label
         return [item]
 
     def __str__(self) -> str:
@@ -492,6 +495,17 @@ class RankingForm(FieldsetForm):
     completion shown."""
 
     PREFIXES = ("rank_", "flag_")
+    # The task's hidden fields ("": the message stands alone) and what the page calls the others.
+    LABELS: ClassVar[Mapping[str, str]] = {
+        "assignment_id": "", "prompt_id": "", "rubric_version": "", "submission_id": "", "seconds_spent": "",
+        "tiers": "Ranking", "flags": "Flags", "skip_reason": "Skip because"}
+
+    def label(self, field: str) -> str | None:
+        if field.startswith("rank_"):
+            return "Rank"
+        if field.startswith("flag_"):
+            return "Flags"
+        return super().label(field)
 
     assignment_id: str = ""
     action: str = ""

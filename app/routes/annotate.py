@@ -58,8 +58,6 @@ def submit_ranking(project_id: int, body: RankingIn, request: Request) -> Respon
         user = _api_caller(request, db)
         project = annotation.annotator_project(db, project_id, user)
         ranking, created = rankings.submit(db, project, user, rankings.RankingInput(**body.model_dump()))
-        if created:
-            annotation.clear_submitted_draft(db, ranking)
         # A new ranking's pairs are exactly its expanded tiers; only a repeat needs to count what was stored.
         pairs_created = len(expand_tiers(ranking.tiers)) if created else rankings.pair_count(db, ranking)
         out = RankingOut(ranking_id=ranking.id, pairs_created=pairs_created, created=created)
@@ -142,8 +140,6 @@ def annotate_submit(request: Request, project: AnnotatorProject, db: SessionDep,
         with db.begin_nested():
             body = form.ranking(assignment.id, completion_ids)
             ranking, created = rankings.submit(db, project, user, rankings.RankingInput(**body.model_dump()))
-            if created:
-                annotation.clear_submitted_draft(db, ranking)
     except (DomainError, ValidationError) as exc:
         # The ranking stays on screen: HTMX shows this message and keeps the form; a plain POST re-renders it.
         error = form.error(exc)

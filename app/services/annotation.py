@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from app import permissions
 from app.errors import Conflict, NotFound
-from app.models import Assignment, AssignmentDraft, Project, ProjectMember, Prompt, Ranking, Rubric, User, utcnow
+from app.models import Assignment, AssignmentDraft, Project, ProjectMember, Prompt, Rubric, User, utcnow
 from app.schemas import CompletionView, DraftIn, DraftOut, PromptView, RubricView, TaskOut
 from app.services import queue, rankings, rubrics
 
@@ -61,7 +61,7 @@ def prompt_of(db: Session, assignment: Assignment) -> Prompt | None:
 
 
 # --- drafts ------------------------------------------------------------------------------------------------------
-# Statements built once, like the rest of the hot path: the page reads a draft per task, and every submit clears one.
+# Statements built once, like the rest of the hot path: the page reads a draft per task (rankings.submit clears it).
 # Those two are Core statements on the table, not the ORM entity: about 40 µs each on SQLite instead of 90–170 µs.
 _DRAFTS = AssignmentDraft.__table__
 
@@ -78,10 +78,6 @@ _STALE_DRAFTS = (delete(AssignmentDraft).where(AssignmentDraft.assignment_id.in_
     .where(Assignment.annotator_id == bindparam("annotator_id"),
            or_(Assignment.state != "leased", Assignment.leased_until <= _NOW))))
     .execution_options(synchronize_session=False))
-_SUBMITTED_DRAFT = delete(_DRAFTS).where(_DRAFTS.c.assignment_id.in_(
-    select(Assignment.__table__.c.id).where(Assignment.__table__.c.prompt_id == bindparam("prompt_id"),
-                                            Assignment.__table__.c.annotator_id == bindparam("annotator_id"),
-                                            Assignment.__table__.c.round == bindparam("round"))))
 _PAGE_DRAFT = select(_DRAFTS).where(_DRAFTS.c.assignment_id == bindparam("assignment_id"))
 
 
@@ -131,12 +127,6 @@ def save_draft(db: Session, user: User, assignment_id: int, body: DraftIn) -> As
     db.execute(_STALE_DRAFTS, {"annotator_id": user.id, "now": now})
     db.flush()
     return draft
-
-
-def clear_submitted_draft(db: Session, ranking: Ranking) -> None:
-    """The draft of the task a ranking (or skip) was just submitted for: the submitted ranking replaces it."""
-    db.execute(_SUBMITTED_DRAFT, {"prompt_id": ranking.prompt_id, "annotator_id": ranking.annotator_id,
-                                  "round": ranking.round})
 
 
 def _as_utc(moment: datetime) -> datetime:

@@ -8,12 +8,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy import bindparam, delete, func, insert, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
 from app.errors import Conflict, Invalid
-from app.models import Assignment, Pair, Project, Prompt, Ranking, User, utcnow
+from app.models import Assignment, AssignmentDraft, Pair, Project, Prompt, Ranking, User, utcnow
 from app.services import bulk, queue, rubrics
 from app.services.pairs import expand_tiers
 
@@ -43,6 +43,9 @@ _RANKINGS, _PAIRS, _ASSIGNMENTS = Ranking.__table__, Pair.__table__, Assignment.
 _INSERT_PAIRS = insert(_PAIRS)
 _COMPLETE_TASK = (update(_ASSIGNMENTS).where(_ASSIGNMENTS.c.id == bindparam("assignment_id"))
                   .values(state=bindparam("state"), completed_at=bindparam("completed_at")))
+# The task's server-side draft (app.services.annotation): the submitted ranking replaces it.
+_DRAFTS = AssignmentDraft.__table__
+_CLEAR_DRAFT = delete(_DRAFTS).where(_DRAFTS.c.assignment_id == bindparam("assignment_id"))
 
 
 @functools.cache
@@ -126,7 +129,9 @@ def existing_submission(db: Session, annotator: User, submission_id: str) -> Ran
 
 
 def submit(db: Session, project: Project, annotator: User, body: RankingInput) -> tuple[Ranking, bool]:
-    """(ranking, created). The same submission_id again returns the first ranking and writes nothing."""
+    """(ranking, created). The same submission_id again returns the first ranking and writes nothing.
+
+    A new ranking (or skip) completes its task and, in the same transaction, clears the task's saved draft."""
     if not body.submission_id or len(body.submission_id) > 64:
         raise Invalid("must be 1 to 64 characters", field="submission_id")
     earlier = existing_submission(db, annotator, body.submission_id)
@@ -176,6 +181,7 @@ def submit(db: Session, project: Project, annotator: User, body: RankingInput) -
         raise Conflict("you have already ranked this prompt in this round", field="prompt_id")
     state, completed_at = "skipped" if body.skipped else "submitted", utcnow()
     db.execute(_COMPLETE_TASK, {"assignment_id": assignment.id, "state": state, "completed_at": completed_at})
+    db.execute(_CLEAR_DRAFT, {"assignment_id": assignment.id})
     # The session's copy of the task shows what was written, without a flush of its own.
     set_committed_value(assignment, "state", state)
     set_committed_value(assignment, "completed_at", completed_at)

@@ -371,7 +371,11 @@
       try {
         var body = JSON.parse(ev.detail.xhr.responseText);
         if (body.detail && body.detail.length) {
-          message = body.detail.map(function (d) { return (d.field ? d.field + ": " : "") + d.message; }).join(" ");
+          // The field as the page labels it ("" for a hidden one: the message stands alone), never its API path.
+          message = body.detail.map(function (d) {
+            var name = d.label !== undefined ? d.label : "";
+            return (name ? name + ": " : "") + d.message;
+          }).join(" ");
         } else if (typeof body.detail === "string") { message = body.detail; }
       } catch (e) { /* not JSON */ }
       showError(message + " Your ranking is kept.");

@@ -11,7 +11,8 @@ import pytest
 from sqlalchemy import func, select
 
 from app.models import Assignment, AssignmentDraft, Completion, Prompt
-from app.services import projects
+from app.schemas import DraftIn
+from app.services import annotation, projects, queue, rankings
 
 
 def _seed(db, make_user, make_project, *, n_prompts=1, annotators=1, k=4):  # type: ignore[no-untyped-def]
@@ -152,6 +153,26 @@ def test_submitting_the_task_clears_its_draft(db, make_user, make_project, token
     skip = {"assignment_id": task2["assignment_id"], "tiers": [], "rubric_version": task2["rubric"]["version"],
             "submission_id": "s2", "skipped": True, "skip_reason": "cannot judge"}
     assert client.post(f"/api/projects/{project.id}/rankings", json=skip).status_code == 201
+    assert db.scalar(select(func.count()).select_from(AssignmentDraft)) == 0
+
+
+def test_the_ranking_service_clears_the_draft_in_the_submits_transaction(db, make_user, make_project) -> None:
+    """Whoever submits through rankings.submit (the API, the page, a script) ends the draft with the task, and a
+    submit that is rolled back keeps it: one transaction."""
+    _, project, (ann,) = _seed(db, make_user, make_project)
+    assignment = queue.next_task(db, project, ann)
+    ids = queue.task_completion_ids(db, assignment.prompt_id, project.completions_per_prompt)
+    annotation.save_draft(db, ann, assignment.id, DraftIn(tiers=[[ids[0]]]))
+    db.commit()
+    body = rankings.RankingInput(tiers=[[i] for i in ids], rubric_version=1, submission_id="svc",
+                                 assignment_id=assignment.id)
+    with db.begin_nested() as attempt:
+        _, created = rankings.submit(db, project, ann, body)
+        assert created and db.scalar(select(func.count()).select_from(AssignmentDraft)) == 0
+        attempt.rollback()
+    assert db.scalar(select(AssignmentDraft.tiers)) == [[ids[0]]]
+    rankings.submit(db, project, ann, body)
+    db.commit()
     assert db.scalar(select(func.count()).select_from(AssignmentDraft)) == 0
 
 

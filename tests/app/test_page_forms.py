@@ -149,6 +149,12 @@ def test_the_ranking_page_shows_a_bad_rank_again_with_what_was_ranked(db, make_u
     assert bad.status_code == 422 and f'data-field="rank_{ids[1]}"' in bad.text and "from 1 to 2" in bad.text
     htmx = page.post(url, form, headers={"hx-request": "true"})
     assert htmx.status_code == 422 and htmx.json()["detail"][0]["field"] == f"rank_{ids[1]}"
+    assert htmx.json()["detail"][0]["label"] == "Rank"  # what the page shows, not the field's path
+    # A hidden field's refusal (the rubric changed under the task) reads as a sentence, with no field name.
+    stale = form | {f"rank_{ids[1]}": "2", "rubric_version": "9", "submission_id": "s0"}
+    shown = page.post(url, stale)
+    assert shown.status_code == 422 and 'data-field="rubric_version">the rubric changed' in shown.text
+    assert page.post(url, stale, headers={"hx-request": "true"}).json()["detail"][0]["label"] == ""
     assert page.post(url, form | {f"rank_{ids[1]}": "2"}).status_code == 303
 
 

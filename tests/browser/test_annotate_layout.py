@@ -51,6 +51,13 @@ def test_a_phone_shows_the_prompt_first_with_submit_in_reach(live_server, new_pa
     assert not phone.locator("#rubric-details").evaluate("d => d.open")  # a one-line bar above the prompt
     assert _box(phone, ".prompt")["y"] < 844 / 3
     assert _on_first_screen(phone, ".prompt h2") and _on_first_screen(phone, "#unranked > .resp .resp-head")
+    # No empty band between the question and the first answer (it was ~205 px: a line for the monospace switch,
+    # then a two-line empty drop zone): the switch shares the heading's line, the empty zone is one short line.
+    prompt, first = _box(phone, ".prompt"), _box(phone, "#unranked > .resp")
+    assert first["y"] - (prompt["y"] + prompt["height"]) < 140
+    assert _box(phone, "#ranked")["height"] < 48
+    tools, heading = _box(phone, ".board-tools"), _box(phone, ".board-h")
+    assert abs(tools["y"] - heading["y"]) < 8 and tools["x"] > heading["x"] + 100  # beside it, not below
     assert _on_first_screen(phone, "#submit-btn")  # sticky at the bottom, without scrolling
     phone.mouse.wheel(0, 1500)
     settle(phone)

@@ -90,7 +90,10 @@ def test_a_lead_sees_the_flagged_annotator_and_clicks_through_to_the_rows(live_s
     flag.get_by_role("link", name="Their rankings").click()
     page.wait_for_url(f"**/agreement/annotators/{people['fast'].id}?view=all")
     assert page.locator("#rankings tbody tr").count() == 6
-    assert "D > C > B > A" in page.locator("#rankings tbody tr").first.inner_text()
+    row = page.locator("#rankings tbody tr").first
+    assert "D > C > B > A" in row.inner_text() and "What is " in row.locator("th").inner_text()  # the prompt
+    row.locator("details summary").click()  # and what the letters stand for
+    assert row.locator("dl.agr-letters dd").first.is_visible() and "answer a" in row.locator("dl").inner_text()
 
     page.goto(f"{live_server.base}/projects/{pid}/agreement")
     page.locator("#mean-agreement a").click()

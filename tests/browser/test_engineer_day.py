@@ -1,0 +1,68 @@
+"""The engineer's first day in the demo, in Chromium with a real worker beside the server: export pairs from the
+form, watch the exports list turn the export ready by itself, start a reward run on the shipped MiniLM with a tiny
+config, and watch its run page draw a curve with every logged point, with no console error on the way."""
+
+from __future__ import annotations
+
+import re
+import threading
+
+import pytest
+
+from app.demo_setup import setup_demo
+from app.worker import Worker
+from tests.app.test_training_demo import _rank_some
+from tests.browser.test_annotate_page import page  # noqa: F401 - fixture: fails on any console error
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def worker(live_server):  # type: ignore[no-untyped-def]
+    """`preflab worker` as the demo starts it, in a thread on the live server's database."""
+    w = Worker(live_server.settings, session_factory=live_server.app.state.session_factory, poll_s=0.2,
+               heartbeat_s=0.5)
+    thread = threading.Thread(target=w.run, daemon=True)
+    thread.start()
+    yield w
+    w.terminating = True
+    thread.join(timeout=120)
+
+
+def test_an_engineer_exports_trains_a_reward_model_and_watches_its_curve(live_server, worker, page) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    accounts, pid = setup_demo(live_server.settings)
+    passwords = {email: password for _, email, password in accounts}
+    _rank_some(live_server.app, passwords, pid, per_annotator=8)
+    base = live_server.base
+    page.goto(f"{base}/login")
+    page.fill("input[name=email]", "engineer@example.org")
+    page.fill("input[name=password]", passwords["engineer@example.org"])
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{base}/projects")
+
+    page.goto(f"{base}/projects/{pid}/exports")
+    page.select_option("select[name=kind]", "pairs")
+    page.get_by_role("button", name="Start export").click()
+    page.wait_for_url(f"**/projects/{pid}/exports")
+    # The list follows the export while the worker writes it: no reload.
+    page.wait_for_function("() => document.querySelector('#export-table .state').textContent === 'ready'",
+                           timeout=60_000)
+
+    page.goto(f"{base}/projects/{pid}/training")
+    page.select_option("select[name=kind]", "reward")
+    export = page.locator("select[name=export_id] option", has_text="pairs").first.get_attribute("value")
+    page.select_option("select[name=export_id]", export)
+    page.fill("textarea[name=config]", "steps = 3\nbatch_size = 4\nmax_length = 96")
+    page.get_by_role("button", name="Start run").click()
+    page.wait_for_url(re.compile(r".*/training-runs/\d+$"))
+
+    # The run page polls: the state moves on and the loss chart gains a point per step, with axes, no reload.
+    page.wait_for_function("() => document.querySelector('#run-state').textContent === 'succeeded'",
+                           timeout=240_000)
+    chart = page.locator('figure.chart[data-metric="loss"] svg')
+    assert "3 points" in chart.get_attribute("aria-label")
+    assert chart.locator("line.axis").count() >= 2 and chart.locator("text.tick").count() >= 2  # axes, labelled
+    points = chart.locator("circle.pt")
+    assert points.count() == 3 and "step 3" in points.nth(2).locator("title").text_content()  # hover values
+    assert page.locator("#run-progress").inner_text().startswith("3/3")
+    assert "Calibration (reliability diagram)" in page.locator("#evaluation").inner_text()
