@@ -39,6 +39,7 @@ def seed(url: str) -> None:
 
     from app.db import make_engine, make_session_factory, session_scope
     from app.models import (
+        AgreementRollup,
         Assignment,
         AssignmentDraft,
         AuditEvent,
@@ -131,6 +132,9 @@ def seed(url: str) -> None:
                            state="succeeded", job_id=job.id, created_by_id=lead.id))
         db.add(AuditEvent(actor_id=lead.id, project_id=project.id, action="export.create", object_type="export",
                           object_id=export.id, data={"rows": 30}, ip="10.0.0.7"))
+        # The agreement figures as the rollup job stored them (0013).
+        db.add(AgreementRollup(project_id=project.id, reports={"all": {"project_id": project.id, "human_rankings": 6}},
+                               rankings=6, seconds=0.25, computed_at=now))
     engine.dispose()
 
 

@@ -1,0 +1,137 @@
+"""The agreement figures at campaign scale: computed on each view while a project is small, read from the rollup
+job's stored result once it is not, and always said how fresh they are.
+
+A project with up to LIVE_LIMIT human rankings is computed on the view (a few hundred ms at most). Above that a view
+reads the `agreement_rollups` row (one primary-key read and a JSON document of a few hundred KB, whatever the
+project holds) and, when the row is older than its refresh interval, queues an `agreement_rollup` job; a worker
+streams every ranking once (`agreement.project_reports`, memory bounded by one prompt's rankings and the arrays of
+seconds) and replaces the row. The interval is max(REFRESH_S, REFRESH_FACTOR × the last computation's duration),
+so a worker spends at most a quarter of a core on one project's figures however often leads reload.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.errors import Invalid
+from app.models import AgreementRollup, Job, Project, Ranking, User, utcnow
+from app.services import agreement, agreement_flags, jobs
+from app.services.agreement import AgreementReport, AnnotatorStats, Flag, TrendPoint
+
+KIND = "agreement_rollup"
+LIVE_LIMIT = 5_000
+"""Human rankings up to which the figures are computed on each view."""
+REFRESH_S = 60.0
+"""A stored rollup older than this (or REFRESH_FACTOR × its computation time, if longer) is recomputed."""
+REFRESH_FACTOR = 4.0
+
+
+@dataclass(frozen=True)
+class Freshness:
+    """How the figures on the page were computed, and how old they are."""
+
+    method: str
+    """live: from every ranking, on this view | rollup: from every ranking, by the rollup job at `as_of`."""
+    as_of: datetime | None
+    """When the rankings shown were read (None: no rollup has finished yet)."""
+    age_seconds: float | None
+    rankings: int | None
+    """Human rankings the figures cover."""
+    compute_seconds: float | None
+    """How long the rollup took."""
+    refreshing: bool
+    """A rollup job is queued or running for this project."""
+
+    def describe(self) -> str:
+        if self.method == "live":
+            return "Computed from every ranking on this view."
+        if self.as_of is None:
+            return "Computing the figures from every ranking: a worker is on it (reload in a moment)."
+        again = " A newer computation is under way." if self.refreshing else ""
+        return (f"Computed from all {self.rankings:,} rankings by the rollup job, as of {_ago(self.age_seconds)} "
+                f"(it took {self.compute_seconds:.1f} s).{again}")
+
+
+def _ago(seconds: float | None) -> str:
+    s = int(seconds or 0)
+    if s < 120:
+        return f"{s} s ago"
+    if s < 7200:
+        return f"{s // 60} min ago"
+    return f"{s // 3600} h ago"
+
+
+def current_report(db: Session, project: Project, actor: User, *,
+                   rubric_version: int | None = None) -> tuple[AgreementReport | None, Freshness]:
+    """The report to show now and its freshness; None (with a job queued) when a large project has no rollup yet."""
+    versions = agreement.rubric_versions(db, project)
+    if rubric_version is not None and rubric_version not in versions:
+        raise Invalid(f"this project has no rubric version {rubric_version}", field="rubric_version")
+    if _rankings_up_to(db, project, LIVE_LIMIT + 1) <= LIVE_LIMIT:
+        report = agreement.project_reports(db, project, versions=versions, only=rubric_version)[rubric_version]
+        return report, Freshness("live", utcnow(), 0.0, report.human_rankings, None, False)
+    row = db.get(AgreementRollup, project.id)
+    refreshing = _pending(db, project)
+    now = utcnow()
+    age = (now - row.computed_at).total_seconds() if row is not None else None
+    if not refreshing and (age is None or age > max(REFRESH_S, REFRESH_FACTOR * row.seconds)):  # type: ignore[union-attr]
+        jobs.enqueue(db, KIND, {"requested_at": now.isoformat()}, project=project, actor=actor, max_attempts=1)
+        refreshing = True
+    stored = (row.reports or {}).get(_scope(rubric_version)) if row is not None else None
+    if row is None or stored is None:
+        return None, Freshness("rollup", None, None, None, None, refreshing)
+    return (agreement_flags.flagged(report_from_dict(stored)),
+            Freshness("rollup", row.computed_at, age, row.rankings, row.seconds, refreshing))
+
+
+def _rankings_up_to(db: Session, project: Project, limit: int) -> int:
+    """The project's human rankings, counted no further than `limit` (an index range of at most `limit` rows)."""
+    capped = (select(Ranking.id).where(Ranking.project_id == project.id, Ranking.source == "human")
+              .limit(limit).subquery())
+    return int(db.scalar(select(func.count()).select_from(capped)) or 0)
+
+
+def _pending(db: Session, project: Project) -> bool:
+    return db.scalar(select(Job.id).where(Job.project_id == project.id, Job.kind == KIND,
+                                          Job.state.in_(("queued", "running"))).limit(1)) is not None
+
+
+def _scope(rubric_version: int | None) -> str:
+    return "all" if rubric_version is None else f"v{rubric_version}"
+
+
+def compute(db: Session, project: Project) -> tuple[dict[str, Any], int, datetime, float]:
+    """Every scope's report from one streamed pass: (reports by scope, rankings covered, read at, seconds taken)."""
+    started, t0 = utcnow(), time.perf_counter()
+    reports = agreement.project_reports(db, project)
+    out = {_scope(v): asdict(r) for v, r in reports.items()}
+    return out, reports[None].human_rankings, started, time.perf_counter() - t0
+
+
+def store(db: Session, project_id: int, reports: dict[str, Any], rankings: int, computed_at: datetime,
+          seconds: float) -> None:
+    """Replace the project's rollup with a newer one (an older result arriving late is dropped)."""
+    row = db.get(AgreementRollup, project_id, with_for_update=True)
+    if row is None:
+        db.add(AgreementRollup(project_id=project_id, reports=reports, rankings=rankings, seconds=seconds,
+                               computed_at=computed_at))
+    elif row.computed_at < computed_at:
+        row.reports, row.rankings, row.seconds, row.computed_at = reports, rankings, seconds, computed_at
+
+
+def report_from_dict(data: dict[str, Any]) -> AgreementReport:
+    """An AgreementReport back from `dataclasses.asdict` (as the rollup stores it)."""
+    annotators = [AnnotatorStats(**(a | {"flags": [Flag(**f) for f in a.get("flags", [])]}))
+                  for a in data.get("annotators", [])]
+    return AgreementReport(**(data | {
+        "annotators": annotators,
+        "flags": [Flag(**f) for f in data.get("flags", [])],
+        "trend": [TrendPoint(**p) for p in data.get("trend", [])],
+        "by_rubric_version": [TrendPoint(**p) for p in data.get("by_rubric_version", [])],
+    }))
