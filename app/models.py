@@ -496,14 +496,17 @@ class TrainingRun(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
-class AgreementRollup(Base):
-    """A project's agreement reports as a rollup job last computed them (too many rankings to compute per view)."""
+class ProjectRollup(Base):
+    """A project's agreement reports and counts as the rollup job last computed them (too many rows to compute on
+    each view; see app.services.rollups)."""
 
-    __tablename__ = "agreement_rollups"
+    __tablename__ = "project_rollups"
 
     project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), primary_key=True)
     reports: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
     """"all" and "v1", "v2", … → that scope's AgreementReport as a dict (flags are raised when it is read)."""
+    counts: Mapped[dict[str, int]] = mapped_column(JSONType, default=dict)
+    """The project page's counts (app.services.projects.ProjectCounts)."""
     rankings: Mapped[int] = mapped_column(Integer, default=0)
     """Human rankings the reports cover."""
     seconds: Mapped[float] = mapped_column(Float, default=0.0)

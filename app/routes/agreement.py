@@ -13,7 +13,7 @@ from app.deps import CurrentUser, PageUser, SessionDep
 from app.errors import DomainError
 from app.forms import GoldFromMetadataForm
 from app.schemas import AgreementOut, GoldIn, GoldOut
-from app.services import agreement, agreement_flags, agreement_rollup, agreement_rows, gold, projects
+from app.services import agreement, agreement_flags, agreement_rows, gold, projects, rollups
 from app.services.charts import line_chart
 from app.web import render
 
@@ -37,7 +37,7 @@ def _readable_project(db, project_id: int, user):  # type: ignore[no-untyped-def
 def get_agreement(project_id: int, db: SessionDep, user: CurrentUser,
                   rubric_version: RubricVersionQuery = None) -> AgreementOut | Response:
     project = _readable_project(db, project_id, user)
-    report, fresh = agreement_rollup.current_report(db, project, user, rubric_version=rubric_version)
+    report, fresh = rollups.current_report(db, project, user, rubric_version=rubric_version)
     if report is None:  # returned, not raised: the request commits the rollup job it queued
         return JSONResponse({"detail": [{"message": fresh.describe()}]}, status_code=503,
                             headers={"Retry-After": "10"})
@@ -89,10 +89,10 @@ def agreement_page(request: Request, project_id: int, db: SessionDep, user: Page
                  "can_set_gold": permissions.may(db, user, project, "gold.manage")}
     status = 200
     try:
-        ctx["report"], ctx["fresh"] = agreement_rollup.current_report(db, project, user, rubric_version=version)
+        ctx["report"], ctx["fresh"] = rollups.current_report(db, project, user, rubric_version=version)
     except DomainError as exc:
         ctx["error"], status = exc, exc.status_code
-        ctx["report"], ctx["fresh"] = agreement_rollup.current_report(db, project, user)
+        ctx["report"], ctx["fresh"] = rollups.current_report(db, project, user)
     if ctx["report"] is None:
         return render(request, "agreement_pending.html", ctx, status_code=status)
     ctx["charts"] = _charts(ctx["report"])

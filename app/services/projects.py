@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -101,6 +102,9 @@ class ProjectCounts:
     rankings: int
     pairs: int
     rubric_versions: int
+    as_of: datetime | None = None
+    """None: counted on this view; else when the rollup job counted them (a large project)."""
+    age_seconds: float | None = None
 
 
 def counts(db: Session, project: Project) -> ProjectCounts:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from app.models import Completion, JudgeRun, Prompt, Ranking
-from app.services import agreement, agreement_rollup, gold, projects, rubrics
+from app.services import agreement, gold, projects, rollups, rubrics
 from tests.support.agreement_oracle import oracle_report
 
 KINDS = ["careful"] * 5 + ["sloppy", "fast", "fast"]
@@ -132,18 +132,19 @@ def test_every_scope_from_one_pass_equals_each_scope_computed_alone(db, make_use
 def test_a_large_project_shows_the_rollup_with_its_age_and_it_equals_the_computation(
         db, make_user, make_project, monkeypatch) -> None:
     project, lead = _campaign(db, make_user, make_project, n_prompts=24, seed=5)
-    monkeypatch.setattr(agreement_rollup, "LIVE_LIMIT", 10)  # 24 prompts × 3 rankings count as large
+    monkeypatch.setattr(rollups, "LIVE_LIMIT", 10)  # 24 prompts × 3 rankings count as large
 
-    first, fresh = agreement_rollup.current_report(db, project, lead)
+    first, fresh = rollups.current_report(db, project, lead)
     assert first is None and fresh.refreshing and "Computing" in fresh.describe()  # a job is queued, once
-    again, fresh = agreement_rollup.current_report(db, project, lead)
+    again, fresh = rollups.current_report(db, project, lead)
     assert again is None and fresh.refreshing
 
-    reports, rankings, at, seconds = agreement_rollup.compute(db, project)
-    agreement_rollup.store(db, project.id, reports, rankings, at, seconds)
+    rollup = rollups.compute(db, project)
+    rollups.store(db, project.id, rollup)
     db.flush()
+    at, rankings = rollup.computed_at, rollup.rankings
     for version in (None, 2):
-        shown, fresh = agreement_rollup.current_report(db, project, lead, rubric_version=version)
+        shown, fresh = rollups.current_report(db, project, lead, rubric_version=version)
         assert fresh.method == "rollup" and fresh.as_of == at and fresh.rankings == rankings
         assert "s ago" in fresh.describe()
         _same(shown, oracle_report(db, project, rubric_version=version))
@@ -156,7 +157,7 @@ def test_the_api_queues_a_rollup_a_worker_computes_and_then_serves_it(
     project, lead = _campaign(db, make_user, make_project, n_prompts=12, seed=11)
     token = token_for(db, lead)
     db.commit()
-    monkeypatch.setattr(agreement_rollup, "LIVE_LIMIT", 10)
+    monkeypatch.setattr(rollups, "LIVE_LIMIT", 10)
     client = api(token)
 
     pending = client.get(f"/api/projects/{project.id}/agreement")
@@ -183,3 +184,24 @@ def test_a_small_project_is_computed_on_the_view_and_says_so(app, db, make_user,
 
     assert page.status_code == 200
     assert 'data-method="live"' in page.text and "Computed from every ranking on this view." in page.text
+
+
+def test_a_large_projects_page_shows_the_rollups_counts_with_their_age(
+        app, db, make_user, make_project, browser, monkeypatch) -> None:
+    from app.worker import Worker
+
+    project, lead = _campaign(db, make_user, make_project, n_prompts=12, seed=13)
+    db.commit()
+    monkeypatch.setattr(rollups, "COUNT_LIVE_LIMIT", 10)
+    b = browser()
+    b.login(lead.email)
+
+    before = b.get(f"/projects/{project.id}")  # no rollup yet: counted on the view, and a rollup queued
+    assert before.status_code == 200 and 'id="counts-as-of"' not in before.text
+    assert Worker(app.state.settings, session_factory=app.state.session_factory, heartbeat_s=0.2).run_one()
+    after = b.get(f"/projects/{project.id}")
+
+    assert 'id="counts-as-of"' in after.text and "s ago" in after.text
+    exact = projects.counts(db, project)
+    assert f'<dd id="count-rankings">{exact.rankings}</dd>' in after.text
+    assert f'<dd id="count-pairs">{exact.pairs}</dd>' in after.text

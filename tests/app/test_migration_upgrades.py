@@ -39,7 +39,6 @@ def seed(url: str) -> None:
 
     from app.db import make_engine, make_session_factory, session_scope
     from app.models import (
-        AgreementRollup,
         Assignment,
         AssignmentDraft,
         AuditEvent,
@@ -50,6 +49,7 @@ def seed(url: str) -> None:
         JudgeRun,
         ModelEndpoint,
         Pair,
+        ProjectRollup,
         Prompt,
         Ranking,
         TrainingRun,
@@ -133,8 +133,8 @@ def seed(url: str) -> None:
         db.add(AuditEvent(actor_id=lead.id, project_id=project.id, action="export.create", object_type="export",
                           object_id=export.id, data={"rows": 30}, ip="10.0.0.7"))
         # The agreement figures as the rollup job stored them (0013).
-        db.add(AgreementRollup(project_id=project.id, reports={"all": {"project_id": project.id, "human_rankings": 6}},
-                               rankings=6, seconds=0.25, computed_at=now))
+        db.add(ProjectRollup(project_id=project.id, reports={"all": {"project_id": project.id, "human_rankings": 6}},
+                               counts={"prompts": 2, "pairs": 30}, rankings=6, seconds=0.25, computed_at=now))
     engine.dispose()
 
 

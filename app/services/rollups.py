@@ -1,12 +1,17 @@
-"""The agreement figures at campaign scale: computed on each view while a project is small, read from the rollup
-job's stored result once it is not, and always said how fresh they are.
+"""Figures over a whole project at campaign scale (the agreement reports, the project page's counts): computed on
+each view while a project is small, read from the rollup job's stored result once it is not, and always said how
+fresh they are.
 
 A project with up to LIVE_LIMIT human rankings is computed on the view (a few hundred ms at most). Above that a view
-reads the `agreement_rollups` row (one primary-key read and a JSON document of a few hundred KB, whatever the
-project holds) and, when the row is older than its refresh interval, queues an `agreement_rollup` job; a worker
+reads the `project_rollups` row (one primary-key read and a JSON document of a few hundred KB, whatever the
+project holds) and, when the row is older than its refresh interval, queues an `rollups` job; a worker
 streams every ranking once (`agreement.project_reports`, memory bounded by one prompt's rankings and the arrays of
 seconds) and replaces the row. The interval is max(REFRESH_S, REFRESH_FACTOR × the last computation's duration),
 so a worker spends at most a quarter of a core on one project's figures however often leads reload.
+
+The project page's counts (prompts, completions, rankings, pairs) follow the same rule with COUNT_LIVE_LIMIT: exact
+on the view below it; above it from the rollup, said to be as of its age (exact on the view, once, before the first
+rollup has finished).
 """
 
 from __future__ import annotations
@@ -20,13 +25,15 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.errors import Invalid
-from app.models import AgreementRollup, Job, Project, Ranking, User, utcnow
-from app.services import agreement, agreement_flags, jobs
+from app.models import Job, Project, ProjectRollup, Ranking, User, utcnow
+from app.services import agreement, agreement_flags, jobs, projects
 from app.services.agreement import AgreementReport, AnnotatorStats, Flag, TrendPoint
 
-KIND = "agreement_rollup"
+KIND = "project_rollup"
 LIVE_LIMIT = 5_000
 """Human rankings up to which the figures are computed on each view."""
+COUNT_LIVE_LIMIT = 20_000
+"""Rankings (of any source) up to which the project page counts everything on each view."""
 REFRESH_S = 60.0
 """A stored rollup older than this (or REFRESH_FACTOR × its computation time, if longer) is recomputed."""
 REFRESH_FACTOR = 4.0
@@ -76,13 +83,7 @@ def current_report(db: Session, project: Project, actor: User, *,
     if _rankings_up_to(db, project, LIVE_LIMIT + 1) <= LIVE_LIMIT:
         report = agreement.project_reports(db, project, versions=versions, only=rubric_version)[rubric_version]
         return report, Freshness("live", utcnow(), 0.0, report.human_rankings, None, False)
-    row = db.get(AgreementRollup, project.id)
-    refreshing = _pending(db, project)
-    now = utcnow()
-    age = (now - row.computed_at).total_seconds() if row is not None else None
-    if not refreshing and (age is None or age > max(REFRESH_S, REFRESH_FACTOR * row.seconds)):  # type: ignore[union-attr]
-        jobs.enqueue(db, KIND, {"requested_at": now.isoformat()}, project=project, actor=actor, max_attempts=1)
-        refreshing = True
+    row, age, refreshing = _rollup(db, project, actor)
     stored = (row.reports or {}).get(_scope(rubric_version)) if row is not None else None
     if row is None or stored is None:
         return None, Freshness("rollup", None, None, None, None, refreshing)
@@ -90,11 +91,34 @@ def current_report(db: Session, project: Project, actor: User, *,
             Freshness("rollup", row.computed_at, age, row.rankings, row.seconds, refreshing))
 
 
-def _rankings_up_to(db: Session, project: Project, limit: int) -> int:
-    """The project's human rankings, counted no further than `limit` (an index range of at most `limit` rows)."""
-    capped = (select(Ranking.id).where(Ranking.project_id == project.id, Ranking.source == "human")
-              .limit(limit).subquery())
-    return int(db.scalar(select(func.count()).select_from(capped)) or 0)
+def project_counts(db: Session, project: Project, actor: User) -> projects.ProjectCounts:
+    """The project page's counts: exact for a small project, the rollup's (with its time) for a large one."""
+    if _rankings_up_to(db, project, COUNT_LIVE_LIMIT + 1, human=False) <= COUNT_LIVE_LIMIT:
+        return projects.counts(db, project)
+    row, age, _ = _rollup(db, project, actor)
+    if row is None or not row.counts:
+        return projects.counts(db, project)
+    return projects.ProjectCounts(**row.counts, as_of=row.computed_at, age_seconds=age)
+
+
+def _rollup(db: Session, project: Project, actor: User) -> tuple[ProjectRollup | None, float | None, bool]:
+    """(the stored rollup, its age in seconds, whether a newer one is on its way), queueing one when it is due."""
+    row = db.get(ProjectRollup, project.id)
+    refreshing = _pending(db, project)
+    now = utcnow()
+    age = (now - row.computed_at).total_seconds() if row is not None else None
+    if not refreshing and (row is None or (age or 0.0) > max(REFRESH_S, REFRESH_FACTOR * row.seconds)):
+        jobs.enqueue(db, KIND, {"requested_at": now.isoformat()}, project=project, actor=actor, max_attempts=1)
+        refreshing = True
+    return row, age, refreshing
+
+
+def _rankings_up_to(db: Session, project: Project, limit: int, *, human: bool = True) -> int:
+    """The project's (human) rankings, counted no further than `limit` (an index range of at most `limit` rows)."""
+    capped = select(Ranking.id).where(Ranking.project_id == project.id)
+    if human:
+        capped = capped.where(Ranking.source == "human")
+    return int(db.scalar(select(func.count()).select_from(capped.limit(limit).subquery())) or 0)
 
 
 def _pending(db: Session, project: Project) -> bool:
@@ -106,23 +130,39 @@ def _scope(rubric_version: int | None) -> str:
     return "all" if rubric_version is None else f"v{rubric_version}"
 
 
-def compute(db: Session, project: Project) -> tuple[dict[str, Any], int, datetime, float]:
-    """Every scope's report from one streamed pass: (reports by scope, rankings covered, read at, seconds taken)."""
+@dataclass(frozen=True)
+class Rollup:
+    """One computation of a project's figures, to store."""
+
+    reports: dict[str, Any]
+    """Every scope's agreement report ("all", "v1", …) as a dict."""
+    counts: dict[str, int]
+    rankings: int
+    computed_at: datetime
+    seconds: float
+
+
+def compute(db: Session, project: Project) -> Rollup:
+    """Every scope's report from one streamed pass, and the project's counts."""
     started, t0 = utcnow(), time.perf_counter()
+    counts = asdict(projects.counts(db, project))
+    for key in ("as_of", "age_seconds"):
+        counts.pop(key, None)
     reports = agreement.project_reports(db, project)
-    out = {_scope(v): asdict(r) for v, r in reports.items()}
-    return out, reports[None].human_rankings, started, time.perf_counter() - t0
+    return Rollup({_scope(v): asdict(r) for v, r in reports.items()}, counts, reports[None].human_rankings, started,
+                  time.perf_counter() - t0)
 
 
-def store(db: Session, project_id: int, reports: dict[str, Any], rankings: int, computed_at: datetime,
-          seconds: float) -> None:
+def store(db: Session, project_id: int, rollup: Rollup) -> None:
     """Replace the project's rollup with a newer one (an older result arriving late is dropped)."""
-    row = db.get(AgreementRollup, project_id, with_for_update=True)
+    row = db.get(ProjectRollup, project_id, with_for_update=True)
+    values = {"reports": rollup.reports, "counts": rollup.counts, "rankings": rollup.rankings,
+              "seconds": rollup.seconds, "computed_at": rollup.computed_at}
     if row is None:
-        db.add(AgreementRollup(project_id=project_id, reports=reports, rankings=rankings, seconds=seconds,
-                               computed_at=computed_at))
-    elif row.computed_at < computed_at:
-        row.reports, row.rankings, row.seconds, row.computed_at = reports, rankings, seconds, computed_at
+        db.add(ProjectRollup(project_id=project_id, **values))
+    elif row.computed_at < rollup.computed_at:
+        for key, value in values.items():
+            setattr(row, key, value)
 
 
 def report_from_dict(data: dict[str, Any]) -> AgreementReport:

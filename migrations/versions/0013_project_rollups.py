@@ -1,4 +1,4 @@
-"""agreement rollups: a project's agreement reports as the rollup job last computed them, with when and how long
+"""project rollups: a project's agreement reports and counts as the rollup job last computed them, when and how long
 
 Downgrade: drops the table; the figures are recomputed from the rankings (nothing in it is a source of truth).
 
@@ -20,18 +20,19 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    op.create_table('agreement_rollups',
+    op.create_table('project_rollups',
     sa.Column('project_id', sa.Integer(), nullable=False),
     sa.Column('reports', sa.JSON().with_variant(postgresql.JSONB(), 'postgresql'), nullable=False),
+    sa.Column('counts', sa.JSON().with_variant(postgresql.JSONB(), 'postgresql'), nullable=False),
     sa.Column('rankings', sa.Integer(), nullable=False),
     sa.Column('seconds', sa.Float(), nullable=False),
     sa.Column('computed_at', sa.DateTime(timezone=True), nullable=False),
     sa.ForeignKeyConstraint(['project_id'], ['projects.id'],
-                            name=op.f('fk_agreement_rollups_project_id_projects'), ondelete='CASCADE'),
-    sa.PrimaryKeyConstraint('project_id', name=op.f('pk_agreement_rollups'))
+                            name=op.f('fk_project_rollups_project_id_projects'), ondelete='CASCADE'),
+    sa.PrimaryKeyConstraint('project_id', name=op.f('pk_project_rollups'))
     )
 
 
 def downgrade() -> None:
     # A cache of figures derived from the rankings: the next rollup job computes them again.
-    op.drop_table('agreement_rollups')
+    op.drop_table('project_rollups')
