@@ -200,8 +200,21 @@ def _chunk(db: Any, seeded: dict[str, Any], start: int, count: int, rng: random.
     return len(humans), len(ais)
 
 
+def _open_prompts(db: Any, project_id: int, start: int, count: int, rng: random.Random) -> None:
+    """Prompts nobody has ranked yet (K completions each): the queue annotators draw from during a bench."""
+    from app.models import Completion, Prompt
+    from app.services import bulk
+
+    prompt_ids = bulk.insert_rows(db, Prompt, [
+        {"project_id": project_id, "text": f"Q{start + i}: {_sentence(rng, 25)}?", "text_hash": f"{start + i:064x}",
+         "split": "train", "reference": str(start + i), "meta": {}} for i in range(count)], ids=True)
+    bulk.insert_rows(db, Completion, [
+        {"prompt_id": pid, "text": _sentence(rng, 45), "source": "sampled", "generator_params": {}, "meta": {}}
+        for pid in prompt_ids for _ in range(K)])
+
+
 def seed_campaign(url: str, rankings: int, *, annotators: int = 200, name: str = "Campaign",
-                  progress: bool = False) -> dict[str, Any]:
+                  open_prompts: int = 0, progress: bool = False) -> dict[str, Any]:
     from sqlalchemy import text
 
     from app.db import make_engine, make_session_factory, session_scope
@@ -230,6 +243,9 @@ def seed_campaign(url: str, rankings: int, *, annotators: int = 200, name: str =
         human, ai = human + h, ai + a
         if progress:
             print(f"{start + count}/{n_prompts} prompts, {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    if open_prompts:
+        with session_scope(factory) as db:
+            _open_prompts(db, seeded["project_id"], n_prompts, open_prompts, rng)
     written = time.perf_counter() - started
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text("VACUUM (ANALYZE)"))
@@ -237,7 +253,7 @@ def seed_campaign(url: str, rankings: int, *, annotators: int = 200, name: str =
     engine.dispose()
     total = time.perf_counter() - started
     return {"seed": "campaign", "project_id": seeded["project_id"], "prompts": n_prompts, "human_rankings": human,
-            "ai_rankings": ai, "pairs": pairs, "annotators": annotators,
+            "ai_rankings": ai, "pairs": pairs, "annotators": annotators, "open_prompts": open_prompts,
             "annotator_kinds": {k: seeded["kinds"].count(k) for k, _, _ in PROFILES},
             "gold_prompts": -(-n_prompts // GOLD_EVERY), "rubric_versions": len(seeded["rubric_ids"]),
             "write_s": round(written, 1), "total_s": round(total, 1),
@@ -263,6 +279,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rankings", type=int, required=True, help="human rankings to write (3 per prompt)")
     parser.add_argument("--database-url", required=True, help="a migrated, empty Postgres database")
     parser.add_argument("--annotators", type=int, default=200)
+    parser.add_argument("--open-prompts", type=int, default=0, help="prompts left unranked, for annotators to draw")
     parser.add_argument("--fresh", action="store_true", help="drop and recreate the database, then migrate it")
     parser.add_argument("--progress", action="store_true", help="a line on stderr per chunk of prompts")
     args = parser.parse_args(argv)
@@ -277,7 +294,8 @@ def main(argv: list[str] | None = None) -> None:
         url = fresh_database(url)
     elif not _is_empty(url):
         parser.error("the database is not empty (users or projects exist); pass --fresh to recreate it")
-    print(json.dumps(seed_campaign(url, args.rankings, annotators=args.annotators, progress=args.progress)))
+    print(json.dumps(seed_campaign(url, args.rankings, annotators=args.annotators, open_prompts=args.open_prompts,
+                                   progress=args.progress)))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, contains_eager
 
 from app import permissions
 from app.errors import Conflict, Invalid, NotFound
@@ -91,8 +91,10 @@ def remove_member(db: Session, project: Project, actor: User, user_id: int) -> N
 
 
 def list_members(db: Session, project: Project) -> list[ProjectMember]:
+    """The members with their accounts, in one query (the page shows each one's email: 200 annotators were 200
+    lazy loads, most of the project page's time)."""
     return list(db.scalars(select(ProjectMember).where(ProjectMember.project_id == project.id)
-                           .join(User).order_by(User.email)))
+                           .join(User).options(contains_eager(ProjectMember.user)).order_by(User.email)))
 
 
 @dataclass(frozen=True)
