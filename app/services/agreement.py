@@ -378,14 +378,14 @@ def project_reports(db: Session, project: Project, *, versions: list[int] | None
                          trend=only == "every" or only == v)
         for v in [None, *versions]}
     for group in _groups(_stream_rankings(db, project)):
-        scopes[None].add(group)
+        tallied = scopes[None].add(group)
         by_version: dict[int, list[Any]] = defaultdict(list)
         for r in group:
             if r.rubric_version is not None:
                 by_version[r.rubric_version].append(r)
         for v, rows in by_version.items():
-            if v in scopes:
-                scopes[v].add(rows)
+            if v in scopes:  # a prompt ranked under one version only (the usual case) is tallied once for both
+                scopes[v].add(rows, tallied if len(rows) == len(group) else None)
     total_prompts = int(db.scalar(select(func.count(Prompt.id)).where(Prompt.project_id == project.id)) or 0)
     people = _people(db, {uid for b in scopes.values() for uid in b.people})
     by_rubric_version = [scopes[v].point(f"v{v}", float(v)) for v in versions if scopes[v].rankings]
@@ -673,10 +673,13 @@ class ReportBuilder:
     def people(self) -> set[int]:
         return set(self.acc)
 
-    def add(self, rows: list[Any]) -> None:
-        """Fold in every ranking of one (prompt, round) — the same computation as over the whole list."""
-        tally = tally_rankings(rows, self.gold, self.current_round)
-        pairs = compare_annotators(tally)
+    def add(self, rows: list[Any], tallied: tuple[Tally, Comparisons] | None = None) -> tuple[Tally, Comparisons]:
+        """Fold in every ranking of one (prompt, round) — the same computation as over the whole list; `tallied`:
+        these very rows already tallied and compared (for another scope). Returns the tally and comparisons."""
+        if tallied is None:
+            tally = tally_rankings(rows, self.gold, self.current_round)
+            tallied = tally, compare_annotators(tally)
+        tally, pairs = tallied
         self.rankings += len(rows)
         self.skipped += tally.skipped
         self.seconds.extend(tally.seconds)
@@ -699,6 +702,7 @@ class ReportBuilder:
                                    for r in ranked), into=self.coincidence)
         if self.buckets is not None:
             self._add_trend(rows, tally, pairs)
+        return tallied
 
     def _bucket(self, at: Any) -> _Bucket:
         assert self.buckets is not None and self.first is not None
