@@ -11,7 +11,7 @@ so a worker spends at most a quarter of a core on one project's figures however 
 
 The project page's counts (prompts, completions, rankings, pairs) follow the same rule with COUNT_LIVE_LIMIT: exact
 on the view below it; above it from the rollup, said to be as of its age (exact on the view, once, before the first
-rollup has finished).
+rollup has finished). So do the judge page's human–AI figures, by the project's AI rankings.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session, defer
 
 from app.errors import Invalid
 from app.models import Job, Project, ProjectRollup, Ranking, User, utcnow
-from app.services import agreement, agreement_flags, jobs, projects
+from app.services import agreement, agreement_flags, jobs, judging, projects
 from app.services.agreement import AgreementReport, AnnotatorStats, Flag, TrendPoint
 
 KIND = "project_rollup"
@@ -94,12 +94,31 @@ def current_report(db: Session, project: Project, actor: User, *,
 
 def project_counts(db: Session, project: Project, actor: User) -> projects.ProjectCounts:
     """The project page's counts: exact for a small project, the rollup's (with its time) for a large one."""
-    if _rankings_up_to(db, project, COUNT_LIVE_LIMIT + 1, human=False) <= COUNT_LIVE_LIMIT:
+    if _rankings_up_to(db, project, COUNT_LIVE_LIMIT + 1, source=None) <= COUNT_LIVE_LIMIT:
         return projects.counts(db, project)
     row, age, _ = _rollup(db, project, actor)
     if row is None or not row.counts:
         return projects.counts(db, project)
     return projects.ProjectCounts(**row.counts, as_of=row.computed_at, age_seconds=age)
+
+
+def judge_report(db: Session, project: Project, actor: User) -> tuple[judging.JudgeAgreement, Freshness]:
+    """The judge page's human–AI figures: computed on the view up to LIVE_LIMIT AI rankings, else the rollup's
+    (the lead's switch and the gate's verdict are always current). Before a large project's first rollup has
+    finished they are computed on the view, once per view, while the rollup is queued."""
+    ai = _rankings_up_to(db, project, LIVE_LIMIT + 1, source="ai")
+    if ai <= LIVE_LIMIT:
+        return judging.judge_agreement(db, project), Freshness("live", utcnow(), 0.0, ai, None, False)
+    row, age, refreshing = _rollup(db, project, actor)
+    stored = db.scalar(select(ProjectRollup.reports["judge"]).where(ProjectRollup.project_id == project.id)) \
+        if row is not None else None
+    if row is None or stored is None:
+        return judging.judge_agreement(db, project), Freshness("live", utcnow(), 0.0, ai, None, refreshing)
+    calibration = [judging.CalibrationBin(**b) for b in stored.get("calibration", [])]
+    report = judging.JudgeAgreement(**(stored | {
+        "calibration": calibration, "ai_labels_enabled": judging.ai_labels_enabled(project),
+        "gate_missing": judging.gate_missing(stored["n_prompts"], stored["pair_agreement"])}))
+    return report, Freshness("rollup", row.computed_at, age, row.rankings, row.seconds, refreshing)
 
 
 def _rollup(db: Session, project: Project, actor: User) -> tuple[ProjectRollup | None, float | None, bool]:
@@ -115,11 +134,11 @@ def _rollup(db: Session, project: Project, actor: User) -> tuple[ProjectRollup |
     return row, age, refreshing
 
 
-def _rankings_up_to(db: Session, project: Project, limit: int, *, human: bool = True) -> int:
-    """The project's (human) rankings, counted no further than `limit` (an index range of at most `limit` rows)."""
+def _rankings_up_to(db: Session, project: Project, limit: int, *, source: str | None = "human") -> int:
+    """The project's rankings (of one source), counted no further than `limit` (at most `limit` index entries)."""
     capped = select(Ranking.id).where(Ranking.project_id == project.id)
-    if human:
-        capped = capped.where(Ranking.source == "human")
+    if source is not None:
+        capped = capped.where(Ranking.source == source)
     return int(db.scalar(select(func.count()).select_from(capped.limit(limit).subquery())) or 0)
 
 
@@ -151,14 +170,15 @@ class Rollup:
 
 
 def compute(db: Session, project: Project) -> Rollup:
-    """Every scope's report from one streamed pass, and the project's counts."""
+    """Every scope's agreement report from one streamed pass, the judge's agreement with humans, and the counts."""
     started, t0 = utcnow(), time.perf_counter()
     counts = asdict(projects.counts(db, project))
     for key in ("as_of", "age_seconds"):
         counts.pop(key, None)
     reports = agreement.project_reports(db, project)
-    return Rollup({_scope(v): asdict(r) for v, r in reports.items()}, counts, reports[None].human_rankings, started,
-                  time.perf_counter() - t0)
+    stored = {_scope(v): asdict(r) for v, r in reports.items()}
+    stored["judge"] = judging.judge_agreement(db, project).as_dict()
+    return Rollup(stored, counts, reports[None].human_rankings, started, time.perf_counter() - t0)
 
 
 def store(db: Session, project_id: int, rollup: Rollup) -> None:

@@ -205,3 +205,34 @@ def test_a_large_projects_page_shows_the_rollups_counts_with_their_age(
     exact = projects.counts(db, project)
     assert f'<dd id="count-rankings">{exact.rankings}</dd>' in after.text
     assert f'<dd id="count-pairs">{exact.pairs}</dd>' in after.text
+
+
+def test_a_large_projects_judge_figures_come_from_the_rollup_and_equal_the_computation(
+        app, db, make_user, make_project, browser, monkeypatch) -> None:
+    from sqlalchemy import select
+
+    from app.models import Pair
+    from app.services import judging
+    from app.services.pairs import expand_tiers
+
+    project, lead = _campaign(db, make_user, make_project, n_prompts=16, seed=17)
+    for r in db.scalars(select(Ranking).where(Ranking.project_id == project.id, Ranking.source == "ai")):
+        db.add_all([Pair(ranking_id=r.id, prompt_id=r.prompt_id, chosen_id=s.chosen, rejected_id=s.rejected,
+                         margin=s.margin, source="ai", p=0.6 + 0.1 * (s.margin % 3)) for s in expand_tiers(r.tiers)])
+    db.flush()
+    monkeypatch.setattr(rollups, "LIVE_LIMIT", 10)
+    rollups.store(db, project.id, rollups.compute(db, project))
+    db.commit()
+
+    report, fresh = rollups.judge_report(db, project, lead)
+
+    assert fresh.method == "rollup"
+    expected = judging.judge_agreement(db, project)
+    assert expected.n_pairs > 0 and expected.n_prompts == 16
+    assert report.as_dict() == expected.as_dict()
+    db.commit()  # SQLite: the page's login writes
+    b = browser()
+    b.login(lead.email)
+    page = b.get(f"/projects/{project.id}/judge")
+    assert page.status_code == 200 and 'id="judge-freshness"' in page.text
+    assert f'<dd id="judge-prompts">{expected.n_prompts}</dd>' in page.text
