@@ -124,12 +124,36 @@ async def _side(base: str, project_id: int, tokens: list[str], seconds: float, w
     return result | {"lead_agreement_views": lead_views}
 
 
+def _now() -> Any:
+    from app.models import utcnow
+
+    return utcnow()
+
+
+def _rollups_between(url: str, start: Any, end: Any) -> int:
+    """Rollup jobs the worker ran (even partly) in [start, end]: the CPU the leads' views cost beside the server."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        n = conn.execute(text("SELECT count(*) FROM jobs WHERE kind = 'project_rollup' AND started_at < :end"
+                              " AND (finished_at IS NULL OR finished_at > :start)"),
+                         {"start": start, "end": end}).scalar_one()
+    engine.dispose()
+    return int(n)
+
+
 def side_by_side(base: str, client: httpx.Client, project_id: int, tokens: list[str], seconds: float,
-                 rankings: int) -> dict[str, Any]:
+                 rankings: int, url: str) -> dict[str, Any]:
     """Two sets of 32 annotators (a client's submission ids restart each run, so the same people would only
     replay their earlier submissions): the first alone, the second beside the leads."""
+    t0 = _now()
     alone = asyncio.run(_side(base, project_id, tokens[:ANNOTATORS], seconds, 2.0, None))
+    t1 = _now()
     with_leads = asyncio.run(_side(base, project_id, tokens[ANNOTATORS:], seconds, 2.0, client.cookies))
+    t2 = _now()
+    alone["rollup_jobs_running"] = _rollups_between(url, t0, t1)
+    with_leads["rollup_jobs_running"] = _rollups_between(url, t1, t2)
 
     def rise(key: str) -> float | None:
         a, b = alone[key]["p95_ms"], with_leads[key]["p95_ms"]
@@ -199,7 +223,7 @@ def main() -> None:
                               "load_avg": os.getloadavg()}), flush=True)
             for line in measure_pages(client, project_id, server.pid, args.views, args.rankings):
                 print(json.dumps(line), flush=True)
-            result = side_by_side(base, client, project_id, tokens, args.seconds, args.rankings)
+            result = side_by_side(base, client, project_id, tokens, args.seconds, args.rankings, url)
             result["database_check"] = _check(url, project_id)
             result["worker_peak_rss_mb"] = _rss_mb(worker.pid, "VmHWM")
             result["server_peak_rss_mb"] = _rss_mb(server.pid, "VmHWM")
