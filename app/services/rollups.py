@@ -11,7 +11,7 @@ so a worker spends at most a quarter of a core on one project's figures however 
 
 The project page's counts (prompts, completions, rankings, pairs) follow the same rule with COUNT_LIVE_LIMIT: exact
 on the view below it; above it from the rollup, said to be as of its age (exact on the view, once, before the first
-rollup has finished). So do the judge page's human–AI figures, by the project's AI rankings.
+rollup has finished). So do the judge page's human–AI figures.
 """
 
 from __future__ import annotations
@@ -103,10 +103,11 @@ def project_counts(db: Session, project: Project, actor: User) -> projects.Proje
 
 
 def judge_report(db: Session, project: Project, actor: User) -> tuple[judging.JudgeAgreement, Freshness]:
-    """The judge page's human–AI figures: computed on the view up to LIVE_LIMIT AI rankings, else the rollup's
+    """The judge page's human–AI figures: computed on the view up to LIVE_LIMIT rankings, else the rollup's
     (the lead's switch and the gate's verdict are always current). Before a large project's first rollup has
     finished they are computed on the view, once per view, while the rollup is queued."""
-    ai = _rankings_up_to(db, project, LIVE_LIMIT + 1, source="ai")
+    # By all rankings, not the AI ones: the evidence is the humans' rankings and pairs of every judged prompt.
+    ai = _rankings_up_to(db, project, LIVE_LIMIT + 1, source=None)
     if ai <= LIVE_LIMIT:
         return judging.judge_agreement(db, project), Freshness("live", utcnow(), 0.0, ai, None, False)
     row, age, refreshing = _rollup(db, project, actor)
