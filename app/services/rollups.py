@@ -3,15 +3,16 @@ each view while a project is small, read from the rollup job's stored result onc
 fresh they are.
 
 A project with up to LIVE_LIMIT human rankings is computed on the view (a few hundred ms at most). Above that a view
-reads the `project_rollups` row (one primary-key read and a JSON document of a few hundred KB, whatever the
-project holds) and, when the row is older than its refresh interval, queues an `rollups` job; a worker
+reads the `project_rollups` row (a primary-key read of its times, then one scope's report out of its JSON: tens of
+KB, whatever the project holds) and, when the row is older than its refresh interval, queues a `project_rollup` job; a worker
 streams every ranking once (`agreement.project_reports`, memory bounded by one prompt's rankings and the arrays of
 seconds) and replaces the row. The interval is max(REFRESH_S, REFRESH_FACTOR × the last computation's duration),
-so a worker spends at most a quarter of a core on one project's figures however often leads reload.
+so a worker spends at most a quarter of a core on one project's figures however often leads reload (and at nice
++10: see app.jobs.project_rollup).
 
 The project page's counts (prompts, completions, rankings, pairs) follow the same rule with COUNT_LIVE_LIMIT: exact
 on the view below it; above it from the rollup, said to be as of its age (exact on the view, once, before the first
-rollup has finished). So do the judge page's human–AI figures.
+rollup has finished). So do the judge page's human–AI figures, by all of the project's rankings.
 """
 
 from __future__ import annotations
