@@ -4,11 +4,11 @@ fresh they are.
 
 A project with up to LIVE_LIMIT human rankings is computed on the view (a few hundred ms at most). Above that a view
 reads the `project_rollups` row (a primary-key read of its times, then one scope's report out of its JSON: tens of
-KB, whatever the project holds) and, when the row is older than its refresh interval, queues a `project_rollup` job; a worker
-streams every ranking once (`agreement.project_reports`, memory bounded by one prompt's rankings and the arrays of
-seconds) and replaces the row. The interval is max(REFRESH_S, REFRESH_FACTOR × the last computation's duration),
-so a worker spends at most a quarter of a core on one project's figures however often leads reload (and at nice
-+10: see app.jobs.project_rollup).
+KB, whatever the project holds) and, when the row is older than its refresh interval, queues a `project_rollup` job;
+a worker streams every ranking once (`agreement.project_reports`, memory bounded by one prompt's rankings and the
+arrays of seconds) and replaces the row. The interval is max(REFRESH_S, REFRESH_FACTOR × the last computation's
+duration), so a worker spends at most a quarter of a core on one project's figures however often leads reload (and
+at nice +10: see app.jobs.project_rollup).
 
 The project page's counts (prompts, completions, rankings, pairs) follow the same rule with COUNT_LIVE_LIMIT: exact
 on the view below it; above it from the rollup, said to be as of its age (exact on the view, once, before the first
