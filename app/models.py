@@ -496,6 +496,25 @@ class TrainingRun(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
+class ProjectRollup(Base):
+    """A project's agreement reports and counts as the rollup job last computed them (too many rows to compute on
+    each view; see app.services.rollups)."""
+
+    __tablename__ = "project_rollups"
+
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), primary_key=True)
+    reports: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    """"all" and "v1", "v2", … → that scope's AgreementReport as a dict (flags are raised when it is read)."""
+    counts: Mapped[dict[str, int]] = mapped_column(JSONType, default=dict)
+    """The project page's counts (app.services.projects.ProjectCounts)."""
+    rankings: Mapped[int] = mapped_column(Integer, default=0)
+    """Human rankings the reports cover."""
+    seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    """How long the computation took: the refresh interval grows with it."""
+    computed_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    """When the job began reading: the reports show the rankings committed by then."""
+
+
 class AuditEvent(Base):
     __tablename__ = "audit_events"
     __table_args__ = (Index("ix_audit_events_project_id_created_at", "project_id", "created_at"),)

@@ -586,6 +586,10 @@ class AgreementOut(BaseModel):
     trend_unit: str = Field("day", description="hour | day | week: the width of each point of `trend`.")
     trend: list[TrendPointOut] = Field(default_factory=list)
     by_rubric_version: list[TrendPointOut] = Field(default_factory=list)
+    computed: str = Field("live", description="live: from every ranking on this request | rollup: from every "
+                          "ranking by the rollup job at `as_of` (projects over a few thousand rankings).")
+    as_of: datetime | None = Field(None, description="When the rankings behind these figures were read.")
+    age_seconds: float | None = Field(None, description="How old the figures are, in seconds.")
 
 
 class GoldIn(Strict):

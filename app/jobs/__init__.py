@@ -21,6 +21,7 @@ HANDLERS: dict[str, str] = {
     "revise": "app.jobs.revise:run",
     "rm_check": "app.jobs.train:check_against_humans",
     "export": "app.jobs.export:run",
+    "project_rollup": "app.jobs.project_rollup:run",
 }
 
 Handler = Callable[["JobContext"], dict[str, Any]]

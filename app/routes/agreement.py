@@ -6,14 +6,14 @@ from dataclasses import asdict
 from typing import Annotated
 
 from fastapi import APIRouter, Form, Query, Request, Response
-from fastapi.responses import RedirectResponse
+from fastapi.responses import JSONResponse, RedirectResponse
 
 from app import permissions
 from app.deps import CurrentUser, PageUser, SessionDep
 from app.errors import DomainError
 from app.forms import GoldFromMetadataForm
 from app.schemas import AgreementOut, GoldIn, GoldOut
-from app.services import agreement, agreement_flags, agreement_rows, gold, projects
+from app.services import agreement, agreement_flags, agreement_rows, gold, projects, rollups
 from app.services.charts import line_chart
 from app.web import render
 
@@ -28,16 +28,21 @@ def _readable_project(db, project_id: int, user):  # type: ignore[no-untyped-def
     return project
 
 
-@router.get("/api/projects/{project_id}/agreement", tags=["agreement"],
+@router.get("/api/projects/{project_id}/agreement", tags=["agreement"], response_model=AgreementOut,
             summary="Agreement between annotators and per-annotator quality (leads, engineers, admins)",
             responses={403: {"description": "Annotators may not see the figures"},
                        404: {"description": "No such project, or not a member"},
-                       422: {"description": "No such rubric version"}})
+                       422: {"description": "No such rubric version"},
+                       503: {"description": "A large project's first rollup is still being computed: retry"}})
 def get_agreement(project_id: int, db: SessionDep, user: CurrentUser,
-                  rubric_version: RubricVersionQuery = None) -> AgreementOut:
+                  rubric_version: RubricVersionQuery = None) -> AgreementOut | Response:
     project = _readable_project(db, project_id, user)
-    report = agreement.project_report(db, project, rubric_version=rubric_version)
-    return AgreementOut.model_validate(asdict(report))
+    report, fresh = rollups.current_report(db, project, user, rubric_version=rubric_version)
+    if report is None:  # returned, not raised: the request commits the rollup job it queued
+        return JSONResponse({"detail": [{"message": fresh.describe()}]}, status_code=503,
+                            headers={"Retry-After": "10"})
+    return AgreementOut.model_validate(asdict(report) | {"computed": fresh.method, "as_of": fresh.as_of,
+                                                         "age_seconds": fresh.age_seconds})
 
 
 @router.put("/api/projects/{project_id}/prompts/{prompt_id}/gold", tags=["agreement"],
@@ -82,15 +87,16 @@ def agreement_page(request: Request, project_id: int, db: SessionDep, user: Page
     version = _version(rubric_version)
     ctx: dict = {"project": project, "marked": marked, "thresholds": agreement_flags.THRESHOLDS,
                  "can_set_gold": permissions.may(db, user, project, "gold.manage")}
+    status = 200
     try:
-        ctx["report"] = agreement.project_report(db, project, rubric_version=version)
+        ctx["report"], ctx["fresh"] = rollups.current_report(db, project, user, rubric_version=version)
     except DomainError as exc:
-        ctx["error"] = exc
-        ctx["report"] = agreement.project_report(db, project)
-        ctx["charts"] = _charts(ctx["report"])
-        return render(request, "agreement.html", ctx, status_code=exc.status_code)
+        ctx["error"], status = exc, exc.status_code
+        ctx["report"], ctx["fresh"] = rollups.current_report(db, project, user)
+    if ctx["report"] is None:
+        return render(request, "agreement_pending.html", ctx, status_code=status)
     ctx["charts"] = _charts(ctx["report"])
-    return render(request, "agreement.html", ctx)
+    return render(request, "agreement.html", ctx, status_code=status)
 
 
 def _version(raw: str | None) -> int | None:

@@ -21,7 +21,7 @@ from app.schemas import (
     RevisionJobIn,
     RevisionOut,
 )
-from app.services import constitutions, endpoints, judging, projects, revisions
+from app.services import constitutions, endpoints, judging, projects, revisions, rollups
 from app.services.charts import reliability_diagram
 
 router = APIRouter()
@@ -70,8 +70,8 @@ def set_ai_labels(project_id: int, body: AILabelsIn, db: SessionDep, user: Curre
 # --- pages --------------------------------------------------------------------------------------
 
 def _context(db, project, user) -> dict:  # type: ignore[no-untyped-def]
-    report = judging.judge_agreement(db, project)
-    return {"project": project, "runs": judging.list_runs(db, project), "report": report,
+    report, fresh = rollups.judge_report(db, project, user)
+    return {"project": project, "runs": judging.list_runs(db, project), "report": report, "fresh": fresh,
             "calibration_chart": reliability_diagram(judging.reliability_bins(report.calibration)),
             "constitution": constitutions.current(db, project), "form": {},
             "can_judge": permissions.may(db, user, project, "judge.start"),

@@ -12,7 +12,7 @@ from app.deps import PageUser, SessionDep
 from app.errors import DomainError
 from app.forms import FieldError, ImportForm, MemberForm, ProjectForm, RubricForm
 from app.routes.api_projects import create_from, read_upload
-from app.services import imports, jobs, projects, rubrics
+from app.services import imports, jobs, projects, rollups, rubrics
 from app.web import render
 
 router = APIRouter(include_in_schema=False)
@@ -26,7 +26,7 @@ DEFAULT_RUBRIC = """Rank the responses from best to worst.
 
 
 def _list_context(db, user) -> dict:  # type: ignore[no-untyped-def]
-    return {"items": [(p, projects.counts(db, p)) for p in projects.list_visible(db, user)]}
+    return {"items": [(p, rollups.project_counts(db, p, user)) for p in projects.list_visible(db, user)]}
 
 
 @router.get("/projects")
@@ -46,7 +46,7 @@ def create_project(request: Request, db: SessionDep, user: PageUser,
 def _project_context(db, project, user) -> dict:  # type: ignore[no-untyped-def]
     return {
         "project": project,
-        "counts": projects.counts(db, project),
+        "counts": rollups.project_counts(db, project, user),
         "rubric": rubrics.current(db, project),
         "members": projects.list_members(db, project),
         "can_manage": permissions.may(db, user, project, "members.manage"),

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 import statistics
+from array import array
 from collections import defaultdict
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
-from itertools import combinations
-from typing import Any, NamedTuple
+from datetime import UTC, datetime, timedelta
+from itertools import combinations, groupby
+from typing import Any, Literal, NamedTuple
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -95,7 +96,13 @@ def krippendorff_alpha_ordinal(units: Mapping[Hashable, Mapping[Hashable, float]
     m_u ≥ 2 values; n_c = Σ_k o_ck; α = 1 − (n − 1)·Σ o_ck δ²_ck / Σ n_c n_k δ²_ck (Krippendorff 2011).
     None when there is nothing to compare or no variation at all (D_e = 0).
     """
-    coincidence: dict[tuple[float, float], float] = defaultdict(float)
+    return alpha_from_coincidences(coincidences(units))
+
+
+def coincidences(units: Mapping[Hashable, Mapping[Hashable, float]],
+                 into: dict[tuple[float, float], float] | None = None) -> dict[tuple[float, float], float]:
+    """The coincidence matrix o_ck of α, added to `into`: a sum over units, so it can be built unit by unit."""
+    coincidence: dict[tuple[float, float], float] = defaultdict(float) if into is None else into
     for coded in units.values():
         values = list(coded.values())
         m = len(values)
@@ -105,6 +112,11 @@ def krippendorff_alpha_ordinal(units: Mapping[Hashable, Mapping[Hashable, float]
             for j, k in enumerate(values):
                 if i != j:
                     coincidence[(c, k)] += 1 / (m - 1)
+    return coincidence
+
+
+def alpha_from_coincidences(coincidence: Mapping[tuple[float, float], float]) -> float | None:
+    """α from a coincidence matrix (see krippendorff_alpha_ordinal)."""
     marginals: dict[float, float] = defaultdict(float)
     for (c, _), o in coincidence.items():
         marginals[c] += o
@@ -128,6 +140,16 @@ def krippendorff_alpha_ordinal(units: Mapping[Hashable, Mapping[Hashable, float]
     return 1 - (n - 1) * observed / expected
 
 
+def ranking_units(rankings: Iterable[tuple[Hashable, Hashable, Tiers]],
+                  ) -> dict[tuple[Hashable, int], dict[Hashable, float]]:
+    """α's units for rankings: (unit group, completion) → {coder: mid-rank} (see ranking_alpha)."""
+    units: dict[tuple[Hashable, int], dict[Hashable, float]] = defaultdict(dict)
+    for group, coder, tiers in rankings:
+        for item, rank in mid_ranks(tiers).items():
+            units[(group, item)][coder] = rank
+    return units
+
+
 def ranking_alpha(rankings: Iterable[tuple[Hashable, Hashable, Tiers]]) -> float | None:
     """Ordinal α over mid-ranks: each ranked completion is a unit, each annotator a coder, its mid-rank the value.
 
@@ -135,11 +157,7 @@ def ranking_alpha(rankings: Iterable[tuple[Hashable, Hashable, Tiers]]) -> float
     value per completion it ranks, so the units are the completions of the prompts (a prompt of K gives K units);
     unranked items of a partial ranking are missing values; ties share the mean of their ranks.
     """
-    units: dict[tuple[Hashable, int], dict[Hashable, float]] = defaultdict(dict)
-    for group, coder, tiers in rankings:
-        for item, rank in mid_ranks(tiers).items():
-            units[(group, item)][coder] = rank
-    return krippendorff_alpha_ordinal(units)
+    return krippendorff_alpha_ordinal(ranking_units(rankings))
 
 
 class PositionBias(NamedTuple):
@@ -331,33 +349,98 @@ class _Acc:
 
 
 def project_report(db: Session, project: Project, *, rubric_version: int | None = None) -> AgreementReport:
-    """Agreement, quality and gold figures for the project's human rankings (optionally one rubric version)."""
-    from app.services import agreement_flags  # it reads this module's types: imported here, not at the top
-
-    versions = list(db.scalars(select(Rubric.version).where(Rubric.project_id == project.id)
-                               .order_by(Rubric.version)))
+    """Agreement, quality and gold figures for the project's human rankings (optionally one rubric version),
+    computed now from every ranking: one streamed pass, one (prompt, round) in memory at a time."""
+    versions = rubric_versions(db, project)
     if rubric_version is not None and rubric_version not in versions:
         raise Invalid(f"this project has no rubric version {rubric_version}", field="rubric_version")
-    all_rows = human_rankings(db, project, None)
-    rows = all_rows if rubric_version is None else [r for r in all_rows if r.rubric_version == rubric_version]
-    gold = gold_orders(db, project)
-    total_prompts = int(db.scalar(select(func.count(Prompt.id)).where(Prompt.project_id == project.id)) or 0)
+    return project_reports(db, project, versions=versions, only=rubric_version)[rubric_version]
 
-    tally = tally_rankings(rows, gold, project.current_round)
-    pairs = compare_annotators(tally)
-    alpha = ranking_alpha((key, r.annotator_id, r.tiers) for key, ranked in tally.by_prompt.items() for r in ranked)
-    unit, trend = _trend(rows, tally, pairs)
-    report = AgreementReport(
-        project_id=project.id, rubric_version=rubric_version, rubric_versions=versions, overlap=project.overlap,
-        total_prompts=total_prompts,
-        prompts_at_overlap=sum(1 for n in tally.done_current_round.values() if n >= project.overlap),
-        human_rankings=len(rows), skipped=tally.skipped, shared_prompts=len(pairs.shared_prompts),
-        comparisons=len(pairs.agreements), mean_agreement=_mean(pairs.agreements), mean_kendall_tau=_mean(pairs.taus),
-        krippendorff_alpha=alpha, gold_prompts=len(gold), annotators=_annotator_stats(db, tally.acc),
-        gold_prompts_ranked=len(tally.gold_prompts_ranked), median_seconds=_median(tally.seconds),
-        trend_unit=unit, trend=trend, by_rubric_version=_by_version(all_rows, gold, versions),
-    )
-    return agreement_flags.flagged(report)
+
+def rubric_versions(db: Session, project: Project) -> list[int]:
+    return list(db.scalars(select(Rubric.version).where(Rubric.project_id == project.id).order_by(Rubric.version)))
+
+
+def project_reports(db: Session, project: Project, *, versions: list[int] | None = None,
+                    only: int | None | Literal["every"] = "every") -> dict[int | None, AgreementReport]:
+    """The report for all versions (key None) and for each rubric version, from one pass over the rankings.
+
+    Each version's own figures are also its point of `by_rubric_version`, so every version is tallied whatever
+    `only` asks for; `only` (None = all versions, or one version) skips building the other reports' trends.
+    """
+    from app.services import agreement_flags  # it reads this module's types: imported here, not at the top
+
+    versions = rubric_versions(db, project) if versions is None else versions
+    gold = gold_orders(db, project)
+    spans = _spans(db, project)
+    scopes: dict[int | None, ReportBuilder] = {
+        v: ReportBuilder(gold, project.current_round, project.overlap, spans.get(v),
+                         trend=only == "every" or only == v)
+        for v in [None, *versions]}
+    for group in _groups(_stream_rankings(db, project)):
+        tallied = scopes[None].add(group)
+        by_version: dict[int, list[Any]] = defaultdict(list)
+        for r in group:
+            if r.rubric_version is not None:
+                by_version[r.rubric_version].append(r)
+        for v, rows in by_version.items():
+            if v in scopes:  # a prompt ranked under one version only (the usual case) is tallied once for both
+                scopes[v].add(rows, tallied if len(rows) == len(group) else None)
+    total_prompts = int(db.scalar(select(func.count(Prompt.id)).where(Prompt.project_id == project.id)) or 0)
+    people = _people(db, {uid for b in scopes.values() for uid in b.people})
+    by_rubric_version = [scopes[v].point(f"v{v}", float(v)) for v in versions if scopes[v].rankings]
+    wanted = scopes if only == "every" else {only: scopes[only]}
+    return {v: agreement_flags.flagged(b.report(project, v, versions, total_prompts, people, by_rubric_version))
+            for v, b in wanted.items()}
+
+
+def _stream_rankings(db: Session, project: Project) -> Iterator[Any]:
+    """Every human ranking of the project, ordered by (prompt, round, id), read in batches from a server-side
+    cursor where the database has one."""
+    query = (select(Ranking.id, Ranking.prompt_id, Ranking.round, Ranking.annotator_id, Ranking.tiers,
+                    Ranking.display_order, Ranking.skipped, Ranking.seconds_spent, Ranking.created_at,
+                    Rubric.version.label("rubric_version"))
+             .outerjoin(Rubric, Ranking.rubric_id == Rubric.id)
+             .where(Ranking.project_id == project.id, Ranking.source == "human")
+             .order_by(Ranking.prompt_id, Ranking.round, Ranking.id)
+             .execution_options(yield_per=STREAM_BATCH))
+    yield from db.execute(query)
+
+
+def _groups(rows: Iterable[Any]) -> Iterator[list[Any]]:
+    """The rankings of one (prompt, round) at a time (rows come ordered by prompt and round)."""
+    for _, group in groupby(rows, key=lambda r: (r.prompt_id, r.round)):
+        yield list(group)
+
+
+def _spans(db: Session, project: Project) -> dict[int | None, tuple[Any, Any]]:
+    """(first, last) ranking time for the whole project (key None) and per rubric version: the trend's x axis."""
+    query = (select(Rubric.version, func.min(Ranking.created_at), func.max(Ranking.created_at))
+             .select_from(Ranking).outerjoin(Rubric, Ranking.rubric_id == Rubric.id)
+             .where(Ranking.project_id == project.id, Ranking.source == "human", Ranking.created_at.is_not(None))
+             .group_by(Rubric.version))
+    out: dict[int | None, tuple[Any, Any]] = {}
+    firsts, lasts = [], []
+    for version, first, last in db.execute(query):
+        first, last = _utc(first), _utc(last)
+        firsts.append(first)
+        lasts.append(last)
+        if version is not None:
+            out[version] = (first, last)
+    if firsts:
+        out[None] = (min(firsts), max(lasts))
+    return out
+
+
+def _utc(at: Any) -> Any:
+    """An aggregate over a UTC column comes back as the driver gives it: naive on SQLite, aware on Postgres."""
+    if isinstance(at, str):
+        at = datetime.fromisoformat(at)
+    return at.replace(tzinfo=UTC) if at is not None and at.tzinfo is None else at
+
+
+def _people(db: Session, ids: set[int]) -> dict[int, User]:
+    return {u.id: u for u in db.scalars(select(User).where(User.id.in_(list(ids))))} if ids else {}
 
 
 def gold_orders(db: Session, project: Project) -> dict[int, Any]:
@@ -478,28 +561,6 @@ def _median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def _annotator_stats(db: Session, acc: dict[int, _Acc]) -> list[AnnotatorStats]:
-    """Each annotator's figures, by email."""
-    people = {u.id: u for u in db.scalars(select(User).where(User.id.in_(list(acc))))} if acc else {}
-    annotators = []
-    for user_id, a in acc.items():
-        bias = position_bias(a.shown)
-        ranked = a.rankings - a.skipped
-        person = people.get(user_id)
-        annotators.append(AnnotatorStats(
-            user_id=user_id, email=person.email if person else "", name=person.name if person else "",
-            rankings=a.rankings, skipped=a.skipped, skip_share=a.skipped / a.rankings if a.rankings else None,
-            median_seconds=_median(a.seconds),
-            agreement=_mean(a.agreements), comparisons=a.comparisons, kendall_tau=_mean(a.taus),
-            tie_share=a.ties / ranked if ranked else None,
-            position_rate=bias.rate, position_expected=bias.expected, position_rankings=bias.rankings,
-            gold_seen=a.gold_seen, gold_pairs=a.gold_pairs, gold_agreed=a.gold_agreed,
-            gold_accuracy=a.gold_agreed / a.gold_pairs if a.gold_pairs else None,
-        ))
-    annotators.sort(key=lambda s: s.email)
-    return annotators
-
-
 # --- trends -------------------------------------------------------------------------------------------------
 
 # (unit, seconds per bucket, span up to which it is used): a campaign of an afternoon is drawn by the hour, one of
@@ -507,60 +568,194 @@ def _annotator_stats(db: Session, acc: dict[int, _Acc]) -> list[AnnotatorStats]:
 _UNITS = (("hour", 3600, 3 * 86400), ("day", 86400, 120 * 86400), ("week", 7 * 86400, math.inf))
 
 
-def _figures(label: str, x: float, rows: list[Any], gold: dict[int, Any]) -> TrendPoint:
-    """Agreement, gold accuracy and median speed of one group of rankings, compared only within the group."""
-    tally = tally_rankings(rows, gold, current_round=-1)
-    pairs = compare_annotators(tally)
-    agreed = sum(s.agreed for s in tally.gold.values())
-    total = sum(s.total for s in tally.gold.values())
-    return TrendPoint(label, x, len(rows), _mean(pairs.agreements), agreed / total if total else None,
-                      _median(tally.seconds))
+# --- the report, built one (prompt, round) at a time ----------------------------------------------------------
+#
+# Every figure of the report is a sum over (prompt, round) groups (counts, sums of agreements, α's coincidences,
+# position and gold tallies), or a median over values kept in compact arrays (seconds spent). So the rankings
+# stream past once and only one group's rankings are in memory: a metric added to the report adds a field to
+# `_Person` or `ReportBuilder`, a line in `ReportBuilder.add` that folds one group in, and a line in `report`.
+
+STREAM_BATCH = 5_000
+"""Rankings read per round trip while streaming."""
 
 
-def _trend(rows: list[Any], tally: Tally, pairs: Comparisons) -> tuple[str, list[TrendPoint]]:
-    """The figures per hour, day or week: a comparison counts when its later ranking was made (when the two
-    could first be compared), a gold score and a time when the ranking was made."""
-    when = {r.id: r.created_at for r in rows if r.created_at is not None}
-    if not when:
-        return "day", []
-    first = min(when.values())
-    span = (max(when.values()) - first).total_seconds()
-    unit, width, _ = next(u for u in _UNITS if span <= u[2])
+@dataclass
+class _Person:
+    """One annotator's running figures."""
 
-    def bucket(at: Any) -> int:
-        return int((at - first).total_seconds() // width)
+    rankings: int = 0
+    skipped: int = 0
+    ties: int = 0
+    seconds: array[float] = field(default_factory=lambda: array("d"))
+    agreement_sum: float = 0.0
+    comparisons: int = 0
+    tau_sum: float = 0.0
+    taus: int = 0
+    position_n: int = 0
+    position_hits: int = 0
+    position_expected: float = 0.0
+    gold_seen: int = 0
+    gold_agreed: int = 0
+    gold_pairs: int = 0
 
-    agree: dict[int, list[float]] = defaultdict(list)
-    for c in pairs.each:
-        if c.a.at is not None and c.b.at is not None:
-            agree[bucket(max(c.a.at, c.b.at))].append(c.agreement)
-    gold: dict[int, list[int]] = defaultdict(lambda: [0, 0])
-    for ranking_id, score in tally.gold.items():
-        if ranking_id in when:
-            g = gold[bucket(when[ranking_id])]
-            g[0] += score.agreed
-            g[1] += score.total
-    seconds: dict[int, list[float]] = defaultdict(list)
-    counts: dict[int, int] = defaultdict(int)
-    for r in rows:
-        if r.created_at is None:
-            continue
-        counts[bucket(r.created_at)] += 1
-        if r.seconds_spent is not None and not r.skipped and r.tiers:
-            seconds[bucket(r.created_at)].append(r.seconds_spent)
-    fmt = "%Y-%m-%d %H:00" if unit == "hour" else "%Y-%m-%d"
-    out = []
-    for i in sorted(counts):
-        start = first + timedelta(seconds=i * width)
-        g = gold.get(i)
-        out.append(TrendPoint(start.strftime(fmt), float(i), counts[i], _mean(agree.get(i, [])),
-                              g[0] / g[1] if g and g[1] else None, _median(seconds.get(i, []))))
-    return unit, out
+    def add(self, a: _Acc) -> None:
+        """Fold in what one group's tally holds for this annotator."""
+        self.rankings += a.rankings
+        self.skipped += a.skipped
+        self.ties += a.ties
+        self.seconds.extend(a.seconds)
+        self.agreement_sum += sum(a.agreements)
+        self.comparisons += a.comparisons
+        self.tau_sum += sum(a.taus)
+        self.taus += len(a.taus)
+        bias = position_bias(a.shown)
+        self.position_n += bias.rankings
+        self.position_hits += bias.first_on_top
+        self.position_expected += (bias.expected or 0.0) * bias.rankings
+        self.gold_seen += a.gold_seen
+        self.gold_agreed += a.gold_agreed
+        self.gold_pairs += a.gold_pairs
+
+    def stats(self, user_id: int, person: User | None) -> AnnotatorStats:
+        ranked = self.rankings - self.skipped
+        n = self.position_n
+        return AnnotatorStats(
+            user_id=user_id, email=person.email if person else "", name=person.name if person else "",
+            rankings=self.rankings, skipped=self.skipped,
+            skip_share=self.skipped / self.rankings if self.rankings else None,
+            median_seconds=_median(self.seconds),
+            agreement=self.agreement_sum / self.comparisons if self.comparisons else None,
+            comparisons=self.comparisons, kendall_tau=self.tau_sum / self.taus if self.taus else None,
+            tie_share=self.ties / ranked if ranked else None,
+            position_rate=self.position_hits / n if n else None,
+            position_expected=self.position_expected / n if n else None, position_rankings=n,
+            gold_seen=self.gold_seen, gold_pairs=self.gold_pairs, gold_agreed=self.gold_agreed,
+            gold_accuracy=self.gold_agreed / self.gold_pairs if self.gold_pairs else None,
+        )
 
 
-def _by_version(rows: list[Any], gold: dict[int, Any], versions: list[int]) -> list[TrendPoint]:
-    by: dict[int, list[Any]] = defaultdict(list)
-    for r in rows:
-        if r.rubric_version is not None:
-            by[r.rubric_version].append(r)
-    return [_figures(f"v{v}", float(v), by[v], gold) for v in versions if by.get(v)]
+@dataclass
+class _Bucket:
+    """One point of the trend while it is summed."""
+
+    rankings: int = 0
+    agreement_sum: float = 0.0
+    comparisons: int = 0
+    gold_agreed: int = 0
+    gold_pairs: int = 0
+    seconds: array[float] = field(default_factory=lambda: array("d"))
+
+
+class ReportBuilder:
+    """The figures of one scope (all rubric versions, or one), fed the rankings of one (prompt, round) at a time."""
+
+    def __init__(self, gold: dict[int, Any], current_round: int, overlap: int, span: tuple[Any, Any] | None,
+                 *, trend: bool = True) -> None:
+        self.gold, self.current_round, self.overlap = gold, current_round, overlap
+        self.acc: dict[int, _Person] = defaultdict(_Person)
+        self.rankings = self.skipped = self.prompts_at_overlap = self.shared_prompts = 0
+        self.comparisons = self.taus = 0
+        self.agreement_sum = self.tau_sum = 0.0
+        self.gold_agreed = self.gold_pairs = 0
+        self.gold_prompts_ranked: set[int] = set()
+        self.seconds: array[float] = array("d")
+        self.coincidence: dict[tuple[float, float], float] = defaultdict(float)
+        self._last_shared: int | None = None
+        self.unit, self.width, self.first = "day", 86400.0, None
+        self.buckets: dict[int, _Bucket] | None = None
+        if trend and span is not None:
+            self.first = span[0]
+            extent = (span[1] - span[0]).total_seconds()
+            self.unit, self.width, _ = next(u for u in _UNITS if extent <= u[2])
+            self.buckets = defaultdict(_Bucket)
+
+    @property
+    def people(self) -> set[int]:
+        return set(self.acc)
+
+    def add(self, rows: list[Any], tallied: tuple[Tally, Comparisons] | None = None) -> tuple[Tally, Comparisons]:
+        """Fold in every ranking of one (prompt, round) — the same computation as over the whole list; `tallied`:
+        these very rows already tallied and compared (for another scope). Returns the tally and comparisons."""
+        if tallied is None:
+            tally = tally_rankings(rows, self.gold, self.current_round)
+            tallied = tally, compare_annotators(tally)
+        tally, pairs = tallied
+        self.rankings += len(rows)
+        self.skipped += tally.skipped
+        self.seconds.extend(tally.seconds)
+        for user_id, a in tally.acc.items():
+            self.acc[user_id].add(a)
+        self.prompts_at_overlap += sum(1 for n in tally.done_current_round.values() if n >= self.overlap)
+        for prompt_id in pairs.shared_prompts:  # groups come by prompt, then round: a prompt's rounds are adjacent
+            if prompt_id != self._last_shared:
+                self.shared_prompts += 1
+                self._last_shared = prompt_id
+        self.comparisons += len(pairs.agreements)
+        self.agreement_sum += sum(pairs.agreements)
+        self.taus += len(pairs.taus)
+        self.tau_sum += sum(pairs.taus)
+        self.gold_prompts_ranked |= tally.gold_prompts_ranked
+        for score in tally.gold.values():
+            self.gold_agreed += score.agreed
+            self.gold_pairs += score.total
+        coincidences(ranking_units((key, r.annotator_id, r.tiers) for key, ranked in tally.by_prompt.items()
+                                   for r in ranked), into=self.coincidence)
+        if self.buckets is not None:
+            self._add_trend(rows, tally, pairs)
+        return tallied
+
+    def _bucket(self, at: Any) -> _Bucket:
+        assert self.buckets is not None and self.first is not None
+        return self.buckets[int((_utc(at) - self.first).total_seconds() // self.width)]
+
+    def _add_trend(self, rows: list[Any], tally: Tally, pairs: Comparisons) -> None:
+        """A comparison counts when its later ranking was made, a gold score and a time when the ranking was."""
+        for c in pairs.each:
+            if c.a.at is not None and c.b.at is not None:
+                b = self._bucket(max(c.a.at, c.b.at))
+                b.agreement_sum += c.agreement
+                b.comparisons += 1
+        for r in rows:
+            if r.created_at is None:
+                continue
+            b = self._bucket(r.created_at)
+            b.rankings += 1
+            if r.seconds_spent is not None and not r.skipped and r.tiers:
+                b.seconds.append(r.seconds_spent)
+            score = tally.gold.get(r.id)
+            if score is not None:
+                b.gold_agreed += score.agreed
+                b.gold_pairs += score.total
+
+    def point(self, label: str, x: float) -> TrendPoint:
+        """The scope's figures as one point (of `by_rubric_version`)."""
+        return TrendPoint(label, x, self.rankings, self.agreement_sum / self.comparisons if self.comparisons else None,
+                          self.gold_agreed / self.gold_pairs if self.gold_pairs else None, _median(self.seconds))
+
+    def trend(self) -> list[TrendPoint]:
+        if not self.buckets or self.first is None:
+            return []
+        fmt = "%Y-%m-%d %H:00" if self.unit == "hour" else "%Y-%m-%d"
+        out = []
+        for i in sorted(i for i, b in self.buckets.items() if b.rankings):
+            b = self.buckets[i]
+            start = self.first + timedelta(seconds=i * self.width)
+            out.append(TrendPoint(start.strftime(fmt), float(i), b.rankings,
+                                  b.agreement_sum / b.comparisons if b.comparisons else None,
+                                  b.gold_agreed / b.gold_pairs if b.gold_pairs else None, _median(b.seconds)))
+        return out
+
+    def report(self, project: Project, rubric_version: int | None, versions: list[int], total_prompts: int,
+               people: dict[int, User], by_rubric_version: list[TrendPoint]) -> AgreementReport:
+        annotators = sorted((p.stats(uid, people.get(uid)) for uid, p in self.acc.items()), key=lambda s: s.email)
+        return AgreementReport(
+            project_id=project.id, rubric_version=rubric_version, rubric_versions=versions, overlap=project.overlap,
+            total_prompts=total_prompts, prompts_at_overlap=self.prompts_at_overlap, human_rankings=self.rankings,
+            skipped=self.skipped, shared_prompts=self.shared_prompts, comparisons=self.comparisons,
+            mean_agreement=self.agreement_sum / self.comparisons if self.comparisons else None,
+            mean_kendall_tau=self.tau_sum / self.taus if self.taus else None,
+            krippendorff_alpha=alpha_from_coincidences(self.coincidence), gold_prompts=len(self.gold),
+            annotators=annotators, gold_prompts_ranked=len(self.gold_prompts_ranked),
+            median_seconds=_median(self.seconds), trend_unit=self.unit, trend=self.trend(),
+            by_rubric_version=by_rubric_version,
+        )

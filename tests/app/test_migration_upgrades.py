@@ -49,6 +49,7 @@ def seed(url: str) -> None:
         JudgeRun,
         ModelEndpoint,
         Pair,
+        ProjectRollup,
         Prompt,
         Ranking,
         TrainingRun,
@@ -131,6 +132,9 @@ def seed(url: str) -> None:
                            state="succeeded", job_id=job.id, created_by_id=lead.id))
         db.add(AuditEvent(actor_id=lead.id, project_id=project.id, action="export.create", object_type="export",
                           object_id=export.id, data={"rows": 30}, ip="10.0.0.7"))
+        # The agreement figures as the rollup job stored them (0013).
+        db.add(ProjectRollup(project_id=project.id, reports={"all": {"project_id": project.id, "human_rankings": 6}},
+                               counts={"prompts": 2, "pairs": 30}, rankings=6, seconds=0.25, computed_at=now))
     engine.dispose()
 
 

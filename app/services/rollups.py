@@ -1,0 +1,207 @@
+"""Figures over a whole project at campaign scale (the agreement reports, the project page's counts): computed on
+each view while a project is small, read from the rollup job's stored result once it is not, and always said how
+fresh they are.
+
+A project with up to LIVE_LIMIT human rankings is computed on the view (a few hundred ms at most). Above that a view
+reads the `project_rollups` row (a primary-key read of its times, then one scope's report out of its JSON: tens of
+KB, whatever the project holds) and, when the row is older than its refresh interval, queues a `project_rollup` job;
+a worker streams every ranking once (`agreement.project_reports`, memory bounded by one prompt's rankings and the
+arrays of seconds) and replaces the row. The interval is max(REFRESH_S, REFRESH_FACTOR × the last computation's
+duration), so a worker spends at most a quarter of a core on one project's figures however often leads reload (and
+at nice +10: see app.jobs.project_rollup).
+
+The project page's counts (prompts, completions, rankings, pairs) follow the same rule with COUNT_LIVE_LIMIT: exact
+on the view below it; above it from the rollup, said to be as of its age (exact on the view, once, before the first
+rollup has finished). So do the judge page's human–AI figures, by all of the project's rankings.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, defer
+
+from app.errors import Invalid
+from app.models import Job, Project, ProjectRollup, Ranking, User, utcnow
+from app.services import agreement, agreement_flags, jobs, judging, projects
+from app.services.agreement import AgreementReport, AnnotatorStats, Flag, TrendPoint
+
+KIND = "project_rollup"
+LIVE_LIMIT = 5_000
+"""Human rankings up to which the figures are computed on each view."""
+COUNT_LIVE_LIMIT = 5_000
+"""Rankings (of any source) up to which the project page counts everything on each view (counting a project's
+completions and pairs costs ~150 ms at 15k rankings on a busy 2-core machine, and grows with the project)."""
+REFRESH_S = 60.0
+"""A stored rollup older than this (or REFRESH_FACTOR × its computation time, if longer) is recomputed."""
+REFRESH_FACTOR = 4.0
+
+
+@dataclass(frozen=True)
+class Freshness:
+    """How the figures on the page were computed, and how old they are."""
+
+    method: str
+    """live: from every ranking, on this view | rollup: from every ranking, by the rollup job at `as_of`."""
+    as_of: datetime | None
+    """When the rankings shown were read (None: no rollup has finished yet)."""
+    age_seconds: float | None
+    rankings: int | None
+    """Human rankings the figures cover."""
+    compute_seconds: float | None
+    """How long the rollup took."""
+    refreshing: bool
+    """A rollup job is queued or running for this project."""
+
+    def describe(self) -> str:
+        if self.method == "live":
+            return "Computed from every ranking on this view."
+        if self.as_of is None:
+            return "Computing the figures from every ranking: a worker is on it (reload in a moment)."
+        again = " A newer computation is under way." if self.refreshing else ""
+        return (f"Computed from all {self.rankings:,} rankings by the rollup job, as of {_ago(self.age_seconds)} "
+                f"(it took {self.compute_seconds:.1f} s).{again}")
+
+
+def _ago(seconds: float | None) -> str:
+    s = int(seconds or 0)
+    if s < 120:
+        return f"{s} s ago"
+    if s < 7200:
+        return f"{s // 60} min ago"
+    return f"{s // 3600} h ago"
+
+
+def current_report(db: Session, project: Project, actor: User, *,
+                   rubric_version: int | None = None) -> tuple[AgreementReport | None, Freshness]:
+    """The report to show now and its freshness; None (with a job queued) when a large project has no rollup yet."""
+    versions = agreement.rubric_versions(db, project)
+    if rubric_version is not None and rubric_version not in versions:
+        raise Invalid(f"this project has no rubric version {rubric_version}", field="rubric_version")
+    if _rankings_up_to(db, project, LIVE_LIMIT + 1) <= LIVE_LIMIT:
+        report = agreement.project_reports(db, project, versions=versions, only=rubric_version)[rubric_version]
+        return report, Freshness("live", utcnow(), 0.0, report.human_rankings, None, False)
+    row, age, refreshing = _rollup(db, project, actor)
+    stored = _stored(db, project, rubric_version) if row is not None else None
+    if row is None or stored is None:
+        return None, Freshness("rollup", None, None, None, None, refreshing)
+    return (agreement_flags.flagged(report_from_dict(stored)),
+            Freshness("rollup", row.computed_at, age, row.rankings, row.seconds, refreshing))
+
+
+def project_counts(db: Session, project: Project, actor: User) -> projects.ProjectCounts:
+    """The project page's counts: exact for a small project, the rollup's (with its time) for a large one."""
+    if _rankings_up_to(db, project, COUNT_LIVE_LIMIT + 1, source=None) <= COUNT_LIVE_LIMIT:
+        return projects.counts(db, project)
+    row, age, _ = _rollup(db, project, actor)
+    if row is None or not row.counts:
+        return projects.counts(db, project)
+    return projects.ProjectCounts(**row.counts, as_of=row.computed_at, age_seconds=age)
+
+
+def judge_report(db: Session, project: Project, actor: User) -> tuple[judging.JudgeAgreement, Freshness]:
+    """The judge page's human–AI figures: computed on the view up to LIVE_LIMIT rankings, else the rollup's
+    (the lead's switch and the gate's verdict are always current). Before a large project's first rollup has
+    finished they are computed on the view, once per view, while the rollup is queued."""
+    # By all rankings, not the AI ones: the evidence is the humans' rankings and pairs of every judged prompt.
+    ai = _rankings_up_to(db, project, LIVE_LIMIT + 1, source=None)
+    if ai <= LIVE_LIMIT:
+        return judging.judge_agreement(db, project), Freshness("live", utcnow(), 0.0, ai, None, False)
+    row, age, refreshing = _rollup(db, project, actor)
+    stored = db.scalar(select(ProjectRollup.reports["judge"]).where(ProjectRollup.project_id == project.id)) \
+        if row is not None else None
+    if row is None or stored is None:
+        return judging.judge_agreement(db, project), Freshness("live", utcnow(), 0.0, ai, None, refreshing)
+    calibration = [judging.CalibrationBin(**b) for b in stored.get("calibration", [])]
+    report = judging.JudgeAgreement(**(stored | {
+        "calibration": calibration, "ai_labels_enabled": judging.ai_labels_enabled(project),
+        "gate_missing": judging.gate_missing(stored["n_prompts"], stored["pair_agreement"])}))
+    return report, Freshness("rollup", row.computed_at, age, row.rankings, row.seconds, refreshing)
+
+
+def _rollup(db: Session, project: Project, actor: User) -> tuple[ProjectRollup | None, float | None, bool]:
+    """(the stored rollup, its age in seconds, whether a newer one is on its way), queueing one when it is due."""
+    # The reports (hundreds of KB of JSON) stay in the database: a view reads its one scope (see _stored).
+    row = db.get(ProjectRollup, project.id, options=[defer(ProjectRollup.reports)])
+    refreshing = _pending(db, project)
+    now = utcnow()
+    age = (now - row.computed_at).total_seconds() if row is not None else None
+    if not refreshing and (row is None or (age or 0.0) > max(REFRESH_S, REFRESH_FACTOR * row.seconds)):
+        jobs.enqueue(db, KIND, {"requested_at": now.isoformat()}, project=project, actor=actor, max_attempts=1)
+        refreshing = True
+    return row, age, refreshing
+
+
+def _rankings_up_to(db: Session, project: Project, limit: int, *, source: str | None = "human") -> int:
+    """The project's rankings (of one source), counted no further than `limit` (at most `limit` index entries)."""
+    capped = select(Ranking.id).where(Ranking.project_id == project.id)
+    if source is not None:
+        capped = capped.where(Ranking.source == source)
+    return int(db.scalar(select(func.count()).select_from(capped.limit(limit).subquery())) or 0)
+
+
+def _stored(db: Session, project: Project, rubric_version: int | None) -> dict[str, Any] | None:
+    """One scope's stored report, read by its key inside the JSON (the other scopes are not sent or parsed)."""
+    return db.scalar(select(ProjectRollup.reports[_scope(rubric_version)])
+                     .where(ProjectRollup.project_id == project.id))
+
+
+def _pending(db: Session, project: Project) -> bool:
+    return db.scalar(select(Job.id).where(Job.project_id == project.id, Job.kind == KIND,
+                                          Job.state.in_(("queued", "running"))).limit(1)) is not None
+
+
+def _scope(rubric_version: int | None) -> str:
+    return "all" if rubric_version is None else f"v{rubric_version}"
+
+
+@dataclass(frozen=True)
+class Rollup:
+    """One computation of a project's figures, to store."""
+
+    reports: dict[str, Any]
+    """Every scope's agreement report ("all", "v1", …) as a dict."""
+    counts: dict[str, int]
+    rankings: int
+    computed_at: datetime
+    seconds: float
+
+
+def compute(db: Session, project: Project) -> Rollup:
+    """Every scope's agreement report from one streamed pass, the judge's agreement with humans, and the counts."""
+    started, t0 = utcnow(), time.perf_counter()
+    counts = asdict(projects.counts(db, project))
+    for key in ("as_of", "age_seconds"):
+        counts.pop(key, None)
+    reports = agreement.project_reports(db, project)
+    stored = {_scope(v): asdict(r) for v, r in reports.items()}
+    stored["judge"] = judging.judge_agreement(db, project).as_dict()
+    return Rollup(stored, counts, reports[None].human_rankings, started, time.perf_counter() - t0)
+
+
+def store(db: Session, project_id: int, rollup: Rollup) -> None:
+    """Replace the project's rollup with a newer one (an older result arriving late is dropped)."""
+    row = db.get(ProjectRollup, project_id, with_for_update=True)
+    values = {"reports": rollup.reports, "counts": rollup.counts, "rankings": rollup.rankings,
+              "seconds": rollup.seconds, "computed_at": rollup.computed_at}
+    if row is None:
+        db.add(ProjectRollup(project_id=project_id, **values))
+    elif row.computed_at < rollup.computed_at:
+        for key, value in values.items():
+            setattr(row, key, value)
+
+
+def report_from_dict(data: dict[str, Any]) -> AgreementReport:
+    """An AgreementReport back from `dataclasses.asdict` (as the rollup stores it)."""
+    annotators = [AnnotatorStats(**(a | {"flags": [Flag(**f) for f in a.get("flags", [])]}))
+                  for a in data.get("annotators", [])]
+    return AgreementReport(**(data | {
+        "annotators": annotators,
+        "flags": [Flag(**f) for f in data.get("flags", [])],
+        "trend": [TrendPoint(**p) for p in data.get("trend", [])],
+        "by_rubric_version": [TrendPoint(**p) for p in data.get("by_rubric_version", [])],
+    }))

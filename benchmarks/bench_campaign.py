@@ -1,0 +1,239 @@
+"""A lead's pages on a campaign-sized project, and whether a lead slows the annotators.
+
+The database is rebuilt and seeded by benchmarks/seed_campaign.py (`--rankings` human rankings, 3 per prompt, K=4,
+200 annotators, gold, three rubric versions, a judge run) plus open prompts for annotators to draw from. One server
+process (uvicorn, as `preflab serve` runs it) and one `preflab worker` are started against it; the first agreement
+view queues the project rollup and the bench waits for the worker to finish it (the rollup's time and the worker's
+peak RSS are reported). Then, for each page, `--views` sequential views by a logged-in lead after two warm-ups:
+p50/p95/max and the server's RSS after them. Last, side by side in one run: 32 annotators doing next → submit without
+think time for `--seconds`, alone, then with 5 leads reloading the agreement page in a loop; the p95 rise of next
+and submit.
+
+    PREFLAB_BENCH_DATABASE_URL=postgresql://postgres@127.0.0.1:5432/preflab_campaign \\
+        .venv/bin/python benchmarks/bench_campaign.py --rankings 1000000 [--views 20] [--seconds 20]
+
+Prints one JSON line per page, one for the rollup, one for the side-by-side (and the machine's load average).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from bench_annotation import SECRET, _ms, _percentile, check_database, load, start_server  # noqa: E402
+from seed_campaign import PASSWORD, seed_campaign  # noqa: E402
+
+DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/preflab_campaign"
+LEAD = "lead@campaign.example"
+PAGES = (("agreement_page", "/projects/{id}/agreement"), ("agreement_api", "/api/projects/{id}/agreement"),
+         ("project_page", "/projects/{id}"), ("exports_page", "/projects/{id}/exports"),
+         ("judge_page", "/projects/{id}/judge"), ("training_page", "/projects/{id}/training"))
+LEADS = 5
+ANNOTATORS = 32
+
+
+def _rss_mb(pid: int, key: str = "VmRSS") -> float:
+    """A process's resident memory (VmRSS) or its peak (VmHWM), in MB, from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return float("nan")
+
+
+def _login(base: str) -> httpx.Client:
+    client = httpx.Client(base_url=base, timeout=120, follow_redirects=False)
+    token = re.search(r'name="csrf_token" value="([0-9a-f]{64})"', client.get("/login").text)
+    assert token, "no CSRF token on the login page"
+    r = client.post("/login", data={"email": LEAD, "password": PASSWORD, "csrf_token": token.group(1)})
+    assert r.status_code == 303, f"login failed: {r.status_code}"
+    return client
+
+
+def _wait_for_rollup(client: httpx.Client, project_id: int, deadline_s: float) -> float:
+    """Seconds until the agreement API answers 200 (the first rollup has finished)."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < deadline_s:
+        r = client.get(f"/api/projects/{project_id}/agreement")
+        if r.status_code == 200:
+            return time.perf_counter() - t0
+        assert r.status_code == 503, f"agreement API: {r.status_code} {r.text[:200]}"
+        time.sleep(1.0)
+    raise RuntimeError(f"no rollup after {deadline_s:.0f} s: is the worker running?")
+
+
+def measure_pages(client: httpx.Client, project_id: int, server_pid: int, views: int, rankings: int
+                  ) -> list[dict[str, Any]]:
+    out = []
+    for name, path in PAGES:
+        url = path.format(id=project_id)
+        for _ in range(2):
+            client.get(url)
+        lat, statuses = [], set()
+        for _ in range(views):
+            t0 = time.perf_counter()
+            r = client.get(url)
+            lat.append(time.perf_counter() - t0)
+            statuses.add(r.status_code)
+        line = {"bench": "campaign", "page": name, "rankings": rankings, "views": views,
+                "p50_ms": round(_percentile(lat, 0.5) * 1e3, 1), "p95_ms": round(_percentile(lat, 0.95) * 1e3, 1),
+                "max_ms": round(max(lat) * 1e3, 1), "status": sorted(statuses),
+                "server_rss_mb": _rss_mb(server_pid), "server_peak_rss_mb": _rss_mb(server_pid, "VmHWM")}
+        if name == "agreement_api":
+            body = r.json()
+            line |= {"computed": body.get("computed"), "age_s": body.get("age_seconds")}
+        out.append(line)
+    return out
+
+
+async def _leads_reloading(base: str, cookies: httpx.Cookies, project_id: int, until: float) -> dict[str, Any]:
+    lat: list[float] = []
+
+    async def lead() -> None:
+        async with httpx.AsyncClient(base_url=base, cookies=cookies, timeout=120) as http:
+            while time.perf_counter() < until:
+                t0 = time.perf_counter()
+                await http.get(f"/projects/{project_id}/agreement")
+                lat.append(time.perf_counter() - t0)
+
+    await asyncio.gather(*(lead() for _ in range(LEADS)))
+    return _ms(lat)
+
+
+async def _side(base: str, project_id: int, tokens: list[str], seconds: float, warmup: float,
+                cookies: httpx.Cookies | None) -> dict[str, Any]:
+    annotators = load(base, project_id, tokens, warmup=warmup, seconds=seconds)
+    if cookies is None:
+        return await annotators
+    leads = _leads_reloading(base, cookies, project_id, time.perf_counter() + warmup + seconds)
+    result, lead_views = await asyncio.gather(annotators, leads)
+    return result | {"lead_agreement_views": lead_views}
+
+
+def _now() -> Any:
+    from app.models import utcnow
+
+    return utcnow()
+
+
+def _rollups_between(url: str, start: Any, end: Any) -> int:
+    """Rollup jobs the worker ran (even partly) in [start, end]: the CPU the leads' views cost beside the server."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        n = conn.execute(text("SELECT count(*) FROM jobs WHERE kind = 'project_rollup' AND started_at < :end"
+                              " AND (finished_at IS NULL OR finished_at > :start)"),
+                         {"start": start, "end": end}).scalar_one()
+    engine.dispose()
+    return int(n)
+
+
+def side_by_side(base: str, client: httpx.Client, project_id: int, tokens: list[str], seconds: float,
+                 rankings: int, url: str) -> dict[str, Any]:
+    """Two sets of 32 annotators (a client's submission ids restart each run, so the same people would only
+    replay their earlier submissions): the first alone, the second beside the leads."""
+    t0 = _now()
+    alone = asyncio.run(_side(base, project_id, tokens[:ANNOTATORS], seconds, 2.0, None))
+    t1 = _now()
+    with_leads = asyncio.run(_side(base, project_id, tokens[ANNOTATORS:], seconds, 2.0, client.cookies))
+    t2 = _now()
+    alone["rollup_jobs_running"] = _rollups_between(url, t0, t1)
+    with_leads["rollup_jobs_running"] = _rollups_between(url, t1, t2)
+
+    def rise(key: str) -> float | None:
+        a, b = alone[key]["p95_ms"], with_leads[key]["p95_ms"]
+        return round(100 * (b - a) / a, 1) if a else None
+
+    return {"bench": "campaign", "case": "leads_beside_annotators", "rankings": rankings, "annotators": ANNOTATORS,
+            "leads": LEADS, "seconds": seconds, "alone": alone, "with_leads": with_leads,
+            "p95_rise_pct": {"next": rise("next"), "submit": rise("submit")}}
+
+
+def _check(url: str, project_id: int) -> dict[str, int]:
+    """bench_annotation's database check; gold prompts are served to every annotator past the overlap by design,
+    so the prompts over their overlap are also counted without them."""
+    from sqlalchemy import create_engine, text
+
+    out = check_database(url, project_id, 3)
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        out["over_ranked_non_gold_prompts"] = conn.execute(text(
+            "SELECT count(*) FROM (SELECT r.prompt_id FROM rankings r JOIN prompts p ON p.id = r.prompt_id"
+            " WHERE r.project_id = :p AND r.annotator_id IS NOT NULL AND NOT r.skipped AND p.gold_tiers IS NULL"
+            " GROUP BY r.prompt_id, r.round HAVING count(*) > 3) x"), {"p": project_id}).scalar_one()
+    engine.dispose()
+    return out
+
+
+def _tokens(url: str, n: int) -> list[str]:
+    from sqlalchemy import select
+
+    from app.db import make_engine, make_session_factory, session_scope
+    from app.models import User
+    from app.services import users
+
+    engine = make_engine(url)
+    with session_scope(make_session_factory(engine)) as db:
+        people = list(db.scalars(select(User).where(User.role == "annotator").order_by(User.id).limit(n)))
+        tokens = [users.create_token(db, p)[1] for p in people]
+    engine.dispose()
+    return tokens
+
+
+def main() -> None:
+    from _pg import fresh_database
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rankings", type=int, default=1_000_000)
+    parser.add_argument("--views", type=int, default=20)
+    parser.add_argument("--seconds", type=float, default=20.0, help="annotator load per side of the side-by-side")
+    parser.add_argument("--open-prompts", type=int, default=20_000)
+    parser.add_argument("--rollup-deadline", type=float, default=1800.0)
+    args = parser.parse_args()
+    url = fresh_database(os.environ.get("PREFLAB_BENCH_DATABASE_URL", DEFAULT_URL))
+    seeded = seed_campaign(url, args.rankings, open_prompts=args.open_prompts)
+    print(json.dumps(seeded), flush=True)
+    project_id = seeded["project_id"]
+    tokens = _tokens(url, 2 * ANNOTATORS)
+    with tempfile.TemporaryDirectory() as data_dir:
+        server, base = start_server(url, 1, data_dir)
+        env = os.environ | {"PREFLAB_DATABASE_URL": url, "PREFLAB_SECRET_KEY": SECRET, "PREFLAB_ENV": "dev",
+                            "PREFLAB_DATA_DIR": data_dir}
+        worker = subprocess.Popen([sys.executable, "-m", "app.cli", "worker"], cwd=REPO, env=env)
+        try:
+            client = _login(base)
+            waited = _wait_for_rollup(client, project_id, args.rollup_deadline)
+            print(json.dumps({"bench": "campaign", "case": "first_rollup", "rankings": args.rankings,
+                              "ready_after_s": round(waited, 1), "worker_peak_rss_mb": _rss_mb(worker.pid, "VmHWM"),
+                              "load_avg": os.getloadavg()}), flush=True)
+            for line in measure_pages(client, project_id, server.pid, args.views, args.rankings):
+                print(json.dumps(line), flush=True)
+            result = side_by_side(base, client, project_id, tokens, args.seconds, args.rankings, url)
+            result["database_check"] = _check(url, project_id)
+            result["worker_peak_rss_mb"] = _rss_mb(worker.pid, "VmHWM")
+            result["server_peak_rss_mb"] = _rss_mb(server.pid, "VmHWM")
+            result["load_avg"] = os.getloadavg()
+            print(json.dumps(result), flush=True)
+        finally:
+            for proc in (worker, server):
+                proc.terminate()
+                proc.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()
