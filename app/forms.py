@@ -216,6 +216,18 @@ class RubricForm(ApiForm):
 class ImportForm(PageForm):
     file: UploadFile
     on_duplicate: str = "error"
+    preset: str = ""
+    """Empty: detect the layout from the first row."""
+    strict: str = ""
+    """"on": refuse unknown columns instead of keeping them in each row's metadata."""
+
+    @property
+    def preset_name(self) -> str | None:
+        return self.preset or None
+
+    @property
+    def strict_mode(self) -> bool:
+        return self.strict == "on"
 
     @property
     def policy(self) -> str:
