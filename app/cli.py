@@ -327,7 +327,10 @@ def export_cmd(project: Annotated[str, typer.Argument(help="Project id or name")
                filter: Annotated[list[str] | None, typer.Option("--filter", help="KEY=VALUE, repeatable "
                                                                 "(lists comma-separated)")] = None,
                aggregation: Annotated[str, typer.Option(help="raw | aggregated (pairs)")] = "raw",
-               conflicts: Annotated[str, typer.Option(help="keep | drop (aggregated pairs)")] = "keep") -> None:
+               conflicts: Annotated[str, typer.Option(help="keep | drop (aggregated pairs)")] = "keep",
+               layout: Annotated[str | None, typer.Option(help="standard | conversational (message lists, TRL's "
+                                                          "conversational layout); default: conversational when "
+                                                          "the project holds chat prompts")] = None) -> None:
     """Export a project synchronously through the same writer as the job, record it, and copy it to --out."""
     import shutil
 
@@ -353,7 +356,7 @@ def export_cmd(project: Annotated[str, typer.Argument(help="Project id or name")
             if found is None:
                 _fail(f"no project {project!r}")
             export = exports.create_export(db, found, None, kind=kind, format=format, filters=filters,
-                                           aggregation=aggregation, conflicts=conflicts)
+                                           aggregation=aggregation, conflicts=conflicts, layout=layout)
             export_id, spec = export.id, exports.spec_of(export)
     except DomainError as exc:
         _fail(f"{exc.field}: {exc.message}" if exc.field else exc.message)

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.formats import Aggregation, Conflicts, ExportFormat, ExportKind
+from app.formats import Aggregation, Conflicts, ExportFormat, ExportKind, ExportLayout
 from app.models import AssignmentDraft, Completion, Constitution, Export, Job, ModelEndpoint, Project, Rubric, User
 
 
@@ -493,6 +493,9 @@ class ExportIn(Strict):
     aggregation: Aggregation = "raw"
     conflicts: Conflicts = Field(
         "keep", description="Aggregated pairs whose votes disagree: kept with weight = agreement, or dropped")
+    layout: ExportLayout | None = Field(
+        None, description="standard: prompt and responses as text; conversational: as message lists (TRL's "
+        "conversational layout). Not given: conversational when the project holds chat prompts, else standard.")
 
 
 class ExportAccepted(BaseModel):
