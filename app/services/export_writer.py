@@ -205,9 +205,13 @@ class _Run:
                    for pid, value, text, split in self.conn.execute(
                        select(Prompt.id, value_column, Prompt.text, Prompt.split)
                        .where(id_in(self.conn, Prompt.id, chunk))).all()}
-        texts = _completion_texts_by_id(self.conn, completion_ids)
         if self.conversational:
-            texts = {cid: self.response(text) for cid, text in texts.items()}
+            texts = {cid: self.response(text, meta) for chunk in chunks(completion_ids)
+                     for cid, text, meta in self.conn.execute(
+                         select(Completion.id, Completion.text, Completion.meta)
+                         .where(id_in(self.conn, Completion.id, chunk))).all()}
+        else:
+            texts = _completion_texts_by_id(self.conn, completion_ids)
         cols["prompt"], cols["split"] = _unzip(_lookup(prompts, cols["prompt_id"]), 2)
         cols["chosen"] = _lookup(texts, cols["chosen_id"])
         cols["rejected"] = _lookup(texts, cols["rejected_id"])

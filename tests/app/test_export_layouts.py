@@ -58,6 +58,11 @@ def test_layouts_write_text_or_messages_and_keep_multi_turn_responses(db: Sessio
               .read_text().splitlines()]
     assert row["prompt"] == "user: Plan a trip" and row["rejected"] == "No."
     assert row["chosen"] == "assistant: Which city?\nuser: Rome\nassistant: Day 1: the Forum."
+    out = tmp_path / "aggregated"
+    export_writer.write_export(engine, export_writer.ExportSpec(project.id, "pairs", "jsonl", aggregation="aggregated"),
+                               out, secret="s" * 40)
+    (row,) = [json.loads(x) for x in (out / "pairs.jsonl").read_text().splitlines()]
+    assert row["chosen"] == chosen and row["rejected"] == [assistant("No.")]
 
 
 def test_a_text_project_exports_conversational_when_asked(db: Session, engine: Any, project: Project,
