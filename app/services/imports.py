@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from app import security
 from app.formats import IMPORT_PRESETS
-from app.models import Completion, Pair, Project, ProjectMember, Prompt, User
+from app.models import Assignment, Completion, Pair, Project, ProjectMember, Prompt, User, utcnow
 from app.services import audit, bulk, rankings
 from app.services.import_formats import (
     MAX_ERRORS,
@@ -393,7 +393,8 @@ def _create_completions(
 #
 # Each annotator of the source tool becomes one pseudonymous, inactive preflab user (it cannot sign in or be
 # given tasks), a member of the project as annotator, so agreement and quality figures count their rankings
-# like any other person's. The tool, task and annotation ids stay in each ranking's metadata.
+# like any other person's, and the queue counts them towards each prompt's overlap. The tool, task and
+# annotation ids stay in each ranking's metadata.
 
 PSEUDONYM_DOMAIN = "imported.invalid"
 
@@ -476,6 +477,13 @@ def _import_ranked(
                  "meta": ranking.meta}
             ))
     rankings.write_rankings(db, labelled)
+    # A submitted assignment per ranking, as a ranking made here leaves: the queue counts a prompt's overlap from
+    # them, so a task ranked enough times in the other tool is not handed out again.
+    now = utcnow()
+    bulk.insert_rows(db, Assignment, [
+        {"project_id": project.id, "prompt_id": r.values["prompt_id"], "annotator_id": r.values["annotator_id"],
+         "round": project.current_round, "state": "submitted", "leased_until": now, "created_at": now,
+         "completed_at": now} for r in labelled])
     return ImportResult(prompts=len(prompt_ids), completions=len(completion_ids),
                         pairs=sum(len(rankings.pair_rows(0, r)) for r in labelled), skipped_duplicates=skipped,
                         kind="rankings", rankings=len(labelled), annotators=len(user_id))

@@ -318,3 +318,24 @@ def test_cli_import_takes_a_preset_and_reports_it(db: Session, app: Any, project
     assert "(preset ultrafeedback)" in result.output and "kept 1 extra column: prompt_id" in result.output
     bad = CliRunner().invoke(cli, ["import", str(project.id), str(PRESETS / "argilla_rating.jsonl"), "--preset", "nope"])
     assert bad.exit_code == 1 and "unknown preset 'nope'" in bad.output
+
+
+def test_tasks_ranked_enough_in_label_studio_are_not_handed_out_again(
+    db: Session, make_user: Callable[..., Any], make_project: Callable[..., Any], token_for: Callable[..., str],
+    api: Callable[..., Any],
+):
+    from app.services import projects
+
+    lead = make_user(db, "lead")
+    project = make_project(db, lead=lead, k=2, overlap=2)
+    newcomer = make_user(db, "annotator")
+    projects.add_member(db, project, lead, email=newcomer.email, role="annotator")
+    import_file(db, project, "ls.json", sample("label_studio_pairwise.json"), actor=lead)
+    client = api(token_for(db, newcomer))
+    db.commit()
+    task = client.get(f"/api/projects/{project.id}/tasks/next").json()
+    assert task["prompt"]["text"] == "Name a prime number above 10."  # task 101 already has its 2 rankings
+    client.post(f"/api/projects/{project.id}/rankings", json={
+        "assignment_id": task["assignment_id"], "tiers": [[c["id"]] for c in task["completions"]],
+        "rubric_version": task["rubric"]["version"], "submission_id": "s1"})
+    assert client.get(f"/api/projects/{project.id}/tasks/next").status_code == 204
