@@ -339,3 +339,22 @@ def test_tasks_ranked_enough_in_label_studio_are_not_handed_out_again(
         "assignment_id": task["assignment_id"], "tiers": [[c["id"]] for c in task["completions"]],
         "rubric_version": task["rubric"]["version"], "submission_id": "s1"})
     assert client.get(f"/api/projects/{project.id}/tasks/next").status_code == 204
+
+
+def test_the_import_page_takes_a_preset_and_reports_extra_columns(
+    db: Session, make_user: Callable[..., Any], make_project: Callable[..., Any], browser: Callable[[], Any],
+):
+    lead = make_user(db, "lead")
+    project = make_project(db, lead=lead, k=2)
+    db.commit()
+    person = browser()
+    person.login(lead.email)
+    page = person.get(f"/projects/{project.id}/import")
+    assert '<option value="label-studio">label-studio</option>' in page.text
+    response = person.post(f"/projects/{project.id}/import", {"preset": "ultrafeedback", "on_duplicate": "error"},
+                           files={"file": ("uf.jsonl", sample("ultrafeedback.jsonl"), "application/x-ndjson")})
+    assert response.status_code == 201, response.text
+    assert "read as <code>ultrafeedback</code>" in response.text and "kept 1 extra column: prompt_id" in response.text
+    response = person.post(f"/projects/{project.id}/import", {"strict": "on", "on_duplicate": "error"}, files={
+        "file": ("x.jsonl", jsonl({"prompt": "p", "chosen": "a", "rejected": "b", "origin": "web"}), "text/plain")})
+    assert response.status_code == 422 and "<code>origin</code>" in response.text
