@@ -306,8 +306,13 @@ def token_create(email: str, name: Annotated[str, typer.Option(help="A label for
 def import_cmd(project_id: Annotated[int, typer.Argument(help="Project id")],
                file: Annotated[Path, typer.Argument(help="JSONL, CSV or Parquet file", exists=True, dir_okay=False)],
                skip_duplicates: Annotated[bool, typer.Option(help="Skip prompts already in the project")]
-               = False) -> None:
-    """Import prompts with completions, or preference pairs, into a project (all or nothing)."""
+               = False,
+               preset: Annotated[str | None, typer.Option(help="The file's layout: preflab | ultrafeedback | trl | "
+                                                          "hh-rlhf | label-studio | argilla (detected when not given)")]
+               = None,
+               strict: Annotated[bool, typer.Option(help="Refuse unknown columns instead of keeping them as "
+                                                    "metadata")] = False) -> None:
+    """Import prompts with completions, preference pairs, or another tool's rankings into a project (all or nothing)."""
     from app.db import session_scope
     from app.models import Project
     from app.services import imports
@@ -322,14 +327,19 @@ def import_cmd(project_id: Annotated[int, typer.Argument(help="Project id")],
             if project is None:
                 _fail(f"no project with id {project_id}")
             result = imports.import_file(db, project, file.name, data, actor=None, max_rows=settings.max_import_rows,
-                                         on_duplicate="skip" if skip_duplicates else "error")
+                                         on_duplicate="skip" if skip_duplicates else "error", preset=preset,
+                                         strict=strict)
     except imports.ImportRejected as exc:
         typer.echo(f"preflab: {file} was not imported; nothing was written:", err=True)
         for err in exc.errors:
             where = f"line {err.line}: " if err.line else ""
             typer.echo(f"  {where}{err.field}: {err.message}", err=True)
         raise typer.Exit(1) from None
-    typer.echo(f"imported {result.prompts} prompts, {result.completions} completions, {result.pairs} pairs")
+    ranked = f", {result.rankings} rankings by {result.annotators} annotators" if result.rankings else ""
+    typer.echo(f"imported {result.prompts} prompts, {result.completions} completions, {result.pairs} pairs{ranked} "
+               f"(preset {result.preset})")
+    if result.note:
+        typer.echo(result.note)
     if result.skipped_duplicates:
         typer.echo(f"skipped duplicate lines: {', '.join(map(str, result.skipped_duplicates))}")
 
@@ -342,7 +352,10 @@ def export_cmd(project: Annotated[str, typer.Argument(help="Project id or name")
                filter: Annotated[list[str] | None, typer.Option("--filter", help="KEY=VALUE, repeatable "
                                                                 "(lists comma-separated)")] = None,
                aggregation: Annotated[str, typer.Option(help="raw | aggregated (pairs)")] = "raw",
-               conflicts: Annotated[str, typer.Option(help="keep | drop (aggregated pairs)")] = "keep") -> None:
+               conflicts: Annotated[str, typer.Option(help="keep | drop (aggregated pairs)")] = "keep",
+               layout: Annotated[str | None, typer.Option(help="standard | conversational (message lists, TRL's "
+                                                          "conversational layout); default: conversational when "
+                                                          "the project holds chat prompts")] = None) -> None:
     """Export a project synchronously through the same writer as the job, record it, and copy it to --out."""
     import shutil
 
@@ -368,7 +381,7 @@ def export_cmd(project: Annotated[str, typer.Argument(help="Project id or name")
             if found is None:
                 _fail(f"no project {project!r}")
             export = exports.create_export(db, found, None, kind=kind, format=format, filters=filters,
-                                           aggregation=aggregation, conflicts=conflicts)
+                                           aggregation=aggregation, conflicts=conflicts, layout=layout)
             export_id, spec = export.id, exports.spec_of(export)
     except DomainError as exc:
         _fail(f"{exc.field}: {exc.message}" if exc.field else exc.message)

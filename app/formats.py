@@ -11,6 +11,9 @@ Aggregation = Literal["raw", "aggregated"]
 Conflicts = Literal["keep", "drop"]
 Flagged = Literal["include", "exclude", "only"]
 ImportFormat = Literal["jsonl", "csv", "parquet"]
+ImportPreset = Literal["preflab", "ultrafeedback", "trl", "hh-rlhf", "label-studio", "argilla"]
+"""Layouts an import can be read in; "preflab" is preflab's own (the fields the import page lists)."""
+ExportLayout = Literal["standard", "conversational"]
 
 EXPORT_KINDS: tuple[str, ...] = get_args(ExportKind)
 EXPORT_FORMATS: tuple[str, ...] = get_args(ExportFormat)
@@ -18,6 +21,8 @@ AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)
 CONFLICTS: tuple[str, ...] = get_args(Conflicts)
 FLAGGED: tuple[str, ...] = get_args(Flagged)
 IMPORT_FORMATS: tuple[str, ...] = get_args(ImportFormat)
+IMPORT_PRESETS: tuple[str, ...] = get_args(ImportPreset)
+EXPORT_LAYOUTS: tuple[str, ...] = get_args(ExportLayout)
 
 # What a person reads for each format (the exports page's picker, import messages).
 EXPORT_FORMAT_NAMES = {"jsonl": "JSONL", "parquet": "Parquet", "hf": "Hugging Face datasets directory"}

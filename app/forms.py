@@ -219,6 +219,18 @@ class RubricForm(ApiForm):
 class ImportForm(PageForm):
     file: UploadFile
     on_duplicate: str = "error"
+    preset: str = ""
+    """Empty: detect the layout from the first row."""
+    strict: str = ""
+    """"on": refuse unknown columns instead of keeping them in each row's metadata."""
+
+    @property
+    def preset_name(self) -> str | None:
+        return self.preset or None
+
+    @property
+    def strict_mode(self) -> bool:
+        return self.strict == "on"
 
     @property
     def policy(self) -> str:
@@ -562,12 +574,14 @@ class ExportForm(ApiForm):
         "kind": "Kind", "format": "Format", "aggregation": "Aggregation (pairs)",
         "conflicts": "Conflicts (aggregated)", "filters.source": "Sources", "filters.split": "Split",
         "filters.rubric_versions": "Rubric versions", "filters.min_agreement": "Minimum agreement (pairs)",
-        "filters.flagged": "Flagged items", "filters": "Filters"}
+        "filters.flagged": "Flagged items", "filters": "Filters", "layout": "Layout"}
 
     kind: str = "pairs"
     format: str = "jsonl"
     aggregation: str = "raw"
     conflicts: str = "keep"
+    layout: str = ""
+    """Empty: the project's own (conversational when it holds chat prompts)."""
     source: list[str] = Field(default_factory=list)
     split: str = ""
     rubric_versions: str = Field("", max_length=200)
@@ -586,7 +600,7 @@ class ExportForm(ApiForm):
     def to_api(self) -> ExportIn:
         return ExportIn(kind=self.kind, format=self.format, filters=self.filters(),  # type: ignore[arg-type]
                         aggregation=self.aggregation if self.kind == "pairs" else "raw",  # type: ignore[arg-type]
-                        conflicts=self.conflicts)  # type: ignore[arg-type]
+                        conflicts=self.conflicts, layout=self.layout or None)  # type: ignore[arg-type]
 
 
 class TrainingForm(ApiForm):

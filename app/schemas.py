@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.formats import Aggregation, Conflicts, ExportFormat, ExportKind
+from app.formats import Aggregation, Conflicts, ExportFormat, ExportKind, ExportLayout
 from app.models import AssignmentDraft, Completion, Constitution, Export, Job, ModelEndpoint, Project, Rubric, User
 
 
@@ -84,6 +84,13 @@ class ImportOut(BaseModel):
     completions: int
     pairs: int
     skipped_duplicates: list[int] = Field(default_factory=list, description="Lines skipped as duplicates.")
+    rankings: int = Field(0, description="Rankings by annotators of another tool (label-studio, argilla presets).")
+    annotators: int = Field(0, description="Pseudonymous users standing for those annotators.")
+    preset: str = Field("preflab", description="The layout the file was read in: the one asked for, or the one "
+                        "detected from its first row.")
+    extra_columns: list[str] = Field(default_factory=list,
+                                     description="Columns preflab does not know, kept in each row's metadata.")
+    note: str | None = Field(None, description='e.g. "kept 3 extra columns: prompt_id, source, model".')
 
 
 class UserIn(Strict):
@@ -173,6 +180,8 @@ class PromptView(BaseModel):
 class CompletionView(BaseModel):
     id: int
     text: str
+    messages: list[dict[str, str]] | None = Field(
+        None, description="The response as chat turns, when it is more than one assistant turn (text renders them).")
 
 
 class RubricView(BaseModel):
@@ -484,6 +493,9 @@ class ExportIn(Strict):
     aggregation: Aggregation = "raw"
     conflicts: Conflicts = Field(
         "keep", description="Aggregated pairs whose votes disagree: kept with weight = agreement, or dropped")
+    layout: ExportLayout | None = Field(
+        None, description="standard: prompt and responses as text; conversational: as message lists (TRL's "
+        "conversational layout). Not given: conversational when the project holds chat prompts, else standard.")
 
 
 class ExportAccepted(BaseModel):

@@ -10,6 +10,7 @@ from sqlalchemy.exc import IntegrityError
 from app import permissions
 from app.deps import CurrentUser, SessionDep
 from app.errors import Conflict, Invalid
+from app.formats import ImportPreset
 from app.schemas import (
     ImportOut,
     MemberIn,
@@ -98,6 +99,10 @@ async def import_file(
     file: Annotated[UploadFile, File(description="JSONL, CSV or Parquet")],
     on_duplicate: Annotated[Literal["error", "skip"], Query(description="What to do with a prompt seen before")]
     = "error",
+    preset: Annotated[ImportPreset | None, Query(description="The file's layout; detected from its first row when "
+                                                  "not given (the answer names the one used)")] = None,
+    strict: Annotated[bool, Query(description="Refuse columns preflab does not know instead of keeping them in "
+                                  "each row's metadata")] = False,
 ) -> ImportOut:
     project = projects.get_visible(db, project_id, user)
     permissions.require(db, user, project, "data.import")
@@ -106,12 +111,15 @@ async def import_file(
     try:
         with db.begin_nested():
             result = imports.import_file(db, project, file.filename or "upload", data, actor=user,
-                                         max_rows=settings.max_import_rows, on_duplicate=on_duplicate)
+                                         max_rows=settings.max_import_rows, on_duplicate=on_duplicate,
+                                         preset=preset, strict=strict)
     except IntegrityError:
         # Another import added the same prompt between our duplicate check and our insert.
         raise Conflict("another import changed this project at the same moment; upload again", field="file") from None
     return ImportOut(prompts=result.prompts, completions=result.completions, pairs=result.pairs,
-                     skipped_duplicates=list(result.skipped_duplicates))
+                     skipped_duplicates=list(result.skipped_duplicates), rankings=result.rankings,
+                     annotators=result.annotators, preset=result.preset, extra_columns=result.extra_columns,
+                     note=result.note)
 
 
 async def read_upload(file: UploadFile, max_mb: int) -> bytes:

@@ -134,7 +134,7 @@ def rubric_history(request: Request, project_id: int, db: SessionDep, user: Page
 def import_page(request: Request, project_id: int, db: SessionDep, user: PageUser) -> Response:
     project = projects.get_visible(db, project_id, user)
     permissions.require(db, user, project, "data.import")
-    return render(request, "import.html", {"project": project})
+    return render(request, "import.html", {"project": project, "presets": imports.PRESETS})
 
 
 @router.post("/projects/{project_id}/import")
@@ -144,12 +144,13 @@ async def import_upload(request: Request, project_id: int, db: SessionDep, user:
     permissions.require(db, user, project, "data.import")
     settings = request.app.state.settings
     file = form.file
-    ctx: dict = {"project": project, "filename": file.filename}
+    ctx: dict = {"project": project, "filename": file.filename, "presets": imports.PRESETS}
     try:
         data = await read_upload(file, settings.max_upload_mb)
         with db.begin_nested():
             result = imports.import_file(db, project, file.filename or "upload", data, actor=user,
-                                         max_rows=settings.max_import_rows, on_duplicate=form.policy)
+                                         max_rows=settings.max_import_rows, on_duplicate=form.policy,
+                                         preset=form.preset_name, strict=form.strict_mode)
     except imports.ImportRejected as exc:
         ctx["errors"] = exc.errors
         ctx["more_errors"] = exc.omitted

@@ -12,7 +12,17 @@ from sqlalchemy.orm import Session
 
 from app import permissions
 from app.errors import Conflict, NotFound
-from app.models import Assignment, AssignmentDraft, Project, ProjectMember, Prompt, Rubric, User, utcnow
+from app.models import (
+    Assignment,
+    AssignmentDraft,
+    Completion,
+    Project,
+    ProjectMember,
+    Prompt,
+    Rubric,
+    User,
+    utcnow,
+)
 from app.schemas import CompletionView, DraftIn, DraftOut, PromptView, RubricView, TaskOut
 from app.services import queue, rankings, rubrics
 
@@ -43,16 +53,25 @@ def task_view(db: Session, project: Project, assignment: Assignment) -> TaskOut:
     prompt = db.execute(_PROMPT_TEXT, {"prompt_id": assignment.prompt_id}).one()
     completions = queue.task_completion_texts(db, prompt.id, project.completions_per_prompt)
     order = queue.display_order(list(completions), assignment.annotator_id, prompt.id, assignment.round)
+    turns = _chat_turns(db, list(completions))
     rubric = rubrics.current(db, project)
     return TaskOut(
         assignment_id=assignment.id,
         prompt=PromptView(id=prompt.id, text=None if prompt.messages else prompt.text, messages=prompt.messages),
-        completions=[CompletionView(id=cid, text=completions[cid]) for cid in order],
+        completions=[CompletionView(id=cid, text=completions[cid], messages=turns.get(cid)) for cid in order],
         rubric=RubricView(version=rubric.version, text=rubric.text, criteria=rubric.criteria) if rubric else None,
         lease_expires_at=assignment.leased_until, flags=list(project.flags or []),
         skip_reasons=list(project.skip_reasons or []), allow_ties=project.allow_ties,
         allow_partial=project.allow_partial,
     )
+
+
+def _chat_turns(db: Session, completion_ids: list[int]) -> dict[int, list[dict[str, str]]]:
+    """Completion id → its chat turns, for the responses imported as multi-turn chats (K rows at most)."""
+    if not completion_ids:
+        return {}
+    rows = db.execute(select(Completion.id, Completion.meta).where(Completion.id.in_(completion_ids)))
+    return {cid: meta["messages"] for cid, meta in rows if isinstance(meta, dict) and meta.get("messages")}
 
 
 def prompt_of(db: Session, assignment: Assignment) -> Prompt | None:

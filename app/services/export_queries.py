@@ -49,6 +49,9 @@ class ExportSpec:
     filters: dict[str, Any] = field(default_factory=dict)
     aggregation: str = "raw"
     conflicts: str = "keep"
+    layout: str | None = None
+    """"standard" (text columns), "conversational" (message lists, TRL's conversational layout); None: the
+    project's own — conversational when it holds any chat prompt."""
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -172,8 +172,15 @@ class _Run:
             return [{"role": str(m.get("role", "")), "content": str(m.get("content", ""))} for m in value]
         return [{"role": "user", "content": text}]
 
-    def response(self, text: str) -> Any:
-        return [{"role": "assistant", "content": text}] if self.conversational else text
+    def response(self, text: str, meta: Any = None) -> Any:
+        """Conversational exports: the response's stored turns (a multi-turn chat response), or one assistant
+        turn."""
+        if not self.conversational:
+            return text
+        turns = meta.get("messages") if isinstance(meta, dict) else None
+        if isinstance(turns, list) and turns:
+            return [{"role": str(m.get("role", "")), "content": str(m.get("content", ""))} for m in turns]
+        return [{"role": "assistant", "content": text}]
 
     def ranking_labels(self, ranking_ids: list[int]) -> dict[int, tuple[str | None, int | None, int | None]]:
         """ranking id → (annotator pseudonym, rubric version, constitution version), for one batch."""
@@ -198,9 +205,13 @@ class _Run:
                    for pid, value, text, split in self.conn.execute(
                        select(Prompt.id, value_column, Prompt.text, Prompt.split)
                        .where(id_in(self.conn, Prompt.id, chunk))).all()}
-        texts = _completion_texts_by_id(self.conn, completion_ids)
         if self.conversational:
-            texts = {cid: self.response(text) for cid, text in texts.items()}
+            texts = {cid: self.response(text, meta) for chunk in chunks(completion_ids)
+                     for cid, text, meta in self.conn.execute(
+                         select(Completion.id, Completion.text, Completion.meta)
+                         .where(id_in(self.conn, Completion.id, chunk))).all()}
+        else:
+            texts = _completion_texts_by_id(self.conn, completion_ids)
         cols["prompt"], cols["split"] = _unzip(_lookup(prompts, cols["prompt_id"]), 2)
         cols["chosen"] = _lookup(texts, cols["chosen_id"])
         cols["rejected"] = _lookup(texts, cols["rejected_id"])
@@ -291,7 +302,8 @@ def _pairs_raw(run: _Run) -> Iterator[Columns | pa.RecordBatch]:
             prompt = run.by_id(col["prompt_id"], Prompt.id, (Prompt.text,), _same, text_type)
         # chosen and rejected share one dictionary: fetch both columns' completions in one lookup
         n = scan.num_rows
-        both = run.by_id(pa.concat_arrays([col["chosen_id"], col["rejected_id"]]), Completion.id, (Completion.text,),
+        both = run.by_id(pa.concat_arrays([col["chosen_id"], col["rejected_id"]]), Completion.id,
+                         (Completion.text, Completion.meta) if run.conversational else (Completion.text,),
                          run.response, text_type)
         columns = col | {"annotator": annotator, "prompt": prompt, "chosen": both.slice(0, n),
                          "rejected": both.slice(n)}
@@ -626,7 +638,8 @@ def write_export(engine: Engine, spec: ExportSpec, out_dir: Path, *, secret: str
             conn = snap.conn
             project = conn.execute(select(Project.name, Project.description, Project.settings)
                                    .where(Project.id == spec.project_id)).one()
-            conversational = _is_conversational(conn, spec.project_id)
+            conversational = spec.layout == "conversational" or (
+                spec.layout is None and _is_conversational(conn, spec.project_id))
             schema = schema_for(spec.kind, spec.aggregation, conversational)
             license_id = str((project.settings or {}).get("license") or "unknown")
             run = _Run(snap, spec, secret, conversational, batch_size, progress or (lambda done, total: None))

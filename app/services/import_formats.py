@@ -10,6 +10,7 @@ import codecs
 import csv
 import hashlib
 import io
+import itertools
 import json
 import math
 import os.path
@@ -23,6 +24,8 @@ import pyarrow.parquet as pq
 
 from app.formats import IMPORT_FORMAT_NAMES, ImportFormat
 from app.models import SPLITS
+from app.services import import_presets
+from app.services.import_presets import PresetError
 
 MAX_ERRORS = 100
 """Problems listed in one rejection; the rest are only counted (a broken file can have 200k)."""
@@ -37,7 +40,7 @@ HH_ASSISTANT = "\n\nAssistant:"
 CHAT_ROLES = ("system", "user", "assistant")
 
 Format = ImportFormat
-Kind = Literal["prompts", "pairs"]
+Kind = Literal["prompts", "pairs", "rankings"]
 
 EXTENSIONS: dict[str, Format] = {
     ".jsonl": "jsonl",
@@ -49,7 +52,11 @@ EXTENSIONS: dict[str, Format] = {
 }
 FORMAT_NAMES = IMPORT_FORMAT_NAMES
 PROMPT_FIELDS = ("prompt", "messages", "completions", "reference", "split", "metadata")
-PAIR_FIELDS = ("prompt", "messages", "chosen", "rejected", "p", "margin", "weight", "split")
+PAIR_FIELDS = ("prompt", "messages", "chosen", "rejected", "p", "margin", "weight", "split", "metadata",
+               "score_chosen", "score_rejected")
+NUMBER_FIELDS = ("p", "margin", "weight", "score_chosen", "score_rejected")
+MAX_EXTRA_LISTED = 20
+"""Extra column names listed in an import's answer; more are counted."""
 COMPLETION_COLUMN = re.compile(r"completion_(\d+)")
 
 # CSV cells may hold a JSON array of several long completions; the stdlib default (128 KiB) is too small.
@@ -185,6 +192,31 @@ class PairRow(_RowPrompt):
     weight: float
     split: str | None
     """None when the row did not say; a prompt created by the import then goes to "train"."""
+    chosen_messages: list[dict[str, str]] | None = None
+    """The chosen response as chat turns, when it is more than one assistant turn (then `chosen` renders them)."""
+    rejected_messages: list[dict[str, str]] | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """Stored on the pair: the row's metadata, extra columns and scores."""
+
+
+@dataclass(frozen=True)
+class SourceRanking:
+    """One annotator's order of a row's completions, from another labelling tool."""
+
+    annotator: str
+    """"tool:id", the same for every ranking of one person in the file (a pseudonymous user is made for it)."""
+    tiers: list[list[int]]
+    """Indexes into the row's completions, best tier first."""
+    meta: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RankedRow(_RowPrompt):
+    """A prompt with its completions and the rankings other tools' annotators gave them."""
+
+    completions: list[str]
+    rankings: list[SourceRanking]
+    metadata: dict[str, Any]
 
 
 @dataclass
@@ -197,25 +229,58 @@ class ParsedImport:
     size: int
     prompts: list[PromptRow] = field(default_factory=list)
     pairs: list[PairRow] = field(default_factory=list)
+    ranked: list[RankedRow] = field(default_factory=list)
+    preset: str = "preflab"
+    """The layout the file was read in: the one asked for, or the one detected."""
+    extra_columns: list[str] = field(default_factory=list)
+    """Columns not in preflab's layout, kept in each row's metadata, in the order first seen."""
 
     @property
     def rows(self) -> int:
-        return len(self.prompts) + len(self.pairs)
+        return len(self.prompts) + len(self.pairs) + len(self.ranked)
+
+    def extra_columns_note(self) -> str | None:
+        """"kept 3 extra columns: prompt_id, source, model" (the import report), or None when there were none."""
+        if not self.extra_columns:
+            return None
+        n = len(self.extra_columns)
+        names = ", ".join(self.extra_columns[:MAX_EXTRA_LISTED])
+        more = f" and {n - MAX_EXTRA_LISTED} more" if n > MAX_EXTRA_LISTED else ""
+        return f"kept {n} extra column{'s' if n != 1 else ''}: {names}{more}"
 
 
 # --- entry point --------------------------------------------------------------------------------
 
 
-def parse_import(filename: str, data: bytes, *, max_rows: int = 200_000) -> ParsedImport:
-    """Read and validate a whole file; raise ImportRejected listing every bad row, or return all rows."""
+def parse_import(
+    filename: str, data: bytes, *, max_rows: int = 200_000, preset: str | None = None, strict: bool = False
+) -> ParsedImport:
+    """Read and validate a whole file; raise ImportRejected listing every bad row, or return all rows.
+
+    `preset` names the layout (import_presets.PRESETS); without one it is detected from the first row.
+    `strict` refuses columns preflab does not know instead of keeping them in each row's metadata."""
+    if preset is not None and preset not in import_presets.PRESETS:
+        raise _reject(0, "preset", f"unknown preset {preset!r}; use one of {', '.join(import_presets.PRESETS)}")
     fmt = detect_format(filename, data)
     problems = _Problems("row" if fmt == "parquet" else "line")
+    options = _ReadOptions(strict=strict or preset in import_presets.ANNOTATED, preset=preset)
     if fmt == "parquet":
-        records = _parquet_records(data, max_rows, problems)
+        records = _parquet_records(data, max_rows, problems, options)
     else:
         text = _decode(data)
-        records = _jsonl_records(text, max_rows, problems) if fmt == "jsonl" else _csv_records(text, max_rows, problems)
-    kind, prompts, pairs = _validate_records(records, problems)
+        if fmt == "jsonl":
+            records = _json_records(text, max_rows, problems, preset)
+        else:
+            records = _csv_records(text, max_rows, problems, options)
+    seen, first = import_presets.first_record(records)
+    chosen_preset = preset or (import_presets.detect(first) if first is not None else "preflab") or "preflab"
+    if fmt == "jsonl" and text.lstrip().startswith("[") and chosen_preset != "label-studio":
+        raise problems.fatal(
+            1, "json", "the file holds a JSON array; preflab reads JSON Lines, one object per line "
+            "(convert with: jq -c '.[]' in.json > out.jsonl), or a Label Studio export (preset label-studio)"
+        )
+    validator = _Validator(problems, strict=strict, preset=chosen_preset)
+    kind = validator.run(itertools.chain(seen, records))
     problems.raise_if_any()
     return ParsedImport(
         filename=filename,
@@ -223,9 +288,18 @@ def parse_import(filename: str, data: bytes, *, max_rows: int = 200_000) -> Pars
         kind=kind,
         sha256=hashlib.sha256(data).hexdigest(),
         size=len(data),
-        prompts=prompts,
-        pairs=pairs,
+        prompts=validator.prompts,
+        pairs=validator.pairs,
+        ranked=validator.ranked,
+        preset=chosen_preset,
+        extra_columns=list(validator.extra_columns),
     )
+
+
+@dataclass(frozen=True)
+class _ReadOptions:
+    strict: bool = False
+    preset: str | None = None
 
 
 def detect_format(filename: str, data: bytes) -> Format:
@@ -277,12 +351,43 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a valid JSON number")
 
 
-def _jsonl_records(text: str, max_rows: int, problems: _Problems) -> Iterator[tuple[int, dict[str, Any] | None]]:
+def _json_records(
+    text: str, max_rows: int, problems: _Problems, preset: str | None
+) -> Iterator[tuple[int, dict[str, Any] | None]]:
+    """JSON Lines; or one JSON array of objects (Label Studio's export), each named by the line it starts on."""
     if text.lstrip().startswith("["):
-        raise problems.fatal(
-            1, "json", "the file holds a JSON array; preflab reads JSON Lines, one object per line "
-            "(convert with: jq -c '.[]' in.json > out.jsonl)"
-        )
+        return _json_array_records(text, max_rows, problems)
+    return _jsonl_records(text, max_rows, problems)
+
+
+def _json_array_records(text: str, max_rows: int, problems: _Problems) -> Iterator[tuple[int, dict[str, Any] | None]]:
+    decoder = json.JSONDecoder(parse_constant=_reject_constant)
+    pos = len(text) - len(text.lstrip()) + 1
+    rows = 0
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        line = text.count("\n", 0, pos) + 1
+        if pos >= len(text):
+            raise problems.fatal(line, "json", "the JSON array is not closed with ]")
+        if text[pos] == "]":
+            return
+        rows += 1
+        if rows > max_rows:
+            raise problems.fatal(line, "file", _too_many_rows(max_rows))
+        try:
+            obj, pos = decoder.raw_decode(text, pos)
+        except (json.JSONDecodeError, RecursionError, ValueError) as exc:
+            message = f"invalid JSON: {exc.msg}" if isinstance(exc, json.JSONDecodeError) else f"invalid JSON: {exc}"
+            raise problems.fatal(line, "json", message) from None
+        if not isinstance(obj, dict):
+            problems.add(line, "json", f"each array item must be a JSON object, got {_type_name(obj)}")
+            yield line, None
+            continue
+        yield line, obj
+
+
+def _jsonl_records(text: str, max_rows: int, problems: _Problems) -> Iterator[tuple[int, dict[str, Any] | None]]:
     rows = 0
     for line, raw in enumerate(text.split("\n"), start=1):
         if not raw.strip():
@@ -311,13 +416,16 @@ def _jsonl_records(text: str, max_rows: int, problems: _Problems) -> Iterator[tu
         yield line, obj
 
 
-def _check_columns(columns: list[str], problems: _Problems, line: int) -> None:
-    """Header names must be known, unique, and of one kind (prompt rows or pair rows)."""
+def _check_columns(columns: list[str], problems: _Problems, line: int, options: _ReadOptions) -> None:
+    """Header names must be unique, and of one kind (prompt rows or pair rows); in strict mode, also known
+    (otherwise an unknown column is kept in each row's metadata). A preset of another tool reads its own columns."""
     seen: set[str] = set()
     for name in columns:
         if name in seen:
             problems.add(line, name, "column appears twice in the header")
         seen.add(name)
+    if options.preset in import_presets.ANNOTATED:
+        return
     is_pairs = "chosen" in seen or "rejected" in seen
     allowed = PAIR_FIELDS if is_pairs else PROMPT_FIELDS
     for name in columns:
@@ -329,7 +437,7 @@ def _check_columns(columns: list[str], problems: _Problems, line: int) -> None:
             problems.add(
                 line, name, "prompt-row column in a file of pairs (it has chosen/rejected); a file holds one kind"
             )
-        else:
+        elif options.strict:
             known = ", ".join(allowed) + ("" if is_pairs else ", completion_1..completion_N")
             problems.add(line, name, f"unknown column; expected {known}")
     if "completions" in seen and any(COMPLETION_COLUMN.fullmatch(n) for n in seen):
@@ -362,6 +470,12 @@ _INVALID = object()
 """A cell whose problem has already been reported; the row is dropped without a second message."""
 
 
+def _looks_like_chat(cell: str) -> bool:
+    """A CSV cell holding a chat as JSON text: [{"role": …}, …]."""
+    head = cell.lstrip()
+    return head.startswith("[") and head[1:].lstrip().startswith("{") and '"role"' in head[:200]
+
+
 def _number_cell(value: str, field: str, line: int, problems: _Problems) -> Any:
     try:
         return float(value)
@@ -375,12 +489,19 @@ def _cells_to_record(
 ) -> dict[Any, Any] | None:
     """One CSV or Parquet row (empty cells already dropped) as the same dict a JSONL line would give."""
     record: dict[Any, Any] = {}
-    for name in ("prompt", "chosen", "rejected", "reference", "split", "p", "margin", "weight"):
+    for name in ("prompt", "chosen", "rejected", "reference", "split", *NUMBER_FIELDS):
         if name in cells:
             record[name] = cells[name]
+    for name in ("prompt", "chosen", "rejected"):
+        if isinstance(record.get(name), str) and _looks_like_chat(record[name]):
+            record[name] = _json_cell(record[name], name, line, problems)
     for name in ("messages", "completions", "metadata"):
         if name in cells:
             record[name] = _json_cell(cells[name], name, line, problems)
+    for name in columns:
+        if name in cells and name not in PAIR_FIELDS and name not in PROMPT_FIELDS \
+                and not COMPLETION_COLUMN.fullmatch(name):
+            record[name] = cells[name]
     if isinstance(record.get("metadata"), list) and all(
         isinstance(item, tuple) and len(item) == 2 for item in record["metadata"]
     ):
@@ -395,14 +516,16 @@ def _cells_to_record(
 
 
 
-def _csv_records(text: str, max_rows: int, problems: _Problems) -> Iterator[tuple[int, dict[str, Any] | None]]:
+def _csv_records(
+    text: str, max_rows: int, problems: _Problems, options: _ReadOptions
+) -> Iterator[tuple[int, dict[str, Any] | None]]:
     reader = csv.reader(io.StringIO(text, newline=""), strict=True)
     try:
         header = next(reader)
     except csv.Error as exc:
         raise problems.fatal(1, "csv", f"unreadable header: {exc}") from None
     columns = [name.strip() for name in header]
-    _check_columns(columns, problems, 1)
+    _check_columns(columns, problems, 1, options)
     problems.raise_if_any()
     is_pairs = "chosen" in columns or "rejected" in columns
     rows = 0
@@ -429,7 +552,7 @@ def _csv_records(text: str, max_rows: int, problems: _Problems) -> Iterator[tupl
         for name, cell in zip(columns, cells, strict=True):
             if cell.strip() == "":
                 continue  # an empty cell means "not given"
-            if name in ("p", "margin", "weight"):
+            if name in NUMBER_FIELDS:
                 present[name] = _number_cell(cell.strip(), name, start, problems)
             elif name == "split":
                 present[name] = cell.strip()
@@ -442,8 +565,9 @@ def _csv_records(text: str, max_rows: int, problems: _Problems) -> Iterator[tupl
         yield start, record
 
 
-def _parquet_records(data: bytes, max_rows: int, problems: _Problems) -> Iterator[tuple[int, dict[str, Any] | None]]:
-
+def _parquet_records(
+    data: bytes, max_rows: int, problems: _Problems, options: _ReadOptions
+) -> Iterator[tuple[int, dict[str, Any] | None]]:
     try:
         parquet = pq.ParquetFile(io.BytesIO(data))
     except (pa.ArrowException, OSError, ValueError) as exc:
@@ -451,7 +575,7 @@ def _parquet_records(data: bytes, max_rows: int, problems: _Problems) -> Iterato
     if parquet.metadata.num_rows > max_rows:
         raise _reject(0, "file", _too_many_rows(max_rows))
     columns = list(parquet.schema_arrow.names)
-    _check_columns(columns, problems, 0)
+    _check_columns(columns, problems, 0, options)
     problems.raise_if_any()
     is_pairs = "chosen" in columns or "rejected" in columns
     row = 0
@@ -504,11 +628,14 @@ def _unstorable(text: str) -> str | None:
 class _RowCheck:
     """Validation of one record; every problem is added to `problems`, and `ok` says whether any was found."""
 
-    def __init__(self, record: dict[str, Any], line: int, problems: _Problems) -> None:
+    def __init__(self, record: dict[str, Any], line: int, problems: _Problems, *, strict: bool = True) -> None:
         self.record = record
         self.line = line
         self.problems = problems
         self.ok = True
+        self.strict = strict
+        self.extras: dict[str, Any] = {}
+        """Fields preflab does not know, kept in the row's metadata (when not strict)."""
 
     def fail(self, field: str, message: str) -> None:
         self.ok = False
@@ -558,19 +685,19 @@ class _RowCheck:
             return None
         return str(value)
 
-    def messages(self, value: Any) -> list[dict[str, str]] | None:
+    def messages(self, value: Any, name: str = "messages", *, need_user: bool = True) -> list[dict[str, str]] | None:
         if not isinstance(value, list):
-            self.fail("messages", f"must be an array of {{role, content}} objects, got {_type_name(value)}")
+            self.fail(name, f"must be an array of {{role, content}} objects, got {_type_name(value)}")
             return None
         if not value:
-            self.fail("messages", "must hold at least one message")
+            self.fail(name, "must hold at least one message")
             return None
         if len(value) > MAX_MESSAGES:
-            self.fail("messages", f"{len(value)} messages; the limit is {MAX_MESSAGES}")
+            self.fail(name, f"{len(value)} messages; the limit is {MAX_MESSAGES}")
             return None
         out: list[dict[str, str]] = []
         for i, message in enumerate(value):
-            where = f"messages[{i}]"
+            where = f"{name}[{i}]"
             if not isinstance(message, dict):
                 self.fail(where, f"must be an object with role and content, got {_type_name(message)}")
                 continue
@@ -585,8 +712,8 @@ class _RowCheck:
             content = self.text(message.get("content", _MISSING), f"{where}.content")
             if role in CHAT_ROLES and content is not None:
                 out.append({"role": role, "content": content})
-        if len(out) == len(value) and not any(m["role"] == "user" for m in out):
-            self.fail("messages", "needs at least one user message")
+        if need_user and len(out) == len(value) and not any(m["role"] == "user" for m in out):
+            self.fail(name, "needs at least one user message")
         return out if len(out) == len(value) else None
 
     def prompt(self, *, required: bool) -> tuple[str, list[dict[str, str]] | None] | None:
@@ -607,12 +734,16 @@ class _RowCheck:
             return (text.strip(), None) if text is not None else None
         return None
 
-    def metadata(self) -> dict[str, Any]:
+    def metadata(self, more: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The row's metadata object with its extra columns (and `more`) added; its own keys win."""
         value = self.record.get("metadata")
         if value is None:
-            return {}
+            value = {}
         if not isinstance(value, dict):
             self.fail("metadata", f"must be an object, got {_type_name(value)}")
+            return {}
+        value = {**self.extras, **(more or {}), **value}
+        if not value:
             return {}
         if (why := _json_problem(value)) is not None:
             self.fail("metadata", why)
@@ -623,11 +754,19 @@ class _RowCheck:
         return value
 
     def unknown_fields(self, allowed: tuple[str, ...], kind: Kind) -> None:
+        """A field of the other kind of row is refused; any other unknown field is refused when strict, and kept
+        in `extras` (for the row's metadata) when not."""
         for key in self.record:
             if key in allowed or key == _LABELS:
                 continue
             other = PAIR_FIELDS if kind == "prompts" else PROMPT_FIELDS
-            hint = " (it belongs to the other kind of row)" if key in other else ""
+            if key in other:
+                hint = " (it belongs to the other kind of row)"
+            elif not self.strict:
+                self.extras[key] = self.record[key]
+                continue
+            else:
+                hint = ""
             self.fail(key, f"unknown field for {'a prompt' if kind == 'prompts' else 'a pair'} row{hint}; "
                       f"expected {', '.join(allowed)}")
 
@@ -717,16 +856,29 @@ def split_hh(chosen: str, rejected: str) -> tuple[str, str, str] | None:
     return chosen[:cut].strip(), chosen[cut:].strip(), rejected[cut:].strip()
 
 
+def _soft_label(check: _RowCheck) -> tuple[float, dict[str, Any]]:
+    """p(chosen ≻ rejected): the row's `p`; else, with both scores, σ(score_chosen − score_rejected) (the
+    Bradley–Terry probability of the score gap); else 1. The scores are kept in the pair's metadata."""
+    p = check.number("p", 1.0, 0.0, 1.0)
+    score_chosen = check.number("score_chosen", math.nan, -math.inf, None)
+    score_rejected = check.number("score_rejected", math.nan, -math.inf, None)
+    scores = {k: v for k, v in (("score_chosen", score_chosen), ("score_rejected", score_rejected))
+              if not math.isnan(v)}
+    if check.record.get("p") is None and len(scores) == 2:
+        gap = max(-50.0, min(50.0, score_chosen - score_rejected))
+        p = 1.0 / (1.0 + math.exp(-gap))
+    return p, scores
+
+
 def _pair_row(check: _RowCheck) -> PairRow | None:
     record = check.record
     check.unknown_fields(PAIR_FIELDS, "pairs")
+    if any(isinstance(record.get(k), list) for k in ("chosen", "rejected", "prompt")):
+        return _chat_pair_row(check)
     prompt = check.prompt(required=False)
     chosen = check.text(record.get("chosen", _MISSING), "chosen")
     rejected = check.text(record.get("rejected", _MISSING), "rejected")
-    p = check.number("p", 1.0, 0.0, 1.0)
-    margin = int(check.number("margin", 1, 1, None, integer=True))
-    weight = check.number("weight", 1.0, 0.0, None)
-    split = check.split()
+    label = _pair_label(check)
     if chosen is None or rejected is None:
         return None
     has_prompt = record.get("prompt") is not None or record.get("messages") is not None
@@ -734,7 +886,8 @@ def _pair_row(check: _RowCheck) -> PairRow | None:
         parts = split_hh(chosen, rejected)
         if parts is None:
             check.fail("prompt", "missing, and chosen and rejected share no prefix ending in '\\n\\nAssistant:' "
-                       "(the HH-RLHF layout) to take the prompt from; add a prompt field")
+                       "(the HH-RLHF layout) to take the prompt from; add a prompt field, or choose preset trl to take "
+                       "their shared opening text as the prompt")
             return None
         # An empty response stays: HH-RLHF has a few (an empty reply preferred to, say, leaking an
         # address), and they are real labels.
@@ -745,55 +898,198 @@ def _pair_row(check: _RowCheck) -> PairRow | None:
     if not check.ok or prompt is None:
         return None
     text, messages = prompt
-    return PairRow(
-        line=check.line,
-        text=text,
-        messages=messages,
-        text_hash=prompt_text_hash(text=text if messages is None else None, messages=messages),
-        chosen=chosen,
-        rejected=rejected,
-        p=p,
-        margin=margin,
-        weight=weight,
-        split=split,
-    )
+    return PairRow(line=check.line, text=text, messages=messages,
+                   text_hash=prompt_text_hash(text=text if messages is None else None, messages=messages),
+                   chosen=chosen, rejected=rejected, **label)
+
+
+def _pair_label(check: _RowCheck) -> dict[str, Any]:
+    """p, margin, weight, split and metadata of a pair row (problems reported on `check`)."""
+    p, scores = _soft_label(check)
+    return {
+        "p": p,
+        "margin": int(check.number("margin", 1, 1, None, integer=True)),
+        "weight": check.number("weight", 1.0, 0.0, None),
+        "split": check.split(),
+        "metadata": check.metadata(scores),
+    }
+
+
+def _shared_turns(a: list[dict[str, str]], b: list[dict[str, str]]) -> int:
+    """How many opening turns two chats share."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def _chat_prompt(check: _RowCheck, chosen: list[dict[str, str]],
+                 rejected: list[dict[str, str]]) -> list[dict[str, str]] | None:
+    """The prompt of a chat pair: explicit (`prompt` or `messages` as turns, or `prompt` as text = one user
+    turn), stripped from the responses when they repeat it; or implicit, the longest run of opening turns the
+    two responses share."""
+    record = check.record
+    if record.get("prompt") is not None and record.get("messages") is not None:
+        check.fail("messages", "give either prompt or messages, not both")
+        return None
+    explicit = record.get("prompt") if record.get("prompt") is not None else record.get("messages")
+    name = "prompt" if record.get("prompt") is not None else "messages"
+    if isinstance(explicit, str):
+        text = check.text(explicit, "prompt")
+        return [{"role": "user", "content": text.strip()}] if text is not None else None
+    if explicit is not None:
+        return check.messages(explicit, name)
+    shared = _shared_turns(chosen, rejected)
+    if shared == 0 or not any(m["role"] == "user" for m in chosen[:shared]):
+        check.fail("prompt", "missing, and chosen and rejected share no opening user turn to take the prompt "
+                   "from (the implicit-prompt layout); add a prompt field")
+        return None
+    return chosen[:shared]
+
+
+def _response(turns: list[dict[str, str]]) -> tuple[str, list[dict[str, str]] | None]:
+    """A response's stored text, and its turns when it is more than one assistant turn."""
+    if len(turns) == 1 and turns[0]["role"] == "assistant":
+        return turns[0]["content"], None
+    return render_messages(turns), turns
+
+
+def _chat_pair_row(check: _RowCheck) -> PairRow | None:
+    """chosen/rejected as message lists (TRL's conversational layout, UltraFeedback)."""
+    record = check.record
+    sides = {}
+    for name in ("chosen", "rejected"):
+        value = record.get(name, _MISSING)
+        if value is _MISSING:
+            check.fail(name, "missing")
+        elif not isinstance(value, list):
+            other = "rejected" if name == "chosen" else "chosen"
+            check.fail(name, f"must be an array of messages, as {other} is, got {_type_name(value)}")
+        else:
+            sides[name] = check.messages(value, name, need_user=False)
+    label = _pair_label(check)
+    chosen, rejected = sides.get("chosen"), sides.get("rejected")
+    if chosen is None or rejected is None:
+        return None
+    prompt = _chat_prompt(check, chosen, rejected)
+    if prompt is None:
+        return None
+    if chosen[: len(prompt)] == prompt and rejected[: len(prompt)] == prompt:
+        chosen, rejected = chosen[len(prompt):], rejected[len(prompt):]
+    for name, turns in (("chosen", chosen), ("rejected", rejected)):
+        if not turns:
+            check.fail(name, "has no turns after the prompt; a response needs at least one")
+    if not check.ok:
+        return None
+    chosen_text, chosen_turns = _response(chosen)
+    rejected_text, rejected_turns = _response(rejected)
+    if chosen_text.strip() == rejected_text.strip():
+        check.fail("rejected", "same text as chosen; a pair needs two different responses")
+        return None
+    return PairRow(line=check.line, text=render_messages(prompt), messages=prompt,
+                   text_hash=prompt_text_hash(messages=prompt), chosen=chosen_text, rejected=rejected_text,
+                   chosen_messages=chosen_turns, rejected_messages=rejected_turns, **label)
+
+
+def _ranked_row(check: _RowCheck) -> RankedRow | None:
+    """A Label Studio or Argilla row mapped by its preset: a prompt, its completions, and the rankings."""
+    record = check.record
+    prompt = check.prompt(required=True)
+    completions: list[str] = []
+    raw = record.get("completions") or []
+    for i, value in enumerate(raw):
+        text = check.text(value, f"completions[{i}]")
+        if text is not None:
+            completions.append(text)
+    if len(set(completions)) != len(completions):
+        check.fail("completions", "two responses have the same text; each must differ")
+    out: list[SourceRanking] = []
+    for ranking in record.get("rankings", []):
+        flat = [i for tier in ranking["tiers"] for i in tier]
+        if len(set(flat)) != len(flat):
+            check.fail("rankings", f"{ranking['annotator']} ranks one response twice")
+            continue
+        if (why := _json_problem(ranking["meta"])) is not None:
+            check.fail("rankings", why)
+            continue
+        out.append(SourceRanking(annotator=str(ranking["annotator"])[:200], tiers=ranking["tiers"],
+                                 meta=ranking["meta"]))
+    metadata = check.metadata(record.get("_metadata"))
+    if not check.ok or prompt is None:
+        return None
+    text, messages = prompt
+    return RankedRow(line=check.line, text=text, messages=messages,
+                     text_hash=prompt_text_hash(text=text if messages is None else None, messages=messages),
+                     completions=completions, rankings=out, metadata=metadata)
 
 
 def _row_kind(record: dict[str, Any]) -> Kind:
     return "pairs" if ("chosen" in record or "rejected" in record) else "prompts"
 
 
-def _validate_records(
-    records: Iterator[tuple[int, dict[str, Any] | None]], problems: _Problems
-) -> tuple[Kind, list[PromptRow], list[PairRow]]:
-    kind: Kind | None = None
-    first_line = 0
-    mixed_reported = False
-    prompts: list[PromptRow] = []
-    pairs: list[PairRow] = []
-    seen_any = False
-    for line, record in records:
-        seen_any = True
-        if record is None:
-            continue
-        row_kind = _row_kind(record)
-        if kind is None:
-            kind, first_line = row_kind, line
-        elif row_kind != kind:
-            if not mixed_reported:
-                what = "a pair row (it has chosen/rejected)" if row_kind == "pairs" else "a prompt row"
-                first = "prompt rows" if kind == "prompts" else "pair rows"
-                problems.add(line, "chosen", f"{what} in a file of {first} (from line {first_line}); "
-                             "a file holds one kind")
-                mixed_reported = True
-            continue
-        check = _RowCheck(record, line, problems)
-        if kind == "prompts":
-            if (prompt_row := _prompt_row(check)) is not None:
-                prompts.append(prompt_row)
-        elif (pair_row := _pair_row(check)) is not None:
-            pairs.append(pair_row)
-    if not seen_any:
-        raise problems.fatal(0, "file", "the file holds no rows")
-    return kind or "prompts", prompts, pairs
+class _Validator:
+    """Validates every record in file order, through the preset's mapping; collects rows and extra columns."""
 
+    def __init__(self, problems: _Problems, *, strict: bool, preset: str) -> None:
+        self.problems = problems
+        self.strict = strict
+        self.preset = preset
+        self.prompts: list[PromptRow] = []
+        self.pairs: list[PairRow] = []
+        self.ranked: list[RankedRow] = []
+        self.extra_columns: dict[str, None] = {}
+
+    def _mapped(self, line: int, record: dict[str, Any]) -> dict[str, Any] | None:
+        try:
+            if self.preset in import_presets.ANNOTATED:
+                mapped = import_presets.map_annotated(self.preset, record)
+                mapped["_metadata"] = mapped.pop("metadata")
+                return mapped
+            return import_presets.map_pair_record(self.preset, record)
+        except PresetError as exc:
+            self.problems.add(line, exc.field, f"{exc.message} (preset {self.preset})")
+            return None
+
+    def _one(self, line: int, record: dict[str, Any], kind: Kind) -> None:
+        check = _RowCheck(record, line, self.problems, strict=self.strict)
+        if kind == "rankings":
+            row: PromptRow | PairRow | RankedRow | None = _ranked_row(check)
+        elif kind == "prompts":
+            row = _prompt_row(check)
+        else:
+            row = _pair_row(check)
+        self.extra_columns.update(dict.fromkeys(check.extras))
+        if isinstance(row, RankedRow):
+            self.ranked.append(row)
+        elif isinstance(row, PromptRow):
+            self.prompts.append(row)
+        elif isinstance(row, PairRow):
+            self.pairs.append(row)
+
+    def run(self, records: Iterator[tuple[int, dict[str, Any] | None]]) -> Kind:
+        kind: Kind | None = None
+        first_line = 0
+        mixed_reported = False
+        seen_any = False
+        for line, raw in records:
+            seen_any = True
+            if raw is None:
+                continue
+            record = self._mapped(line, raw)
+            if record is None:
+                continue
+            row_kind = "rankings" if self.preset in import_presets.ANNOTATED else _row_kind(record)
+            if kind is None:
+                kind, first_line = row_kind, line
+            elif row_kind != kind:
+                if not mixed_reported:
+                    what = "a pair row (it has chosen/rejected)" if row_kind == "pairs" else "a prompt row"
+                    first = "prompt rows" if kind == "prompts" else "pair rows"
+                    self.problems.add(line, "chosen", f"{what} in a file of {first} (from line {first_line}); "
+                                      "a file holds one kind")
+                    mixed_reported = True
+                continue
+            self._one(line, record, kind)
+        if not seen_any:
+            raise self.problems.fatal(0, "file", "the file holds no rows")
+        return kind or "prompts"

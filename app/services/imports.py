@@ -7,6 +7,7 @@ and, for pairs, one imported Ranking with its Pair per row, plus one AuditEvent.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -14,7 +15,9 @@ from typing import Any, Literal
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.models import Completion, Pair, Project, Prompt, User
+from app import security
+from app.formats import IMPORT_PRESETS
+from app.models import Assignment, Completion, Pair, Project, ProjectMember, Prompt, User, utcnow
 from app.services import audit, bulk, rankings
 from app.services.import_formats import (
     MAX_ERRORS,
@@ -22,6 +25,7 @@ from app.services.import_formats import (
     PairRow,
     ParsedImport,
     PromptRow,
+    RankedRow,
     RowError,
     _Problems,
     canonical_prompt,
@@ -31,6 +35,7 @@ from app.services.import_formats import (
 )
 
 __all__ = [
+    "PRESETS",
     "ImportRejected",
     "ImportResult",
     "PairRow",
@@ -45,6 +50,7 @@ __all__ = [
     "render_messages",
 ]
 
+PRESETS = IMPORT_PRESETS
 OnDuplicate = Literal["error", "skip"]
 SOURCE = "imported"
 _CHUNK = 500
@@ -61,6 +67,15 @@ class ImportResult:
     skipped_duplicates: list[int] = field(default_factory=list)
     """Lines (Parquet: rows) left out because on_duplicate="skip" and they repeated a prompt or pair."""
     kind: str = "prompts"
+    rankings: int = 0
+    """Rankings by other tools' annotators (label-studio, argilla presets)."""
+    annotators: int = 0
+    """Pseudonymous users those rankings brought (new or already known from an earlier import)."""
+    preset: str = "preflab"
+    """The layout the file was read in (asked for, or detected)."""
+    extra_columns: list[str] = field(default_factory=list)
+    note: str | None = None
+    """The import report's line about extra columns: "kept 3 extra columns: prompt_id, source, model"."""
 
 
 def import_file(
@@ -72,9 +87,14 @@ def import_file(
     actor: User | None,
     max_rows: int = 200_000,
     on_duplicate: OnDuplicate = "error",
+    preset: str | None = None,
+    strict: bool = False,
 ) -> ImportResult:
-    """Parse and apply one uploaded file; raises ImportRejected (nothing written) when anything is wrong."""
-    parsed = parse_import(filename, data, max_rows=max_rows)
+    """Parse and apply one uploaded file; raises ImportRejected (nothing written) when anything is wrong.
+
+    `preset` names the file's layout (detected when None); `strict` refuses unknown columns instead of keeping
+    them in each row's metadata."""
+    parsed = parse_import(filename, data, max_rows=max_rows, preset=preset, strict=strict)
     return apply_import(db, project, parsed, actor=actor, on_duplicate=on_duplicate)
 
 
@@ -92,8 +112,13 @@ def apply_import(
     problems = _Problems("row" if parsed.format == "parquet" else "line")
     if parsed.kind == "prompts":
         result = _import_prompts(db, project, parsed.prompts, on_duplicate, problems)
+    elif parsed.kind == "rankings":
+        result = _import_ranked(db, project, parsed.ranked, on_duplicate, problems)
     else:
         result = _import_pairs(db, project, parsed.pairs, on_duplicate, problems)
+    result.preset = parsed.preset
+    result.extra_columns = parsed.extra_columns
+    result.note = parsed.extra_columns_note()
     audit.record(
         db,
         actor,
@@ -113,6 +138,9 @@ def apply_import(
         skipped_duplicates=len(result.skipped_duplicates),
         skipped_lines=result.skipped_duplicates[:MAX_ERRORS],
         on_duplicate=on_duplicate,
+        preset=parsed.preset,
+        rankings=result.rankings,
+        extra_columns=parsed.extra_columns[:MAX_ERRORS],
     )
     db.flush()
     return result
@@ -231,7 +259,8 @@ def _import_pairs(
         labelled.append(rankings.NewRanking(
             {"project_id": project.id, "prompt_id": pid, "round": project.current_round, "source": SOURCE,
              "rubric_id": project.current_rubric_id, "tiers": [[chosen], [rejected]]},
-            {(chosen, rejected): rankings.PairLabel(margin=row.margin, weight=row.weight, p=row.p)},
+            {(chosen, rejected): rankings.PairLabel(margin=row.margin, weight=row.weight, p=row.p,
+                                                    meta=row.metadata)},
         ))
     rankings.write_rankings(db, labelled)
     return ImportResult(
@@ -345,13 +374,116 @@ def _create_completions(
     db: Session, keep: list[PairRow], prompt_id: dict[str, int], completion_id: dict[tuple[int, str], int]
 ) -> int:
     """The responses not yet under their prompt (identical text is reused), added to `completion_id`; how many."""
-    new_completions: dict[tuple[int, str], None] = {}
+    new_completions: dict[tuple[int, str], list[dict[str, str]] | None] = {}
     for row in keep:
         pid = prompt_id[row.text_hash]
-        for response in (row.chosen, row.rejected):
+        for response, turns in ((row.chosen, row.chosen_messages), (row.rejected, row.rejected_messages)):
             if (pid, response) not in completion_id:
-                new_completions[(pid, response)] = None
-    completion_id.update(zip(new_completions, bulk.insert_rows(
-        db, Completion, [{"prompt_id": pid, "text": body, "source": SOURCE} for pid, body in new_completions], ids=True
-    ), strict=True))
+                new_completions.setdefault((pid, response), turns)
+    values = []
+    for (pid, body), turns in new_completions.items():
+        # Every row names every column: a bulk COPY writes NULL for a key some rows leave out.
+        values.append({"prompt_id": pid, "text": body, "source": SOURCE,
+                       "meta": {"messages": turns} if turns is not None else {}})
+    completion_id.update(zip(new_completions, bulk.insert_rows(db, Completion, values, ids=True), strict=True))
     return len(new_completions)
+
+
+# --- rows ranked in another tool (Label Studio, Argilla) ------------------------------------------
+#
+# Each annotator of the source tool becomes one pseudonymous, inactive preflab user (it cannot sign in or be
+# given tasks), a member of the project as annotator, so agreement and quality figures count their rankings
+# like any other person's, and the queue counts them towards each prompt's overlap. The tool, task and
+# annotation ids stay in each ranking's metadata.
+
+PSEUDONYM_DOMAIN = "imported.invalid"
+
+
+def pseudonym_email(key: str) -> str:
+    """The stable e-mail of the user standing for `key` ("tool:annotator id")."""
+    tool, _, who = key.partition(":")
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in who)[:80] or "unknown"
+    return f"{tool}-{safe}@{PSEUDONYM_DOMAIN}".lower()
+
+
+def _pseudonymous_users(db: Session, project: Project, keys: Iterable[str]) -> dict[str, int]:
+    """key → user id, creating the users (and their membership of the project) not there yet."""
+    wanted = {key: pseudonym_email(key) for key in dict.fromkeys(keys)}
+    found = dict(db.execute(select(User.email, User.id).where(User.email.in_(sorted(set(wanted.values()))))).all())
+    for key, email in wanted.items():
+        if email not in found:
+            user = User(email=email, name=f"{key} (imported)"[:200], role="annotator", active=False,
+                        password_hash=security.hash_password(secrets.token_urlsafe(32)))
+            db.add(user)
+            db.flush()
+            found[email] = user.id
+    members = set(db.scalars(select(ProjectMember.user_id).where(ProjectMember.project_id == project.id)))
+    for user_id in sorted(set(found.values()) - members):
+        db.add(ProjectMember(project_id=project.id, user_id=user_id, role="annotator"))
+    db.flush()
+    return {key: found[email] for key, email in wanted.items()}
+
+
+def _import_ranked(
+    db: Session, project: Project, rows: list[RankedRow], on_duplicate: str, problems: _Problems
+) -> ImportResult:
+    k = project.completions_per_prompt
+    existing = _existing_prompts(db, project.id, (row.text_hash for row in rows))
+    first_line: dict[str, int] = {}
+    keep: list[RankedRow] = []
+    skipped: list[int] = []
+    for row in rows:
+        if row.text_hash in existing or row.text_hash in first_line:
+            where = (f"prompt already in the project (prompt id {existing[row.text_hash][0]})"
+                     if row.text_hash in existing else f"same prompt as line {first_line[row.text_hash]}")
+            if on_duplicate == "skip":
+                skipped.append(row.line)
+            else:
+                problems.add(row.line, "prompt", where + _dup_hint(on_duplicate))
+            continue
+        first_line[row.text_hash] = row.line
+        if len(row.completions) > k:
+            problems.add(row.line, "completions", f"{len(row.completions)} responses, but this project ranks {k} "
+                         "per prompt; raise completions_per_prompt")
+        annotators = [r.annotator for r in row.rankings]
+        if len(set(annotators)) != len(annotators):
+            problems.add(row.line, "annotations", "one annotator ranked this task twice; keep one of the two")
+        keep.append(row)
+    problems.raise_if_any()
+
+    values = []
+    for row in keep:
+        item = _prompt_values(project.id, row, "train")
+        item["meta"] = row.metadata
+        if row.messages is not None:
+            item["messages"] = row.messages
+        values.append(item)
+    prompt_ids = bulk.insert_rows(db, Prompt, values, ids=True)
+    completion_ids = bulk.insert_rows(db, Completion, [
+        {"prompt_id": pid, "text": body, "source": SOURCE}
+        for pid, row in zip(prompt_ids, keep, strict=True) for body in row.completions
+    ], ids=True)
+    user_id = _pseudonymous_users(db, project, (r.annotator for row in keep for r in row.rankings))
+    labelled = []
+    offset = 0
+    for pid, row in zip(prompt_ids, keep, strict=True):
+        ids = completion_ids[offset: offset + len(row.completions)]
+        offset += len(row.completions)
+        for ranking in row.rankings:
+            labelled.append(rankings.NewRanking(
+                {"project_id": project.id, "prompt_id": pid, "round": project.current_round, "source": "human",
+                 "annotator_id": user_id[ranking.annotator], "rubric_id": project.current_rubric_id,
+                 "tiers": [[ids[i] for i in tier] for tier in ranking.tiers], "display_order": list(ids),
+                 "meta": ranking.meta}
+            ))
+    rankings.write_rankings(db, labelled)
+    # A submitted assignment per ranking, as a ranking made here leaves: the queue counts a prompt's overlap from
+    # them, so a task ranked enough times in the other tool is not handed out again.
+    now = utcnow()
+    bulk.insert_rows(db, Assignment, [
+        {"project_id": project.id, "prompt_id": r.values["prompt_id"], "annotator_id": r.values["annotator_id"],
+         "round": project.current_round, "state": "submitted", "leased_until": now, "created_at": now,
+         "completed_at": now} for r in labelled])
+    return ImportResult(prompts=len(prompt_ids), completions=len(completion_ids),
+                        pairs=sum(len(rankings.pair_rows(0, r)) for r in labelled), skipped_duplicates=skipped,
+                        kind="rankings", rankings=len(labelled), annotators=len(user_id))

@@ -264,7 +264,7 @@ def test_bad_json_line_names_the_line_and_column():
 )
 def test_bad_prompt_row_names_line_and_field(row: dict, field: str, message: str):
     data = jsonl({"prompt": "fine", "completions": ["a"]}, row)
-    assert only_error("p.jsonl", data) == (2, field, message)
+    assert only_error("p.jsonl", data, strict=True) == (2, field, message)
 
 
 @pytest.mark.parametrize(
@@ -272,7 +272,10 @@ def test_bad_prompt_row_names_line_and_field(row: dict, field: str, message: str
     [
         ({"prompt": "q", "chosen": "a"}, "rejected", "missing"),
         ({"prompt": "q", "rejected": "a"}, "chosen", "missing"),
-        ({"prompt": "q", "chosen": "a", "rejected": ["b"]}, "rejected", "must be a string, got array"),
+        ({"prompt": "q", "chosen": "a", "rejected": [{"role": "assistant", "content": "b"}]}, "chosen", "must be an array of messages, as rejected is, got string"),
+        ({"chosen": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "rejected": [{"role": "user", "content": "r"}, {"role": "assistant", "content": "b"}]}, "prompt", "missing, and chosen and rejected share no opening user turn to take the prompt from (the implicit-prompt layout); add a prompt field"),
+        ({"chosen": [{"role": "user", "content": "q"}], "rejected": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "b"}]}, "chosen", "has no turns after the prompt; a response needs at least one"),
+        ({"prompt": "q", "chosen": "a", "rejected": "b", "score_chosen": "high"}, "score_chosen", "must be a number, got string"),
         ({"prompt": "q", "chosen": "same", "rejected": "same "}, "rejected", "same text as chosen; a pair needs two different responses"),
         ({"prompt": "q", "chosen": "the same\nanswer", "rejected": "the  same answer"}, "rejected", "same text as chosen; a pair needs two different responses"),
         ({"prompt": "q", "chosen": "a", "rejected": "b", "p": 1.5}, "p", "must be between 0 and 1, got 1.5"),
@@ -281,14 +284,14 @@ def test_bad_prompt_row_names_line_and_field(row: dict, field: str, message: str
         ({"prompt": "q", "chosen": "a", "rejected": "b", "margin": 0}, "margin", "must be at least 1, got 0"),
         ({"prompt": "q", "chosen": "a", "rejected": "b", "margin": 1.5}, "margin", "must be a whole number, got 1.5"),
         ({"prompt": "q", "chosen": "a", "rejected": "b", "weight": -1}, "weight", "must be at least 0, got -1"),
-        ({"chosen": "Human: a", "rejected": "Human: b"}, "prompt", "missing, and chosen and rejected share no prefix ending in '\\n\\nAssistant:' (the HH-RLHF layout) to take the prompt from; add a prompt field"),
+        ({"chosen": "Human: a", "rejected": "Human: b"}, "prompt", "missing, and chosen and rejected share no prefix ending in '\\n\\nAssistant:' (the HH-RLHF layout) to take the prompt from; add a prompt field, or choose preset trl to take their shared opening text as the prompt"),
         ({"chosen": "\n\nHuman: a\n\nAssistant:", "rejected": "\n\nHuman: a\n\nAssistant: "}, "rejected", "same text as chosen; a pair needs two different responses"),
-        ({"prompt": "q", "chosen": "a", "rejected": "b", "completions": ["c"]}, "completions", "unknown field for a pair row (it belongs to the other kind of row); expected prompt, messages, chosen, rejected, p, margin, weight, split"),
+        ({"prompt": "q", "chosen": "a", "rejected": "b", "completions": ["c"]}, "completions", "unknown field for a pair row (it belongs to the other kind of row); expected prompt, messages, chosen, rejected, p, margin, weight, split, metadata, score_chosen, score_rejected"),
     ],
 )
 def test_bad_pair_row_names_line_and_field(row: dict, field: str, message: str):
     data = jsonl({"prompt": "fine", "chosen": "a", "rejected": "b"}, row)
-    assert only_error("pairs.jsonl", data) == (2, field, message)
+    assert only_error("pairs.jsonl", data, strict=True) == (2, field, message)
 
 
 def test_nan_and_non_object_lines_are_json_errors():
@@ -379,7 +382,7 @@ def test_csv_unclosed_quote_reports_where_the_record_starts():
     ],
 )
 def test_csv_bad_header_is_line_one(header: str, field: str, message: str):
-    assert only_error("p.csv", f"{header}\nq,a,b,c\n".encode()) == (1, field, message)
+    assert only_error("p.csv", f"{header}\nq,a,b,c\n".encode(), strict=True) == (1, field, message)
 
 
 def test_csv_pair_numbers_are_parsed_and_checked():
@@ -406,7 +409,7 @@ def test_parquet_errors_name_the_row():
 
 
 def test_parquet_unknown_column_and_row_limit():
-    assert only_error("p.parquet", parquet({"prompt": ["q"], "answer": ["a"]}))[:2] == (0, "answer")
+    assert only_error("p.parquet", parquet({"prompt": ["q"], "answer": ["a"]}), strict=True)[:2] == (0, "answer")
     assert only_error("p.parquet", parquet({"prompt": ["a", "b", "c"]}), max_rows=2) == (
         0, "file", "the file has more than 2 rows, the limit for one import; split it")
 
