@@ -11,6 +11,7 @@ import torch
 from tests.training.tiny import char_tokenizer, save_tiny, tiny_gpt2
 from training.config import GRPOConfig, PRMConfig
 from training.data import PromptRow, StepRow
+from training.evaluate import best_of_n
 from training.grpo import GRPOTrainer, main
 from training.policy import load_policy, prepare_tokenizer
 from training.prm import ProcessRewardModel, train_prm
@@ -121,3 +122,64 @@ def test_cli_runs_grpo_with_a_prm_beside_an_outcome_reward(char_prm, tmp_path, c
     assert main(["--prompts", str(prompts), "--model", str(policy), "--out", str(tmp_path / "bad"),
                  "--process-reward-model", str(policy), "--quiet"]) == 2
     assert "process_reward_model:" in capsys.readouterr().err
+
+
+# --- best-of-N ----------------------------------------------------------------------------------
+
+
+def test_best_of_n_by_hand():
+    rows = [PromptRow(prompt="a", reference="3"), PromptRow(prompt="b", reference="5"), PromptRow(prompt="c")]
+    texts = ["2", "3", "3",   # prompt a: the first sample is wrong, the majority right
+             "5", "6", "6",   # prompt b: the first right, the majority wrong
+             "1", "1", "1"]   # prompt c has no reference: not graded
+    step_scores = {"2": [0.9, 0.9], "3": [0.95, 0.1], "5": [0.5, 0.6], "6": [0.8, 0.7], "1": [0.0]}
+    # prm_min picks per prompt: a → "2" (min 0.9 vs 0.1); b → "6" (0.7 vs 0.5, the first "6" wins the tie)
+    # prm_product: a → "2" (0.81 vs 0.095); b → "6" (0.56 vs 0.30)
+    prm_calls = []
+
+    def prm(prompts, completions):
+        prm_calls.append(list(prompts))
+        return [step_scores[c] for c in completions]
+
+    def orm(prompts, completions):  # the ORM prefers the right answers
+        return [1.0 if c in ("3", "5") else 0.0 for c in completions]
+
+    result = best_of_n(rows, texts, 3, prm=prm, orm=orm)
+    assert result["n"] == 3 and result["prompts"] == 2
+    assert result["accuracy"] == {"first": 0.5, "majority": 0.5, "prm_min": 0.0, "prm_product": 0.0, "orm": 1.0,
+                                  "oracle": 1.0}
+    assert prm_calls == [["a"] * 3 + ["b"] * 3]  # one batched call, only the graded prompts
+    assert set(best_of_n(rows, texts, 3)["accuracy"]) == {"first", "majority", "oracle"}
+
+
+def test_evaluate_cli_reranks_by_the_prm(char_prm, tmp_path, capsys):
+    from training.evaluate import main as evaluate_main
+    from training.prm import aggregate
+
+    tok = prepare_tokenizer(char_tokenizer())
+    policy = save_tiny(tiny_gpt2(tok, seed=5), tok, tmp_path / "policy")
+    prompts = tmp_path / "prompts.jsonl"
+    # reference answers a random tiny policy sometimes writes as its last number
+    prompts.write_text("".join(json.dumps({"prompt": p, "reference": r}) + "\n"
+                               for p, r in [("go:", "1"), ("run:", "2"), ("up:", "3"), ("do:", "4")]))
+    out = tmp_path / "eval"
+    code = evaluate_main(["--policy", str(policy), "--prompts", str(prompts), "--k", "6", "--out", str(out),
+                          "--reward-fn", "tests.training.tiny:digit_share", "--best-of-n",
+                          "--process-reward-model", str(char_prm), "--set", "max_new_tokens=6"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    report = json.loads((out / "eval.json").read_text())["best_of_n"]
+    assert summary["best_of_n"] == report["accuracy"] and report["n"] == 6 and report["prompts"] == 4
+    # the PRM picks recomputed from the written samples agree with the report
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    prm = ProcessRewardModel.load(char_prm, device="cpu")
+    for how in ("min", "product"):
+        right = 0
+        for g in range(4):
+            group = samples[g * 6:(g + 1) * 6]
+            scores = [aggregate(s, how) for s in prm.score_text([x["prompt"] for x in group],
+                                                                [x["answer"] for x in group])]
+            right += group[max(range(6), key=lambda j: (scores[j], -j))]["correct"]
+        assert report["accuracy"][f"prm_{how}"] == pytest.approx(right / 4)
+    assert report["accuracy"]["oracle"] == pytest.approx(sum(any(x["correct"] for x in samples[g * 6:(g + 1) * 6])
+                                                             for g in range(4)) / 4)
