@@ -7,7 +7,9 @@ training prompts against the exact match of the final number and is evaluated on
 on, with the same number of samples per method (steps × prompts_per_step × group): GRPO one group per prompt per
 step, RFT one round per step. The process reward of `grpo_process` comes from a process reward model
 (`training.prm`) trained on step labels that a scripted line checker gave to SFT samples of the training prompts
-(those samples are extra, and counted in its `prm_cpu_s`). The product path (a project whose steps a scripted
+(those samples are extra, and counted in its `prm_cpu_s`); the exact match is added on each rollout's last step
+(`--outcome-weight`, default 1; with 0 the PRM alone is the reward, and this tiny PRM is then exploited). The product
+path (a project whose steps a scripted
 annotator labels, exported as a steps export) is not taken here yet: the step labels come straight from the checker.
 
 Prints one JSON line per method and seed, `{"bench": "methods", "method": ..., "seed": n, "accuracy": ...,
@@ -100,11 +102,9 @@ def check_lines(prompt: str, steps: list[str]) -> list[bool]:
 # --- the methods ------------------------------------------------------------------------------------
 
 
-def train_step_prm(sft_path: Path, tok: Any, rows: list[PromptRow], out: Path, seed: int, samples: int
-                   ) -> tuple[Path, float, dict[str, Any]]:
+def train_step_prm(sft_path: Path, tok: Any, rows: list[PromptRow], out: Path, seed: int, samples: int,
+                   args_epochs: int) -> tuple[Path, float, dict[str, Any]]:
     """Sample the SFT model on the training prompts, label every line with the checker, train a PRM on it."""
-    from transformers import GPT2ForTokenClassification
-
     started = time.process_time()
     model, _ = load_policy(sft_path)
     rollouts = generate_rollouts(model, tok, [r.prompt for r in rows], n=samples, max_new_tokens=MAX_NEW_TOKENS,
@@ -115,14 +115,10 @@ def train_step_prm(sft_path: Path, tok: Any, rows: list[PromptRow], out: Path, s
         steps = split_steps(text)[0]
         if steps:
             labelled.append(StepRow(prompt=prompt, completions=steps, labels=check_lines(str(prompt), steps)))
-    base = out / "prm-base"
-    config = tiny_gpt2(tok, seed=seed, n_embd=64).config
-    config.num_labels = 1
-    GPT2ForTokenClassification(config).save_pretrained(base)
-    tok.save_pretrained(base)
     cut = len(labelled) * 4 // 5
-    result = train_prm(PRMConfig(model=str(base), out=str(out / "prm"), epochs=6, batch_size=32, lr=3e-3,
-                                 max_length=32, eval_every=0, seed=seed, progress=False),
+    # the PRM starts from the SFT model's body (it can already add) with a new one-output head, as PRMs usually do
+    result = train_prm(PRMConfig(model=str(sft_path), out=str(out / "prm"), epochs=args_epochs, batch_size=32,
+                                 lr=3e-3, max_length=32, eval_every=0, seed=seed, progress=False),
                        labelled[:cut], labelled[cut:])
     report = {k: result.eval[k] for k in ("step_accuracy", "first_error_accuracy", "pair_accuracy")}
     return out / "prm" / "model", time.process_time() - started, report
@@ -171,7 +167,8 @@ def run_seed(args: argparse.Namespace, seed: int) -> list[dict[str, Any]]:
             "sft": (evaluate(base, tok, rows, outcome, Reference(base), eval_config), sft_cpu, {})}
         prm, prm_cpu, prm_report = None, 0.0, {}
         if "grpo_process" in args.methods:
-            prm, prm_cpu, prm_report = train_step_prm(path, tok, rl_rows, Path(tmp), seed, args.prm_samples)
+            prm, prm_cpu, prm_report = train_step_prm(path, tok, rl_rows, Path(tmp), seed, args.prm_samples,
+                                                       args.prm_epochs)
         for name, make in make_trainers(args, seed, tok, rl_rows, prm).items():
             if name not in args.methods:
                 continue
@@ -224,9 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-prompts", type=int, default=75)
     parser.add_argument("--heldout-prompts", type=int, default=50)
     parser.add_argument("--sft-steps", type=int, default=600)
-    parser.add_argument("--prm-samples", type=int, default=8, help="SFT samples per training prompt the PRM learns from")
-    parser.add_argument("--outcome-weight", type=float, default=0.0,
-                        help="weight of the exact-match reward beside the PRM in grpo_process (0: process only)")
+    parser.add_argument("--prm-samples", type=int, default=16, help="SFT samples per training prompt for the PRM")
+    parser.add_argument("--prm-epochs", type=int, default=8)
+    parser.add_argument("--outcome-weight", type=float, default=1.0,
+                        help="weight of the exact-match reward beside the PRM in grpo_process (0: the PRM alone)")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)

@@ -289,3 +289,18 @@ def test_resume_after_sigkill_continues_where_the_checkpoint_left_off(prm_dir, t
     a = load_file(str(full / "model" / "model.safetensors"))
     b = load_file(str(cut / "model" / "model.safetensors"))
     assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+
+
+def test_load_steps_reads_parquet_and_datasets_directories(tmp_path):
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    records = [{"prompt": "p", "completions": ["a", "b"], "labels": [True, False], "split": "train"},
+               {"prompt": "q", "completions": ["c"], "labels": [True], "split": "heldout"}]
+    pq.write_table(pa.Table.from_pylist(records), tmp_path / "steps.parquet")
+    datasets.Dataset.from_list(records).save_to_disk(str(tmp_path / "hf"))
+    for path in (tmp_path / "steps.parquet", tmp_path / "hf"):
+        rows = load_steps(path)
+        assert [(r.completions, r.labels, r.split) for r in rows] == [(["a", "b"], [True, False], "train"),
+                                                                      (["c"], [True], "heldout")]
