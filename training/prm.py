@@ -44,16 +44,15 @@ META_FILE = "preflab_prm.json"
 def split_steps(text: str, pattern: str = "") -> tuple[list[str], list[int]]:
     """The steps of a completion and the character offset where each ends (exclusive).
 
-    `pattern` empty: one step per non-empty line; otherwise a regular expression whose matches separate steps.
+    `pattern` empty: one step per non-empty line; otherwise a regular expression whose matches separate steps (the
+    app's project separator, `app/services/steps.py`, cuts the same way).
     Pieces that are only whitespace are no steps; what lies between two steps (the separator, blank lines) belongs
     to the earlier one, and the last step runs to the end of the text, so the offsets cover the whole completion.
     A text with no step gives ([], []).
     """
     separator = re.compile(pattern or r"\n")
     pieces, start = [], 0
-    for match in separator.finditer(text):
-        if match.end() == match.start():
-            continue
+    for match in separator.finditer(text):  # a lookahead matches empty: "(?=Step \d+:)" splits before each step
         pieces.append((start, match.start()))
         start = match.end()
     pieces.append((start, len(text)))

@@ -141,6 +141,8 @@ def request_run(db: Session, project: Project, actor: User, *, data_dir: Path, k
     filled: dict[str, Any] = {"model": model_path, "out": str(out), KINDS[kind][1]: str(export_file(data_dir, export))}
     if parent is not None:
         filled["process_reward_model" if parent.kind == "prm" else "reward_model"] = str(Path(parent.model_dir))
+    if kind == "prm":
+        filled |= _project_step_rule(project)
     run.config = {"user": config, "resolved": _validate_config(kind, config, filled)}
     run.model_dir = str(out / "model")
     run.metrics_path = str(out / "metrics.jsonl")
@@ -149,6 +151,14 @@ def request_run(db: Session, project: Project, actor: User, *, data_dir: Path, k
     audit.record(db, actor, "training_run.create", project_id=project.id, object_type="training_run",
                  object_id=run.id, kind=kind, export_id=export.id)
     return run, job
+
+
+def _project_step_rule(project: Project) -> dict[str, Any]:
+    """A PRM cuts rollouts into steps the way its project cut the labelled completions: the project's step separator
+    (a regex; none means one step per non-empty line, the trainer's default) becomes the run's `step_pattern`, which
+    the model keeps, so GRPO on it cuts the same way. A `step_pattern` in the run's config still wins."""
+    separator = (project.settings or {}).get("step_separator")
+    return {"step_pattern": separator} if isinstance(separator, str) and separator.strip() else {}
 
 
 def _finished_export(db: Session, project: Project, kind: str, export_id: int) -> Export:

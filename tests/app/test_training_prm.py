@@ -75,6 +75,7 @@ def _prompts_export(eng, app, project_id: int) -> int:  # type: ignore[no-untype
 def test_a_prm_run_then_grpo_on_it_with_lineage(db, app, make_user, make_project, token_for, api,
                                                 policy_dir) -> None:
     project, engineer, eng = _project(db, make_user, make_project, api, token_for)
+    project.settings = dict(project.settings or {}) | {"step_labels": True, "step_separator": ";"}
     steps = _steps_export(db, app, project, engineer)
     url = f"/api/projects/{project.id}/training-runs"
     # base model left blank: the shipped MiniLM, as for a reward model
@@ -88,7 +89,8 @@ def test_a_prm_run_then_grpo_on_it_with_lineage(db, app, make_user, make_project
     assert {"step_accuracy", "first_error_accuracy", "pairs"} <= set(prm["eval"])
     assert prm["eval"]["split"] == "heldout" and prm["eval"]["completions"] == 4  # the export's held-out rows
     assert [m["step"] for m in prm["metrics"]] == [1, 2, 3]
-    assert (Path(prm["model_dir"]) / "preflab_prm.json").is_file()
+    # the project's step separator is the rule the PRM keeps, so GRPO cuts rollouts the way the labels were cut
+    assert json.loads((Path(prm["model_dir"]) / "preflab_prm.json").read_text())["step_pattern"] == ";"
 
     prompts = _prompts_export(eng, app, project.id)
     r = eng.post(url, json={"kind": "grpo", "export_id": prompts, "base_model": str(policy_dir),

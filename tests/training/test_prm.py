@@ -124,6 +124,8 @@ def test_split_steps_one_per_non_empty_line_or_by_a_pattern():
     # the blank line belongs to the step before it; the offsets cover the whole text
     assert ends == [7, 15, len(text)] and text[:ends[0]] == "a = 1\n\n"
     assert split_steps("x; y;z;", r";\s*") == (["x", "y", "z"], [3, 5, 7])
+    # a lookahead separator (it matches empty) cuts before each match
+    assert split_steps("Step 1: a Step 2: b", r"(?=Step \d+:)") == (["Step 1: a", "Step 2: b"], [10, 19])
     assert split_steps("  \n\n") == ([], [])
 
 
