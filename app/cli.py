@@ -430,10 +430,13 @@ def _queue_training_run(args: list[str]) -> None:
     parser.add_argument("kind", choices=list(training_runs.KINDS))
     parser.add_argument("--project", type=int, required=True)
     parser.add_argument("--export", type=int, required=True,
-                        help="export id (sft rows for sft, pairs for reward and dpo, prompts for rft, grpo and ppo)")
+                        help="export id (sft rows for sft, pairs for reward and dpo, steps for prm, prompts for rft, "
+                             "grpo and ppo)")
     parser.add_argument("--user", required=True, help="email of the engineer the run is recorded for")
     parser.add_argument("--base-model", default=None)
-    parser.add_argument("--reward-run", type=int, default=None)
+    parser.add_argument("--reward-run", type=int, default=None,
+                        help="finished reward run an rft, grpo or ppo run optimises (for grpo also a prm run: the "
+                             "process reward)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ns = parser.parse_args(args)
     settings = _settings()

@@ -405,14 +405,15 @@ class AILabelsIn(Strict):
 
 
 class TrainingRunIn(Strict):
-    kind: Literal["sft", "reward", "dpo", "rft", "grpo", "ppo"]
-    export_id: int = Field(ge=1, description="An SFT export for sft, a pairs export for reward and dpo, a prompts "
-                                             "export for rft, grpo and ppo.")
+    kind: Literal["sft", "reward", "prm", "dpo", "rft", "grpo", "ppo"]
+    export_id: int = Field(ge=1, description="An SFT export for sft, a pairs export for reward and dpo, a steps "
+                                             "export for prm, a prompts export for rft, grpo and ppo.")
     base_model: str | None = Field(default=None, max_length=1000,
                                    description="Local model directory: a causal LM for sft, dpo, rft, grpo and ppo "
-                                               "(reward runs default to the shipped MiniLM).")
+                                               "(reward and prm runs default to the shipped MiniLM).")
     reward_run_id: int | None = Field(default=None, ge=1,
-                                      description="The reward-model run an rft, grpo or ppo run optimises.")
+                                      description="The reward-model run an rft, grpo or ppo run optimises; for grpo "
+                                                  "also a prm run, whose step scores become the process reward.")
     config: dict = Field(default_factory=dict, description="Trainer config fields (see `python -m training KIND "
                                                            "--help`); validated before any job exists.")
 

@@ -8,6 +8,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "sft": ("training.sft", "supervised fine-tuning on an SFT export (prompt/completion or chat messages)"),
     "reward": ("training.reward_model", "train a Bradley–Terry reward model on a pairs export"),
+    "prm": ("training.prm", "train a process reward model (a score per step) on a steps export"),
     "dpo": ("training.dpo", "direct preference optimisation (DPO or IPO) of a policy on a pairs export"),
     "rft": ("training.rft", "rejection-sampling fine-tuning, offline or online, on a prompts export"),
     "grpo": ("training.grpo", "train a policy with GRPO or GSPO on a prompts export"),

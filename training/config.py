@@ -2,7 +2,7 @@
 TOML files and `--set key=value` overrides, with errors that name the field and old field names kept working.
 
 `TrainConfig` holds what every method shares (model, output, the step budget `steps`, the optimiser, logging,
-checkpoints, trackers); `OfflineConfig` adds batches over a data file (reward, sft, dpo), `RLConfig` rollouts
+checkpoints, trackers); `OfflineConfig` adds batches over a data file (reward, prm, sft, dpo), `RLConfig` rollouts
 from prompts (grpo, ppo, rft). Each method's config adds only its own fields.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import tomllib
 import types
 import typing
@@ -370,6 +371,46 @@ class RewardConfig(OfflineConfig):
         at_least(self, 0, "center_rewards_coef")
 
 
+@dataclasses.dataclass
+class PRMConfig(OfflineConfig):
+    """Training a process reward model on step-labelled completions (the steps export, TRL's stepwise layout): a
+    token-classification head scores each step at its separator token, with binary cross-entropy per step."""
+
+    model: str = setting(
+        "", "Local directory of an AutoModelForTokenClassification-compatible model (an encoder or a causal LM); "
+        "empty: the shipped MiniLM.")
+    eval_every: int = setting(
+        50, "Evaluate on the held-out steps every this many steps (and always at the end); 0: only at the end.")
+    step_separator: str = setting(
+        "\n", "Text put after every step; the step is scored at the separator's last token. A tokenizer that turns "
+        "it into nothing (BERT's drops newlines) gets its own separator token ([SEP], else EOS) instead.")
+    step_pattern: str = setting(
+        "", "How a rollout is cut into steps when the model scores it (GRPO, best-of-N): empty = one step per "
+        "non-empty line; else a regular expression whose matches separate steps. Saved with the model.")
+    threshold: float = setting(
+        0.5, "A step counts as predicted correct when its score σ(s) is at least this (step_accuracy, "
+        "first_error_accuracy).")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 < self.threshold < 1:
+            raise ValueError(f"threshold must be in (0, 1), got {self.threshold}")
+        if not self.step_separator:
+            raise ValueError("step_separator must not be empty")
+        if self.step_pattern:
+            check_step_pattern(self.step_pattern, "step_pattern")
+
+
+def check_step_pattern(pattern: str, name: str) -> None:
+    """ValueError naming `name` unless `pattern` is a regular expression that cannot match the empty string."""
+    try:
+        compiled = re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"{name}: not a regular expression ({exc})") from None
+    if compiled.fullmatch(""):
+        raise ValueError(f"{name}: {pattern!r} matches the empty string, so it cannot separate steps")
+
+
 @renamed(tensorboard=("report_to", lambda on: ["tensorboard"] if on else []))
 @dataclasses.dataclass
 class SFTConfig(LoraFields, OfflineConfig):
@@ -522,9 +563,23 @@ class GRPOConfig(RLConfig):
         0, "Iterative GRPO: set π_ref ← π_θ every this many steps (0: the reference stays the starting model).")
     kl_metric: bool = setting(True, "Compute reference log-probs for the logged KL even when beta is 0.")
 
+    process_reward_model: str | None = setting(
+        None, "A preflab process reward model directory (`python -m training prm`): each rollout is cut into steps "
+        "the way the model was trained and every step's score feeds process advantages (DeepSeekMath §4.1.3).")
+    process_reward_weight: float = setting(
+        1.0, "Weight of the process reward model's step scores; outcome rewards (reward_fn, reward_model) are added "
+        "on each rollout's last step with their own weights.")
+
+    def check_reward(self) -> None:
+        """ValueError unless a reward is configured: reward functions, a reward model or a process reward model."""
+        if not self.reward_fn and not self.reward_model and not self.process_reward_model:
+            raise ValueError("reward_fn: give --reward-fn, --reward-model and/or --process-reward-model")
+
     def __post_init__(self) -> None:
         super().__post_init__()
         one_of(self, "loss_type", ("grpo", "gspo"))
+        if self.process_reward_weight < 0:
+            raise ValueError(f"process_reward_weight must be >= 0, got {self.process_reward_weight}")
         if self.group_size < 2:
             raise ValueError(f"group_size must be at least 2 to compare answers, got {self.group_size}")
         at_least(self, 1, "prompts_per_step", "mu")

@@ -1,4 +1,4 @@
-"""Reading export files: preference pairs and prompts, from JSONL, Parquet or a `datasets.save_to_disk` directory.
+"""Reading export files (pairs, prompts, SFT rows, step labels): JSONL, Parquet or a `datasets.save_to_disk` dir.
 
 Errors are `DataError` (a `ValueError`) naming the file, the line (JSONL) or row (Parquet, datasets)
 and the field, so a bad export is fixed at the source instead of debugged in a trainer.
@@ -71,6 +71,18 @@ class PairRow(ExportRow):
     """How much better the chosen response is (e.g. tiers apart); subtracted inside the BT loss."""
     weight: float | None = None
     """Non-negative weight of the pair in the loss; None means 1."""
+
+
+@dataclass
+class StepRow(ExportRow):
+    """One step-labelled completion of a steps export (TRL's stepwise-supervision layout)."""
+
+    prompt: Text
+    """The prompt, text or chat messages."""
+    completions: list[str]
+    """The completion's steps, in order."""
+    labels: list[bool]
+    """One label per step: True when the step is correct."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -317,6 +329,48 @@ def load_sft(path: str | Path, split: str | None = None) -> list[SFTRow]:
         if _in_split(row, split):
             rows.append(row)
     return _nonempty(rows, path, "SFT rows", split)
+
+
+STEP_FIELDS = {"prompt", "completions", "labels", "split"}
+
+
+def _step_labels(where: str, value: Any, steps: int) -> list[bool]:
+    """Step labels: booleans (or 0/1), one per step."""
+    if not isinstance(value, list):
+        raise DataError(f"{where}: field 'labels' must be a list of booleans, got {type(value).__name__}")
+    if len(value) != steps:
+        raise DataError(f"{where}: field 'labels' has {len(value)} labels for {steps} steps in 'completions'")
+    labels = []
+    for i, label in enumerate(value):
+        if isinstance(label, bool) or (isinstance(label, int) and label in (0, 1)):
+            labels.append(bool(label))
+        else:
+            raise DataError(f"{where}: field 'labels'[{i}] must be true or false, got {label!r}")
+    return labels
+
+
+def load_steps(path: str | Path, split: str | None = None) -> list[StepRow]:
+    """Read a steps export: `prompt` (text or messages), `completions` (the steps, a list of strings) and `labels`
+    (one boolean per step), optional `split`; every other column is provenance (`extra`). `split` keeps only rows
+    whose split equals it (rows without one stay)."""
+    rows: list[StepRow] = []
+    for where, record in read_records(path):
+        for name in ("prompt", "completions", "labels"):
+            if record.get(name) is None:
+                raise DataError(f"{where}: missing field {name!r}")
+        prompt = _text(where, "prompt", record["prompt"], allow_messages=True)
+        steps = record["completions"]
+        if not isinstance(steps, list) or not steps:
+            raise DataError(f"{where}: field 'completions' must be a non-empty list of steps (strings)")
+        completions = [str(_text(where, f"completions[{i}]", step, allow_messages=False))
+                       for i, step in enumerate(steps)]
+        row = StepRow(prompt=prompt, completions=completions,
+                      labels=_step_labels(where, record["labels"], len(completions)),
+                      split=_split(where, record.get("split")),
+                      extra={k: v for k, v in record.items() if k not in STEP_FIELDS})
+        if _in_split(row, split):
+            rows.append(row)
+    return _nonempty(rows, path, "step-labelled completions", split)
 
 
 def _in_split(row: Any, split: str | None) -> bool:

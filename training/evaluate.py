@@ -12,7 +12,7 @@ import json
 import math
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,10 @@ class EvalConfig:
     seed: int = setting(1234, "Sampling seed, so policy and reference are compared on the same random stream.")
     batch_size: int = setting(64, "Prompts per generation call.")
     greedy: bool = setting(True, "Also decode greedily once per prompt and report `greedy_accuracy`.")
+    best_of_n: bool = setting(
+        False, "Best-of-N: rerank the K samples of every verifiable prompt by majority vote, by the process reward "
+        "model (min and product over steps) and by the reward model when given, and report the accuracy of each "
+        "pick beside the first sample's and the oracle's (any sample right, Pass@K).")
 
     def __post_init__(self) -> None:
         if self.k < 1:
@@ -99,6 +103,71 @@ def _curves_over_k(texts: list[str], rows: Sequence[PromptRow], graded: list[int
     maj_at = {str(j): sum(majority_correct(texts[i * k:i * k + j], rows[i].reference) for i in graded) / len(graded)
               for j in range(1, k + 1)}
     return {"pass_at": pass_at, "maj_at": maj_at}
+
+
+StepScorer = Callable[[list[Any], list[str]], list[list[float]]]
+"""(prompts, completions) → per completion, one score per step (a process reward model)."""
+Scorer = Callable[[list[Any], list[str]], list[float]]
+"""(prompts, completions) → one score per completion (an outcome reward model)."""
+
+
+def _argmax(values: Sequence[float]) -> int:
+    """Index of the largest value; the earliest sample wins a tie (NaN never wins)."""
+    best = 0
+    for j, v in enumerate(values):
+        if v > values[best] or (math.isnan(values[best]) and not math.isnan(v)):
+            best = j
+    return best
+
+
+def best_of_n(rows: Sequence[PromptRow], texts: Sequence[str], k: int, prm: StepScorer | None = None,
+              orm: Scorer | None = None) -> dict[str, Any]:
+    """Accuracy of the answer each reranker picks from the K samples of every prompt with a reference.
+
+    `texts` holds K samples per row, row by row. "first": the first sample (no reranking); "majority": the most
+    common final answer (Maj@K); "prm_min" / "prm_product": the sample whose steps' minimum / product of PRM scores
+    is highest (Lightman et al. 2023 rerank by product, PRM800K also reports min); "orm": the highest outcome reward;
+    "oracle": any sample right (Pass@K), the ceiling every reranker is under."""
+    from training.prm import aggregate
+
+    graded = [i for i, r in enumerate(rows) if r.reference is not None]
+    if not graded:
+        return {"n": k, "prompts": 0, "accuracy": {}}
+    prompts = [rows[i].prompt for i in graded for _ in range(k)]
+    samples = [texts[i * k + j] for i in graded for j in range(k)]
+    right = [answer_key(texts[i * k + j]) == reference_key(rows[i].reference)  # type: ignore[arg-type]
+             for i in graded for j in range(k)]
+    picks: dict[str, list[int]] = {"first": [0] * len(graded)}
+    if prm is not None:
+        steps = prm(prompts, samples)
+        for how in ("min", "product"):
+            scores = [aggregate(s, how) for s in steps]
+            picks[f"prm_{how}"] = [_argmax(scores[g * k:(g + 1) * k]) for g in range(len(graded))]
+    if orm is not None:
+        scores = [float(x) for x in orm(prompts, samples)]
+        picks["orm"] = [_argmax(scores[g * k:(g + 1) * k]) for g in range(len(graded))]
+    accuracy = {name: sum(right[g * k + j] for g, j in enumerate(chosen)) / len(graded)
+                for name, chosen in picks.items()}
+    accuracy["majority"] = sum(majority_correct(samples[g * k:(g + 1) * k], rows[i].reference)  # type: ignore[arg-type]
+                               for g, i in enumerate(graded)) / len(graded)
+    accuracy["oracle"] = sum(any(right[g * k:(g + 1) * k]) for g in range(len(graded))) / len(graded)
+    return {"n": k, "prompts": len(graded), "accuracy": accuracy}
+
+
+def prm_step_scorer(path: str | Path, batch_size: int = 32) -> StepScorer:
+    """A StepScorer from a preflab process reward model directory."""
+    from training.prm import ProcessRewardModel
+
+    model = ProcessRewardModel.load(path)
+    return lambda prompts, completions: model.score_text(prompts, completions, batch_size=batch_size)
+
+
+def orm_scorer(path: str | Path, batch_size: int = 32) -> Scorer:
+    """A Scorer from a preflab reward model directory."""
+    from training.reward_model import RewardModel
+
+    model = RewardModel.load(path)
+    return lambda prompts, completions: model.score(prompts, completions, batch_size=batch_size).tolist()
 
 
 def _side(model: torch.nn.Module, tokenizer: Any, rows: Sequence[PromptRow], functions: Sequence[RewardFunction],
@@ -165,15 +234,16 @@ def _concat(parts: list[Rollouts]) -> Rollouts:
 @torch.no_grad()
 def evaluate(policy: torch.nn.Module, tokenizer: Any, rows: Sequence[PromptRow], functions: Sequence[RewardFunction],
              reference: Reference | None = None, config: EvalConfig | None = None,
-             samples_path: str | Path | None = None, reference_summary: dict[str, Any] | None = None
-             ) -> dict[str, Any]:
+             samples_path: str | Path | None = None, reference_summary: dict[str, Any] | None = None,
+             prm: StepScorer | None = None, orm: Scorer | None = None) -> dict[str, Any]:
     """Sample K answers per held-out prompt from the policy (and the reference), score them, compare.
 
     Returns {"prompts", "k", "policy": {...}, "reference": {...}, "reward_mean": {policy, reference},
     "kl", "kl_k3", "win_rate", "pass_at_k", "maj_at_k", "seconds"}. KL is the sequence-level
     estimate E_y~π[Σ_t log π − log π_ref] on the policy's own samples. The win rate counts, sample
     by sample, how often the policy's answer out-scores the reference's answer on the same prompt
-    (ties count half). Passing `reference_summary` reuses a reference evaluation already made.
+    (ties count half). Passing `reference_summary` reuses a reference evaluation already made. With
+    `config.best_of_n`, "best_of_n" reranks the policy's K samples (majority, `prm`, `orm`; see `best_of_n`).
     """
     config = config or EvalConfig()
     rows = list(rows)[: config.max_prompts or None]
@@ -184,6 +254,8 @@ def evaluate(policy: torch.nn.Module, tokenizer: Any, rows: Sequence[PromptRow],
     policy.eval()
     policy_summary, rollouts, policy_rewards, policy_texts = _side(policy, tokenizer, rows, functions, config)
     result: dict[str, Any] = {"prompts": len(rows), "k": config.k, "policy": policy_summary}
+    if config.best_of_n:
+        result["best_of_n"] = best_of_n(rows, policy_texts, config.k, prm=prm, orm=orm)
     ref_texts: list[str] | None = None
     if reference is not None:
         args = (rollouts.input_ids, rollouts.attention_mask, rollouts.response_mask)
@@ -267,7 +339,7 @@ def _write_samples(path: str | Path, rows: Sequence[PromptRow], k: int, texts: l
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m training evaluate --policy DIR --reference DIR --prompts PATH (--reward-fn F ... | --reward-model DIR)
-    --k K --out DIR [--config run.toml] [--set key=value ...]`."""
+    --k K --out DIR [--best-of-n [--process-reward-model DIR]] [--config run.toml] [--set key=value ...]`."""
     from training.data import load_prompts, split_train_heldout
     from training.policy import load_policy
     from training.rewards import build_reward_functions
@@ -280,18 +352,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reference", help="model directory of the reference (the policy's starting point)")
     parser.add_argument("--prompts", required=True, help="prompts export; its held-out split when it has one")
     parser.add_argument("--reward-fn", action="append", default=[], help="module:function or a built-in name")
-    parser.add_argument("--reward-model", help="preflab reward model directory")
+    parser.add_argument("--reward-model", help="preflab reward model directory (a reward, and best-of-N's ORM)")
+    parser.add_argument("--process-reward-model", help="preflab process reward model directory (best-of-N's PRM)")
+    parser.add_argument("--best-of-n", action="store_true", default=None,
+                        help="rerank the K samples by majority vote, PRM (min, product) and ORM; report accuracy")
     parser.add_argument("--k", type=int, help="samples per prompt")
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--config", help="TOML file with EvalConfig fields")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
     args = parser.parse_args(argv)
     try:
-        config = load_config(EvalConfig, args.config, args.set, k=args.k)
+        config = load_config(EvalConfig, args.config, args.set, k=args.k, best_of_n=args.best_of_n)
         functions = build_reward_functions(args.reward_fn, reward_model=args.reward_model)
         rows = load_prompts(args.prompts)
+        prm = prm_step_scorer(args.process_reward_model) if args.process_reward_model else None
     except ValueError as exc:
         parser.error(str(exc))
+    orm = orm_scorer(args.reward_model) if args.reward_model and config.best_of_n else None
     _, heldout = split_train_heldout(rows)
     rows = heldout or rows
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -301,11 +378,14 @@ def main(argv: list[str] | None = None) -> int:
         ref_model, _ = load_policy(args.reference, device=device)
         reference = Reference(policy, model=ref_model)
     out = Path(args.out)
-    result = evaluate(policy, tokenizer, rows, functions, reference, config, samples_path=out / "samples.jsonl")
+    result = evaluate(policy, tokenizer, rows, functions, reference, config, samples_path=out / "samples.jsonl",
+                      prm=prm, orm=orm)
     write_json(out / "eval.json", public(result))
     write_run_config(out, config, data={"prompts": args.prompts},
                      extra={"policy": args.policy, "reference": args.reference, "reward_fn": args.reward_fn,
-                            "reward_model": args.reward_model})
+                            "reward_model": args.reward_model, "process_reward_model": args.process_reward_model})
     summary = {k: result[k] for k in ("reward_mean", "kl", "win_rate", "pass_at_k", "maj_at_k") if k in result}
+    if "best_of_n" in result:
+        summary["best_of_n"] = result["best_of_n"]["accuracy"]
     print(json.dumps(summary))
     return 0

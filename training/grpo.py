@@ -1,7 +1,9 @@
 """GRPO and GSPO: group-relative policy optimisation of a causal LM against reward functions or a reward model.
 
 One step: sample G responses for each of a batch of prompts → score them → group-relative
-advantages (outcome or process) → μ optimisation passes of `grpo_loss` / `gspo_loss`. The math
+advantages (outcome, or process when a reward scores steps: a process reward function or a process reward model,
+`--process-reward-model`, whose step scores are weighted by `process_reward_weight` and to whose last step the
+outcome rewards are added) → μ optimisation passes of `grpo_loss` / `gspo_loss`. The math
 lives in `training/losses.py`, the loop (checkpoints, logging, evaluation, saving) in `training/loop.py`; this
 module moves tensors between the losses. `accelerate launch --num_processes N -m training grpo ...` runs it
 data-parallel (on a machine without GPUs add `--multi_gpu`, so that accelerate starts N gloo processes: `--cpu`
@@ -21,8 +23,8 @@ import torch
 from torch import Tensor
 
 from training import cli
-from training.cli import Command
-from training.config import GRPOConfig, RLConfig
+from training.cli import Command, Flag
+from training.config import GRPOConfig
 from training.data import PromptRow
 from training.evaluate import reward_columns
 from training.loop import RunResult, run
@@ -47,7 +49,8 @@ from training.rl import RLMethod, load_run, rl_flags, rl_summary
 
 def token_step_index(tokenizer: Any, response_ids: Tensor, response_mask: Tensor, step_ends: list[list[int]]
                      ) -> Tensor:
-    """(N, R) index of the newline-separated step each response token belongs to (EOS joins the last step)."""
+    """(N, R) index of the step (by its end offset in the text) each response token belongs to (EOS joins the last
+    step)."""
     n, width = response_ids.shape
     index = torch.zeros(n, width, dtype=torch.long)
     for i in range(n):
@@ -246,11 +249,12 @@ def train(config: GRPOConfig) -> RunResult:
 
 COMMAND = Command(
     name="grpo", config=GRPOConfig, description="GRPO / GSPO on a prompts export.", train=train, summary=rl_summary,
-    check=RLConfig.check_reward,
-    flags=rl_flags())
+    check=GRPOConfig.check_reward,
+    flags=[*rl_flags(), Flag("--process-reward-model", "process_reward_model",
+                             "preflab process reward model directory: per-step scores, process advantages")])
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m training grpo --prompts PATH --model DIR --out DIR (--reward-fn F ... | --reward-model DIR)
-    [--config run.toml] [--set key=value ...]`."""
+    """`python -m training grpo --prompts PATH --model DIR --out DIR (--reward-fn F ... | --reward-model DIR |
+    --process-reward-model DIR) [--config run.toml] [--set key=value ...]`."""
     return cli.main(COMMAND, argv)

@@ -1,4 +1,4 @@
-"""Pure tensor functions for reward modelling, SFT, DPO/IPO, PPO and GRPO/GSPO: one function per formula.
+"""Pure tensor functions for reward models, process reward models, SFT, DPO/IPO, PPO and GRPO/GSPO: one per formula.
 
 Conventions: `B` responses, `T` tokens, `V` vocabulary. `mask` is 1.0 on response tokens and 0.0 on
 padding (right padding unless a function says otherwise). Log-probs are per token, already gathered
@@ -76,6 +76,20 @@ def soft_bradley_terry_loss(r_c: Tensor, r_r: Tensor, p: Tensor, weight: Tensor 
 def reward_centering_loss(r_c: Tensor, r_r: Tensor, coef: float) -> Tensor:
     """L = c·mean((r_c + r_r)²): pulls rewards towards zero mean (Eisenstein et al. 2023, "Helping or Herding")."""
     return coef * ((r_c + r_r) ** 2).mean()
+
+
+# ----------------------------------------------------------------------------------------------
+# process reward model
+
+
+def step_bce_loss(s: Tensor, y: Tensor, mask: Tensor, num_steps: Tensor | float | None = None) -> Tensor:
+    """L = −Σ_j m_j·[y_j·log σ(s_j) + (1 − y_j)·log σ(−s_j)] / N, N = Σ_j m_j unless given: binary cross-entropy
+    of each labelled step's score at its separator token (Lightman et al. 2023, PRM800K; Wang et al. 2024,
+    Math-Shepherd)."""
+    # s, y, mask: (B, T); mask is 1 at each step's separator token; N is passed in for a larger (global) batch
+    loss = -(y * F.logsigmoid(s) + (1 - y) * F.logsigmoid(-s))
+    total = mask.sum().clamp(min=1.0) if num_steps is None else num_steps
+    return masked_sum(loss, mask) / total
 
 
 # ----------------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ A reward function is `fn(prompts, completions, **row) -> list[float]`, where eve
 is a column of the prompts export aligned with `completions` (`reference`, and any extra fields).
 It may return `None` for a completion it has no opinion on (it then counts 0 in the weighted
 sum), or, for process supervision, a list of per-step scores per completion, steps being the
-newline-separated lines of the completion.
+newline-separated lines of the completion, or the steps of a process reward model (`process_reward_model_fn`),
+which cuts completions the way it was trained.
 """
 
 from __future__ import annotations
@@ -160,6 +161,35 @@ def reward_model_fn(path: str | Path, batch_size: int = 32, device: str | torch.
     return score
 
 
+def process_reward_model_fn(path: str | Path, batch_size: int = 32, device: str | torch.device | None = None
+                            ) -> tuple[RewardFn, Callable[[str], list[int]]]:
+    """A process reward function scoring every step of a completion with a preflab PRM directory, and the step
+    splitter it scores by (the rule the PRM was trained with, from its `preflab_prm.json`).
+
+    A completion without a step is one empty step scored 0; a step past the PRM's max_length takes the score of the
+    last step it saw (0 if none)."""
+    from training.prm import ProcessRewardModel
+
+    model = ProcessRewardModel.load(path, device=device)
+
+    def ends(completion: str) -> list[int]:
+        return model.split(completion)[1] or [len(completion)]
+
+    def score(prompts: Sequence[Any], completions: Sequence[str], **row: Any) -> list[list[float]]:
+        scored = model.score_text(list(prompts), list(completions), batch_size=batch_size)
+        out = []
+        for steps in scored:
+            filled, last = [], 0.0
+            for value in steps:
+                last = last if math.isnan(value) else value
+                filled.append(last)
+            out.append(filled or [0.0])
+        return out
+
+    score.__name__ = "process_reward_model"
+    return score, ends
+
+
 @dataclass
 class RewardFunction:
     """One weighted term of the total reward."""
@@ -167,12 +197,16 @@ class RewardFunction:
     name: str
     fn: RewardFn
     weight: float = 1.0
+    step_split: Callable[[str], list[int]] | None = None
+    """For a process reward: how it cuts a completion into steps (end offsets); None: newline-separated steps."""
 
 
 def build_reward_functions(specs: Sequence[str] = (), weights: Sequence[float] | None = None,
                            kwargs: dict[str, dict[str, Any]] | None = None, reward_model: str | Path | None = None,
-                           reward_model_weight: float = 1.0) -> list[RewardFunction]:
-    """Load reward functions by spec, bind per-function keyword arguments (`kwargs[name]`), attach weights."""
+                           reward_model_weight: float = 1.0, process_reward_model: str | Path | None = None,
+                           process_reward_weight: float = 1.0) -> list[RewardFunction]:
+    """Load reward functions by spec, bind per-function keyword arguments (`kwargs[name]`), attach weights; a
+    reward model and a process reward model (per-step scores) join them when given."""
     if weights is not None and len(weights) != len(specs):
         raise ValueError(f"reward_weights: {len(weights)} weights for {len(specs)} reward functions")
     kwargs = kwargs or {}
@@ -186,11 +220,14 @@ def build_reward_functions(specs: Sequence[str] = (), weights: Sequence[float] |
         out.append(RewardFunction(name=name, fn=fn, weight=1.0 if weights is None else float(weights[i])))
     if reward_model is not None:
         out.append(RewardFunction(name="reward_model", fn=reward_model_fn(reward_model), weight=reward_model_weight))
+    if process_reward_model is not None:
+        fn, split = process_reward_model_fn(process_reward_model)
+        out.append(RewardFunction(name="process_reward_model", fn=fn, weight=process_reward_weight, step_split=split))
     names = [f.name for f in out]
     if len(set(names)) != len(names):
         raise ValueError(f"reward functions must have distinct names, got {names}")
     if not out:
-        raise ValueError("no reward: give at least one reward_fn or a reward_model")
+        raise ValueError("no reward: give at least one reward_fn, a reward_model or a process_reward_model")
     return out
 
 
@@ -228,7 +265,12 @@ def compute_rewards(functions: Sequence[RewardFunction], prompts: Sequence[Any],
     per_function: dict[str, Tensor] = {}
     total = torch.zeros(n, dtype=torch.float64)
     step_lists: list[list[float]] | None = None
-    step_ends = [split_steps(c) for c in completions]
+    splitters = {f.step_split for f in functions if f.step_split is not None}
+    if len(splitters) > 1:
+        raise ValueError("process rewards that cut completions into steps differently cannot be combined")
+    splitter = splitters.pop() if splitters else split_steps
+    step_ends = [splitter(c) for c in completions]
+    what = "newline-separated steps" if splitter is split_steps else "steps (as its process reward model cuts them)"
     for f in functions:
         raw = f.fn(list(prompts), list(completions), **{k: list(v) for k, v in columns.items()})
         if len(raw) != n:
@@ -242,7 +284,7 @@ def compute_rewards(functions: Sequence[RewardFunction], prompts: Sequence[Any],
                 steps = [float(x) for x in (r or [])]
                 if len(steps) != len(step_ends[i]):
                     raise ValueError(f"reward function {f.name} gave {len(steps)} step scores for completion {i}, "
-                                     f"which has {len(step_ends[i])} newline-separated steps")
+                                     f"which has {len(step_ends[i])} {what}")
                 for j, s in enumerate(steps):
                     step_lists[i][j] += f.weight * s
                 sums.append(sum(steps))

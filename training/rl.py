@@ -145,7 +145,9 @@ def load_run(config: RLConfig) -> tuple[list[RewardFunction], list[PromptRow], l
     require(config, "prompts", "model", "out")
     config.check_reward()
     functions = build_reward_functions(config.reward_fn, config.reward_weights, config.reward_kwargs,
-                                       config.reward_model, config.reward_model_weight)
+                                       config.reward_model, config.reward_model_weight,
+                                       getattr(config, "process_reward_model", None),
+                                       getattr(config, "process_reward_weight", 1.0))
     train_rows, eval_rows = split_train_heldout(load_prompts(config.prompts))
     model, tokenizer = load_policy(config.model, lora=config.lora_settings)
     return functions, train_rows, eval_rows, model, tokenizer

