@@ -375,11 +375,16 @@ class JobOut(BaseModel):
                    if job.state == "succeeded" else None)
 
 
+NOT_BLANK = r"\S"
+"""Text the server strips must hold a character that is not white space."""
+
+
 class PrincipleIn(Strict):
-    name: str = Field(min_length=1, max_length=200)
+    name: str = Field(min_length=1, max_length=200, pattern=NOT_BLANK)
     rationale: str = Field(default="", max_length=4000)
     priority: Int = Field(default=1, ge=0, le=1000, description="Lower comes first.")
-    comparison: str = Field(min_length=1, max_length=4000, description="e.g. 'Which response is less harmful?'")
+    comparison: str = Field(min_length=1, max_length=4000, pattern=NOT_BLANK,
+                            description="e.g. 'Which response is less harmful?'")
     critique: str = Field(default="", max_length=4000, description="The critique request (supervised CAI stage).")
     revision: str = Field(default="", max_length=4000, description="The revision request (supervised CAI stage).")
 

@@ -96,8 +96,13 @@ def _answer(recorder: Any, case_id: str) -> str:
     return f"answered {response.status_code}: {response.content[:400].decode(errors='replace')}"
 
 
-def run(app: Any, world: Any, who: str, *, seed: int, examples: int) -> Iterator[tuple[str, str, str]]:
-    """(operation, check, message) for each failure found while calling every operation as `who`."""
+PHASES = ("examples", "coverage", "fuzzing", "stateful")
+
+
+def run(app: Any, world: Any, who: str, *, seed: int, examples: int,
+        calls: dict[str, int]) -> Iterator[tuple[str, str, str]]:
+    """(operation, check, message) for each failure found while calling every operation as `who`; `calls` counts
+    the requests sent per phase."""
     import schemathesis
     from schemathesis import engine
     from schemathesis.engine import events
@@ -110,6 +115,7 @@ def run(app: Any, world: Any, who: str, *, seed: int, examples: int) -> Iterator
 
     for event in engine.from_schema(schema).execute():
         if isinstance(event, events.ScenarioFinished):
+            calls[event.phase.value] = calls.get(event.phase.value, 0) + len(event.recorder.interactions)
             for case_id, checks in event.recorder.checks.items():
                 for check in checks:
                     if check.failure_info is not None:
@@ -121,6 +127,9 @@ def run(app: Any, world: Any, who: str, *, seed: int, examples: int) -> Iterator
             yield event.label, "error", str(event.info)
         elif isinstance(event, events.FatalError):
             yield "engine", "fatal", repr(event.exception)
+        elif isinstance(event, events.PhaseFinished) and event.phase.name.value in PHASES:
+            if event.phase.skip_reason is not None:
+                yield "engine", "phase", f"the {event.phase.name.value} phase did not run: {event.phase.skip_reason}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,13 +149,16 @@ def main(argv: list[str] | None = None) -> int:
         for who in args.identities or IDENTITIES:
             world = seed_world(app)
             seen: set[tuple[str, str, str]] = set()
-            for operation, check, message in run(app, world, who, seed=seed, examples=args.examples):
+            calls: dict[str, int] = {}
+            for operation, check, message in run(app, world, who, seed=seed, examples=args.examples, calls=calls):
                 key = (operation, check, message.split("\n")[0])
                 if key in seen or allowed(operation, check, message):
                     continue
                 seen.add(key)
                 found += 1
                 print(f"--- {operation} as {who}: {check}\n{message}\n", flush=True)
+            print(f"as {who}: " + ", ".join(f"{n} requests in the {phase} phase" for phase, n in calls.items()),
+                  flush=True)
             from tests.conftest import _empty_tables
 
             _empty_tables(app.state.engine)

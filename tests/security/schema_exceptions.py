@@ -38,6 +38,10 @@ EXCEPTIONS: list[tuple[str, str, str]] = [
     ("POST /api/v1/projects/{project_id}/revision-jobs", "no principle has both a critique and a revision",
      "revisions need a constitution principle with a critique and a revision request"),
     ("PUT /api/v1/assignments/{assignment_id}/draft", "completion", "a draft holds the task's own completions"),
+    ("*", "must be at most the project's K", "k is bounded by the project's own K"),
+    ("*", "this export was deleted", "a deleted export trains nothing"),
+    ("POST /api/v1/training-runs/{run_id}/iterate", "no finished reward-model run",
+     "iterating needs the policy run's finished reward-model run"),
     # Who the caller is.
     ("*", "pick a model endpoint", "only admins may name a server URL; everyone else picks an endpoint_id"),
     ("*", "outbound calls are switched off", "the checking server refuses every host (PREFLAB_OUTBOUND_HOSTS=none)"),
