@@ -237,7 +237,7 @@ def test_the_draft_endpoints_are_documented(app) -> None:  # type: ignore[no-unt
     from fastapi.testclient import TestClient
 
     spec = TestClient(app).get("/openapi.json").json()  # type: ignore[arg-type]
-    path = spec["paths"]["/api/assignments/{assignment_id}/draft"]
+    path = spec["paths"]["/api/v1/assignments/{assignment_id}/draft"]
     for method in ("get", "put"):
         assert path[method]["tags"] == ["annotation"] and path[method]["summary"]
     assert {"204", "404"} <= set(path["get"]["responses"])
