@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo
+from pydantic_core import PydanticCustomError
 
 from app.formats import Aggregation, Conflicts, ExportFormat, ExportKind
 from app.models import AssignmentDraft, Completion, Constitution, Export, Job, ModelEndpoint, Project, Rubric, User
@@ -24,7 +25,7 @@ def _json_integer(value: Any, info: ValidationInfo) -> Any:
     if info.context == FORM:
         return value
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError("must be a whole number (a JSON number, not a string or a boolean)")
+        raise PydanticCustomError("int_type", "Input should be a valid integer (a JSON number)")
     return value
 
 
@@ -45,7 +46,7 @@ def _iso_datetime(value: Any, info: ValidationInfo) -> Any:
     """JSON has no datetime: a strict body's datetime is an ISO 8601 string (never a number of seconds)."""
     if isinstance(value, str | datetime) or value is None or info.context == FORM:
         return value
-    raise ValueError("must be an ISO 8601 date-time string")
+    raise PydanticCustomError("datetime_type", "Input should be an ISO 8601 date-time string")
 
 
 CompletionKey = Annotated[str, Field(pattern=r"^[0-9]{1,10}$")]
