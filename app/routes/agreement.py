@@ -9,7 +9,7 @@ from fastapi import APIRouter, Form, Query, Request, Response
 from fastapi.responses import RedirectResponse
 
 from app import permissions
-from app.deps import CurrentUser, Id, PageUser, SessionDep
+from app.deps import MAX_ID, CurrentUser, Id, PageUser, SessionDep
 from app.errors import DomainError
 from app.forms import GoldFromMetadataForm
 from app.schemas import AgreementOut, GoldIn, GoldOut
@@ -19,7 +19,8 @@ from app.web import render
 
 router = APIRouter()
 
-RubricVersionQuery = Annotated[int | None, Query(ge=1, description="Only rankings made under this rubric version.")]
+RubricVersionQuery = Annotated[int | None, Query(ge=1, le=MAX_ID,
+                                                 description="Only rankings made under this rubric version.")]
 
 
 def _readable_project(db, project_id: Id, user):  # type: ignore[no-untyped-def]

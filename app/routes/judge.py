@@ -8,7 +8,7 @@ from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
 
 from app import permissions
-from app.deps import CurrentUser, Id, PageUser, SessionDep
+from app.deps import MAX_ID, CurrentUser, Id, PageUser, SessionDep
 from app.forms import AILabelsForm, DecisionForm, JudgeForm, RevisionsForm
 from app.routes.form_pages import ProjectPage
 from app.schemas import (
@@ -52,8 +52,8 @@ def create_judge_run(project_id: Id, body: JudgeRunIn, db: SessionDep, user: Cur
 @router.get("/api/projects/{project_id}/judge-agreement", tags=["judge"],
             summary="Human–AI agreement, calibration and judge position bias")
 def judge_agreement(project_id: Id, db: SessionDep, user: CurrentUser,
-                    constitution_version: Annotated[int | None, Query(ge=1)] = None,
-                    judge_run_id: Annotated[int | None, Query(ge=1)] = None) -> JudgeAgreementOut:
+                    constitution_version: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
+                    judge_run_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None) -> JudgeAgreementOut:
     project = projects.get_visible(db, project_id, user)
     report = judging.judge_agreement(db, project, constitution_version=constitution_version, judge_run_id=judge_run_id)
     return JudgeAgreementOut(**report.as_dict())

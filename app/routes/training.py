@@ -9,7 +9,7 @@ from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
 
 from app import permissions
-from app.deps import CurrentUser, Id, PageUser, SessionDep
+from app.deps import MAX_ID, CurrentUser, Id, PageUser, SessionDep
 from app.forms import IterateForm, TrainingForm
 from app.routes.form_pages import ProjectPage
 from app.schemas import IterateIn, JobAccepted, SampleIntoProjectIn, TrainingRunAccepted, TrainingRunIn, TrainingRunOut
@@ -178,7 +178,7 @@ def iterate_from_page(run_id: Id, db: SessionDep, user: PageUser, form: Annotate
 
 @router.get("/projects/{project_id}/training/compare", include_in_schema=False)
 def compare_page(request: Request, project_id: Id, db: SessionDep, user: PageUser,
-                 a: Annotated[int, Query(ge=1)], b: Annotated[int, Query(ge=1)]) -> Response:
+                 a: Annotated[int, Query(ge=1, le=MAX_ID)], b: Annotated[int, Query(ge=1, le=MAX_ID)]) -> Response:
     project = projects.get_visible(db, project_id, user)
     runs = [training_runs.get_visible(db, rid, user) for rid in (a, b)]
     return render(request, "training_compare.html", {"project": project, **training_runs.compare(db, project, runs)})

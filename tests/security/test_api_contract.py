@@ -57,13 +57,16 @@ def test_an_error_is_sent_as_documented(client: Any, world: World) -> None:
     assert forbidden.status_code == 403 and forbidden.json()["detail"][0]["message"] == "this needs the admin role"
 
 
-def test_ids_in_paths_are_bounded_by_what_the_database_holds(client: Any, world: World) -> None:
+def test_ids_in_paths_and_queries_are_bounded_by_what_the_database_holds(client: Any, world: World) -> None:
     spec = _spec(client)
     for method, path, op in _operations(spec):
         for parameter in op.get("parameters", []):
-            if parameter["in"] == "path" and parameter["schema"].get("type") == "integer":
-                assert parameter["schema"]["minimum"] == 1 and parameter["schema"]["maximum"] == MAX_ID, (
-                    method, path, parameter)
+            schema = next((s for s in parameter["schema"].get("anyOf", [parameter["schema"]])
+                           if s.get("type") == "integer"), {})
+            if parameter["in"] == "path" and schema:
+                assert schema["minimum"] == 1 and schema["maximum"] == MAX_ID, (method, path, parameter)
+            elif schema and (parameter["name"].endswith("_id") or parameter["name"].endswith("version")):
+                assert schema["minimum"] == 1 and schema["maximum"] == MAX_ID, (method, path, parameter)
     for project_id in (0, MAX_ID + 1):
         r = client.get(f"/api/v1/projects/{project_id}", headers=world.headers("lead"))
         assert r.status_code == 422 and r.json()["detail"][0]["field"] == "path.project_id", r.text
