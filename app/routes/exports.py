@@ -47,8 +47,17 @@ def get_export(export_id: Id, db: SessionDep, user: CurrentUser) -> ExportOut:
     return export_out(db, exports.get_visible(db, export_id, user))
 
 
+_FILE = {"schema": {"type": "string", "format": "binary"}}
+_SHA256 = {"schema": {"type": "string", "pattern": "^[0-9a-f]{64}$"}, "description": "The file's sha256, as listed"}
+
+
 @router.get("/api/exports/{export_id}/files/{name:path}", tags=["exports"], summary="Download one file (streamed)",
-            responses={404: {"description": "No such export or file"}, 410: {"description": "Deleted"}})
+            response_class=FileResponse,
+            responses={200: {"description": "The file, with its sha256 in `X-Content-SHA256`",
+                             "content": {"application/x-ndjson": _FILE, "text/markdown; charset=utf-8": _FILE,
+                                         "application/octet-stream": _FILE},
+                             "headers": {"X-Content-SHA256": _SHA256}},
+                       404: {"description": "No such export or file"}, 410: {"description": "Deleted"}})
 def download_file(export_id: Id, name: str, db: SessionDep, user: CurrentUser) -> Response:
     export = exports.get_visible(db, export_id, user)
     path = exports.file_path(export, name)
