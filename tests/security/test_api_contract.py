@@ -160,3 +160,17 @@ def test_outbound_hosts_none_refuses_every_url_without_resolving_it(monkeypatch:
         assert refused.value.field == "generator.base_url"
     with pytest.raises(ValueError, match="switched off"):
         outbound.address_guard(allow_private=True)("10.0.0.1")
+
+
+def test_only_a_listed_rule_excuses_a_refusal() -> None:
+    """`make api-check` lets a schema-valid request be refused only for a rule in schema_exceptions, and lets no
+    other kind of failure through."""
+    from tests.security.schema_exceptions import EXCEPTIONS, allowed
+
+    members = "POST /api/v1/projects/{project_id}/members"
+    refusal = 'answered 422: {"detail":[{"message":"no user with email a@b.co","field":"email"}]}'
+    assert allowed(members, "positive_data_acceptance", refusal)
+    assert not allowed(members, "status_code_conformance", refusal)
+    assert not allowed(members, "positive_data_acceptance", 'answered 422: {"detail":[{"message":"String should '
+                                                           'have at most 320 characters","field":"email"}]}')
+    assert all(reason for _, _, reason in EXCEPTIONS)
