@@ -273,7 +273,7 @@ DRAFT_MAX_BYTES = 16 * 1024
 
 
 class DraftIn(Strict):
-    tiers: list[Annotated[list[Id], Field(max_length=16)]] = Field(
+    tiers: list[Annotated[list[Id], Field(min_length=1, max_length=16)]] = Field(
         default_factory=list, max_length=16,
         description="The completions placed so far, best tier first; ties share a tier. Unplaced ones are left out.")
     flags: dict[CompletionKey, Annotated[list[Annotated[str, Field(max_length=200)]], Field(max_length=32)]] = Field(

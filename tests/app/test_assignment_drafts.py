@@ -84,7 +84,7 @@ def test_no_one_but_the_tasks_annotator_may_read_or_write_it(db, make_user, make
 @pytest.mark.parametrize(("case", "field"), [
     ("foreign_completion", "tiers[0][0]"),
     ("twice", "tiers[1][0]"),
-    ("empty_tier", "tiers[0]"),
+    ("empty_tier", "tiers.0"),  # the schema's own rule (minItems 1), named as every schema rule is
     ("tie_not_allowed", "tiers[0]"),
     ("unknown_flag", "flags.{a}"),
     ("flag_on_foreign_completion", "flags.{x}"),
