@@ -92,17 +92,21 @@ NEEDS_CALLER: dict[int | str, dict[str, Any]] = {401: {"description": ERROR_DESC
 annotation routes): it is then documented as any authenticated route is."""
 
 
+def _account_role(route: RouteContext) -> bool:
+    """Whether the route needs an account role (`app.deps._account_action`: AdminUser, EndpointAdmin, …)."""
+    return any(getattr(call, "account_action", None) for call in _calls(route.dependant))
+
+
 def authenticated(route: RouteContext) -> bool:
-    calls = set(_calls(route.dependant))
-    return (api_user in calls or any(getattr(c, "account_action", None) for c in calls)
+    """Whether the route needs a caller: through `CurrentUser` or an account role, or by declaring NEEDS_CALLER."""
+    return (api_user in set(_calls(route.dependant)) or _account_role(route)
             or 401 in route.responses or "401" in route.responses)
 
 
 def error_statuses(route: RouteContext) -> set[int]:
     """The error statuses the route can answer, read from its parameters, body, method and dependencies."""
-    calls = set(_calls(route.dependant))
     authenticated_ = authenticated(route)
-    account_role = any(getattr(c, "account_action", None) for c in calls)
+    account_role = _account_role(route)
     has_path = _path_params(route.dependant)
     has_body = route.body_field is not None
     writes = bool(route.methods & UNSAFE)
