@@ -376,8 +376,9 @@ class JobOut(BaseModel):
                    if job.state == "succeeded" else None)
 
 
-NOT_BLANK = r"\S"
-"""Text the server strips must hold a character that is not white space."""
+NOT_BLANK = r"[^\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+"""Text the server strips must hold a character Python's `str.strip` keeps. Spelled out, because `\\S` differs
+between regex dialects, and only Python counts \\x1c-\\x1f as white space."""
 
 
 class PrincipleIn(Strict):
