@@ -1,8 +1,9 @@
 """`make api-check` and `make api-fuzz`: every Schemathesis check against the app's own OpenAPI schema, in-process.
 
-A fresh SQLite database holds the security suite's seeded world (tests/security/world.py); two identities call
-every operation: `outsider` (the lead of project B, a privileged caller on their own objects and a stranger on A's)
-and `annotator` (a member of project A without lead rights). Generated path ids are mostly swapped for real ones of
+A fresh SQLite database holds the security suite's seeded world (tests/security/world.py); three identities call
+every operation: `outsider` (the lead of project B, a privileged caller on their own objects and a stranger on A's),
+`annotator` (a member of project A without lead rights) and `admin` (who reaches what only admins may: model
+endpoints, accounts, a generator's server URL). Generated path ids are mostly swapped for real ones of
 either project, otherwise nearly every call would stop at a 404. The outbound rules refuse every host without
 resolving it (`PREFLAB_OUTBOUND_HOSTS=none`), so the operations that take a URL run too and nothing leaves the box.
 
@@ -24,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-IDENTITIES = ("outsider", "annotator")
+IDENTITIES = ("outsider", "annotator", "admin")
 
 # Path parameter → attribute of ProjectObjects holding a real id of that kind.
 _ID_FIELDS = {"project_id": "project_id", "prompt_id": "prompt_id", "job_id": "job_id", "export_id": "export_id",
