@@ -35,7 +35,13 @@ Int = Annotated[int, Field(strict=False), BeforeValidator(_json_integer)]
 Id = Annotated[Int, Field(ge=1, le=MAX_ID)]
 """An object id in a request body."""
 
-EMAIL_PATTERN = r"^[^@\s]{1,64}@[^@\s]{1,255}\.[^@\s]{1,63}$|^[^@\s]{1,64}@localhost$"
+WHITE_SPACE = r"\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+"""Python's white space (`str.isspace`, `re`'s `\\s`), spelled out for patterns: `\\s` means other sets in other
+regex dialects (ECMA's adds U+FEFF, Rust's and ECMA's leave out U+001C-U+001F), and a schema pattern is read by
+pydantic (Rust), by JSON Schema validators (ECMA) and by generators (Python) alike."""
+
+EMAIL_PATTERN = (rf"^[^@{WHITE_SPACE}]{{1,64}}@[^@{WHITE_SPACE}]{{1,255}}\.[^@{WHITE_SPACE}]{{1,63}}$"
+                 rf"|^[^@{WHITE_SPACE}]{{1,64}}@localhost$")
 """`services.users.EMAIL_RE`, the rule accounts are created with, as the schema states it."""
 
 Email = Annotated[str, Field(min_length=3, max_length=320, pattern=EMAIL_PATTERN)]
@@ -377,9 +383,8 @@ class JobOut(BaseModel):
                    if job.state == "succeeded" else None)
 
 
-NOT_BLANK = r"[^\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
-"""Text the server strips must hold a character Python's `str.strip` keeps. Spelled out, because `\\S` differs
-between regex dialects, and only Python counts \\x1c-\\x1f as white space."""
+NOT_BLANK = f"[^{WHITE_SPACE}]"
+"""Text the server strips must hold a character Python's `str.strip` keeps."""
 
 
 class PrincipleIn(Strict):
