@@ -153,6 +153,24 @@ def _document_errors(schema: dict[str, Any], routes: list[RouteContext]) -> None
     schemas["Error"] = ERROR_BODY
 
 
+# --- operation ids ---------------------------------------------------------------------------------------------
+
+
+def _short_operation_ids(schema: dict[str, Any], routes: list[RouteContext]) -> None:
+    """A generated client's method names: the handler's own name (`create_project`, `submit_ranking`) rather than
+    FastAPI's `create_project_api_projects_post`; a name two handlers share keeps FastAPI's unique form."""
+    by_operation = {(m.lower(), r.path_format): r.name for r in routes for m in r.methods}
+    operations = [(by_operation.get((method, path)), op) for path, ops in schema.get("paths", {}).items()
+                  for method, op in ops.items()]
+    counts: dict[str, int] = {}
+    for name, _ in operations:
+        if name:
+            counts[name] = counts.get(name, 0) + 1
+    for name, op in operations:
+        if name and counts[name] == 1:
+            op["operationId"] = name
+
+
 # --- constraints ---------------------------------------------------------------------------------------------------
 
 _BOUNDS = {"ge": "minimum", "le": "maximum", "gt": "exclusiveMinimum", "lt": "exclusiveMaximum"}
@@ -286,7 +304,9 @@ def install(app: FastAPI) -> None:
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = FastAPI.openapi(app)
-            _document_errors(schema, [r for r in api_routes(app) if r.include_in_schema])
+            routes = [r for r in api_routes(app) if r.include_in_schema]
+            _document_errors(schema, routes)
+            _short_operation_ids(schema, routes)
             _json_schema_bounds(schema)
             _add_links(schema)
             _versioned_paths(schema)

@@ -137,6 +137,14 @@ def test_a_created_project_links_to_what_uses_it(client: Any) -> None:
     assert delete["parameters"] == {"export_id": "$response.body#/export_id"}
 
 
+def test_operation_ids_are_the_handlers_names_for_generated_clients(client: Any) -> None:
+    spec = _spec(client)
+    ids = [op["operationId"] for _, _, op in _operations(spec)]
+    assert len(ids) == len(set(ids))
+    assert spec["paths"]["/api/v1/projects"]["post"]["operationId"] == "create_project"
+    assert spec["paths"]["/api/v1/projects/{project_id}/rankings"]["post"]["operationId"] == "submit_ranking"
+
+
 def test_the_api_is_versioned_and_the_unversioned_name_still_works(client: Any, world: World) -> None:
     headers = world.headers("lead")
     versioned = client.get("/api/v1/projects", headers=headers)
