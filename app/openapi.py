@@ -1,5 +1,6 @@
 """The API's contract, decided in one place: the error answers every operation documents, the links between
-operations, the `Allow` header of a 405, and the `/api/v1` prefix.
+operations, short operationIds, JSON Schema's own names for bounds, the `Allow` header of a 405, and the `/api/v1`
+prefix (`install` makes `app.openapi()` return it; `create_app` calls it).
 
 Routes declare only what is particular to them (`responses={410: ...}`); the rest is read from the route itself, so
 a new route is documented truthfully without a line of its own:
