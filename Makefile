@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: demo test lint audit setup setup-dev vendor browser serve bench soak clean
+.PHONY: demo test lint audit setup setup-dev vendor browser serve bench soak clean api-check api-fuzz
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' \
@@ -56,6 +56,16 @@ test: setup-dev browser
 # PREFLAB_TEST_DATABASE_URL for Postgres too). SOAK_ARGS, e.g. "--idle 2 --busy 1", shortens it.
 soak: setup-dev browser
 	$(BIN)/python tests/soak.py $(SOAK_ARGS)
+
+# Every Schemathesis check against the app's /openapi.json, in-process, as two users with real ids, the outbound
+# rules refusing every host unresolved (tests/security/api_contract.py). CI's run: a fixed seed, a small budget.
+API_FUZZ_EXAMPLES ?= 50
+api-check: setup-dev
+	$(BIN)/python -m tests.security.api_contract --seed 1 --examples 8
+
+# The same, longer and with a random seed (printed, so a finding replays with --seed N), for people.
+api-fuzz: setup-dev
+	$(BIN)/python -m tests.security.api_contract --seed random --examples $(API_FUZZ_EXAMPLES)
 
 # ruff (style, and no function above complexity 15) and the import rules in pyproject.toml's [tool.importlinter].
 lint: setup-dev

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Annotated
 from urllib.parse import quote, urlsplit
 
-from fastapi import Depends, HTTPException, Request
+from fastapi import Depends, HTTPException, Path, Request
 from sqlalchemy.orm import Session
 
 from app import permissions, security
@@ -18,6 +18,13 @@ from app.models import User
 from app.services import users
 
 UNSAFE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
+
+MAX_ID = 2**31 - 1
+"""The largest id the database holds (a Postgres `integer`; SQLite's are wider). Ids in paths and bodies are
+1..MAX_ID, so a larger one is a 422 naming the field, not a 404 or a database error."""
+
+Id = Annotated[int, Path(ge=1, le=MAX_ID)]
+"""An object id in a path: `def get_job(job_id: Id, ...)`."""
 
 
 @dataclass(frozen=True)
@@ -95,16 +102,21 @@ def _account_action(action: str, caller: Callable[..., User] = api_user):  # typ
         permissions.require_account(user, action)
         return user
 
+    check.account_action = action  # type: ignore[attr-defined]  # app.openapi documents its 403
     return check
 
 
 async def csrf_guard(request: Request) -> None:
     """Every state-changing request from a browser must carry the CSRF token and, if sent, a same-site Origin.
 
-    Requests authenticated by a Bearer token are exempt: browsers never attach those on their own.
+    Requests authenticated by a Bearer token are exempt: browsers never attach those on their own. So are API
+    requests with no session cookie either: they carry no credentials to abuse, and get 401 (pages keep the check,
+    the login form included).
     """
     if request.method not in UNSAFE_METHODS or _bearer(request) is not None:
         return
+    if request.url.path.startswith("/api/") and SESSION_COOKIE not in request.cookies:
+        return  # no credentials at all: nothing a forged request could ride on, and the route answers 401
     origin = request.headers.get("origin")
     if origin and origin != "null":
         expected = request.app.state.settings.public_origin or f"{request.url.scheme}://{request.url.netloc}"

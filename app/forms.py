@@ -80,6 +80,10 @@ _PLAIN_MESSAGES: dict[str, Callable[[dict[str, Any]], str]] = {
     else f"must be at least {ctx.get('min_length')} characters",
     "string_too_long": lambda ctx: f"must be at most {ctx.get('max_length')} characters",
     "int_parsing": lambda ctx: "must be a whole number",
+    "int_type": lambda ctx: "must be a whole number",
+    "float_type": lambda ctx: "must be a number",
+    "bool_type": lambda ctx: "must be yes or no",
+    "string_type": lambda ctx: "must be text",
     "int_from_float": lambda ctx: "must be a whole number",
     "float_parsing": lambda ctx: "must be a number",
     "bool_parsing": lambda ctx: "must be yes or no",
@@ -187,7 +191,7 @@ class ProjectForm(ApiForm):
 
     def to_api(self) -> ProjectIn:
         # One validation of the whole body, so a rubric error is named `rubric.text` as the API names it.
-        return ProjectIn.model_validate({"name": self.name, "completions_per_prompt": self.completions_per_prompt,
+        return ProjectIn.from_form(**{"name": self.name, "completions_per_prompt": self.completions_per_prompt,
                                          "overlap": self.overlap,
                                          "rubric": {"text": self.rubric, "criteria": lines(self.criteria)}})
 
@@ -199,7 +203,7 @@ class MemberForm(ApiForm):
     role: str = Field("", max_length=20)
 
     def to_api(self) -> MemberIn:
-        return MemberIn(email=self.email, role=self.role)  # type: ignore[arg-type]
+        return MemberIn.from_form(email=self.email, role=self.role)  # type: ignore[arg-type]
 
 
 class RubricForm(ApiForm):
@@ -212,7 +216,7 @@ class RubricForm(ApiForm):
     note: str = Field("", max_length=500)
 
     def to_api(self) -> RubricVersionIn:
-        return RubricVersionIn(text=self.text, criteria=lines(self.criteria), base_version=self.base_version,
+        return RubricVersionIn.from_form(text=self.text, criteria=lines(self.criteria), base_version=self.base_version,
                                note=self.note)
 
 
@@ -272,7 +276,7 @@ class UserForm(ApiForm):
     name: str = Field("", max_length=200)
 
     def to_api(self) -> UserIn:
-        return UserIn(email=self.email, password=self.password, role=self.role, name=self.name)  # type: ignore[arg-type]
+        return UserIn.from_form(email=self.email, password=self.password, role=self.role, name=self.name)  # type: ignore[arg-type]
 
 
 class UserUpdateForm(ApiForm):
@@ -282,7 +286,7 @@ class UserUpdateForm(ApiForm):
     active: bool = False
 
     def to_api(self) -> UserPatch:
-        return UserPatch(role=self.role, active=self.active)  # type: ignore[arg-type]
+        return UserPatch.from_form(role=self.role, active=self.active)  # type: ignore[arg-type]
 
     def values(self) -> dict[str, Any]:
         return {}  # a row's edit: the page's one form to fill again is "Add a user", which this is not
@@ -303,7 +307,7 @@ class EndpointForm(ApiForm):
     allow_private: bool = False
 
     def to_api(self) -> ModelEndpointIn:
-        return ModelEndpointIn(name=self.name, base_url=self.base_url, model=self.model,
+        return ModelEndpointIn.from_form(name=self.name, base_url=self.base_url, model=self.model,
                                api_key=self.api_key or None, allow_private=self.allow_private)
 
 
@@ -311,7 +315,7 @@ class EndpointUpdateForm(EndpointForm):
     clear_api_key: bool = False
 
     def to_api(self) -> ModelEndpointPatch:  # type: ignore[override]
-        return ModelEndpointPatch(name=self.name, base_url=self.base_url, model=self.model,
+        return ModelEndpointPatch.from_form(name=self.name, base_url=self.base_url, model=self.model,
                                   api_key=self.api_key or None, clear_api_key=self.clear_api_key,
                                   allow_private=self.allow_private)
 
@@ -378,7 +382,7 @@ class SamplingForm(GeneratorForm, ApiForm):
         generator = self.generator(temperature=self.temperature, top_p=self.top_p,
                                    max_new_tokens=self.max_new_tokens)
         # The page's tries field is a hint, not a request to refuse: it is kept within the API's range.
-        return SamplingJobIn(generator=generator, seed=seed, resample_duplicates=max(0, min(tries, 5)))  # type: ignore[arg-type]
+        return SamplingJobIn.from_form(generator=generator, seed=seed, resample_duplicates=max(0, min(tries, 5)))  # type: ignore[arg-type]
 
 
 class JudgeForm(GeneratorForm, ApiForm):
@@ -390,7 +394,7 @@ class JudgeForm(GeneratorForm, ApiForm):
     seed: int = Field(0, ge=0)
 
     def to_api(self) -> JudgeRunIn:
-        return JudgeRunIn(generator=self.generator(), mode=self.mode, principles=self.principles,  # type: ignore[arg-type]
+        return JudgeRunIn.from_form(generator=self.generator(), mode=self.mode, principles=self.principles,  # type: ignore[arg-type]
                           seed=self.seed)
 
 
@@ -403,7 +407,7 @@ class RevisionsForm(ApiForm):
     limit: int = Field(20, ge=1, le=10_000)
 
     def to_api(self) -> RevisionJobIn:
-        return RevisionJobIn(generator={"backend": "hf", "model": self.model}, limit=self.limit)  # type: ignore[arg-type]
+        return RevisionJobIn.from_form(generator={"backend": "hf", "model": self.model}, limit=self.limit)  # type: ignore[arg-type]
 
 
 class GoldFromMetadataForm(PageForm):
@@ -421,14 +425,14 @@ class AILabelsForm(ApiForm):
     enabled: str = ""
 
     def to_api(self) -> AILabelsIn:
-        return AILabelsIn(enabled=self.enabled == "yes")
+        return AILabelsIn.from_form(enabled=self.enabled == "yes")
 
 
 class DecisionForm(ApiForm):
     accept: str = ""
 
     def to_api(self) -> RevisionDecisionIn:
-        return RevisionDecisionIn(accept=self.accept == "yes")
+        return RevisionDecisionIn.from_form(accept=self.accept == "yes")
 
 
 class FieldsetForm(PageForm):
@@ -486,7 +490,7 @@ class ConstitutionForm(FieldsetForm, ApiForm):
         return out
 
     def to_api(self) -> ConstitutionIn:
-        return ConstitutionIn(principles=self.principles(), base_version=self.base_version or None,  # type: ignore[arg-type]
+        return ConstitutionIn.from_form(principles=self.principles(), base_version=self.base_version or None,  # type: ignore[arg-type]
                               note=self.note)
 
     def label(self, field: str) -> str | None:
@@ -559,7 +563,7 @@ class RankingForm(FieldsetForm):
 
     def ranking(self, assignment_id: int, completion_ids: list[int]) -> RankingIn:
         skipped = self.action == "skip"
-        return RankingIn(
+        return RankingIn.from_form(
             assignment_id=assignment_id, tiers=[] if skipped else self.tiers(completion_ids),
             rubric_version=int(self.rubric_version) if self.rubric_version.isdigit() else 0,
             submission_id=self.submission_id[:64], flags=self.flags(completion_ids), skipped=skipped,
@@ -598,7 +602,7 @@ class ExportForm(ApiForm):
         return filters
 
     def to_api(self) -> ExportIn:
-        return ExportIn(kind=self.kind, format=self.format, filters=self.filters(),  # type: ignore[arg-type]
+        return ExportIn.from_form(kind=self.kind, format=self.format, filters=self.filters(),  # type: ignore[arg-type]
                         aggregation=self.aggregation if self.kind == "pairs" else "raw",  # type: ignore[arg-type]
                         conflicts=self.conflicts, layout=self.layout or None)  # type: ignore[arg-type]
 
@@ -626,13 +630,14 @@ class TrainingForm(ApiForm):
             raise Invalid(f"not valid TOML: {exc}", field="config") from None
         if not self.export_id.isdigit():
             raise Invalid("choose an export", field="export_id")
-        return TrainingRunIn(kind=self.kind, export_id=int(self.export_id), base_model=self.base_model or None,  # type: ignore[arg-type]
-                             reward_run_id=int(self.reward_run_id) if self.reward_run_id.isdigit() else None,
-                             config=config)
+        return TrainingRunIn.from_form(kind=self.kind, export_id=int(self.export_id),
+                                       base_model=self.base_model or None,
+                                       reward_run_id=int(self.reward_run_id) if self.reward_run_id.isdigit() else None,
+                                       config=config)
 
 
 class IterateForm(ApiForm):
     replay_share: float = Field(0.1, ge=0, le=1)
 
     def to_api(self) -> IterateIn:
-        return IterateIn(replay_share=self.replay_share)
+        return IterateIn.from_form(replay_share=self.replay_share)

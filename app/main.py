@@ -10,7 +10,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException
 
-from app import __version__
+from app import __version__, openapi
 from app.crypto import Keyring
 from app.db import RetryTransientErrors, make_engine, make_session_factory
 from app.deps import LoginRequired, csrf_guard
@@ -19,6 +19,7 @@ from app.metrics import AppMetrics
 from app.migrate import refuse_newer
 from app.observability import RequestIdMiddleware, RouteRecorder, configure_logging
 from app.security import LoginThrottle
+from app.services import outbound
 from app.services.import_formats import ImportRejected
 from app.settings import Settings, get_settings
 from app.web import STATIC_DIR, BodyLimitMiddleware, BrowserIdAndHeadersMiddleware, render
@@ -36,15 +37,6 @@ def _wants_json(request: Request) -> bool:
     )
 
 
-# The error body every JSON error answers with (see `DomainError.detail` and `validation_error` below). FastAPI
-# documents 422 as its own `{loc, msg, type}` items; the schema names what clients really receive.
-ERROR_ITEM_SCHEMA = {
-    "title": "ValidationError", "type": "object", "required": ["message"],
-    "properties": {"field": {"type": "string", "title": "Field", "description": "The offending field, dotted"},
-                   "message": {"type": "string", "title": "Message"}},
-}
-
-
 def _unstorable_value(exc: Exception) -> str | None:
     """Why the database refused a value the client sent, or None when `exc` is not that (then it is a bug).
 
@@ -60,18 +52,6 @@ def _unstorable_value(exc: Exception) -> str | None:
         if "NUL (0x00)" in str(exc.orig) or getattr(exc.orig, "sqlstate", None) == "22P05":
             return "text must not contain NUL (0x00) characters"
     return None
-
-
-def _document_error_format(app: FastAPI) -> None:
-    def openapi() -> dict:
-        if app.openapi_schema is None:
-            schema = FastAPI.openapi(app)
-            schemas = schema.get("components", {}).get("schemas", {})
-            if "ValidationError" in schemas:
-                schemas["ValidationError"] = ERROR_ITEM_SCHEMA
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _refuse_newer_schema(engine: Engine) -> None:
@@ -120,11 +100,68 @@ async def internal_error(request: Request, exc: Exception) -> Response:
     return response
 
 
+def _install_error_handlers(app: FastAPI) -> None:
+    """Every error as the one JSON error body (`app.openapi.ERROR_BODY`) for the API, or as the error page."""
+
+    @app.exception_handler(DomainError)
+    async def domain_error(request: Request, exc: DomainError) -> Response:
+        headers = {}
+        if isinstance(exc, TooManyAttempts):
+            headers["Retry-After"] = str(int(exc.retry_after) + 1)
+        if _wants_json(request):
+            return JSONResponse({"detail": exc.detail()}, status_code=exc.status_code, headers=headers)
+        return render(request, "error.html", {"status": exc.status_code, "message": exc.message},
+                      status_code=exc.status_code)
+
+    @app.exception_handler(ImportRejected)
+    async def import_rejected(request: Request, exc: ImportRejected) -> Response:
+        return JSONResponse({"detail": exc.detail()}, status_code=422)
+
+    @app.exception_handler(LoginRequired)
+    async def login_required(request: Request, exc: LoginRequired) -> Response:
+        if request.headers.get("hx-request") == "true":
+            return Response(status_code=401, headers={"HX-Redirect": f"/login?next={exc.next_url}"})
+        return RedirectResponse(f"/login?next={exc.next_url}", status_code=303)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # every method served at this path, not only the first route's
+            headers["Allow"] = ", ".join(openapi.allowed_methods(app, request.scope))
+        if _wants_json(request):
+            detail = exc.detail if isinstance(exc.detail, list) else [{"message": str(exc.detail)}]
+            return JSONResponse({"detail": detail}, status_code=exc.status_code, headers=headers)
+        page = render(request, "error.html", {"status": exc.status_code, "message": exc.detail},
+                      status_code=exc.status_code)
+        page.headers.update(headers)
+        return page
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        detail = [{"field": ".".join(str(p) for p in err["loc"] if p != "body"), "message": err["msg"]}
+                  for err in exc.errors()]
+        if _wants_json(request):
+            return JSONResponse({"detail": detail}, status_code=422)
+        message = "; ".join(f"{d['field']}: {d['message']}" for d in detail)
+        return render(request, "error.html", {"status": 422, "message": message}, status_code=422)
+
+    @app.exception_handler(OverflowError)
+    @app.exception_handler(DataError)
+    async def unstorable_value(request: Request, exc: Exception) -> Response:
+        message = _unstorable_value(exc)
+        if message is None:
+            raise exc  # any other overflow or data error is a bug: a 500, logged
+        if _wants_json(request):
+            return JSONResponse({"detail": [{"message": message}]}, status_code=422)
+        return render(request, "error.html", {"status": 422, "message": message}, status_code=422)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     app = FastAPI(title="preflab", version=__version__, description=DESCRIPTION,
                   dependencies=[Depends(csrf_guard)], docs_url="/docs", redoc_url=None)
     app.state.settings = settings
+    outbound.refuse_every_host(settings.outbound_hosts == "none")
     app.state.secret = settings.resolved_secret()
     app.state.engine = make_engine(settings.database_url, settings.database_pool_size)
     app.state.session_factory = make_session_factory(app.state.engine)
@@ -144,6 +181,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(RetryTransientErrors)
     # Outside the retry: a request run again keeps its id, and is counted once, under its route template.
     app.add_middleware(RequestIdMiddleware, metrics=app.state.metrics)
+    app.add_middleware(openapi.VersionPrefix)  # /api/v1/... is routed as /api/...
 
     from app.routes import (
         agreement,
@@ -182,52 +220,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 
-    @app.exception_handler(DomainError)
-    async def domain_error(request: Request, exc: DomainError) -> Response:
-        headers = {}
-        if isinstance(exc, TooManyAttempts):
-            headers["Retry-After"] = str(int(exc.retry_after) + 1)
-        if _wants_json(request):
-            return JSONResponse({"detail": exc.detail()}, status_code=exc.status_code, headers=headers)
-        return render(request, "error.html", {"status": exc.status_code, "message": exc.message},
-                      status_code=exc.status_code)
-
-    @app.exception_handler(ImportRejected)
-    async def import_rejected(request: Request, exc: ImportRejected) -> Response:
-        return JSONResponse({"detail": exc.detail()}, status_code=422)
-
-    @app.exception_handler(LoginRequired)
-    async def login_required(request: Request, exc: LoginRequired) -> Response:
-        if request.headers.get("hx-request") == "true":
-            return Response(status_code=401, headers={"HX-Redirect": f"/login?next={exc.next_url}"})
-        return RedirectResponse(f"/login?next={exc.next_url}", status_code=303)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException) -> Response:
-        if _wants_json(request):
-            return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
-        return render(request, "error.html", {"status": exc.status_code, "message": exc.detail},
-                      status_code=exc.status_code)
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
-        detail = [{"field": ".".join(str(p) for p in err["loc"] if p != "body"), "message": err["msg"]}
-                  for err in exc.errors()]
-        if _wants_json(request):
-            return JSONResponse({"detail": detail}, status_code=422)
-        message = "; ".join(f"{d['field']}: {d['message']}" for d in detail)
-        return render(request, "error.html", {"status": 422, "message": message}, status_code=422)
-
-    @app.exception_handler(OverflowError)
-    @app.exception_handler(DataError)
-    async def unstorable_value(request: Request, exc: Exception) -> Response:
-        message = _unstorable_value(exc)
-        if message is None:
-            raise exc  # any other overflow or data error is a bug: a 500, logged
-        if _wants_json(request):
-            return JSONResponse({"detail": [{"message": message}]}, status_code=422)
-        return render(request, "error.html", {"status": 422, "message": message}, status_code=422)
-
+    _install_error_handlers(app)
     app.add_exception_handler(Exception, internal_error)
-    _document_error_format(app)
+    openapi.install(app)
     return app

@@ -1,18 +1,77 @@
-"""JSON API request and response models. Requests forbid unknown fields (no mass assignment)."""
+"""JSON API request and response models. Requests forbid unknown fields (no mass assignment) and are strict: a JSON
+body's `0` is no `false` and its `"1"` no `1`. Page forms, whose fields all arrive as text, build the same models
+with `from_form`, which converts as a form must."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo
+from pydantic_core import PydanticCustomError
 
 from app.formats import Aggregation, Conflicts, ExportFormat, ExportKind, ExportLayout
 from app.models import AssignmentDraft, Completion, Constitution, Export, Job, ModelEndpoint, Project, Rubric, User
 
+MAX_ID = 2**31 - 1
+"""The largest id the database holds (a Postgres `integer`); `app.deps.Id` bounds path ids the same way."""
+
+FORM = {"form": True}
+"""The validation context of a page form's values (`Strict.from_form`): text is converted, not refused."""
+
+
+def _json_integer(value: Any, info: ValidationInfo) -> Any:
+    """JSON numbers for an integer field: 3 and 3.0 (JSON Schema's integers both), never true or "3"."""
+    if info.context == FORM:
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise PydanticCustomError("int_type", "Input should be a valid integer (a JSON number)")
+    return value
+
+
+Int = Annotated[int, Field(strict=False), BeforeValidator(_json_integer)]
+"""An integer in a strict request body: 3.0 is 3, as JSON and JSON Schema have it; 3.5, "3" and true are refused."""
+
+Id = Annotated[Int, Field(ge=1, le=MAX_ID)]
+"""An object id in a request body."""
+
+WHITE_SPACE = r"\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+"""Python's white space (`str.isspace`, `re`'s `\\s`), spelled out for patterns: `\\s` means other sets in other
+regex dialects (ECMA's adds U+FEFF, Rust's and ECMA's leave out U+001C-U+001F), and a schema pattern is read by
+pydantic (Rust), by JSON Schema validators (ECMA) and by generators (Python) alike."""
+
+EMAIL_PATTERN = (rf"^[^@{WHITE_SPACE}]{{1,64}}@[^@{WHITE_SPACE}]{{1,255}}\.[^@{WHITE_SPACE}]{{1,63}}$"
+                 rf"|^[^@{WHITE_SPACE}]{{1,64}}@localhost$")
+"""`services.users.EMAIL_RE`, the rule accounts are created with, as the schema states it."""
+
+Email = Annotated[str, Field(min_length=3, max_length=320, pattern=EMAIL_PATTERN)]
+"""No `format: email`: format checkers disagree on what an address is (control characters, quoting, non-ASCII), so
+the schema states the server's own rule, the pattern (tests/security/schema_exceptions.py)."""
+
+
+def _iso_datetime(value: Any, info: ValidationInfo) -> Any:
+    """JSON has no datetime: a strict body's datetime is an ISO 8601 string (never a number of seconds)."""
+    if isinstance(value, str | datetime) or value is None or info.context == FORM:
+        return value
+    raise PydanticCustomError("datetime_type", "Input should be an ISO 8601 date-time string")
+
+
+CompletionKey = Annotated[str, Field(pattern=r"^[0-9]{1,10}$")]
+"""A completion id as a JSON object's key (`flags`)."""
+
+_ONLY_COMPLETION_KEYS = {"additionalProperties": False}
+
+Timestamp = Annotated[datetime, Field(strict=False), BeforeValidator(_iso_datetime)]
+
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    @classmethod
+    def from_form(cls, **fields: Any) -> Any:
+        """The model from a page form's values, converted as a form's text must be ("4" → 4, "on" → true); the
+        JSON API validates its bodies strictly."""
+        return cls.model_validate(fields, strict=False, context=FORM)
 
 
 class RubricIn(Strict):
@@ -22,8 +81,8 @@ class RubricIn(Strict):
 
 class ProjectIn(Strict):
     name: str = Field(min_length=1, max_length=200)
-    completions_per_prompt: int = Field(ge=2, le=16, description="K: completions ranked per prompt.")
-    overlap: int = Field(default=1, ge=1, le=50, description="Independent rankings wanted per prompt.")
+    completions_per_prompt: Int = Field(ge=2, le=16, description="K: completions ranked per prompt.")
+    overlap: Int = Field(default=1, ge=1, le=50, description="Independent rankings wanted per prompt.")
     description: str = Field(default="", max_length=5000)
     rubric: RubricIn
 
@@ -47,7 +106,7 @@ class ProjectOut(BaseModel):
 class RubricVersionIn(Strict):
     text: str = Field(min_length=1, max_length=100_000)
     criteria: list[str] = Field(default_factory=list, max_length=30)
-    base_version: int = Field(ge=1, description="The version you edited; 409 if it is no longer current.")
+    base_version: Int = Field(ge=1, le=MAX_ID, description="The version you edited; 409 if it is no longer current.")
     note: str = Field(default="", max_length=500, description="What changed, for the history page.")
 
 
@@ -68,7 +127,7 @@ class RubricOut(BaseModel):
 
 
 class MemberIn(Strict):
-    email: str = Field(min_length=3, max_length=320)
+    email: Email = Field(description="The address of an existing account.")
     role: Literal["lead", "annotator", "engineer"]
 
 
@@ -94,7 +153,7 @@ class ImportOut(BaseModel):
 
 
 class UserIn(Strict):
-    email: str = Field(min_length=3, max_length=320)
+    email: Email
     password: str = Field(min_length=10, max_length=1024)
     role: Literal["admin", "lead", "annotator", "engineer"]
     name: str = Field(default="", max_length=200)
@@ -203,13 +262,16 @@ class TaskOut(BaseModel):
 
 
 class RankingIn(Strict):
-    assignment_id: int | None = Field(default=None, description="The task from /tasks/next (or give prompt_id).")
-    prompt_id: int | None = None
-    tiers: list[list[int]] = Field(default_factory=list,
-                                   description="Completion ids, best tier first; ties share a tier.")
-    rubric_version: int = Field(ge=1, description="The rubric version shown while ranking; 422 if no longer current.")
+    assignment_id: Id | None = Field(default=None, description="The task from /tasks/next (or give prompt_id).")
+    prompt_id: Id | None = None
+    tiers: list[Annotated[list[Id], Field(min_length=1, max_length=16)]] = Field(
+        default_factory=list, max_length=16, description="Completion ids, best tier first; ties share a tier.")
+    rubric_version: Int = Field(ge=1, le=MAX_ID,
+                                description="The rubric version shown while ranking; 422 if no longer current.")
     submission_id: str = Field(min_length=1, max_length=64, description="Client id: a retry with it is idempotent.")
-    flags: dict[str, list[str]] = Field(default_factory=dict, description="Completion id → flags.")
+    flags: dict[CompletionKey, Annotated[list[Annotated[str, Field(max_length=200)]], Field(max_length=32)]] = Field(
+        default_factory=dict, max_length=16, description="Completion id → flags.",
+        json_schema_extra=_ONLY_COMPLETION_KEYS)
     skipped: bool = False
     skip_reason: str | None = Field(default=None, max_length=200)
     seconds_spent: float | None = Field(default=None, ge=0)
@@ -227,14 +289,15 @@ DRAFT_MAX_BYTES = 16 * 1024
 
 
 class DraftIn(Strict):
-    tiers: list[Annotated[list[int], Field(max_length=16)]] = Field(
+    tiers: list[Annotated[list[Id], Field(min_length=1, max_length=16)]] = Field(
         default_factory=list, max_length=16,
         description="The completions placed so far, best tier first; ties share a tier. Unplaced ones are left out.")
-    flags: dict[str, Annotated[list[Annotated[str, Field(max_length=200)]], Field(max_length=32)]] = Field(
-        default_factory=dict, max_length=16, description="Completion id → the flags ticked so far.")
+    flags: dict[CompletionKey, Annotated[list[Annotated[str, Field(max_length=200)]], Field(max_length=32)]] = Field(
+        default_factory=dict, max_length=16, description="Completion id → the flags ticked so far.",
+        json_schema_extra=_ONLY_COMPLETION_KEYS)
     seconds_spent: float | None = Field(default=None, ge=0, le=24 * 3600,
                                         description="Time on the task so far: a resumed page counts on from it.")
-    edited_at: datetime | None = Field(
+    edited_at: Timestamp | None = Field(
         default=None, description="When the ranking was last changed, on the client's clock (default: now; never "
                                   "later than the server's). A draft older than the stored one is refused with 409, "
                                   "so a late retry never overwrites a newer draft from another device.")
@@ -258,14 +321,14 @@ class HFGeneratorIn(Strict):
     model: str = Field(min_length=1, max_length=1000, description="Path of a local model directory (no hub).")
     temperature: float = Field(default=1.0, ge=0, le=5)
     top_p: float = Field(default=1.0, gt=0, le=1)
-    max_new_tokens: int = Field(default=256, ge=1, le=32_768)
+    max_new_tokens: Int = Field(default=256, ge=1, le=32_768)
     stop: list[str] = Field(default_factory=list, max_length=16)
-    batch_size: int = Field(default=8, ge=1, le=512)
+    batch_size: Int = Field(default=8, ge=1, le=512)
 
 
 class OpenAIGeneratorIn(Strict):
     backend: Literal["openai"]
-    endpoint_id: int | None = Field(default=None, ge=1, description="A model endpoint an admin configured "
+    endpoint_id: Id | None = Field(default=None, description="A model endpoint an admin configured "
                                     "(GET /api/model-endpoints); its URL and API key stay on the server.")
     base_url: str | None = Field(default=None, min_length=8, max_length=1000,
                                  description="Admins only: a public server's URL, e.g. https://api.example.org/v1. "
@@ -277,21 +340,21 @@ class OpenAIGeneratorIn(Strict):
     api: Literal["chat", "completions"] = "chat"
     temperature: float = Field(default=1.0, ge=0, le=5)
     top_p: float = Field(default=1.0, gt=0, le=1)
-    max_new_tokens: int = Field(default=256, ge=1, le=32_768)
+    max_new_tokens: Int = Field(default=256, ge=1, le=32_768)
     stop: list[str] = Field(default_factory=list, max_length=16)
     timeout_s: float = Field(default=60, gt=0, le=3600)
-    max_retries: int = Field(default=4, ge=0, le=20)
-    concurrency: int = Field(default=8, ge=1, le=256)
-    max_n: int = Field(default=16, ge=1, le=128)
+    max_retries: Int = Field(default=4, ge=0, le=20)
+    concurrency: Int = Field(default=8, ge=1, le=256)
+    max_n: Int = Field(default=16, ge=1, le=128)
 
 
 class SamplingJobIn(Strict):
     generator: HFGeneratorIn | OpenAIGeneratorIn = Field(discriminator="backend")
-    k: int | None = Field(default=None, ge=1, le=16,
+    k: Int | None = Field(default=None, ge=1, le=16,
                           description="Completions wanted per prompt (default: the project's K).")
-    prompt_ids: list[int] | None = Field(default=None, max_length=100_000, description="Only these prompts.")
-    seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
-    resample_duplicates: int = Field(default=0, ge=0, le=5, description=(
+    prompt_ids: list[Id] | None = Field(default=None, max_length=100_000, description="Only these prompts.")
+    seed: Int | None = Field(default=None, ge=0, le=2**31 - 1)
+    resample_duplicates: Int = Field(default=0, ge=0, le=5, description=(
         "Tries to replace empty, blank and near-duplicate answers; what is still empty or identical is dropped."))
 
 
@@ -329,18 +392,24 @@ class JobOut(BaseModel):
                    if job.state == "succeeded" else None)
 
 
+NOT_BLANK = f"[^{WHITE_SPACE}]"
+"""Text the server strips must hold a character Python's `str.strip` keeps."""
+
+
 class PrincipleIn(Strict):
-    name: str = Field(min_length=1, max_length=200)
+    name: str = Field(min_length=1, max_length=200, pattern=NOT_BLANK)
     rationale: str = Field(default="", max_length=4000)
-    priority: int = Field(default=1, ge=0, le=1000, description="Lower comes first.")
-    comparison: str = Field(min_length=1, max_length=4000, description="e.g. 'Which response is less harmful?'")
+    priority: Int = Field(default=1, ge=0, le=1000, description="Lower comes first.")
+    comparison: str = Field(min_length=1, max_length=4000, pattern=NOT_BLANK,
+                            description="e.g. 'Which response is less harmful?'")
     critique: str = Field(default="", max_length=4000, description="The critique request (supervised CAI stage).")
     revision: str = Field(default="", max_length=4000, description="The revision request (supervised CAI stage).")
 
 
 class ConstitutionIn(Strict):
     principles: list[PrincipleIn] = Field(min_length=1, max_length=50)
-    base_version: int | None = Field(default=None, ge=1, description="The version you edited (omit for the first).")
+    base_version: Int | None = Field(default=None, ge=1, le=MAX_ID,
+                                     description="The version you edited (omit for the first).")
     note: str = Field(default="", max_length=500)
 
 
@@ -358,13 +427,13 @@ class ConstitutionOut(BaseModel):
 
 
 class JudgeRunIn(Strict):
-    constitution_version: int | None = Field(default=None, ge=1, description="Default: the current version "
+    constitution_version: Int | None = Field(default=None, ge=1, le=MAX_ID, description="Default: the current version "
                                              "(the default constitution is created if the project has none).")
     generator: HFGeneratorIn | OpenAIGeneratorIn = Field(discriminator="backend")
     mode: Literal["logprob", "cot"] = "logprob"
     principles: Literal["sample", "all"] = "sample"
-    prompt_ids: list[int] | None = Field(default=None, max_length=100_000)
-    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    prompt_ids: list[Id] | None = Field(default=None, max_length=100_000)
+    seed: Int = Field(default=0, ge=0, le=2**31 - 1)
     low_confidence: float = Field(default=0.6, ge=0.5, le=1.0,
                                   description="Pairs whose max(p, 1−p) is below this are marked low-confidence.")
     route_low_confidence: bool = Field(default=False, description="Send low-confidence prompts back to humans.")
@@ -406,14 +475,14 @@ class AILabelsIn(Strict):
 
 class TrainingRunIn(Strict):
     kind: Literal["sft", "reward", "prm", "dpo", "rft", "grpo", "ppo"]
-    export_id: int = Field(ge=1, description="An SFT export for sft, a pairs export for reward and dpo, a steps "
-                                             "export for prm, a prompts export for rft, grpo and ppo.")
+    export_id: Id = Field(description="An SFT export for sft, a pairs export for reward and dpo, a steps "
+                                      "export for prm, a prompts export for rft, grpo and ppo.")
     base_model: str | None = Field(default=None, max_length=1000,
                                    description="Local model directory: a causal LM for sft, dpo, rft, grpo and ppo "
                                                "(reward and prm runs default to the shipped MiniLM).")
-    reward_run_id: int | None = Field(default=None, ge=1,
-                                      description="The reward-model run an rft, grpo or ppo run optimises; for grpo "
-                                                  "also a prm run, whose step scores become the process reward.")
+    reward_run_id: Id | None = Field(default=None,
+                                     description="The reward-model run an rft, grpo or ppo run optimises; for grpo "
+                                                 "also a prm run, whose step scores become the process reward.")
     config: dict = Field(default_factory=dict, description="Trainer config fields (see `python -m training KIND "
                                                            "--help`); validated before any job exists.")
 
@@ -442,19 +511,19 @@ class TrainingRunOut(BaseModel):
 
 
 class SampleIntoProjectIn(Strict):
-    k: int | None = Field(default=None, ge=1, le=16, description="Completions per prompt (default: the project's K).")
+    k: Int | None = Field(default=None, ge=1, le=16, description="Completions per prompt (default: the project's K).")
     new_round: bool = Field(default=True, description="Start a new annotation round on these completions.")
-    seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
-    max_new_tokens: int | None = Field(default=None, ge=1, le=32_768, description="Default: the run's own.")
+    seed: Int | None = Field(default=None, ge=0, le=2**31 - 1)
+    max_new_tokens: Int | None = Field(default=None, ge=1, le=32_768, description="Default: the run's own.")
     temperature: float | None = Field(default=None, ge=0, le=5, description="Default: the run's own.")
 
 
 class RevisionJobIn(Strict):
     generator: HFGeneratorIn | OpenAIGeneratorIn = Field(discriminator="backend")
-    constitution_version: int | None = Field(default=None, ge=1)
-    prompt_ids: list[int] | None = Field(default=None, max_length=100_000)
-    limit: int = Field(default=20, ge=1, le=10_000, description="Most completions to critique and revise.")
-    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    constitution_version: Int | None = Field(default=None, ge=1, le=MAX_ID)
+    prompt_ids: list[Id] | None = Field(default=None, max_length=100_000)
+    limit: Int = Field(default=20, ge=1, le=10_000, description="Most completions to critique and revise.")
+    seed: Int = Field(default=0, ge=0, le=2**31 - 1)
 
 
 class RevisionOut(BaseModel):
@@ -484,7 +553,7 @@ class RevisionDecisionIn(Strict):
 class IterateIn(Strict):
     replay_share: float = Field(default=0.1, ge=0, le=1, description="Share of earlier pairs mixed into the new "
                                                                      "reward-model export (replay).")
-    k: int | None = Field(default=None, ge=1, le=16, description="Completions per prompt for the next round.")
+    k: Int | None = Field(default=None, ge=1, le=16, description="Completions per prompt for the next round.")
 
 
 class ExportIn(Strict):
@@ -606,8 +675,10 @@ class AgreementOut(BaseModel):
 
 
 class GoldIn(Strict):
-    tiers: list[list[int]] = Field(
-        max_length=16, description="The known correct order: completion ids, best tier first; ties share a tier.")
+    tiers: list[Annotated[list[Id], Field(min_length=1, max_length=16)]] = Field(
+        min_length=2, max_length=16,
+        description="The known correct order: completion ids, best tier first; ties share a tier. At least two "
+                    "tiers: a gold order with everything tied teaches nothing.")
 
 
 class GoldOut(BaseModel):

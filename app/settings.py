@@ -58,6 +58,10 @@ class Settings(BaseSettings):
     """Log lines as plain text, or one JSON object per line (time, level, logger, message, request_id, job_id)."""
     metrics_allowed_networks: str = "127.0.0.1/32,::1/128"
     """Comma-separated CIDRs whose clients may read /metrics without logging in (admins may from anywhere)."""
+    outbound_hosts: Literal["rules", "none"] = "rules"
+    """Which hosts jobs may call (OpenAI-compatible model servers): `rules` applies the outbound rules (no metadata,
+    link-local or reserved addresses; private ones only for trusted endpoints); `none` refuses every host before
+    resolving its name (an air-gapped install, or fuzzing the API without DNS traffic)."""
     worker_heartbeat_max_age_s: int = Field(default=60, ge=0)
     """Readiness fails when no worker sent a heartbeat within this many seconds; 0 leaves workers out of it."""
 

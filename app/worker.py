@@ -27,7 +27,7 @@ from app.jobs import handler_for
 from app.jobs.context import JobContext, JobError, JobStopped
 from app.models import Job
 from app.observability import configure_logging, forget_worker, job_id_var, record_worker_heartbeat, request_id_var
-from app.services import iteration, jobs
+from app.services import iteration, jobs, outbound
 from app.settings import Settings
 
 __all__ = ["JobContext", "JobError", "JobStopped", "Worker", "run_worker"]  # the job names stay importable here
@@ -42,6 +42,7 @@ class Worker:
                  poll_s: float = 1.0, heartbeat_s: float = 2.0, stale_after_s: float = 30.0,
                  session_factory: sessionmaker[Session] | None = None) -> None:
         self.settings = settings
+        outbound.refuse_every_host(settings.outbound_hosts == "none")
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.kinds = kinds
         self.poll_s = poll_s

@@ -85,8 +85,10 @@ REQUESTS: dict[str, Call] = {
     "members.manage": Call("POST", "/api/projects/{project}/members",
                            {"json": {"email": "nobody@example.org", "role": "annotator"}}, doing="add members"),
     "constitution.edit": Call("POST", "/api/projects/{project}/constitutions",
-                              {"json": {"principles": [{"name": "  ", "comparison": "Which?"}], "base_version": 1}}),
-    "gold.manage": Call("PUT", "/api/projects/{project}/prompts/{prompt}/gold", {"json": {"tiers": []}}),
+                              {"json": {"principles": [{"name": "x", "comparison": "Which?"}] * 2,
+                                        "base_version": 1}}),  # valid JSON, refused by the service: names repeat
+    "gold.manage": Call("PUT", "/api/projects/{project}/prompts/{prompt}/gold",
+                        {"json": {"tiers": [[999_998], [999_999]]}}),  # not this prompt's completions
     # the default decision again: allowed callers change nothing
     "labels.decide": Call("PUT", "/api/projects/{project}/ai-labels", {"json": {"enabled": False}}),
     "agreement.see": Call("GET", "/api/projects/{project}/agreement"),

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Form, Query, Request, Response
 from fastapi.responses import JSONResponse, RedirectResponse
 
 from app import permissions
-from app.deps import CurrentUser, PageUser, SessionDep
+from app.deps import MAX_ID, CurrentUser, Id, PageUser, SessionDep
 from app.errors import DomainError
 from app.forms import GoldFromMetadataForm
 from app.schemas import AgreementOut, GoldIn, GoldOut
@@ -19,10 +19,11 @@ from app.web import render
 
 router = APIRouter()
 
-RubricVersionQuery = Annotated[int | None, Query(ge=1, description="Only rankings made under this rubric version.")]
+RubricVersionQuery = Annotated[int | None, Query(ge=1, le=MAX_ID,
+                                                 description="Only rankings made under this rubric version.")]
 
 
-def _readable_project(db, project_id: int, user):  # type: ignore[no-untyped-def]
+def _readable_project(db, project_id: Id, user):  # type: ignore[no-untyped-def]
     project = projects.get_visible(db, project_id, user)  # 404 for non-members
     permissions.require(db, user, project, "agreement.see")
     return project
@@ -34,7 +35,7 @@ def _readable_project(db, project_id: int, user):  # type: ignore[no-untyped-def
                        404: {"description": "No such project, or not a member"},
                        422: {"description": "No such rubric version"},
                        503: {"description": "A large project's first rollup is still being computed: retry"}})
-def get_agreement(project_id: int, db: SessionDep, user: CurrentUser,
+def get_agreement(project_id: Id, db: SessionDep, user: CurrentUser,
                   rubric_version: RubricVersionQuery = None) -> AgreementOut | Response:
     project = _readable_project(db, project_id, user)
     report, fresh = rollups.current_report(db, project, user, rubric_version=rubric_version)
@@ -48,7 +49,7 @@ def get_agreement(project_id: int, db: SessionDep, user: CurrentUser,
 @router.put("/api/projects/{project_id}/prompts/{prompt_id}/gold", tags=["agreement"],
             summary="Mark a prompt as a gold task with its known correct order (leads and admins)",
             responses={422: {"description": "Bad tiers: `detail` names the field"}})
-def put_gold(project_id: int, prompt_id: int, body: GoldIn, db: SessionDep, user: CurrentUser) -> GoldOut:
+def put_gold(project_id: Id, prompt_id: Id, body: GoldIn, db: SessionDep, user: CurrentUser) -> GoldOut:
     project = projects.get_visible(db, project_id, user)
     prompt = gold.set_gold(db, project, prompt_id, body.tiers, user)
     return GoldOut(prompt_id=prompt.id, gold_tiers=prompt.gold_tiers)
@@ -56,7 +57,7 @@ def put_gold(project_id: int, prompt_id: int, body: GoldIn, db: SessionDep, user
 
 @router.delete("/api/projects/{project_id}/prompts/{prompt_id}/gold", tags=["agreement"], status_code=204,
                summary="Turn a gold task back into an ordinary prompt (leads and admins)")
-def delete_gold(project_id: int, prompt_id: int, db: SessionDep, user: CurrentUser) -> Response:
+def delete_gold(project_id: Id, prompt_id: Id, db: SessionDep, user: CurrentUser) -> Response:
     project = projects.get_visible(db, project_id, user)
     gold.clear_gold(db, project, prompt_id, user)
     return Response(status_code=204)
@@ -80,7 +81,7 @@ def _charts(report: agreement.AgreementReport) -> list:  # type: ignore[type-arg
 
 
 @router.get("/projects/{project_id}/agreement", include_in_schema=False)
-def agreement_page(request: Request, project_id: int, db: SessionDep, user: PageUser,
+def agreement_page(request: Request, project_id: Id, db: SessionDep, user: PageUser,
                    rubric_version: Annotated[str | None, Query()] = None,
                    marked: Annotated[int | None, Query()] = None) -> Response:
     project = _readable_project(db, project_id, user)
@@ -105,7 +106,7 @@ def _version(raw: str | None) -> int | None:
 
 
 @router.get("/projects/{project_id}/agreement/prompts", include_in_schema=False)
-def disagreement_page(request: Request, project_id: int, db: SessionDep, user: PageUser,
+def disagreement_page(request: Request, project_id: Id, db: SessionDep, user: PageUser,
                       rubric_version: Annotated[str | None, Query()] = None) -> Response:
     """The prompts annotators disagree on, least agreement first: what the agreement figures are made of."""
     project = _readable_project(db, project_id, user)
@@ -116,7 +117,7 @@ def disagreement_page(request: Request, project_id: int, db: SessionDep, user: P
 
 
 @router.get("/projects/{project_id}/agreement/annotators/{user_id}", include_in_schema=False)
-def annotator_page(request: Request, project_id: int, user_id: int, db: SessionDep, user: PageUser,
+def annotator_page(request: Request, project_id: Id, user_id: Id, db: SessionDep, user: PageUser,
                    view: Annotated[str, Query()] = "all",
                    rubric_version: Annotated[str | None, Query()] = None) -> Response:
     """One annotator's rankings (or only their gold misses), with time, first-shown card and agreement."""
@@ -128,7 +129,7 @@ def annotator_page(request: Request, project_id: int, user_id: int, db: SessionD
 
 
 @router.post("/projects/{project_id}/agreement/gold-from-metadata", include_in_schema=False)
-def mark_gold_from_metadata(project_id: int, db: SessionDep, user: PageUser,
+def mark_gold_from_metadata(project_id: Id, db: SessionDep, user: PageUser,
                             form: Annotated[GoldFromMetadataForm, Form()]) -> Response:
     project = projects.get_visible(db, project_id, user)
     count = gold.gold_from_metadata(db, project, limit=form.count, actor=user)

@@ -12,9 +12,10 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from app.deps import PageUser, SessionDep, api_user, get_db, optional_user
+from app.deps import Id, PageUser, SessionDep, api_user, get_db, optional_user
 from app.errors import DomainError
 from app.forms import RankingForm
+from app.openapi import NEEDS_CALLER
 from app.schemas import DRAFT_MAX_BYTES, DraftIn, DraftOut, RankingIn, RankingOut, TaskOut
 from app.services import annotation, queue, rankings, rubrics
 from app.services.pairs import expand_tiers
@@ -38,8 +39,8 @@ def _api_caller(request: Request, db: Session) -> Any:
 
 @router.get("/api/projects/{project_id}/tasks/next", tags=["annotation"], response_model=TaskOut,
             summary="Lease the next prompt to rank (204 when nothing is left for you)",
-            responses={204: {"description": "Nothing left for this annotator"}})
-def next_task(project_id: int, request: Request) -> Response:
+            responses={204: {"description": "Nothing left for this annotator"}, **NEEDS_CALLER})
+def next_task(project_id: Id, request: Request) -> Response:
     with _transaction(request) as db:
         user = _api_caller(request, db)
         project = annotation.annotator_project(db, project_id, user)
@@ -52,8 +53,9 @@ def next_task(project_id: int, request: Request) -> Response:
 
 @router.post("/api/projects/{project_id}/rankings", tags=["annotation"], status_code=201, response_model=RankingOut,
              summary="Submit a ranking (idempotent per submission_id: a retry answers 200 with the first result)",
-             responses={200: {"model": RankingOut, "description": "This submission_id was already recorded"}})
-def submit_ranking(project_id: int, body: RankingIn, request: Request) -> Response:
+             responses={200: {"model": RankingOut, "description": "This submission_id was already recorded"},
+                        **NEEDS_CALLER})
+def submit_ranking(project_id: Id, body: RankingIn, request: Request) -> Response:
     with _transaction(request) as db:
         user = _api_caller(request, db)
         project = annotation.annotator_project(db, project_id, user)
@@ -70,13 +72,13 @@ async def _small_body(request: Request) -> None:
         raise HTTPException(413, [{"field": "body", "message": f"a draft is at most {DRAFT_MAX_BYTES} bytes"}])
 
 
-_NOT_YOURS = {404: {"description": "Not your task, already submitted, or its lease ran out"}}
+_NOT_YOURS = {404: {"description": "Not your task, already submitted, or its lease ran out"}, **NEEDS_CALLER}
 
 
 @router.get("/api/assignments/{assignment_id}/draft", tags=["annotation"], response_model=DraftOut,
             summary="Your saved draft of a task you hold (204 when none is saved)",
             responses={204: {"description": "No draft saved for this task"}, **_NOT_YOURS})
-def get_draft(assignment_id: int, request: Request) -> Response:
+def get_draft(assignment_id: Id, request: Request) -> Response:
     with _transaction(request) as db:
         user = _api_caller(request, db)
         draft = annotation.get_draft(db, user, assignment_id)
@@ -92,7 +94,7 @@ def get_draft(assignment_id: int, request: Request) -> Response:
                     "does this as you rank); cleared when the task is submitted or its lease runs out",
             responses={**_NOT_YOURS, 409: {"description": "A draft edited later is already saved"},
                        413: {"description": f"The draft is over {DRAFT_MAX_BYTES} bytes"}})
-def put_draft(assignment_id: int, body: DraftIn, request: Request) -> Response:
+def put_draft(assignment_id: Id, body: DraftIn, request: Request) -> Response:
     with _transaction(request) as db:
         user = _api_caller(request, db)
         out = DraftOut.from_model(annotation.save_draft(db, user, assignment_id, body))
@@ -116,13 +118,13 @@ def _page_context(db, project, user, assignment, **extra) -> dict:  # type: igno
 
 
 @router.get("/projects/{project_id}/annotate", include_in_schema=False)
-def annotate_page(request: Request, project_id: int, db: SessionDep, user: PageUser) -> Response:
+def annotate_page(request: Request, project_id: Id, db: SessionDep, user: PageUser) -> Response:
     project = annotation.annotator_project(db, project_id, user)
     assignment = queue.next_task(db, project, user)
     return render(request, "annotate.html", _page_context(db, project, user, assignment), block="task")
 
 
-def _page_project(project_id: int, db: SessionDep, user: PageUser) -> Any:
+def _page_project(project_id: Id, db: SessionDep, user: PageUser) -> Any:
     return annotation.annotator_project(db, project_id, user)
 
 

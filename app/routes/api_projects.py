@@ -8,7 +8,7 @@ from fastapi import APIRouter, File, Query, Request, UploadFile
 from sqlalchemy.exc import IntegrityError
 
 from app import permissions
-from app.deps import CurrentUser, SessionDep
+from app.deps import CurrentUser, Id, SessionDep
 from app.errors import Conflict, Invalid
 from app.formats import ImportPreset
 from app.schemas import (
@@ -49,12 +49,12 @@ def list_projects(db: SessionDep, user: CurrentUser) -> list[ProjectOut]:
 
 
 @router.get("/{project_id}", summary="One project")
-def get_project(project_id: int, db: SessionDep, user: CurrentUser) -> ProjectOut:
+def get_project(project_id: Id, db: SessionDep, user: CurrentUser) -> ProjectOut:
     return _out(db, projects.get_visible(db, project_id, user))
 
 
 @router.post("/{project_id}/rubrics", status_code=201, summary="Save a new rubric version (409 on a stale base)")
-def create_rubric_version(project_id: int, body: RubricVersionIn, db: SessionDep, user: CurrentUser) -> RubricOut:
+def create_rubric_version(project_id: Id, body: RubricVersionIn, db: SessionDep, user: CurrentUser) -> RubricOut:
     project = projects.get_visible(db, project_id, user)
     rubric = rubrics.create_version(db, project, user, text=body.text, criteria=body.criteria,
                                     base_version=body.base_version, note=body.note)
@@ -62,26 +62,26 @@ def create_rubric_version(project_id: int, body: RubricVersionIn, db: SessionDep
 
 
 @router.get("/{project_id}/rubrics", summary="Every rubric version, newest first")
-def list_rubric_versions(project_id: int, db: SessionDep, user: CurrentUser) -> list[RubricOut]:
+def list_rubric_versions(project_id: Id, db: SessionDep, user: CurrentUser) -> list[RubricOut]:
     project = projects.get_visible(db, project_id, user)
     return [RubricOut.from_model(r, project.current_rubric_id) for r in rubrics.list_versions(db, project)]
 
 
 @router.get("/{project_id}/rubrics/{version}", summary="One rubric version")
-def get_rubric_version(project_id: int, version: int, db: SessionDep, user: CurrentUser) -> RubricOut:
+def get_rubric_version(project_id: Id, version: Id, db: SessionDep, user: CurrentUser) -> RubricOut:
     project = projects.get_visible(db, project_id, user)
     return RubricOut.from_model(rubrics.get_version(db, project, version), project.current_rubric_id)
 
 
 @router.get("/{project_id}/members", summary="Members of a project")
-def list_members(project_id: int, db: SessionDep, user: CurrentUser) -> list[MemberOut]:
+def list_members(project_id: Id, db: SessionDep, user: CurrentUser) -> list[MemberOut]:
     project = projects.get_visible(db, project_id, user)
     return [MemberOut(user_id=m.user_id, email=m.user.email, name=m.user.name, role=m.role)
             for m in projects.list_members(db, project)]
 
 
 @router.post("/{project_id}/members", status_code=201, summary="Add a user to a project (leads and admins)")
-def add_member(project_id: int, body: MemberIn, db: SessionDep, user: CurrentUser) -> MemberOut:
+def add_member(project_id: Id, body: MemberIn, db: SessionDep, user: CurrentUser) -> MemberOut:
     project = projects.get_visible(db, project_id, user)
     member = projects.add_member(db, project, user, email=body.email, role=body.role)
     return MemberOut(user_id=member.user_id, email=member.user.email, name=member.user.name, role=member.role)
@@ -93,7 +93,7 @@ def add_member(project_id: int, body: MemberIn, db: SessionDep, user: CurrentUse
                         413: {"description": "The file is larger than PREFLAB_MAX_UPLOAD_MB"}})
 async def import_file(
     request: Request,
-    project_id: int,
+    project_id: Id,
     db: SessionDep,
     user: CurrentUser,
     file: Annotated[UploadFile, File(description="JSONL, CSV or Parquet")],

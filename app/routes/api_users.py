@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from app.deps import AdminUser, CurrentUser, SessionDep
+from app.deps import AdminUser, CurrentUser, Id, SessionDep
 from app.schemas import UserIn, UserOut, UserPatch
 from app.services import users
 
@@ -28,12 +28,12 @@ def create_user(body: UserIn, db: SessionDep, admin: AdminUser) -> UserOut:
 
 
 @router.get("/users/{user_id}", summary="One user (admin)")
-def get_user(user_id: int, db: SessionDep, admin: AdminUser) -> UserOut:
+def get_user(user_id: Id, db: SessionDep, admin: AdminUser) -> UserOut:
     return UserOut.from_model(users.get_user(db, user_id))
 
 
 @router.patch("/users/{user_id}", summary="Change a user's name, role or active flag (admin)")
-def update_user(user_id: int, body: UserPatch, db: SessionDep, admin: AdminUser) -> UserOut:
+def update_user(user_id: Id, body: UserPatch, db: SessionDep, admin: AdminUser) -> UserOut:
     user = users.update_user(db, users.get_user(db, user_id), actor=admin, name=body.name, role=body.role,
                              active=body.active)
     return UserOut.from_model(user)

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import Response
 
 from app import forms, permissions
-from app.deps import CurrentUser, PageUser, SessionDep
+from app.deps import CurrentUser, Id, PageUser, SessionDep
 from app.forms import ConstitutionForm, FieldError
 from app.schemas import ConstitutionIn, ConstitutionOut
 from app.services import constitutions, projects, versions
@@ -26,19 +26,19 @@ def _save(db, project, user, body: ConstitutionIn):  # type: ignore[no-untyped-d
 
 @router.post("/api/projects/{project_id}/constitutions", status_code=201, tags=["constitutions"],
              summary="Save a new constitution version (409 when base_version is not current)")
-def create_constitution(project_id: int, body: ConstitutionIn, db: SessionDep, user: CurrentUser) -> ConstitutionOut:
+def create_constitution(project_id: Id, body: ConstitutionIn, db: SessionDep, user: CurrentUser) -> ConstitutionOut:
     project = projects.get_visible(db, project_id, user)
     return _out(_save(db, project, user, body), project.current_constitution_id)
 
 
 @router.get("/api/projects/{project_id}/constitutions", tags=["constitutions"], summary="Every version, newest first")
-def list_constitutions(project_id: int, db: SessionDep, user: CurrentUser) -> list[ConstitutionOut]:
+def list_constitutions(project_id: Id, db: SessionDep, user: CurrentUser) -> list[ConstitutionOut]:
     project = projects.get_visible(db, project_id, user)
     return [_out(c, project.current_constitution_id) for c in constitutions.list_versions(db, project)]
 
 
 @router.get("/api/projects/{project_id}/constitutions/{version}", tags=["constitutions"], summary="One version")
-def get_constitution(project_id: int, version: int, db: SessionDep, user: CurrentUser) -> ConstitutionOut:
+def get_constitution(project_id: Id, version: Id, db: SessionDep, user: CurrentUser) -> ConstitutionOut:
     project = projects.get_visible(db, project_id, user)
     return _out(constitutions.get_version(db, project, version), project.current_constitution_id)
 
@@ -46,7 +46,7 @@ def get_constitution(project_id: int, version: int, db: SessionDep, user: Curren
 # --- pages --------------------------------------------------------------------------------------
 
 @router.get("/projects/{project_id}/constitution", include_in_schema=False)
-def editor(request: Request, project_id: int, db: SessionDep, user: PageUser) -> Response:
+def editor(request: Request, project_id: Id, db: SessionDep, user: PageUser) -> Response:
     project = projects.get_visible(db, project_id, user)
     permissions.require(db, user, project, "constitution.edit")
     current = constitutions.current(db, project)
@@ -57,7 +57,7 @@ def editor(request: Request, project_id: int, db: SessionDep, user: PageUser) ->
 
 
 @router.post("/projects/{project_id}/constitution", include_in_schema=False)
-def save(request: Request, project_id: int, db: SessionDep, user: PageUser,
+def save(request: Request, project_id: Id, db: SessionDep, user: PageUser,
          form: Annotated[ConstitutionForm, Form()]) -> Response:
     project = projects.get_visible(db, project_id, user)
 
@@ -76,7 +76,7 @@ def save(request: Request, project_id: int, db: SessionDep, user: PageUser,
 
 
 @router.get("/projects/{project_id}/constitution/history", include_in_schema=False)
-def history(request: Request, project_id: int, db: SessionDep, user: PageUser) -> Response:
+def history(request: Request, project_id: Id, db: SessionDep, user: PageUser) -> Response:
     project = projects.get_visible(db, project_id, user)
     items = constitutions.list_versions(db, project)
     entries = [(v, versions.diff_lines(constitutions.as_lines(items[i + 1] if i + 1 < len(items) else None),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from app import permissions
-from app.deps import CurrentUser, EndpointAdmin, KeyringDep, SessionDep
+from app.deps import CurrentUser, EndpointAdmin, Id, KeyringDep, SessionDep
 from app.schemas import ModelEndpointAdminOut, ModelEndpointIn, ModelEndpointOut, ModelEndpointPatch
 from app.services import endpoints
 
@@ -30,7 +30,7 @@ def create_endpoint(body: ModelEndpointIn, db: SessionDep, admin: EndpointAdmin,
 
 
 @router.patch("/model-endpoints/{endpoint_id}", summary="Change a model endpoint (admin)")
-def update_endpoint(endpoint_id: int, body: ModelEndpointPatch, db: SessionDep,
+def update_endpoint(endpoint_id: Id, body: ModelEndpointPatch, db: SessionDep,
                     admin: EndpointAdmin, keyring: KeyringDep) -> ModelEndpointAdminOut:
     endpoint = endpoints.update(db, admin, keyring, endpoints.get(db, endpoint_id), name=body.name,
                                 base_url=body.base_url, model=body.model, api_key=body.api_key,
@@ -39,6 +39,6 @@ def update_endpoint(endpoint_id: int, body: ModelEndpointPatch, db: SessionDep,
 
 
 @router.delete("/model-endpoints/{endpoint_id}", status_code=204, summary="Remove a model endpoint (admin)")
-def delete_endpoint(endpoint_id: int, db: SessionDep, admin: EndpointAdmin) -> Response:
+def delete_endpoint(endpoint_id: Id, db: SessionDep, admin: EndpointAdmin) -> Response:
     endpoints.delete(db, admin, endpoints.get(db, endpoint_id))
     return Response(status_code=204)

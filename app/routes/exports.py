@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
 
 from app import formats, permissions
-from app.deps import CurrentUser, PageUser, SessionDep
+from app.deps import CurrentUser, Id, PageUser, SessionDep
 from app.forms import ExportForm
 from app.routes.form_pages import ProjectPage
 from app.schemas import ExportAccepted, ExportIn, ExportOut
@@ -29,7 +29,7 @@ def _request_export(db, project, user, body: ExportIn):  # type: ignore[no-untyp
 
 @router.post("/api/projects/{project_id}/exports", status_code=202, tags=["exports"],
              summary="Export pairs, rankings, prompts or SFT rows (a background job)")
-def create_export(project_id: int, body: ExportIn, db: SessionDep, user: CurrentUser) -> ExportAccepted:
+def create_export(project_id: Id, body: ExportIn, db: SessionDep, user: CurrentUser) -> ExportAccepted:
     project = projects.get_visible(db, project_id, user)
     export = _request_export(db, project, user, body)
     assert export.job_id is not None
@@ -37,19 +37,28 @@ def create_export(project_id: int, body: ExportIn, db: SessionDep, user: Current
 
 
 @router.get("/api/projects/{project_id}/exports", tags=["exports"], summary="The project's exports, newest first")
-def list_exports(project_id: int, db: SessionDep, user: CurrentUser) -> list[ExportOut]:
+def list_exports(project_id: Id, db: SessionDep, user: CurrentUser) -> list[ExportOut]:
     project = projects.get_visible(db, project_id, user)
     return [export_out(db, e) for e in exports.list_for_project(db, project)]
 
 
 @router.get("/api/exports/{export_id}", tags=["exports"], summary="An export's status, counts and hashes")
-def get_export(export_id: int, db: SessionDep, user: CurrentUser) -> ExportOut:
+def get_export(export_id: Id, db: SessionDep, user: CurrentUser) -> ExportOut:
     return export_out(db, exports.get_visible(db, export_id, user))
 
 
+_FILE = {"schema": {"type": "string", "format": "binary"}}
+_SHA256 = {"schema": {"type": "string", "pattern": "^[0-9a-f]{64}$"}, "description": "The file's sha256, as listed"}
+
+
 @router.get("/api/exports/{export_id}/files/{name:path}", tags=["exports"], summary="Download one file (streamed)",
-            responses={404: {"description": "No such export or file"}, 410: {"description": "Deleted"}})
-def download_file(export_id: int, name: str, db: SessionDep, user: CurrentUser) -> Response:
+            response_class=FileResponse,
+            responses={200: {"description": "The file, with its sha256 in `X-Content-SHA256`",
+                             "content": {"application/x-ndjson": _FILE, "text/markdown; charset=utf-8": _FILE,
+                                         "application/octet-stream": _FILE},
+                             "headers": {"X-Content-SHA256": _SHA256}},
+                       404: {"description": "No such export or file"}, 410: {"description": "Deleted"}})
+def download_file(export_id: Id, name: str, db: SessionDep, user: CurrentUser) -> Response:
     export = exports.get_visible(db, export_id, user)
     path = exports.file_path(export, name)
     # FileResponse streams in chunks and writes an RFC 6266 Content-Disposition (filename*=UTF-8'' when needed).
@@ -62,7 +71,7 @@ def download_file(export_id: int, name: str, db: SessionDep, user: CurrentUser) 
 
 @router.delete("/api/exports/{export_id}", tags=["exports"],
                summary="Delete an export's files; the row stays as a tombstone with its hashes (leads, admins)")
-def delete_export(export_id: int, request: Request, db: SessionDep, user: CurrentUser) -> ExportOut:
+def delete_export(export_id: Id, request: Request, db: SessionDep, user: CurrentUser) -> ExportOut:
     export = exports.get_visible(db, export_id, user)
     return export_out(db, exports.delete(db, export, user, data_dir=request.app.state.settings.data_dir))
 
@@ -88,7 +97,7 @@ EXPORTS_PAGE.mount(router, "/projects/{project_id}/exports", form=ExportForm, ac
 
 
 @router.post("/exports/{export_id}/delete", include_in_schema=False)
-def delete_from_page(export_id: int, request: Request, db: SessionDep, user: PageUser) -> Response:
+def delete_from_page(export_id: Id, request: Request, db: SessionDep, user: PageUser) -> Response:
     export = exports.get_visible(db, export_id, user)
     exports.delete(db, export, user, data_dir=request.app.state.settings.data_dir)
     return RedirectResponse(f"/projects/{export.project_id}/exports", status_code=303)

@@ -15,7 +15,7 @@ from fastapi.responses import Response
 from sqlalchemy.orm import Session
 
 from app import forms
-from app.deps import PageUser, SessionDep
+from app.deps import Id, PageUser, SessionDep
 from app.services import projects
 from app.web import render
 
@@ -45,11 +45,11 @@ class ProjectPage:
     # The HTMX fragment a poll re-renders (None: the whole page).
     block: str | None = None
 
-    def show(self, request: Request, db: Session, user: Any, project_id: int) -> Response:
+    def show(self, request: Request, db: Session, user: Any, project_id: Id) -> Response:
         project = projects.get_visible(db, project_id, user)
         return render(request, self.template, self.context(db, project, user), block=self.block)
 
-    def submit(self, request: Request, db: Session, user: Any, project_id: int, form: forms.ApiForm,
+    def submit(self, request: Request, db: Session, user: Any, project_id: Id, form: forms.ApiForm,
                action: Callable[[Session, Any, Any, Any], T], *, redirect: str | Callable[[T], str],
                shown: dict[str, Any] | None = None) -> Response:
         """`redirect` may name `{project_id}`; `shown` adds to the context when the page is shown again."""
@@ -62,10 +62,10 @@ class ProjectPage:
               action: Callable[[Session, Any, Any, Any], Any], redirect: str | Callable[[Any], str],
               post_path: str | None = None, shown: dict[str, Any] | None = None) -> None:
         """GET `path` shows the page; POST `post_path` (default: `path`) parses `form` and runs `action`."""
-        def page(request: Request, project_id: int, db: SessionDep, user: PageUser) -> Response:
+        def page(request: Request, project_id: Id, db: SessionDep, user: PageUser) -> Response:
             return self.show(request, db, user, project_id)
 
-        def post(request: Request, project_id: int, db: SessionDep, user: PageUser, body: Any) -> Response:
+        def post(request: Request, project_id: Id, db: SessionDep, user: PageUser, body: Any) -> Response:
             return self.submit(request, db, user, project_id, body, action, redirect=redirect, shown=shown)
 
         post.__annotations__["body"] = Annotated[form, Form()]

@@ -123,7 +123,9 @@ def _may_scrape(request: Request) -> None:
 
 
 @router.get("/metrics", summary="Prometheus metrics (admins, or clients in PREFLAB_METRICS_ALLOWED_NETWORKS)",
-            response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+            response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}},
+                                                401: {"description": "Not an allowed network, and no admin's login"},
+                                                403: {"description": "Not an admin"}})
 def metrics(request: Request) -> Response:
     _may_scrape(request)
     return Response(render(request.app.state.metrics), media_type=CONTENT_TYPE_LATEST)

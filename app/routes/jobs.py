@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
 from app import permissions
-from app.deps import CurrentUser, PageUser, SessionDep
+from app.deps import CurrentUser, Id, PageUser, SessionDep
 from app.forms import SamplingForm
 from app.routes.form_pages import ProjectPage
 from app.schemas import JobAccepted, JobOut, SamplingJobIn
@@ -25,24 +25,24 @@ def _request_sampling(db, project, user, body: SamplingJobIn):  # type: ignore[n
 
 @router.post("/api/projects/{project_id}/sampling-jobs", status_code=202, tags=["jobs"],
              summary="Sample completions for the project's prompts (a background job)")
-def create_sampling_job(project_id: int, body: SamplingJobIn, db: SessionDep, user: CurrentUser) -> JobAccepted:
+def create_sampling_job(project_id: Id, body: SamplingJobIn, db: SessionDep, user: CurrentUser) -> JobAccepted:
     project = projects.get_visible(db, project_id, user)
     return JobAccepted(job_id=_request_sampling(db, project, user, body).id)
 
 
 @router.get("/api/projects/{project_id}/jobs", tags=["jobs"], summary="The project's recent jobs")
-def list_jobs(project_id: int, db: SessionDep, user: CurrentUser) -> list[JobOut]:
+def list_jobs(project_id: Id, db: SessionDep, user: CurrentUser) -> list[JobOut]:
     project = projects.get_visible(db, project_id, user)
     return [JobOut.from_model(j) for j in jobs.list_for_project(db, project)]
 
 
 @router.get("/api/jobs/{job_id}", tags=["jobs"], summary="A job's state and progress")
-def get_job(job_id: int, db: SessionDep, user: CurrentUser) -> JobOut:
+def get_job(job_id: Id, db: SessionDep, user: CurrentUser) -> JobOut:
     return JobOut.from_model(jobs.get_visible(db, job_id, user))
 
 
 @router.post("/api/jobs/{job_id}/cancel", tags=["jobs"], summary="Cancel a queued or running job")
-def cancel_job(job_id: int, db: SessionDep, user: CurrentUser) -> JobOut:
+def cancel_job(job_id: Id, db: SessionDep, user: CurrentUser) -> JobOut:
     job = jobs.get_visible(db, job_id, user)
     _require_manage(db, job, user)
     return JobOut.from_model(jobs.cancel(db, job, user))
@@ -71,7 +71,7 @@ JOBS_PAGE.mount(router, "/projects/{project_id}/jobs", post_path="/projects/{pro
 
 
 @router.get("/jobs/{job_id}", include_in_schema=False)
-def job_page(request: Request, job_id: int, db: SessionDep, user: PageUser) -> Response:
+def job_page(request: Request, job_id: Id, db: SessionDep, user: PageUser) -> Response:
     job = jobs.get_visible(db, job_id, user)
     project = projects.get_visible(db, job.project_id, user) if job.project_id else None
     ctx = {"job": job, "out": JobOut.from_model(job), "project": project,
@@ -81,7 +81,7 @@ def job_page(request: Request, job_id: int, db: SessionDep, user: PageUser) -> R
 
 
 @router.post("/jobs/{job_id}/cancel", include_in_schema=False)
-def cancel_from_page(job_id: int, db: SessionDep, user: PageUser) -> Response:
+def cancel_from_page(job_id: Id, db: SessionDep, user: PageUser) -> Response:
     job = jobs.get_visible(db, job_id, user)
     _require_manage(db, job, user)
     if job.state not in jobs.TERMINAL:

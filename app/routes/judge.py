@@ -8,7 +8,7 @@ from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
 
 from app import permissions
-from app.deps import CurrentUser, PageUser, SessionDep
+from app.deps import MAX_ID, CurrentUser, Id, PageUser, SessionDep
 from app.forms import AILabelsForm, DecisionForm, JudgeForm, RevisionsForm
 from app.routes.form_pages import ProjectPage
 from app.schemas import (
@@ -43,7 +43,7 @@ def _request_revisions(db, project, user, body: RevisionJobIn):  # type: ignore[
 
 @router.post("/api/projects/{project_id}/judge-runs", status_code=202, tags=["judge"],
              summary="Run the AI judge over the project's prompts (a background job)")
-def create_judge_run(project_id: int, body: JudgeRunIn, db: SessionDep, user: CurrentUser) -> JudgeRunAccepted:
+def create_judge_run(project_id: Id, body: JudgeRunIn, db: SessionDep, user: CurrentUser) -> JudgeRunAccepted:
     project = projects.get_visible(db, project_id, user)
     run, job = _request_judge_run(db, project, user, body)
     return JudgeRunAccepted(judge_run_id=run.id, job_id=job.id)
@@ -51,9 +51,9 @@ def create_judge_run(project_id: int, body: JudgeRunIn, db: SessionDep, user: Cu
 
 @router.get("/api/projects/{project_id}/judge-agreement", tags=["judge"],
             summary="Human–AI agreement, calibration and judge position bias")
-def judge_agreement(project_id: int, db: SessionDep, user: CurrentUser,
-                    constitution_version: Annotated[int | None, Query(ge=1)] = None,
-                    judge_run_id: Annotated[int | None, Query(ge=1)] = None) -> JudgeAgreementOut:
+def judge_agreement(project_id: Id, db: SessionDep, user: CurrentUser,
+                    constitution_version: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
+                    judge_run_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None) -> JudgeAgreementOut:
     project = projects.get_visible(db, project_id, user)
     report = judging.judge_agreement(db, project, constitution_version=constitution_version, judge_run_id=judge_run_id)
     return JudgeAgreementOut(**report.as_dict())
@@ -61,7 +61,7 @@ def judge_agreement(project_id: int, db: SessionDep, user: CurrentUser,
 
 @router.put("/api/projects/{project_id}/ai-labels", tags=["judge"],
             summary="The lead's decision: may AI labels be used for training?")
-def set_ai_labels(project_id: int, body: AILabelsIn, db: SessionDep, user: CurrentUser) -> JudgeAgreementOut:
+def set_ai_labels(project_id: Id, body: AILabelsIn, db: SessionDep, user: CurrentUser) -> JudgeAgreementOut:
     project = projects.get_visible(db, project_id, user)
     judging.set_ai_labels(db, project, user, body.enabled)
     return JudgeAgreementOut(**judging.judge_agreement(db, project).as_dict())
@@ -89,7 +89,7 @@ JUDGE_PAGE.mount(router, "/projects/{project_id}/judge", post_path="/projects/{p
 
 
 @router.post("/projects/{project_id}/judge/ai-labels", include_in_schema=False)
-def ai_labels_from_page(request: Request, project_id: int, db: SessionDep, user: PageUser,
+def ai_labels_from_page(request: Request, project_id: Id, db: SessionDep, user: PageUser,
                         form: Annotated[AILabelsForm, Form()]) -> Response:
     # A refusal (the gate's evidence is missing) shows the page again with what is missing.
     return JUDGE_PAGE.submit(request, db, user, project_id, form,
@@ -101,13 +101,13 @@ def ai_labels_from_page(request: Request, project_id: int, db: SessionDep, user:
 
 @router.post("/api/projects/{project_id}/revision-jobs", status_code=202, tags=["judge"],
              summary="Critique and revise completions under the constitution (supervised CAI stage)")
-def create_revision_job(project_id: int, body: RevisionJobIn, db: SessionDep, user: CurrentUser) -> JobAccepted:
+def create_revision_job(project_id: Id, body: RevisionJobIn, db: SessionDep, user: CurrentUser) -> JobAccepted:
     project = projects.get_visible(db, project_id, user)
     return JobAccepted(job_id=_request_revisions(db, project, user, body).id)
 
 
 @router.get("/api/projects/{project_id}/revisions", tags=["judge"], summary="Revisions with their critique")
-def list_revisions(project_id: int, db: SessionDep, user: CurrentUser,
+def list_revisions(project_id: Id, db: SessionDep, user: CurrentUser,
                    status: Annotated[Literal["pending", "accepted", "rejected"] | None, Query()] = None
                    ) -> list[RevisionOut]:
     project = projects.get_visible(db, project_id, user)
@@ -116,7 +116,7 @@ def list_revisions(project_id: int, db: SessionDep, user: CurrentUser,
 
 @router.post("/api/projects/{project_id}/revisions/{revision_id}/decision", tags=["judge"],
              summary="Accept (it becomes an SFT row in exports) or reject a revision")
-def decide_revision(project_id: int, revision_id: int, body: RevisionDecisionIn, db: SessionDep,
+def decide_revision(project_id: Id, revision_id: Id, body: RevisionDecisionIn, db: SessionDep,
                     user: CurrentUser) -> RevisionOut:
     project = projects.get_visible(db, project_id, user)
     revision = revisions.decide(db, project, user, revision_id, body.accept)
@@ -139,7 +139,7 @@ REVISIONS_PAGE.mount(router, "/projects/{project_id}/revisions", post_path="/pro
 
 
 @router.post("/projects/{project_id}/revisions/{revision_id}/decision", include_in_schema=False)
-def decide_from_page(project_id: int, revision_id: int, db: SessionDep, user: PageUser,
+def decide_from_page(project_id: Id, revision_id: Id, db: SessionDep, user: PageUser,
                      form: Annotated[DecisionForm, Form()]) -> Response:
     project = projects.get_visible(db, project_id, user)
     revisions.decide(db, project, user, revision_id, form.to_api().accept)

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse, Response
 
 from app.crypto import Keyring
-from app.deps import AdminPageUser, EndpointAdminPage, KeyringDep, SessionDep
+from app.deps import AdminPageUser, EndpointAdminPage, Id, KeyringDep, SessionDep
 from app.forms import EndpointForm, EndpointUpdateForm, UserForm, UserUpdateForm
 from app.routes.form_pages import FormPage
 from app.services import endpoints, users
@@ -36,7 +36,7 @@ def create_user(request: Request, db: SessionDep, admin: AdminPageUser, form: An
 
 
 @router.post("/admin/users/{user_id}")
-def update_user(request: Request, user_id: int, db: SessionDep, admin: AdminPageUser,
+def update_user(request: Request, user_id: Id, db: SessionDep, admin: AdminPageUser,
                 form: Annotated[UserUpdateForm, Form()]) -> Response:
     target = users.get_user(db, user_id)
     return USERS_PAGE.submit(request, db, form,
@@ -74,7 +74,7 @@ def create_endpoint(request: Request, db: SessionDep, admin: EndpointAdminPage, 
 
 
 @router.post("/admin/endpoints/{endpoint_id}")
-def update_endpoint(request: Request, endpoint_id: int, db: SessionDep, admin: EndpointAdminPage,
+def update_endpoint(request: Request, endpoint_id: Id, db: SessionDep, admin: EndpointAdminPage,
                     keyring: KeyringDep, form: Annotated[EndpointUpdateForm, Form()]) -> Response:
     endpoint = endpoints.get(db, endpoint_id)
     return _endpoints_page(keyring).submit(
@@ -85,6 +85,6 @@ def update_endpoint(request: Request, endpoint_id: int, db: SessionDep, admin: E
 
 
 @router.post("/admin/endpoints/{endpoint_id}/delete")
-def delete_endpoint(endpoint_id: int, db: SessionDep, admin: EndpointAdminPage) -> Response:
+def delete_endpoint(endpoint_id: Id, db: SessionDep, admin: EndpointAdminPage) -> Response:
     endpoints.delete(db, admin, endpoints.get(db, endpoint_id))
     return RedirectResponse("/admin/endpoints", status_code=303)

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse, Response
 
-from app.deps import OptionalUser, PageUser, SessionDep
+from app.deps import Id, OptionalUser, PageUser, SessionDep
 from app.errors import DomainError, Invalid, TooManyAttempts
 from app.forms import LoginForm, PasswordForm, TokenForm
 from app.services import audit, users
@@ -102,6 +102,6 @@ def create_token(request: Request, db: SessionDep, user: PageUser, form: Annotat
 
 
 @router.post("/account/tokens/{token_id}/revoke")
-def revoke_token(token_id: int, db: SessionDep, user: PageUser) -> Response:
+def revoke_token(token_id: Id, db: SessionDep, user: PageUser) -> Response:
     users.revoke_token(db, user, token_id)
     return RedirectResponse("/account", status_code=303)

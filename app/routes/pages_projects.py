@@ -8,7 +8,7 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse, Response
 
 from app import forms, permissions
-from app.deps import PageUser, SessionDep
+from app.deps import Id, PageUser, SessionDep
 from app.errors import DomainError
 from app.forms import FieldError, ImportForm, MemberForm, ProjectForm, RubricForm
 from app.routes.api_projects import create_from, read_upload
@@ -59,13 +59,13 @@ def _project_context(db, project, user) -> dict:  # type: ignore[no-untyped-def]
 
 
 @router.get("/projects/{project_id}")
-def project_page(request: Request, project_id: int, db: SessionDep, user: PageUser) -> Response:
+def project_page(request: Request, project_id: Id, db: SessionDep, user: PageUser) -> Response:
     project = projects.get_visible(db, project_id, user)
     return render(request, "project.html", _project_context(db, project, user))
 
 
 @router.post("/projects/{project_id}/members")
-def add_member(request: Request, project_id: int, db: SessionDep, user: PageUser,
+def add_member(request: Request, project_id: Id, db: SessionDep, user: PageUser,
                form: Annotated[MemberForm, Form()]) -> Response:
     project = projects.get_visible(db, project_id, user)
     return forms.submit(request, db, form,
@@ -76,14 +76,14 @@ def add_member(request: Request, project_id: int, db: SessionDep, user: PageUser
 
 
 @router.post("/projects/{project_id}/members/{user_id}/remove")
-def remove_member(project_id: int, user_id: int, db: SessionDep, user: PageUser) -> Response:
+def remove_member(project_id: Id, user_id: Id, db: SessionDep, user: PageUser) -> Response:
     project = projects.get_visible(db, project_id, user)
     projects.remove_member(db, project, user, user_id)
     return RedirectResponse(f"/projects/{project.id}#members", status_code=303)
 
 
 @router.get("/projects/{project_id}/rubric")
-def rubric_editor(request: Request, project_id: int, db: SessionDep, user: PageUser) -> Response:
+def rubric_editor(request: Request, project_id: Id, db: SessionDep, user: PageUser) -> Response:
     project = projects.get_visible(db, project_id, user)
     permissions.require(db, user, project, "rubric.edit")
     current = rubrics.current(db, project)
@@ -94,7 +94,7 @@ def rubric_editor(request: Request, project_id: int, db: SessionDep, user: PageU
 
 
 @router.post("/projects/{project_id}/rubric/preview")
-def rubric_preview(request: Request, project_id: int, db: SessionDep, user: PageUser,
+def rubric_preview(request: Request, project_id: Id, db: SessionDep, user: PageUser,
                    form: Annotated[RubricForm, Form()]) -> Response:
     # htmx posts the whole editor form; only the text is previewed.
     projects.get_visible(db, project_id, user)
@@ -102,7 +102,7 @@ def rubric_preview(request: Request, project_id: int, db: SessionDep, user: Page
 
 
 @router.post("/projects/{project_id}/rubric")
-def save_rubric(request: Request, project_id: int, db: SessionDep, user: PageUser,
+def save_rubric(request: Request, project_id: Id, db: SessionDep, user: PageUser,
                 form: Annotated[RubricForm, Form()]) -> Response:
     project = projects.get_visible(db, project_id, user)
 
@@ -122,7 +122,7 @@ def save_rubric(request: Request, project_id: int, db: SessionDep, user: PageUse
 
 
 @router.get("/projects/{project_id}/rubric/history")
-def rubric_history(request: Request, project_id: int, db: SessionDep, user: PageUser) -> Response:
+def rubric_history(request: Request, project_id: Id, db: SessionDep, user: PageUser) -> Response:
     project = projects.get_visible(db, project_id, user)
     versions = rubrics.list_versions(db, project)  # newest first
     entries = [(v, rubrics.diff(versions[i + 1] if i + 1 < len(versions) else None, v))
@@ -131,14 +131,14 @@ def rubric_history(request: Request, project_id: int, db: SessionDep, user: Page
 
 
 @router.get("/projects/{project_id}/import")
-def import_page(request: Request, project_id: int, db: SessionDep, user: PageUser) -> Response:
+def import_page(request: Request, project_id: Id, db: SessionDep, user: PageUser) -> Response:
     project = projects.get_visible(db, project_id, user)
     permissions.require(db, user, project, "data.import")
     return render(request, "import.html", {"project": project, "presets": imports.PRESETS})
 
 
 @router.post("/projects/{project_id}/import")
-async def import_upload(request: Request, project_id: int, db: SessionDep, user: PageUser,
+async def import_upload(request: Request, project_id: Id, db: SessionDep, user: PageUser,
                         form: Annotated[ImportForm, Form()]) -> Response:
     project = projects.get_visible(db, project_id, user)
     permissions.require(db, user, project, "data.import")

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
 
 from app import permissions
-from app.deps import CurrentUser, PageUser, SessionDep
+from app.deps import MAX_ID, CurrentUser, Id, PageUser, SessionDep
 from app.forms import IterateForm, TrainingForm
 from app.routes.form_pages import ProjectPage
 from app.schemas import IterateIn, JobAccepted, SampleIntoProjectIn, TrainingRunAccepted, TrainingRunIn, TrainingRunOut
@@ -40,7 +40,7 @@ def _request_run(request: Request, db, project, user, body: TrainingRunIn):  # t
 
 @router.post("/api/projects/{project_id}/training-runs", status_code=202, tags=["training"],
              summary="Train on an export (a background job): SFT, a reward model, DPO, RFT, GRPO or PPO")
-def create_run(request: Request, project_id: int, body: TrainingRunIn, db: SessionDep,
+def create_run(request: Request, project_id: Id, body: TrainingRunIn, db: SessionDep,
                user: CurrentUser) -> TrainingRunAccepted:
     project = projects.get_visible(db, project_id, user)
     run, job = _request_run(request, db, project, user, body)
@@ -48,24 +48,24 @@ def create_run(request: Request, project_id: int, body: TrainingRunIn, db: Sessi
 
 
 @router.get("/api/projects/{project_id}/training-runs", tags=["training"], summary="The project's training runs")
-def list_runs(project_id: int, db: SessionDep, user: CurrentUser) -> list[TrainingRunOut]:
+def list_runs(project_id: Id, db: SessionDep, user: CurrentUser) -> list[TrainingRunOut]:
     project = projects.get_visible(db, project_id, user)
     return [_out(db, r, last=1) for r in training_runs.list_for_project(db, project)]
 
 
 @router.get("/api/training-runs/{run_id}", tags=["training"], summary="A run: state, recent metrics, eval, lineage")
-def get_run(run_id: int, db: SessionDep, user: CurrentUser,
+def get_run(run_id: Id, db: SessionDep, user: CurrentUser,
             last: Annotated[int, Query(ge=1, le=100_000)] = 50) -> TrainingRunOut:
     return _out(db, training_runs.get_visible(db, run_id, user), last=last)
 
 
 @router.get("/api/training-runs/{run_id}/metrics", tags=["training"], summary="Every metrics row of a run")
-def get_metrics(run_id: int, db: SessionDep, user: CurrentUser) -> list[dict]:
+def get_metrics(run_id: Id, db: SessionDep, user: CurrentUser) -> list[dict]:
     return training_runs.read_metrics(training_runs.get_visible(db, run_id, user))
 
 
 @router.post("/api/training-runs/{run_id}/cancel", tags=["training"], summary="Stop a queued or running run")
-def cancel_run(run_id: int, db: SessionDep, user: CurrentUser) -> TrainingRunOut:
+def cancel_run(run_id: Id, db: SessionDep, user: CurrentUser) -> TrainingRunOut:
     run = training_runs.get_visible(db, run_id, user)
     return _out(db, training_runs.cancel(db, run, user))
 
@@ -77,14 +77,14 @@ def _sample_into_project(db, run, user, body: SampleIntoProjectIn):  # type: ign
 
 @router.post("/api/training-runs/{run_id}/human-check", status_code=202, tags=["training"],
              summary="Re-score a reward model against the project's human pairs now (drift check)")
-def recheck_against_humans(run_id: int, db: SessionDep, user: CurrentUser) -> JobAccepted:
+def recheck_against_humans(run_id: Id, db: SessionDep, user: CurrentUser) -> JobAccepted:
     run = training_runs.get_visible(db, run_id, user)
     return JobAccepted(job_id=training_runs.request_human_check(db, run, user).id)
 
 
 @router.post("/api/training-runs/{run_id}/iterate", status_code=202, tags=["training"],
              summary="Run one automated RLHF round from a finished policy run (each step a job)")
-def iterate(request: Request, run_id: int, body: IterateIn, db: SessionDep, user: CurrentUser) -> JobAccepted:
+def iterate(request: Request, run_id: Id, body: IterateIn, db: SessionDep, user: CurrentUser) -> JobAccepted:
     run = training_runs.get_visible(db, run_id, user)
     job = iteration.start(db, run, user, replay_share=body.replay_share, k=body.k)
     return JobAccepted(job_id=job.id)
@@ -92,7 +92,7 @@ def iterate(request: Request, run_id: int, body: IterateIn, db: SessionDep, user
 
 @router.post("/api/training-runs/{run_id}/sample-into-project", status_code=202, tags=["training"],
              summary="Sample the policy's answers into the project for the next round of ranking")
-def sample_into_project(run_id: int, body: SampleIntoProjectIn, db: SessionDep, user: CurrentUser) -> JobAccepted:
+def sample_into_project(run_id: Id, body: SampleIntoProjectIn, db: SessionDep, user: CurrentUser) -> JobAccepted:
     run = training_runs.get_visible(db, run_id, user)
     return JobAccepted(job_id=_sample_into_project(db, run, user, body).id)
 
@@ -117,12 +117,12 @@ def _page(request: Request) -> ProjectPage:
 
 
 @router.get("/projects/{project_id}/training", include_in_schema=False)
-def training_page(request: Request, project_id: int, db: SessionDep, user: PageUser) -> Response:
+def training_page(request: Request, project_id: Id, db: SessionDep, user: PageUser) -> Response:
     return _page(request).show(request, db, user, project_id)
 
 
 @router.post("/projects/{project_id}/training", include_in_schema=False)
-def launch_from_page(request: Request, project_id: int, db: SessionDep, user: PageUser,
+def launch_from_page(request: Request, project_id: Id, db: SessionDep, user: PageUser,
                      form: Annotated[TrainingForm, Form()]) -> Response:
     # Not mounted like the other project pages: the run's data directory comes from the request.
     return _page(request).submit(request, db, user, project_id, form,
@@ -131,7 +131,7 @@ def launch_from_page(request: Request, project_id: int, db: SessionDep, user: Pa
 
 
 @router.get("/training-runs/{run_id}", include_in_schema=False)
-def run_page(request: Request, run_id: int, db: SessionDep, user: PageUser) -> Response:
+def run_page(request: Request, run_id: Id, db: SessionDep, user: PageUser) -> Response:
     run = training_runs.get_visible(db, run_id, user)
     project = training_runs.project_of(db, run)
     metrics = training_runs.read_metrics(run)
@@ -155,21 +155,21 @@ def run_page(request: Request, run_id: int, db: SessionDep, user: PageUser) -> R
 
 
 @router.post("/training-runs/{run_id}/cancel", include_in_schema=False)
-def cancel_from_page(run_id: int, db: SessionDep, user: PageUser) -> Response:
+def cancel_from_page(run_id: Id, db: SessionDep, user: PageUser) -> Response:
     run = training_runs.get_visible(db, run_id, user)
     training_runs.stop(db, run, user)
     return RedirectResponse(f"/training-runs/{run.id}", status_code=303)
 
 
 @router.post("/training-runs/{run_id}/sample", include_in_schema=False)
-def sample_from_page(run_id: int, db: SessionDep, user: PageUser) -> Response:
+def sample_from_page(run_id: Id, db: SessionDep, user: PageUser) -> Response:
     run = training_runs.get_visible(db, run_id, user)
     _sample_into_project(db, run, user, SampleIntoProjectIn())
     return RedirectResponse(f"/projects/{run.project_id}/jobs", status_code=303)
 
 
 @router.post("/training-runs/{run_id}/iterate", include_in_schema=False)
-def iterate_from_page(run_id: int, db: SessionDep, user: PageUser, form: Annotated[IterateForm, Form()]) -> Response:
+def iterate_from_page(run_id: Id, db: SessionDep, user: PageUser, form: Annotated[IterateForm, Form()]) -> Response:
     run = training_runs.get_visible(db, run_id, user)
     body = form.to_api()
     iteration.start(db, run, user, replay_share=body.replay_share, k=body.k)
@@ -177,8 +177,8 @@ def iterate_from_page(run_id: int, db: SessionDep, user: PageUser, form: Annotat
 
 
 @router.get("/projects/{project_id}/training/compare", include_in_schema=False)
-def compare_page(request: Request, project_id: int, db: SessionDep, user: PageUser,
-                 a: Annotated[int, Query(ge=1)], b: Annotated[int, Query(ge=1)]) -> Response:
+def compare_page(request: Request, project_id: Id, db: SessionDep, user: PageUser,
+                 a: Annotated[int, Query(ge=1, le=MAX_ID)], b: Annotated[int, Query(ge=1, le=MAX_ID)]) -> Response:
     project = projects.get_visible(db, project_id, user)
     runs = [training_runs.get_visible(db, rid, user) for rid in (a, b)]
     return render(request, "training_compare.html", {"project": project, **training_runs.compare(db, project, runs)})

@@ -5,6 +5,10 @@ always refused; private and loopback addresses (a vLLM box on the LAN, a server 
 unless an admin marked that model endpoint as trusted (`allow_private`). The check runs when a job is asked
 for, again when the worker starts it, and on every connection the worker's client opens (`address_guard`), so
 a host whose DNS answer changes (DNS rebinding) is caught at connect time.
+
+`PREFLAB_OUTBOUND_HOSTS=none` refuses every host before its name is resolved or an address compared: the web
+process and the worker set it at start (`refuse_every_host`), for an install that must call out to nothing and for
+fuzzing the API without any DNS traffic.
 """
 
 from __future__ import annotations
@@ -22,6 +26,14 @@ BLOCKED_HOSTS = {"metadata.google.internal", "metadata", "instance-data"}
 BLOCKED_ADDRESSES = {ipaddress.ip_address(a) for a in ("fd00:ec2::254", "100.100.100.200", "168.63.129.16")}
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+_refuse_all = False
+
+
+def refuse_every_host(refuse: bool) -> None:
+    """Set by the process from `Settings.outbound_hosts` at start: True refuses every URL without resolving it."""
+    global _refuse_all
+    _refuse_all = refuse
 
 
 def _addresses(host: str, port: int | None, resolve: bool) -> list[IPAddress]:
@@ -49,6 +61,8 @@ def check_base_url(url: str, *, field: str = "base_url", resolve: bool = True, a
     http(s) only, no credentials, never a metadata, link-local, multicast or reserved address; private and
     loopback addresses only with `allow_private` (an admin's explicit trust in that endpoint).
     """
+    if _refuse_all:
+        raise Invalid("outbound calls are switched off on this server (PREFLAB_OUTBOUND_HOSTS=none)", field=field)
     parts = urlsplit(url.strip())
     if parts.scheme not in ("http", "https"):
         raise Invalid("must be an http:// or https:// URL", field=field)
@@ -87,6 +101,8 @@ def address_guard(allow_private: bool) -> Callable[[str], None]:
     `address_check`): a host whose DNS answer changes after `check_base_url` (DNS rebinding) is still refused."""
 
     def check(address: str) -> None:
+        if _refuse_all:
+            raise ValueError("outbound calls are switched off on this server (PREFLAB_OUTBOUND_HOSTS=none)")
         ip = ipaddress.ip_address(address.split("%")[0])
         if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
             ip = ip.ipv4_mapped

@@ -7,7 +7,7 @@
   // Controls inside a card stay out of the Tab order (Tab goes card to card); Enter on a card lets them in.
   var CARD_CONTROLS = "select, input, summary, button";
   var COLLAPSED_LINES = 4;  // keep in step with .resp:not(.open) .resp-body in preflab.css
-  // Drafts: kept in localStorage at once, and on the server (PUT /api/assignments/{id}/draft) after a pause in the
+  // Drafts: kept in localStorage at once, and on the server (PUT /api/v1/assignments/{id}/draft) after a pause in the
   // ranking, so one request per burst of keys; when the server cannot be reached it is tried again, backing off.
   var DRAFT_PUT_DELAY_MS = 800;
   var DRAFT_RETRY_MS = [2000, 5000, 15000, 30000];
@@ -58,7 +58,7 @@
     var status = form.querySelector("#rank-status");
     var keymap = page.querySelector("#keymap");
     var lastButton = null;
-    var draftUrl = "/api/assignments/" + encodeURIComponent(form.dataset.assignment) + "/draft";
+    var draftUrl = "/api/v1/assignments/" + encodeURIComponent(form.dataset.assignment) + "/draft";
     var csrfInput = form.querySelector("input[name=csrf_token]");
     var unsent = null;  // the draft the server does not hold yet
     var putTimer = null, putting = null, putAgain = false, retries = 0, submitting = false;

@@ -101,7 +101,7 @@ def test_same_submission_id_is_idempotent(db, make_user, make_project, token_for
     ("unknown_id", "tiers[0][0]"),
     ("duplicate", "tiers[1][0]"),
     ("one_tier", "tiers"),
-    ("empty_tier", "tiers[1]"),
+    ("empty_tier", "tiers.1"),  # the schema's own rule (minItems 1), named as every schema rule is
     ("missing", "tiers"),
     ("stale_rubric", "rubric_version"),
     ("foreign_assignment", "assignment_id"),

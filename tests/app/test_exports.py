@@ -472,7 +472,7 @@ def test_exports_page_requests_and_lists_an_export(db, app, make_user, make_proj
     export = db.scalar(select(Export))
     assert export.filters == {"source": ["human"], "split": "train", "flagged": "exclude", "aggregation": "raw",
                               "conflicts": "keep"}
-    assert f'/api/exports/{export.id}/files/pairs.parquet' in page.text and "ready" in page.text
+    assert f'/api/v1/exports/{export.id}/files/pairs.parquet' in page.text and "ready" in page.text
     assert "(empty: the filters select nothing)" in page.text  # nothing was ranked yet
     # Filters for people, not a Python repr; the sha256 cell holds the hash only, the snapshot sits with the date.
     assert "<dt>Sources</dt><dd>human</dd>" in page.text and "<dt>Flagged items</dt><dd>exclude</dd>" in page.text

@@ -350,7 +350,7 @@ def test_metrics_from_a_network_not_listed_are_refused(database_url, clean_engin
         time.sleep(0.01)
     try:
         r = httpx.get(f"http://127.0.0.1:{sock.getsockname()[1]}/metrics")
-        assert r.status_code == 401 and "PREFLAB_METRICS_ALLOWED_NETWORKS" in r.json()["detail"]
+        assert r.status_code == 401 and "PREFLAB_METRICS_ALLOWED_NETWORKS" in r.json()["detail"][0]["message"]
     finally:
         server.should_exit = True
         thread.join(timeout=10)

@@ -161,7 +161,7 @@ def test_security_headers_on_every_page(app, api) -> None:
 
 def test_openapi_documents_the_contract(app, api) -> None:
     spec = api(None).get("/openapi.json").json()
-    for path in ["/healthz", "/api/projects", "/api/projects/{project_id}", "/api/projects/{project_id}/rubrics",
-                 "/api/projects/{project_id}/imports", "/api/projects/{project_id}/members", "/api/users"]:
+    for path in ["/healthz", "/api/v1/projects", "/api/v1/projects/{project_id}", "/api/v1/projects/{project_id}/rubrics",
+                 "/api/v1/projects/{project_id}/imports", "/api/v1/projects/{project_id}/members", "/api/v1/users"]:
         assert path in spec["paths"], path
     assert not any(p.startswith("/projects") for p in spec["paths"])  # pages stay out of the API docs

@@ -94,8 +94,8 @@ def test_no_server_errors_and_responses_match_the_schema(app: Any, world: World,
 # The fixes for what the fuzzing found, pinned by plain tests.
 
 def test_the_documented_422_body_is_the_one_sent(app: Any, world: World, client: Any) -> None:
-    item = app.openapi()["components"]["schemas"]["ValidationError"]
-    assert item["required"] == ["message"] and set(item["properties"]) == {"field", "message"}
+    item = app.openapi()["components"]["schemas"]["ErrorItem"]
+    assert item["required"] == ["message"] and set(item["properties"]) == {"field", "message", "line"}
     r = client.post(f"/api/projects/{world.a.project_id}/exports", json={"format": "csv"},
                     headers=world.headers("lead"))
     assert r.status_code == 422
