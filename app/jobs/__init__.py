@@ -21,6 +21,7 @@ HANDLERS: dict[str, str] = {
     "revise": "app.jobs.revise:run",
     "rm_check": "app.jobs.train:check_against_humans",
     "export": "app.jobs.export:run",
+    "priorities": "app.jobs.priorities:run",
 }
 
 Handler = Callable[["JobContext"], dict[str, Any]]
