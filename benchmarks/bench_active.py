@@ -1,7 +1,7 @@
 """Active learning on HH-RLHF harmless: how many labels does uncertainty-first order save over random order?
 
     .venv/bin/python benchmarks/bench_active.py [--seeds 0 1 2] [--seed-labels 32] [--round 32] [--rounds 20]
-        [--strategies random uncertainty margin] [--heads 8] [--cache DIR]
+        [--strategies random uncertainty margin] [--heads 8] [--cache DIR] [--plot FILE.svg]
 
 The HH-RLHF harmless test file (../shared/datasets/hh-rlhf/, 2,312 human chosen/rejected pairs) is replayed as if
 annotators answered with the data set's own labels: lines 1–1800 are the pool a project would queue, lines
@@ -208,6 +208,36 @@ def ratio(rows: list[dict[str, Any]], strategy: str) -> dict[str, Any]:
             "ratio": None if needed is None or needed_random is None else round(needed_random / needed, 3)}
 
 
+def write_plot(path: Path, rows: list[dict[str, Any]], strategies: list[str]) -> None:
+    """The mean curves as a small standalone SVG (held-out accuracy against labels)."""
+    curves = {s: mean_curve(rows, s) for s in strategies}
+    xs = [x for c in curves.values() for x, _ in c]
+    ys = [y for c in curves.values() for _, y in c]
+    x0, x1, y0, y1 = min(xs), max(xs), min(ys) - 0.005, max(ys) + 0.005
+    w, h, m = 560, 320, 50
+
+    def at(x: float, y: float) -> str:
+        return f"{m + (x - x0) / (x1 - x0) * (w - 2 * m):.1f},{h - m - (y - y0) / (y1 - y0) * (h - 2 * m):.1f}"
+
+    colours = ["#888888", "#1f6fb2", "#c0392b", "#2e8b57"]
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" '
+             'font-size="12">', f'<rect width="{w}" height="{h}" fill="white"/>',
+             f'<polyline points="{at(x0, y1)} {at(x0, y0)} {at(x1, y0)}" fill="none" stroke="black"/>',
+             f'<text x="{w / 2}" y="{h - 12}" text-anchor="middle">labels (mean of {len({r["seed"] for r in rows})} '
+             'seeds)</text>', f'<text x="12" y="{m - 20}">held-out accuracy, HH-RLHF harmless (512 pairs)</text>']
+    for value in (y0, (y0 + y1) / 2, y1):
+        parts.append(f'<text x="{m - 6}" y="{at(x0, value).split(",")[1]}" text-anchor="end">{value:.3f}</text>')
+    for value in (x0, (x0 + x1) / 2, x1):
+        parts.append(f'<text x="{at(value, y0).split(",")[0]}" y="{h - m + 16}" text-anchor="middle">'
+                     f'{value:.0f}</text>')
+    for i, (name, curve) in enumerate(curves.items()):
+        colour = colours[i % len(colours)]
+        parts.append(f'<polyline points="{" ".join(at(x, y) for x, y in curve)}" fill="none" stroke="{colour}" '
+                     'stroke-width="2"/>')
+        parts.append(f'<text x="{w - m - 90}" y="{h - m - 52 + 16 * i}" fill="{colour}">{name}</text>')
+    path.write_text("\n".join(parts + ["</svg>"]) + "\n", encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -220,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-length", type=int, default=256)
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--plot", type=Path, help="write the mean curves as an SVG here")
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "preflab" / "bench_active")
     args = parser.parse_args(argv)
     if "random" not in args.strategies:
@@ -239,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     for strategy in args.strategies:
         print(json.dumps({"bench": "active", "strategy": strategy, "mean_over_seeds": [
             {"labels": labels, "accuracy": round(accuracy, 4)} for labels, accuracy in mean_curve(rows, strategy)]}))
+    if args.plot:
+        write_plot(args.plot, rows, args.strategies)
     others = {s: ratio(rows, s) for s in args.strategies if s != "random"}
     summary = {"bench": "active",
                "random_over_uncertainty": others.get("uncertainty", {}).get("ratio"),
