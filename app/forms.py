@@ -30,12 +30,14 @@ from app.schemas import (
     MemberIn,
     ModelEndpointIn,
     ModelEndpointPatch,
+    PrioritiesIn,
     ProjectIn,
     RankingIn,
     RevisionDecisionIn,
     RevisionJobIn,
     RubricVersionIn,
     SamplingJobIn,
+    SelectionIn,
     TrainingRunIn,
     UserIn,
     UserPatch,
@@ -426,6 +428,25 @@ class AILabelsForm(ApiForm):
 
     def to_api(self) -> AILabelsIn:
         return AILabelsIn.from_form(enabled=self.enabled == "yes")
+
+
+class SelectionForm(ApiForm):
+    LABELS: ClassVar[Mapping[str, str]] = {"selection": "Queue order"}
+
+    selection: str = Field("", max_length=20)
+
+    def to_api(self) -> SelectionIn:
+        return SelectionIn(selection=self.selection)  # type: ignore[arg-type]
+
+
+class PrioritiesForm(ApiForm):
+    LABELS: ClassVar[Mapping[str, str]] = {"training_run_id": "Reward-model run"}
+
+    training_run_id: str = Field("", max_length=12)
+
+    def to_api(self) -> PrioritiesIn:
+        run = self.training_run_id.strip()
+        return PrioritiesIn(training_run_id=int(run) if run.isdigit() else None)
 
 
 class DecisionForm(ApiForm):

@@ -250,6 +250,8 @@ class Prompt(Base):
         # The queue's gold lookup: without it, "any gold prompt left?" scans every prompt of the project.
         Index("ix_prompts_project_id_gold", "project_id", "id", postgresql_where=text("gold_tiers IS NOT NULL"),
               sqlite_where=text("gold_tiers IS NOT NULL")),
+        # The queue's walk in priority order (selection `uncertainty` or `disagreement`).
+        Index("ix_prompts_project_id_queue_rank", "project_id", "queue_rank"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -264,6 +266,10 @@ class Prompt(Base):
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSONType, default=dict)
     gold_tiers: Mapped[list[list[int]] | None] = mapped_column(JSONType)
     """A known correct order (completion ids, best tier first): a gold task mixed into the queue."""
+    priority: Mapped[float | None] = mapped_column(Float)
+    """How much a ranking of this prompt is expected to teach (the last priorities job; higher first)."""
+    queue_rank: Mapped[int | None] = mapped_column(Integer)
+    """Position in the priority order (0 first), written with `priority`; None: not scored, served after."""
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
     completions: Mapped[list[Completion]] = relationship(

@@ -59,6 +59,9 @@ ACTIONS: dict[str, Action] = {
     "export.delete": _project({LEAD}, "delete exports", "delete an export"),
     "training.start": _project({LEAD, ENGINEER}, "start training runs",
                                "start and cancel training runs and iterations"),
+    "selection.manage": _project({LEAD}, "choose the queue order",
+                                 "choose the queue's selection (random, uncertainty, disagreement) and compute "
+                                 "priorities"),
     # Account actions (the account's own role).
     "project.create": _account({LEAD}, "only admins and leads create projects", "create a project"),
     "users.manage": _account(set(), "this needs the admin role", "create, change and deactivate accounts"),

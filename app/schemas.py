@@ -469,6 +469,29 @@ class JudgeAgreementOut(BaseModel):
                                           "them.")
 
 
+class SelectionIn(Strict):
+    selection: Literal["random", "uncertainty", "disagreement"] = Field(
+        description="The queue's order: `random` (by import order, the default), `uncertainty` (prompts the reward "
+                    "model is least sure about first) or `disagreement` (prompts whose human rankings disagree most "
+                    "first). The two last serve by the priorities their last priorities job stored.")
+
+
+class PrioritiesIn(Strict):
+    training_run_id: int | None = Field(
+        None, ge=1, description="`uncertainty`: the reward-model run that scores the prompts (default: the project's "
+                                "newest finished one).")
+
+
+class SelectionOut(BaseModel):
+    selection: str
+    computed_at: str | None = Field(description="When the stored priorities were computed (ISO 8601, UTC).")
+    computed_for: str | None = Field(description="The selection the stored priorities were computed for.")
+    training_run_id: int | None = Field(description="The reward-model run behind them (`uncertainty`).")
+    prompts: int = Field(description="Prompts that have a priority.")
+    measure: str | None = Field(description="`spread` (across an ensemble's heads), `margin` (a single-head "
+                                            "model: p nearest 0.5 first) or `disagreement`.")
+
+
 class AILabelsIn(Strict):
     enabled: bool = Field(description="May AI labels be used for training (exports include them)?")
 

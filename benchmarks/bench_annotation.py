@@ -81,8 +81,9 @@ def reset_database(url: str) -> None:
 
 
 def seed(url: str, *, prompts: int, chars: int, overlap: int, annotators: int, name: str,
-         seed_: int = 0) -> tuple[int, list[str], list[int]]:
-    """A project with `prompts` ready prompts (K=4), `annotators` members; returns (project id, tokens, user ids)."""
+         seed_: int = 0, selection: str = "random") -> tuple[int, list[str], list[int]]:
+    """A project with `prompts` ready prompts (K=4), `annotators` members; returns (project id, tokens, user ids).
+    With a `selection` other than random, every prompt gets a random priority (as a priorities job would write)."""
     from argon2 import PasswordHasher
 
     from app import security
@@ -111,6 +112,12 @@ def seed(url: str, *, prompts: int, chars: int, overlap: int, annotators: int, n
             {"prompt_id": pid, "text": _text(rng, chars), "source": "imported", "generator_params": {},
              "meta": {}} for pid in prompt_ids for _ in range(4)])
         project_id = project.id
+        if selection != "random":
+            from app.services import selection as queue_selection
+
+            queue_selection.set_selection(db, project, lead, selection)
+            queue_selection.store_priorities(db, project, {pid: rng.random() for pid in prompt_ids},
+                                             selection=selection)
     with engine.begin() as conn:
         conn.execute(text("ANALYZE"))
     engine.dispose()
@@ -292,16 +299,19 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--renders", type=int, default=200)
     parser.add_argument("--render-prompts", type=int, default=2_000)
+    parser.add_argument("--selection", default="random", choices=("random", "uncertainty", "disagreement"),
+                        help="the project's queue order; not random: every prompt gets a random priority")
     args = parser.parse_args()
     url = Settings(database_url=os.environ.get("PREFLAB_BENCH_DATABASE_URL", DEFAULT_URL)).database_url
     result: dict[str, Any] = {"bench": "annotation", "clients": args.clients, "k": 4, "prompts": args.prompts,
                               "overlap": args.overlap, "seconds": args.seconds, "cpus": os.cpu_count(),
+                              "selection": args.selection,
                               "load_before": os.getloadavg()[0], "runs": {}}
     with tempfile.TemporaryDirectory() as data_dir:
         for workers in args.workers:
             reset_database(url)
             project_id, tokens, _ = seed(url, prompts=args.prompts, chars=300, overlap=args.overlap,
-                                         annotators=args.clients, name="bench")
+                                         annotators=args.clients, name="bench", selection=args.selection)
             proc, base = start_server(url, workers, data_dir)
             try:
                 cpu0, t0 = _cpu_seconds(proc.pid), time.perf_counter()

@@ -91,6 +91,8 @@ REQUESTS: dict[str, Call] = {
                         {"json": {"tiers": [[999_998], [999_999]]}}),  # not this prompt's completions
     # the default decision again: allowed callers change nothing
     "labels.decide": Call("PUT", "/api/projects/{project}/ai-labels", {"json": {"enabled": False}}),
+    # the default order again: allowed callers change nothing
+    "selection.manage": Call("PUT", "/api/projects/{project}/selection", {"json": {"selection": "random"}}),
     "agreement.see": Call("GET", "/api/projects/{project}/agreement"),
     "data.import": Call("POST", "/api/projects/{project}/imports",
                         {"files": {"file": ("empty.jsonl", b"", "application/x-ndjson")}}),

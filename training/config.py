@@ -364,10 +364,19 @@ class RewardConfig(OfflineConfig):
     calibration_bins: int = setting(
         5, "Bins of predicted confidence max(σ(Δ), 1 − σ(Δ)) over [0.5, 1] for the calibration table.")
     length_buckets: int = setting(4, "Quantile buckets of pair length (tokens) for accuracy by length.")
+    ensemble: int = setting(
+        1, "Reward heads on one shared encoder (one encoder forward pass serves all of them); above 1, "
+        "`score` gives the mean reward and `compare` each pair's preference probability with its spread across "
+        "heads, and eval.json reports accuracy by uncertainty.")
+    bootstrap: bool = setting(
+        True, "With ensemble > 1, each head weights each training pair by its own Poisson(1) draw (the online "
+        "bootstrap), so the heads see different data; false: the heads differ only by their initialisation.")
+    uncertainty_quantiles: int = setting(
+        4, "Quantile buckets of the heads' spread for held-out accuracy by uncertainty (ensemble > 1).")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        at_least(self, 1, "calibration_bins", "length_buckets")
+        at_least(self, 1, "calibration_bins", "length_buckets", "ensemble", "uncertainty_quantiles")
         at_least(self, 0, "center_rewards_coef")
 
 

@@ -5,6 +5,11 @@ writes OUT/model/ (safetensors), OUT/metrics.jsonl, OUT/eval.json and OUT/run.js
 training/loop.py). The same command under `accelerate launch --num_processes N -m training reward …` trains
 data-parallel (DDP; on a machine without GPUs add `--multi_gpu` so accelerate starts N gloo processes);
 `batch_size` is the global batch, split across processes, so N processes follow the same loss curve as one.
+
+`--set ensemble=N` trains N reward heads on one shared encoder: the model is a sequence-classification model with
+N outputs, so one encoder forward pass scores all heads, and each head sees its own bootstrap of the training
+pairs (Poisson(1) weights). `score` returns the heads' mean reward, `compare` each pair's preference probability
+with its spread across heads, and eval.json adds held-out accuracy by uncertainty quantile.
 """
 
 from __future__ import annotations
@@ -110,8 +115,32 @@ def collate(sequences: Sequence[list[int]], pad_token_id: int, device: torch.dev
 # the scoring API used by GRPO, PPO and the app
 
 
+@dataclass
+class Preference:
+    """How sure a reward model is that the first response beats the second, per pair (all float32 CPU tensors)."""
+
+    p: Tensor
+    """(N,) p(first ≻ second): the heads' mean of σ(r_first − r_second)."""
+    spread: Tensor
+    """(N,) standard deviation of that probability across heads (0 for a single head): the model's uncertainty."""
+    reward_first: Tensor
+    """(N,) mean reward of the first responses."""
+    reward_second: Tensor
+    """(N,) mean reward of the second responses."""
+    p_heads: Tensor
+    """(N, H) each head's probability."""
+
+
+def preference_from_heads(first: Tensor, second: Tensor) -> Preference:
+    """`Preference` from per-head rewards (N, H) of the first and second responses."""
+    p_heads = torch.sigmoid(first - second)  # (N, H)
+    return Preference(p=p_heads.mean(-1), spread=p_heads.std(-1, unbiased=False), reward_first=first.mean(-1),
+                      reward_second=second.mean(-1), p_heads=p_heads)
+
+
 class RewardModel:
-    """A trained reward model: `RewardModel.load(dir).score(prompts, responses)` → one scalar per response."""
+    """A trained reward model: `RewardModel.load(dir).score(prompts, responses)` → one scalar per response (the mean
+    over heads for an ensemble); `compare(prompts, first, second)` → each pair's preference and its spread."""
 
     def __init__(self, model: Any, tokenizer: Any, max_length: int = 512, device: str | torch.device | None = None
                  ) -> None:
@@ -131,33 +160,51 @@ class RewardModel:
         meta = json.loads((path / META_FILE).read_text()) if (path / META_FILE).exists() else {}
         require_safetensors(path, "reward model")
         tokenizer = AutoTokenizer.from_pretrained(str(path))
-        model = AutoModelForSequenceClassification.from_pretrained(str(path), num_labels=1, dtype=dtype, **SAFE_LOAD)
+        heads = int(meta.get("heads", 1))
+        model = AutoModelForSequenceClassification.from_pretrained(str(path), num_labels=heads, dtype=dtype,
+                                                                   **SAFE_LOAD)
         return cls(model, tokenizer, max_length=int(meta.get("max_length", 512)), device=device)
 
+    @property
+    def heads(self) -> int:
+        """Reward heads on the shared encoder (1 unless trained with `ensemble=N`)."""
+        return int(self.model.config.num_labels)
+
     @torch.no_grad()
-    def score(self, prompts: Sequence[Text], responses: Sequence[str], batch_size: int = 32) -> Tensor:
-        """r(prompt, response) for each pair, a float32 CPU tensor (N,); batched by length internally."""
+    def score(self, prompts: Sequence[Text], responses: Sequence[str], batch_size: int = 32,
+              per_head: bool = False) -> Tensor:
+        """r(prompt, response) for each pair, a float32 CPU tensor (N,), the mean over heads; with `per_head`,
+        every head's reward (N, H). Batched by length internally."""
         if len(prompts) != len(responses):
             raise ValueError(f"got {len(prompts)} prompts and {len(responses)} responses")
         if not responses:
-            return torch.zeros(0)
+            return torch.zeros((0, self.heads) if per_head else 0)
         ids, _ = self.encoder.encode(self.encoder.prompt_texts(prompts), responses)
-        return score_ids(self.model, ids, self.tokenizer.pad_token_id, batch_size, self.device)
+        return score_ids(self.model, ids, self.tokenizer.pad_token_id, batch_size, self.device, heads=per_head)
 
     __call__ = score
+
+    def compare(self, prompts: Sequence[Text], first: Sequence[str], second: Sequence[str],
+                batch_size: int = 32) -> Preference:
+        """p(first ≻ second) per pair, with its spread across heads and the mean rewards of both sides."""
+        if not len(prompts) == len(first) == len(second):
+            raise ValueError(f"got {len(prompts)} prompts, {len(first)} first and {len(second)} second responses")
+        both = self.score(list(prompts) * 2, list(first) + list(second), batch_size=batch_size, per_head=True)
+        return preference_from_heads(both[:len(first)], both[len(first):])
 
 
 @torch.no_grad()
 def score_ids(model: Any, ids: Sequence[list[int]], pad_token_id: int, batch_size: int,
-              device: torch.device) -> Tensor:
-    """Rewards for already-encoded sequences, batched longest-first so each batch pads little; (N,)."""
+              device: torch.device, heads: bool = False) -> Tensor:
+    """Rewards for already-encoded sequences, batched longest-first so each batch pads little: the mean over the
+    model's heads (N,), or with `heads` every head's (N, H)."""
     order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
-    out = torch.empty(len(ids), dtype=torch.float32)
+    out = torch.empty((len(ids), int(model.config.num_labels)), dtype=torch.float32)
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
-        logits = model(**collate([ids[i] for i in chunk], pad_token_id, device)).logits  # (b, 1)
-        out[torch.tensor(chunk)] = logits[:, 0].float().cpu()
-    return out
+        logits = model(**collate([ids[i] for i in chunk], pad_token_id, device)).logits  # (b, H)
+        out[torch.tensor(chunk)] = logits.float().cpu()
+    return out if heads else out.mean(-1)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -248,6 +295,44 @@ def pairwise_metrics(r_c: Tensor, r_r: Tensor, p: Tensor, margin: Tensor, weight
     }
 
 
+def uncertainty_metrics(heads_c: Tensor, heads_r: Tensor, p: Tensor, quantiles: int) -> dict[str, Any]:
+    """Does the ensemble's spread mean anything? Held-out accuracy by quantile of the spread of p_h = σ(r_c,h − r_r,h)
+    across heads (lowest spread first), the Pearson correlation of error (1 − correct) with spread, each head's
+    accuracy. heads_c, heads_r: (N, H)."""
+    delta = (heads_c - heads_r).double()  # (N, H)
+    label = p >= 0.5
+    mean_delta = delta.mean(-1)
+    correct = torch.where(mean_delta == 0, torch.full_like(mean_delta, 0.5), ((mean_delta > 0) == label).double())
+    spread = torch.sigmoid(delta).std(-1, unbiased=False)  # (N,)
+    buckets = []
+    for chunk in torch.tensor_split(torch.argsort(spread, stable=True), min(quantiles, len(spread))):
+        buckets.append({"spread": [round(spread[chunk].min().item(), 6), round(spread[chunk].max().item(), 6)],
+                        "pairs": len(chunk), "accuracy": correct[chunk].mean().item()})
+    return {
+        "heads": int(delta.shape[1]),
+        "mean_spread": spread.mean().item(),
+        "error_spread_correlation": pearson(1 - correct, spread),
+        "accuracy_by_uncertainty": buckets,
+        "head_accuracy": [((delta[:, h] > 0) == label).double().mean().item() for h in range(delta.shape[1])],
+    }
+
+
+def pearson(x: Tensor, y: Tensor) -> float | None:
+    """Pearson correlation of two (N,) tensors; None when either is constant (the correlation is undefined)."""
+    x, y = x.double() - x.double().mean(), y.double() - y.double().mean()
+    denominator = (x.square().sum() * y.square().sum()).sqrt()
+    return None if denominator == 0 else (x * y).sum().item() / denominator.item()
+
+
+def bootstrap_weights(weight: Tensor, heads: int, bootstrap: bool, seed: int) -> Tensor:
+    """Each head's weight on each training pair, (H, N): the export's weight times, for an ensemble with
+    bootstrapping, the head's own Poisson(1) count of that pair (fixed by the seed, so a resume replays it)."""
+    if heads == 1 or not bootstrap:
+        return weight.expand(heads, -1).clone()
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + 17)
+    return weight * torch.poisson(torch.ones(heads, len(weight)), generator=gen)
+
+
 # ----------------------------------------------------------------------------------------------
 # the trainer
 
@@ -267,7 +352,10 @@ class RewardTrainer(BatchMethod):
         self.model_path = config.model or default_model_path()
         require_safetensors(self.model_path, "model")
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        model = AutoModelForSequenceClassification.from_pretrained(self.model_path, num_labels=1, **SAFE_LOAD)
+        # an ensemble's N heads are the N outputs of one classification layer: a single-head starting model keeps
+        # its encoder and gets N freshly initialised heads
+        model = AutoModelForSequenceClassification.from_pretrained(
+            self.model_path, num_labels=config.ensemble, ignore_mismatched_sizes=config.ensemble > 1, **SAFE_LOAD)
         prepare_tokenizer_and_model(self.tokenizer, model)
         if config.disable_dropout:
             disable_dropout(model)
@@ -279,6 +367,7 @@ class RewardTrainer(BatchMethod):
             print(f"{self.train.truncated} of {len(self.train)} training pairs exceed max_length={config.max_length} "
                   "tokens and were truncated from the left (the response kept)", file=sys.stderr)
         self.set_lengths(self.train.lengths)
+        self.head_weight = bootstrap_weights(self.train.weight, config.ensemble, config.bootstrap, config.seed)
         self.prepare(model)
         self.pairs_seen = 0
 
@@ -287,18 +376,23 @@ class RewardTrainer(BatchMethod):
         idx = torch.tensor(local)
         batch = collate([train.chosen[i] for i in local] + [train.rejected[i] for i in local], self.pad_id,
                         self.accelerator.device)
-        rewards = self.model(**batch).logits[:, 0].float()  # (2b,): chosen and rejected in one forward pass
+        rewards = self.model(**batch).logits.float()  # (2b, H): chosen and rejected, every head, one forward pass
         r_c, r_r = rewards[:len(local)], rewards[len(local):]
-        p, margin, weight = (t[idx].to(r_c.device) for t in (train.p, train.margin, train.weight))
+        p, margin = (t[idx].to(r_c.device) for t in (train.p, train.margin))
         # DDP averages gradients over processes, so each local mean is rescaled by its share of the global batch
-        # (by weight for the weighted BT mean, by count for the rest): the average is the global-batch mean exactly
-        global_weight = train.weight[torch.tensor(global_batch)].sum().clamp(min=1e-8)
-        weight_share = self.accelerator.num_processes * train.weight[idx].sum() / global_weight
+        # (by weight for the weighted BT mean, by count for the rest): the average is the global-batch mean exactly.
+        # Each head has its own weights (its bootstrap of the pairs); the loss is the mean of the heads' losses.
+        world, global_idx = self.accelerator.num_processes, torch.tensor(global_batch)
+        loss = r_c.new_zeros(())
+        for h, head_weight in enumerate(self.head_weight):
+            weight_share = world * head_weight[idx].sum() / head_weight[global_idx].sum().clamp(min=1e-8)
+            head_loss = pair_loss(r_c[:, h], r_r[:, h], p, margin, head_weight[idx].to(r_c.device), train.soft)
+            loss = loss + head_loss * weight_share.to(r_c.device) / len(self.head_weight)
         count_share = self.share(local, global_batch)
-        loss = pair_loss(r_c, r_r, p, margin, weight, train.soft) * weight_share.to(r_c.device)
         if c.center_rewards_coef:
             loss = loss + reward_centering_loss(r_c, r_r, c.center_rewards_coef) * count_share
-        accuracy = self.accelerator.reduce(((r_c > r_r).float().mean() * count_share).detach(), reduction="mean")
+        right = (r_c.mean(-1) > r_r.mean(-1)).float().mean()
+        accuracy = self.accelerator.reduce((right * count_share).detach(), reduction="mean")
         self.pairs_seen += len(global_batch)
         return loss, {"accuracy": accuracy.item()}
 
@@ -324,15 +418,19 @@ class RewardTrainer(BatchMethod):
         unwrapped = self.unwrapped()
         local = list(range(acc.process_index, len(pairs), acc.num_processes))  # every process scores a shard
         with acc.autocast():
-            r_c = score_ids(unwrapped, [pairs.chosen[i] for i in local], self.pad_id, c.eval_batch_size, acc.device)
+            r_c = score_ids(unwrapped, [pairs.chosen[i] for i in local], self.pad_id, c.eval_batch_size, acc.device,
+                            heads=True)
             r_r = score_ids(unwrapped, [pairs.rejected[i] for i in local], self.pad_id, c.eval_batch_size,
-                            acc.device)
+                            acc.device, heads=True)
         rows = sorted(gather_object([(i, a, b) for i, a, b in zip(local, r_c.tolist(), r_r.tolist(), strict=True)]))
         self.model.train()
         idx = torch.tensor([i for i, _, _ in rows])
-        result = pairwise_metrics(torch.tensor([a for _, a, _ in rows]), torch.tensor([b for _, _, b in rows]),
-                                  pairs.p[idx], pairs.margin[idx], pairs.weight[idx], torch.tensor(pairs.lengths)[idx],
-                                  pairs.soft, c.calibration_bins, c.length_buckets)
+        heads_c, heads_r = torch.tensor([a for _, a, _ in rows]), torch.tensor([b for _, _, b in rows])  # (N, H)
+        result = pairwise_metrics(heads_c.mean(-1), heads_r.mean(-1), pairs.p[idx], pairs.margin[idx],
+                                  pairs.weight[idx], torch.tensor(pairs.lengths)[idx], pairs.soft, c.calibration_bins,
+                                  c.length_buckets)
+        if c.ensemble > 1:
+            result.update(uncertainty_metrics(heads_c, heads_r, pairs.p[idx], c.uncertainty_quantiles))
         result["truncated"] = pairs.truncated
         return result
 
@@ -342,7 +440,8 @@ class RewardTrainer(BatchMethod):
     def save_model(self, path: Path, state_dict: dict[str, Tensor]) -> None:
         self.unwrapped().save_pretrained(str(path), state_dict=state_dict)
         self.tokenizer.save_pretrained(str(path))
-        write_json(path / META_FILE, {"kind": "reward", "max_length": self.config.max_length})
+        write_json(path / META_FILE, {"kind": "reward", "max_length": self.config.max_length,
+                                      "heads": self.config.ensemble})
 
 
 def disable_dropout(model: torch.nn.Module) -> None:
@@ -394,7 +493,8 @@ def train_from_files(config: RewardConfig) -> TrainResult:
 
 
 def summary(result: TrainResult) -> dict[str, Any] | None:
-    picked = cli.eval_summary("accuracy", "pairs", "truncated", "loss", "mean_margin")(result)
+    picked = cli.eval_summary("accuracy", "pairs", "truncated", "loss", "mean_margin", "heads",
+                              "error_spread_correlation")(result)
     return None if picked is None else {**picked, "steps": result.steps,
                                         "pairs_per_s": round(result.pairs_per_second, 2)}
 

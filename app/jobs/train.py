@@ -145,7 +145,25 @@ def _run(ctx: JobContext) -> dict[str, Any]:
     if kind == "reward":
         result["human_check"] = write_human_check(ctx, run_id)
     _set_state(ctx, run_id, "succeeded")
+    if kind == "reward":
+        result["priorities_job_id"] = queue_priorities(ctx, run_id)
     return result
+
+
+def queue_priorities(ctx: JobContext, run_id: int) -> int | None:
+    """A project whose queue is ordered by uncertainty gets new priorities from the reward model just trained."""
+    from app.db import session_scope  # not at the top: keeps the supervisor stdlib-only
+    from app.models import Project, TrainingRun
+    from app.services import selection
+
+    with session_scope(ctx.session_factory) as db:
+        tr = db.get(TrainingRun, run_id)
+        project = db.get(Project, tr.project_id) if tr else None
+        if project is None or selection.selection_of(project) != "uncertainty":
+            return None
+        job = selection.request_priorities(db, project, None, training_run_id=run_id, check_permission=False)
+        ctx.log(f"queue priorities from this reward model: job {job.id}")
+        return job.id
 
 
 def _checked_server_url(db: Any, url: str) -> str:

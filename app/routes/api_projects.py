@@ -13,14 +13,18 @@ from app.errors import Conflict, Invalid
 from app.formats import ImportPreset
 from app.schemas import (
     ImportOut,
+    JobAccepted,
     MemberIn,
     MemberOut,
+    PrioritiesIn,
     ProjectIn,
     ProjectOut,
     RubricOut,
     RubricVersionIn,
+    SelectionIn,
+    SelectionOut,
 )
-from app.services import imports, projects, rubrics
+from app.services import imports, projects, rubrics, selection
 
 router = APIRouter(prefix="/api/projects", tags=["projects"])
 
@@ -131,3 +135,23 @@ async def read_upload(file: UploadFile, max_mb: int) -> bytes:
     if not data:
         raise Invalid("the file is empty", field="file")
     return data
+
+
+@router.get("/{project_id}/selection", summary="The queue's selection and where its priorities came from")
+def get_selection(project_id: int, db: SessionDep, user: CurrentUser) -> SelectionOut:
+    project = projects.get_visible(db, project_id, user)
+    return SelectionOut(**vars(selection.state(project)))
+
+
+@router.put("/{project_id}/selection", summary="Choose the queue's order (leads)")
+def set_selection(project_id: int, body: SelectionIn, db: SessionDep, user: CurrentUser) -> SelectionOut:
+    project = projects.get_visible(db, project_id, user)
+    selection.set_selection(db, project, user, body.selection)
+    return SelectionOut(**vars(selection.state(project)))
+
+
+@router.post("/{project_id}/priority-jobs", status_code=202,
+             summary="Compute the queue's priorities for the active selection now (leads)")
+def compute_priorities(project_id: int, body: PrioritiesIn, db: SessionDep, user: CurrentUser) -> JobAccepted:
+    project = projects.get_visible(db, project_id, user)
+    return JobAccepted(job_id=selection.request_priorities(db, project, user, training_run_id=body.training_run_id).id)

@@ -10,9 +10,9 @@ from fastapi.responses import RedirectResponse, Response
 from app import forms, permissions
 from app.deps import Id, PageUser, SessionDep
 from app.errors import DomainError
-from app.forms import FieldError, ImportForm, MemberForm, ProjectForm, RubricForm
+from app.forms import FieldError, ImportForm, MemberForm, PrioritiesForm, ProjectForm, RubricForm, SelectionForm
 from app.routes.api_projects import create_from, read_upload
-from app.services import imports, jobs, projects, rollups, rubrics
+from app.services import imports, jobs, projects, rollups, rubrics, selection
 from app.web import render
 
 router = APIRouter(include_in_schema=False)
@@ -55,7 +55,31 @@ def _project_context(db, project, user) -> dict:  # type: ignore[no-untyped-def]
         "can_see_agreement": permissions.may(db, user, project, "agreement.see"),
         "member_roles": projects.MEMBER_ROLES,
         "running_jobs": sum(1 for j in jobs.list_for_project(db, project) if j.state in ("queued", "running")),
+        "selection": selection.state(project),
+        "selections": selection.SELECTIONS,
+        "can_select": permissions.may(db, user, project, "selection.manage"),
     }
+
+
+@router.post("/projects/{project_id}/selection")
+def set_selection(request: Request, project_id: Id, db: SessionDep, user: PageUser,
+                  form: Annotated[SelectionForm, Form()]) -> Response:
+    project = projects.get_visible(db, project_id, user)
+    return forms.submit(request, db, form,
+                        lambda body: selection.set_selection(db, project, user, body.selection),
+                        redirect=f"/projects/{project.id}#selection", template="project.html",
+                        context=lambda error: _project_context(db, project, user) | {"selection_error": error})
+
+
+@router.post("/projects/{project_id}/priorities")
+def compute_priorities(request: Request, project_id: Id, db: SessionDep, user: PageUser,
+                       form: Annotated[PrioritiesForm, Form()]) -> Response:
+    project = projects.get_visible(db, project_id, user)
+    return forms.submit(request, db, form,
+                        lambda body: selection.request_priorities(db, project, user,
+                                                                  training_run_id=body.training_run_id),
+                        redirect=f"/projects/{project.id}/jobs", template="project.html",
+                        context=lambda error: _project_context(db, project, user) | {"selection_error": error})
 
 
 @router.get("/projects/{project_id}")

@@ -20,7 +20,7 @@ from app.models import Job, Project, TrainingRun, User, utcnow
 from app.observability import current_request_id
 from app.services import audit, projects
 
-KINDS = ("sample_completions", "judge", "export", "train", "revise", "rm_check", "project_rollup")
+KINDS = ("sample_completions", "judge", "export", "train", "revise", "rm_check", "project_rollup", "priorities")
 TERMINAL = ("succeeded", "failed", "cancelled")
 STALE_AFTER = timedelta(seconds=30)
 GAVE_UP = "gave up: the worker stopped responding on every attempt"

@@ -51,9 +51,10 @@ def _params(project: Project, annotator: User, now: datetime, floor: int = 0) ->
 
 @functools.cache
 def _candidates_stmt(gold: bool | None, columns: str = "id", floor: bool = False,
-                     lock: str | None = None) -> Select[Any]:
-    """Prompts the annotator may get next, by id. `columns`: "id", or "lease" (id and the caller's own earlier
-    assignment on it); `lock`: None, "skip" (FOR UPDATE SKIP LOCKED) or "wait" (FOR UPDATE)."""
+                     lock: str | None = None, by_rank: bool = False) -> Select[Any]:
+    """Prompts the annotator may get next, by id (or, `by_rank`, only prompts with a priority, by `queue_rank`: the
+    floor then applies to the rank). `columns`: "id", or "lease" (id and the caller's own earlier assignment on it);
+    `lock`: None, "skip" (FOR UPDATE SKIP LOCKED) or "wait" (FOR UPDATE)."""
     mine_done = exists().where(Assignment.prompt_id == Prompt.id, Assignment.annotator_id == _ANNOTATOR,
                                Assignment.round == _ROUND, Assignment.state.in_(("submitted", "skipped")))
     ranked = exists().where(Ranking.prompt_id == Prompt.id, Ranking.annotator_id == _ANNOTATOR,
@@ -73,10 +74,13 @@ def _candidates_stmt(gold: bool | None, columns: str = "id", floor: bool = False
         if gold is False:
             query = query.where(Prompt.gold_tiers.is_(None))
         query = query.where(or_(Prompt.gold_tiers.is_not(None), _active_load(Prompt.id, _ROUND, _NOW) < _OVERLAP))
+    key = Prompt.queue_rank if by_rank else Prompt.id
+    if by_rank:
+        query = query.where(Prompt.queue_rank.is_not(None))
     if floor:
-        query = query.where(Prompt.id >= _FLOOR)
+        query = query.where(key >= _FLOOR)
     if columns == "lease":
-        query = query.order_by(Prompt.id).limit(1)
+        query = query.order_by(key, Prompt.id).limit(1)
     if lock is not None:
         query = query.with_for_update(of=Prompt, skip_locked=lock == "skip")
     return query
@@ -119,17 +123,22 @@ def _own_active(db: Session, project: Project, annotator: User, now: datetime) -
 # reopen below it (expired leases, skips) come back. Without it every request walks over all filled prompts.
 FLOOR_STEP_S = 0.5
 FLOOR_FULL_S = 5.0
-_floors: dict[tuple[int, int, int], tuple[int, float, float]] = {}
+_floors: dict[tuple[int, int, int, bool], tuple[int, float, float]] = {}
 _floors_lock = threading.Lock()
 
 
-_FLOOR_SCAN = (select(Prompt.id).where(Prompt.project_id == _PROJECT, Prompt.id >= _FLOOR, Prompt.gold_tiers.is_(None),
-                                      _active_load(Prompt.id, _ROUND, _NOW) < _OVERLAP)
-               .order_by(Prompt.id).limit(1))
+def _floor_scan(key: Any) -> Select[Any]:
+    return (select(key).where(Prompt.project_id == _PROJECT, key >= _FLOOR, Prompt.gold_tiers.is_(None),
+                              _active_load(Prompt.id, _ROUND, _NOW) < _OVERLAP)
+            .order_by(key).limit(1))
 
 
-def _scan_floor(db: Session, project: Project, now: datetime) -> int:
-    key = (project.id, project.current_round, project.overlap)
+_FLOOR_SCAN = _floor_scan(Prompt.id)
+_RANK_FLOOR_SCAN = _floor_scan(Prompt.queue_rank)  # NULL ranks fail `>= floor`: only prioritised prompts
+
+
+def _scan_floor(db: Session, project: Project, now: datetime, by_rank: bool = False) -> int:
+    key = (project.id, project.current_round, project.overlap, by_rank)
     clock = time.monotonic()
     with _floors_lock:
         floor, full_at, step_at = _floors.get(key, (0, -FLOOR_FULL_S, -FLOOR_STEP_S))
@@ -139,8 +148,9 @@ def _scan_floor(db: Session, project: Project, now: datetime) -> int:
         start = floor
     else:
         return floor
-    open_prompt = db.scalar(_FLOOR_SCAN, {"project_id": project.id, "floor": start, "round": project.current_round,
-                                          "now": now, "overlap": project.overlap})
+    open_prompt = db.scalar(_RANK_FLOOR_SCAN if by_rank else _FLOOR_SCAN,
+                            {"project_id": project.id, "floor": start, "round": project.current_round, "now": now,
+                             "overlap": project.overlap})
     floor = open_prompt if open_prompt is not None else start
     with _floors_lock:
         _floors[key] = (floor, full_at, clock)
@@ -161,28 +171,45 @@ def next_task(db: Session, project: Project, annotator: User, *, now: datetime |
     prefer_gold = (rng or random).random() < gold_rate
     order = [True, False] if prefer_gold else [False, True]
     postgres = db.get_bind().dialect.name == "postgresql"
+    by_priority = (project.settings or {}).get("selection", "random") != "random"
     # First pass skips prompts other requests hold locked (no waiting); if that finds nothing, a second pass waits
     # for those locks: with overlap > 1 a locked prompt may still have room once its holder commits.
     for lock in ("skip", "wait") if postgres else (None,):
         for gold in order:
-            floors = [0] if gold else [_scan_floor(db, project, now), 0]
-            for floor in dict.fromkeys(floors):
-                skip: list[int] = []
-                while True:
-                    query = _candidates_stmt(gold, "lease", floor=bool(floor), lock=lock)
-                    if skip:  # rare: prompts found full under their lock by this very call
-                        query = query.where(Prompt.id.not_in(skip))
-                    row = db.execute(query, _params(project, annotator, now, floor)).first()
-                    if row is None:
-                        break
-                    prompt_id, existing_id = row
-                    # Re-count under the row lock: a lease committed after our snapshot may have filled the prompt.
-                    if not gold and db.scalar(_LOAD_NOW, {"prompt_id": prompt_id, "round": project.current_round,
-                                                          "now": now}) >= project.overlap:
-                        skip.append(prompt_id)
-                        continue
+            for by_rank, floor in _scans(db, project, now, gold, by_priority):
+                prompt_id, existing_id = _first_open(db, project, annotator, now, gold, lock, by_rank, floor)
+                if prompt_id is not None:
                     return _lease(db, project, annotator, prompt_id, now + lease, existing_id)
     return None
+
+
+def _scans(db: Session, project: Project, now: datetime, gold: bool, by_priority: bool) -> list[tuple[bool, int]]:
+    """The (by_rank, floor) scans to try in order: gold prompts by id; the rest from the floor, then from the start;
+    under a priority selection the prioritised prompts by rank first, then any prompt (new, unscored ones) by id."""
+    if gold:
+        return [(False, 0)]
+    scans = [(True, _scan_floor(db, project, now, by_rank=True)), (True, 0)] if by_priority else []
+    return list(dict.fromkeys([*scans, (False, _scan_floor(db, project, now)), (False, 0)]))
+
+
+def _first_open(db: Session, project: Project, annotator: User, now: datetime, gold: bool, lock: str | None,
+                by_rank: bool, floor: int) -> tuple[int | None, int | None]:
+    """(prompt id, the caller's earlier assignment on it) of the first prompt of this scan with room, locked."""
+    skip: list[int] = []
+    while True:
+        query = _candidates_stmt(gold, "lease", floor=bool(floor), lock=lock, by_rank=by_rank)
+        if skip:  # rare: prompts found full under their lock by this very call
+            query = query.where(Prompt.id.not_in(skip))
+        row = db.execute(query, _params(project, annotator, now, floor)).first()
+        if row is None:
+            return None, None
+        prompt_id, existing_id = row
+        # Re-count under the row lock: a lease committed after our snapshot may have filled the prompt.
+        if not gold and db.scalar(_LOAD_NOW, {"prompt_id": prompt_id, "round": project.current_round,
+                                              "now": now}) >= project.overlap:
+            skip.append(prompt_id)
+            continue
+        return prompt_id, existing_id
 
 
 def _lease(db: Session, project: Project, annotator: User, prompt_id: int, until: datetime,

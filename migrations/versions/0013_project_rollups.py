@@ -3,7 +3,7 @@
 Downgrade: drops the table; the figures are recomputed from the rankings (nothing in it is a source of truth).
 
 Revision ID: 0013
-Revises: 0009
+Revises: 0012
 Create Date: 2026-12-02 19:30:00.000000
 """
 
@@ -14,7 +14,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = '0013'
-down_revision: str | None = '0009'
+down_revision: str | None = '0012'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
 
-from app.models import Completion, Job, Prompt, TrainingRun
+from app.models import Completion, Job, Project, Prompt, TrainingRun
 from app.services import projects
 from app.worker import Worker
 from tests.training.tiny import char_tokenizer, save_tiny, tiny_gpt2
@@ -186,6 +186,26 @@ def test_the_loop_from_labels_to_a_policy_and_back_with_lineage(db, app, make_us
 
 
 @pytest.mark.slow
+def test_a_finished_reward_run_reprioritises_a_project_that_serves_by_uncertainty(db, app, make_user, make_project,
+                                                                                 token_for, api, models_dir) -> None:
+    project_id, eng = _ranked_project(db, make_user, make_project, api, token_for, n=8)
+    project = db.get(Project, project_id)
+    project.settings = dict(project.settings or {}) | {"selection": "uncertainty"}  # as the lead's switch writes it
+    db.commit()
+    pairs = _export(eng, app, project_id, "pairs")
+    r = eng.post(f"/api/projects/{project_id}/training-runs", json={
+        "kind": "reward", "export_id": pairs, "base_model": str(models_dir["reward"]),
+        "config": {"steps": 2, "batch_size": 4, "lr": 1e-3, "ensemble": 3}})
+    assert r.status_code == 202, r.text
+    _work(app)  # the reward run, then the priorities job it queues
+    job = eng.get(f"/api/jobs/{r.json()['job_id']}").json()
+    assert job["state"] == "succeeded" and job["result"]["priorities_job_id"], job
+    assert eng.get(f"/api/jobs/{job['result']['priorities_job_id']}").json()["state"] == "succeeded"
+    state = eng.get(f"/api/projects/{project_id}/selection").json()
+    # the six train prompts (every fourth is held out) scored by the spread across the run's three heads
+    assert (state["training_run_id"], state["prompts"], state["measure"]) == (r.json()["run_id"], 6, "spread")
+
+
 def test_cancel_stops_the_trainer_and_a_crash_fails_with_the_log(db, app, make_user, make_project, token_for, api,
                                                                  models_dir, tmp_path) -> None:
     project_id, eng = _ranked_project(db, make_user, make_project, api, token_for, n=8)

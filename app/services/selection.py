@@ -1,0 +1,187 @@
+"""Which prompts the queue serves first: the project's `selection` setting and the priorities job behind it.
+
+`random` (the default) serves prompts in the order they were imported, as before. `uncertainty` serves first the
+prompts whose completions the current reward model is least sure how to order: for every pair of a prompt's task
+completions the model's preference probability and its spread across the heads of an ensemble
+(`RewardModel.compare`), the prompt's priority the largest spread (a single-head model has no spread: then
+1 − |2p − 1|, nearest 0.5 first). `disagreement` serves first the prompts whose human rankings disagree most (the
+share of their pair votes that went against the majority of that pair). A priorities job writes each prompt's
+`priority` and its `queue_rank`; prompts added later have none and are served after the scored ones.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from itertools import combinations
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from app import permissions
+from app.errors import Invalid, NotFound
+from app.models import Completion, Job, Pair, Project, Prompt, Ranking, TrainingRun, User, utcnow
+from app.services import audit, jobs
+
+SELECTIONS = ("random", "uncertainty", "disagreement")
+DEFAULT = "random"
+SCORE_BATCH = 256
+"""Prompts scored per reward-model call in the priorities job."""
+
+
+def selection_of(project: Project) -> str:
+    return str((project.settings or {}).get("selection", DEFAULT))
+
+
+@dataclass(frozen=True)
+class SelectionState:
+    """What the project page shows: the active selection and where its priorities came from."""
+
+    selection: str
+    computed_at: str | None
+    computed_for: str | None
+    """The selection the stored priorities were computed for (it may differ from the active one)."""
+    training_run_id: int | None
+    prompts: int
+    measure: str | None
+
+
+def state(project: Project) -> SelectionState:
+    stored = (project.settings or {}).get("priorities") or {}
+    return SelectionState(selection=selection_of(project), computed_at=stored.get("computed_at"),
+                          computed_for=stored.get("selection"), training_run_id=stored.get("training_run_id"),
+                          prompts=int(stored.get("prompts", 0)), measure=stored.get("measure"))
+
+
+def set_selection(db: Session, project: Project, actor: User, selection: str) -> None:
+    """The lead switches the queue's order; without priorities for it yet, the queue keeps serving by id."""
+    permissions.require(db, actor, project, "selection.manage")
+    if selection not in SELECTIONS:
+        raise Invalid(f"must be one of {', '.join(SELECTIONS)}", field="selection")
+    project.settings = dict(project.settings or {}) | {"selection": selection}
+    audit.record(db, actor, "selection.set", project_id=project.id, object_type="project", object_id=project.id,
+                 selection=selection)
+
+
+def latest_reward_run(db: Session, project: Project) -> TrainingRun | None:
+    return db.scalar(select(TrainingRun).where(TrainingRun.project_id == project.id, TrainingRun.kind == "reward",
+                                               TrainingRun.state == "succeeded", TrainingRun.model_dir.is_not(None))
+                     .order_by(TrainingRun.id.desc()).limit(1))
+
+
+def request_priorities(db: Session, project: Project, actor: User | None, *,
+                       training_run_id: int | None = None, check_permission: bool = True) -> Job:
+    """Enqueue the priorities job for the active selection (`uncertainty`: with the given reward run, or the
+    project's newest finished one)."""
+    if check_permission:
+        permissions.require(db, actor, project, "selection.manage", doing="compute queue priorities")
+    selection = selection_of(project)
+    if selection == "random":
+        raise Invalid("the project serves prompts in random order: choose uncertainty or disagreement first",
+                      field="selection")
+    payload: dict[str, Any] = {"project_id": project.id, "selection": selection}
+    if selection == "uncertainty":
+        run = db.get(TrainingRun, training_run_id) if training_run_id else latest_reward_run(db, project)
+        if run is None or run.project_id != project.id:
+            raise (NotFound("no such training run") if training_run_id else
+                   Invalid("uncertainty needs a finished reward-model run: train one first", field="training_run_id"))
+        if run.kind != "reward" or run.state != "succeeded" or not run.model_dir:
+            raise Invalid("only a finished reward-model run can score prompts", field="training_run_id")
+        payload["training_run_id"] = run.id
+    return jobs.enqueue(db, "priorities", payload, project=project, actor=actor)
+
+
+# ----------------------------------------------------------------------------------------------
+# the scores
+
+
+def disagreement_scores(db: Session, project: Project) -> dict[int, float]:
+    """Per prompt with human pairs this round: the share of its pair votes against the majority of each pair."""
+    votes: dict[int, dict[tuple[int, int], list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    rows = db.execute(select(Pair.prompt_id, Pair.chosen_id, Pair.rejected_id)
+                      .join(Ranking, Pair.ranking_id == Ranking.id)
+                      .where(Ranking.project_id == project.id, Ranking.source == "human",
+                             Ranking.round == project.current_round))
+    for prompt_id, chosen, rejected in rows:
+        key = (min(chosen, rejected), max(chosen, rejected))
+        votes[prompt_id][key][0 if chosen < rejected else 1] += 1
+    return {prompt_id: sum(min(v) for v in pairs.values()) / sum(sum(v) for v in pairs.values())
+            for prompt_id, pairs in votes.items()}
+
+
+def task_pairs(db: Session, project: Project, prompt_ids: list[int]) -> list[tuple[int, Any, str, str]]:
+    """(prompt id, prompt, first text, second text) for every pair of each prompt's task completions."""
+    from app.services.queue import task_completion_texts
+
+    prompts = {p.id: p for p in db.scalars(select(Prompt).where(Prompt.id.in_(prompt_ids)))}
+    out = []
+    for prompt_id in prompt_ids:
+        prompt = prompts[prompt_id]
+        texts = task_completion_texts(db, prompt_id, project.completions_per_prompt)
+        for a, b in combinations(sorted(texts), 2):
+            out.append((prompt_id, prompt.messages or prompt.text, texts[a], texts[b]))
+    return out
+
+
+def uncertainty_scores(db: Session, project: Project, model_dir: str,
+                       progress: Callable[[int, int], None] = lambda done, total: None) -> tuple[dict[int, float], str]:
+    """Per train-split prompt with at least two completions: how unsure the reward model is of its order; and the
+    measure used ("spread" across an ensemble's heads, else "margin")."""
+    from training.reward_model import RewardModel  # lazy: torch loads only in the worker that scores
+
+    model = RewardModel.load(model_dir)
+    measure = "spread" if model.heads > 1 else "margin"
+    completions = (select(func.count(Completion.id)).where(Completion.prompt_id == Prompt.id,
+                                                           Completion.source != "revision").scalar_subquery())
+    prompt_ids = list(db.scalars(select(Prompt.id).where(Prompt.project_id == project.id, Prompt.split == "train",
+                                                         Prompt.gold_tiers.is_(None), completions >= 2)
+                                 .order_by(Prompt.id)))
+    scores: dict[int, float] = {}
+    for start in range(0, len(prompt_ids), SCORE_BATCH):
+        pairs = task_pairs(db, project, prompt_ids[start:start + SCORE_BATCH])
+        pref = model.compare([p for _, p, _, _ in pairs], [a for _, _, a, _ in pairs], [b for _, _, _, b in pairs])
+        values = pref.spread if measure == "spread" else 1 - (2 * pref.p - 1).abs()
+        for (prompt_id, _, _, _), value in zip(pairs, values.tolist(), strict=True):
+            scores[prompt_id] = max(scores.get(prompt_id, 0.0), float(value))
+        progress(min(start + SCORE_BATCH, len(prompt_ids)), len(prompt_ids))
+    return scores, measure
+
+
+def store_priorities(db: Session, project: Project, scores: dict[int, float], *, selection: str,
+                     training_run_id: int | None = None, measure: str | None = None,
+                     now: datetime | None = None) -> int:
+    """Write every prompt's priority and queue rank (highest first, ties by id); prompts without a score lose
+    theirs. Returns the number of prompts ranked."""
+    project_prompts = Prompt.project_id == project.id
+    db.execute(update(Prompt).where(project_prompts).values(priority=None, queue_rank=None)
+               .execution_options(synchronize_session=False))
+    ordered = sorted(scores.items(), key=lambda item: (-item[1], item[0]))
+    if ordered:
+        rows = [{"id": prompt_id, "priority": score, "queue_rank": rank}
+                for rank, (prompt_id, score) in enumerate(ordered)]
+        db.execute(update(Prompt), rows)  # one executemany of primary-key updates (the ids are this project's)
+    project.settings = dict(project.settings or {}) | {"priorities": {
+        "selection": selection, "computed_at": (now or utcnow()).isoformat(timespec="seconds"),
+        "training_run_id": training_run_id, "prompts": len(ordered), "measure": measure}}
+    db.flush()
+    return len(ordered)
+
+
+def compute(db: Session, project: Project, selection: str, training_run_id: int | None,
+            progress: Callable[[int, int], None] = lambda done, total: None) -> dict[str, Any]:
+    """The priorities job's work, in the job's one transaction: score, then store."""
+    if selection == "uncertainty":
+        run = db.get(TrainingRun, training_run_id) if training_run_id else None
+        if run is None or not run.model_dir:
+            raise Invalid("the reward-model run is gone", field="training_run_id")
+        scores, measure = uncertainty_scores(db, project, run.model_dir, progress)
+    elif selection == "disagreement":
+        scores, measure = disagreement_scores(db, project), "disagreement"
+    else:
+        raise Invalid(f"must be one of {', '.join(SELECTIONS[1:])}", field="selection")
+    n = store_priorities(db, project, scores, selection=selection, training_run_id=training_run_id, measure=measure)
+    return {"prompts": n, "selection": selection, "measure": measure, "training_run_id": training_run_id,
+            "top_priority": max(scores.values(), default=None)}
