@@ -148,15 +148,18 @@ def test_the_loop_from_labels_to_a_policy_and_back_with_lineage(db, app, make_us
     r = eng.post(f"/api/training-runs/{policy_id}/sample-into-project", json={"k": 2, "seed": 1})
     assert r.status_code == 202, r.text
     _work(app)
-    assert eng.get(f"/api/jobs/{r.json()['job_id']}").json()["state"] == "succeeded"
+    sampled = eng.get(f"/api/jobs/{r.json()['job_id']}").json()
+    assert sampled["state"] == "succeeded"
     produced = db.scalar(select(func.count(Completion.id)).where(Completion.source == f"policy:{policy_id}"))
     db.rollback()
-    assert produced == 12 * 2
+    # The tiny random policy writes an empty or repeated answer now and then, which the job drops and counts.
+    dropped = sampled["result"]["dropped_empty"] + sampled["result"]["dropped_identical"]
+    assert produced + dropped == 12 * 2 and produced >= 12 * 2 * 0.75, (produced, sampled["result"])
 
     lineage = eng.get(f"/api/training-runs/{policy_id}").json()["lineage"]
     assert lineage["export_id"] == prompts_export and lineage["parent_run_id"] == rm_id
     assert lineage["ancestors"][0] == {"run_id": rm_id, "kind": "reward", "export_id": pairs}
-    assert lineage["completions_produced"] == 24
+    assert lineage["completions_produced"] == produced
 
     # One automated round from here: export new pairs (+ replay) → reward model from the previous one → prompts
     # export → policy from the current one → sample the next round. Each step is a job with its own record.
