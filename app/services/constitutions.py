@@ -109,8 +109,8 @@ def list_versions(db: Session, project: Project) -> list[Constitution]:
     return versions.list_versions(db, project, Constitution)
 
 
-def get_version(db: Session, project: Project, version: int) -> Constitution:
-    return versions.get_version(db, project, Constitution, version)
+def get_version(db: Session, project: Project, version: int, *, field: str | None = None) -> Constitution:
+    return versions.get_version(db, project, Constitution, version, field=field)
 
 
 def as_lines(constitution: Constitution | None) -> list[str]:

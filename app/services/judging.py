@@ -33,7 +33,7 @@ def request_judge_run(db: Session, project: Project, actor: User, *, constitutio
     if constitution_version is None:
         constitution = constitutions.ensure_default(db, project, actor)
     else:
-        constitution = constitutions.get_version(db, project, constitution_version)
+        constitution = constitutions.get_version(db, project, constitution_version, field="constitution_version")
     # An openai generator names an admin's model endpoint; the job keeps the id, never a URL or key.
     generator = endpoints.prepare(db, actor, generator)
     if prompt_ids:

@@ -17,8 +17,8 @@ def request_revisions(db: Session, project: Project, actor: User, *, generator: 
                       constitution_version: int | None, prompt_ids: list[int] | None, limit: int,
                       seed: int = 0) -> Job:
     permissions.require(db, actor, project, "revisions.start")
-    constitution = (constitutions.get_version(db, project, constitution_version) if constitution_version
-                    else constitutions.ensure_default(db, project, actor))
+    constitution = (constitutions.get_version(db, project, constitution_version, field="constitution_version")
+                    if constitution_version else constitutions.ensure_default(db, project, actor))
     if not any(p.get("critique") and p.get("revision") for p in constitution.principles):
         raise Invalid("no principle has both a critique and a revision request", field="constitution_version")
     # An openai generator names an admin's model endpoint; the job keeps the id, never a URL or key.

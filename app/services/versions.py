@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.errors import Conflict, NotFound
+from app.errors import Conflict, Invalid, NotFound
 from app.models import Constitution, Project, Rubric, User
 from app.services import audit
 
@@ -59,8 +59,11 @@ def list_versions(db: Session, project: Project, model: type[V]) -> list[V]:
     return list(db.scalars(select(model).where(model.project_id == project.id).order_by(model.version.desc())))
 
 
-def get_version(db: Session, project: Project, model: type[V], version: int) -> V:
+def get_version(db: Session, project: Project, model: type[V], version: int, *, field: str | None = None) -> V:
+    """The version, or 404 when the path named it; a request body's `field` naming a missing one is a 422 on it."""
     row = db.scalar(select(model).where(model.project_id == project.id, model.version == version))
+    if row is None and field is not None:
+        raise Invalid(f"no such {_NAME[model]} version", field=field)
     if row is None:
         raise NotFound(f"no such {_NAME[model]} version")
     return row

@@ -84,3 +84,17 @@ def test_type_errors_are_said_in_plain_words(body: dict, message: str) -> None:
     with pytest.raises(ValidationError) as caught:
         JudgeRunIn.model_validate(body)
     assert JudgeForm().error(caught.value).message.startswith(message)
+
+
+@pytest.mark.parametrize("path", ["judge-runs", "revision-jobs"])
+def test_a_body_naming_a_missing_constitution_version_is_a_422_on_that_field(db, make_user, make_project, token_for,
+                                                                              api, path: str) -> None:
+    # 404 is for what the path names; a body's dangling version is bad input, and a generated client shows it so.
+    lead = make_user(db, "lead")
+    project = make_project(db, lead=lead)
+    client = api(token_for(db, lead))
+    db.commit()
+    r = client.post(f"/api/projects/{project.id}/{path}", json={
+        "generator": {"backend": "hf", "model": "/nonexistent"}, "constitution_version": 7})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["field"] == "constitution_version"
