@@ -35,13 +35,31 @@ class ProjectOut(BaseModel):
     completions_per_prompt: int
     overlap: int
     rubric_version: int | None
+    step_labels: bool = Field(False, description="Annotators label each step of each completion (+1, 0, -1).")
+    step_separator: str | None = Field(None, description="The regular expression that ends a step; null: one step "
+                                                         "per non-empty line.")
     created_at: datetime
 
     @classmethod
     def from_model(cls, project: Project, rubric_version: int | None) -> ProjectOut:
+        settings = project.settings or {}
         return cls(id=project.id, name=project.name, description=project.description,
                    completions_per_prompt=project.completions_per_prompt, overlap=project.overlap,
-                   rubric_version=rubric_version, created_at=project.created_at)
+                   rubric_version=rubric_version, step_labels=bool(settings.get("step_labels", False)),
+                   step_separator=settings.get("step_separator") or None, created_at=project.created_at)
+
+
+class StepOptionsIn(Strict):
+    enabled: bool = Field(description="Annotators label each step of each completion while ranking.")
+    separator: str | None = Field(
+        default=None, max_length=200,
+        description="A regular expression that ends a step (null or empty: one step per non-empty line). Changing "
+                    "it re-splits only completions that have no step label yet.")
+
+
+class StepOptionsOut(BaseModel):
+    enabled: bool
+    separator: str | None
 
 
 class RubricVersionIn(Strict):
@@ -173,6 +191,7 @@ class PromptView(BaseModel):
 class CompletionView(BaseModel):
     id: int
     text: str
+    steps: list[str] | None = Field(None, description="The completion's steps, when the project labels steps.")
 
 
 class RubricView(BaseModel):
@@ -191,6 +210,13 @@ class TaskOut(BaseModel):
     skip_reasons: list[str]
     allow_ties: bool
     allow_partial: bool
+    step_labels: bool = Field(False, description="Label each completion's steps: +1 correct, 0 neutral, -1 wrong.")
+
+
+StepValue = Annotated[int, Field(strict=True, ge=-1, le=1)]
+"""+1 correct, 0 neutral, -1 wrong (strict: JSON true is not a label)."""
+StepLabelList = Annotated[list[StepValue], Field(max_length=100)]
+DraftStepLabelList = Annotated[list[StepValue | None], Field(max_length=100)]
 
 
 class RankingIn(Strict):
@@ -204,6 +230,10 @@ class RankingIn(Strict):
     skipped: bool = False
     skip_reason: str | None = Field(default=None, max_length=200)
     seconds_spent: float | None = Field(default=None, ge=0)
+    step_labels: dict[str, StepLabelList] = Field(
+        default_factory=dict, max_length=16,
+        description="Completion id → a label per step (1 correct, 0 neutral, -1 wrong), for projects that label "
+                    "steps. A list covers every step, or stops at the first -1; a completion left out is unlabelled.")
 
 
 class RankingOut(BaseModel):
@@ -213,8 +243,8 @@ class RankingOut(BaseModel):
 
 
 
-DRAFT_MAX_BYTES = 16 * 1024
-"""The largest draft body accepted (a K=16 task with every flag ticked is well under it)."""
+DRAFT_MAX_BYTES = 32 * 1024
+"""The largest draft body accepted (a K=16 task with every flag ticked and 100 steps each labelled is under it)."""
 
 
 class DraftIn(Strict):
@@ -225,6 +255,9 @@ class DraftIn(Strict):
         default_factory=dict, max_length=16, description="Completion id → the flags ticked so far.")
     seconds_spent: float | None = Field(default=None, ge=0, le=24 * 3600,
                                         description="Time on the task so far: a resumed page counts on from it.")
+    step_labels: dict[str, DraftStepLabelList] = Field(
+        default_factory=dict, max_length=16,
+        description="Completion id → the step labels so far (1, 0, -1, or null for a step not labelled yet).")
     edited_at: datetime | None = Field(
         default=None, description="When the ranking was last changed, on the client's clock (default: now; never "
                                   "later than the server's). A draft older than the stored one is refused with 409, "
@@ -236,13 +269,15 @@ class DraftOut(BaseModel):
     tiers: list[list[int]]
     flags: dict[str, list[str]]
     seconds_spent: float | None
+    step_labels: dict[str, list[int | None]] = Field(default_factory=dict)
     edited_at: datetime
     saved_at: datetime
 
     @classmethod
     def from_model(cls, draft: AssignmentDraft) -> DraftOut:
         return cls(assignment_id=draft.assignment_id, tiers=draft.tiers, flags=draft.flags,
-                   seconds_spent=draft.seconds_spent, edited_at=draft.edited_at, saved_at=draft.saved_at)
+                   seconds_spent=draft.seconds_spent, step_labels=draft.step_labels or {},
+                   edited_at=draft.edited_at, saved_at=draft.saved_at)
 
 class HFGeneratorIn(Strict):
     backend: Literal["hf"]

@@ -86,6 +86,9 @@ REQUESTS: dict[str, Call] = {
                            {"json": {"email": "nobody@example.org", "role": "annotator"}}, doing="add members"),
     "constitution.edit": Call("POST", "/api/projects/{project}/constitutions",
                               {"json": {"principles": [{"name": "  ", "comparison": "Which?"}], "base_version": 1}}),
+    # a separator that is no regular expression: Invalid after the permission check
+    "steps.configure": Call("PUT", "/api/projects/{project}/step-options",
+                            {"json": {"enabled": True, "separator": "("}}),
     "gold.manage": Call("PUT", "/api/projects/{project}/prompts/{prompt}/gold", {"json": {"tiers": []}}),
     # the default decision again: allowed callers change nothing
     "labels.decide": Call("PUT", "/api/projects/{project}/ai-labels", {"json": {"enabled": False}}),

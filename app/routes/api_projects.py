@@ -18,8 +18,10 @@ from app.schemas import (
     ProjectOut,
     RubricOut,
     RubricVersionIn,
+    StepOptionsIn,
+    StepOptionsOut,
 )
-from app.services import imports, projects, rubrics
+from app.services import imports, projects, rubrics, steps
 
 router = APIRouter(prefix="/api/projects", tags=["projects"])
 
@@ -70,6 +72,14 @@ def list_rubric_versions(project_id: int, db: SessionDep, user: CurrentUser) -> 
 def get_rubric_version(project_id: int, version: int, db: SessionDep, user: CurrentUser) -> RubricOut:
     project = projects.get_visible(db, project_id, user)
     return RubricOut.from_model(rubrics.get_version(db, project, version), project.current_rubric_id)
+
+
+@router.put("/{project_id}/step-options", summary="Turn step labels (process supervision) on or off and set the "
+                                                  "step separator (leads)")
+def set_step_options(project_id: int, body: StepOptionsIn, db: SessionDep, user: CurrentUser) -> StepOptionsOut:
+    project = projects.get_visible(db, project_id, user)
+    options = steps.set_options(db, project, user, enabled=body.enabled, separator=body.separator)
+    return StepOptionsOut(enabled=options.enabled, separator=options.separator)
 
 
 @router.get("/{project_id}/members", summary="Members of a project")

@@ -15,7 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.models import Completion, Pair, Project, Prompt, User
-from app.services import audit, bulk, rankings
+from app.services import audit, bulk, rankings, steps
 from app.services.import_formats import (
     MAX_ERRORS,
     ImportRejected,
@@ -196,7 +196,7 @@ def _import_prompts(
         values.append(item)
     prompt_ids = bulk.insert_rows(db, Prompt, values, ids=True)
     completion_values = [
-        {"prompt_id": prompt_id, "text": body, "source": SOURCE}
+        _completion_values(project, prompt_id, body)
         for prompt_id, row in zip(prompt_ids, keep, strict=True)
         for body in row.completions
     ]
@@ -223,7 +223,7 @@ def _import_pairs(
 
     prompt_id = {h: pid for h, (pid, _) in existing.items()}
     new_prompts = _create_prompts(db, project, keep, prompt_id, split_from)
-    new_completions = _create_completions(db, keep, prompt_id, completion_id)
+    new_completions = _create_completions(db, project, keep, prompt_id, completion_id)
     labelled = []
     for row in keep:
         pid = prompt_id[row.text_hash]
@@ -341,8 +341,18 @@ def _create_prompts(
     return len(values)
 
 
+def _completion_values(project: Project, prompt_id: int, body: str) -> dict[str, Any]:
+    """An imported completion's row: split into steps when the project labels steps."""
+    values: dict[str, Any] = {"prompt_id": prompt_id, "text": body, "source": SOURCE}
+    split = steps.steps_for(project, body)
+    if split is not None:
+        values["steps"] = split
+    return values
+
+
 def _create_completions(
-    db: Session, keep: list[PairRow], prompt_id: dict[str, int], completion_id: dict[tuple[int, str], int]
+    db: Session, project: Project, keep: list[PairRow], prompt_id: dict[str, int],
+    completion_id: dict[tuple[int, str], int]
 ) -> int:
     """The responses not yet under their prompt (identical text is reused), added to `completion_id`; how many."""
     new_completions: dict[tuple[int, str], None] = {}
@@ -352,6 +362,6 @@ def _create_completions(
             if (pid, response) not in completion_id:
                 new_completions[(pid, response)] = None
     completion_id.update(zip(new_completions, bulk.insert_rows(
-        db, Completion, [{"prompt_id": pid, "text": body, "source": SOURCE} for pid, body in new_completions], ids=True
+        db, Completion, [_completion_values(project, pid, body) for pid, body in new_completions], ids=True
     ), strict=True))
     return len(new_completions)
