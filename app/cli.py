@@ -312,12 +312,14 @@ def import_cmd(project_id: Annotated[int, typer.Argument(help="Project id")],
 @cli.command("export")
 def export_cmd(project: Annotated[str, typer.Argument(help="Project id or name")],
                out: Annotated[Path, typer.Option(help="Directory to copy the export's files into")],
-               kind: Annotated[str, typer.Option(help="pairs | rankings | prompts | sft")] = "pairs",
+               kind: Annotated[str, typer.Option(help="pairs | rankings | prompts | sft | steps")] = "pairs",
                format: Annotated[str, typer.Option("--format", help="jsonl | parquet | hf")] = "jsonl",
                filter: Annotated[list[str] | None, typer.Option("--filter", help="KEY=VALUE, repeatable "
                                                                 "(lists comma-separated)")] = None,
                aggregation: Annotated[str, typer.Option(help="raw | aggregated (pairs)")] = "raw",
-               conflicts: Annotated[str, typer.Option(help="keep | drop (aggregated pairs)")] = "keep") -> None:
+               conflicts: Annotated[str, typer.Option(help="keep | drop (aggregated pairs)")] = "keep",
+               neutral: Annotated[str, typer.Option(help="positive | negative | truncate: neutral steps "
+                                                         "(steps)")] = "positive") -> None:
     """Export a project synchronously through the same writer as the job, record it, and copy it to --out."""
     import shutil
 
@@ -343,7 +345,7 @@ def export_cmd(project: Annotated[str, typer.Argument(help="Project id or name")
             if found is None:
                 _fail(f"no project {project!r}")
             export = exports.create_export(db, found, None, kind=kind, format=format, filters=filters,
-                                           aggregation=aggregation, conflicts=conflicts)
+                                           aggregation=aggregation, conflicts=conflicts, neutral=neutral)
             export_id, spec = export.id, exports.spec_of(export)
     except DomainError as exc:
         _fail(f"{exc.field}: {exc.message}" if exc.field else exc.message)

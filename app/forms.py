@@ -546,7 +546,7 @@ class RankingForm(FieldsetForm):
 class ExportForm(ApiForm):
     LABELS: ClassVar[Mapping[str, str]] = {
         "kind": "Kind", "format": "Format", "aggregation": "Aggregation (pairs)",
-        "conflicts": "Conflicts (aggregated)", "filters.source": "Sources", "filters.split": "Split",
+        "conflicts": "Conflicts (aggregated)", "neutral": "Neutral steps (steps)", "filters.source": "Sources", "filters.split": "Split",
         "filters.rubric_versions": "Rubric versions", "filters.min_agreement": "Minimum agreement (pairs)",
         "filters.flagged": "Flagged items", "filters": "Filters"}
 
@@ -554,6 +554,7 @@ class ExportForm(ApiForm):
     format: str = "jsonl"
     aggregation: str = "raw"
     conflicts: str = "keep"
+    neutral: str = "positive"
     source: list[str] = Field(default_factory=list)
     split: str = ""
     rubric_versions: str = Field("", max_length=200)
@@ -572,7 +573,8 @@ class ExportForm(ApiForm):
     def to_api(self) -> ExportIn:
         return ExportIn(kind=self.kind, format=self.format, filters=self.filters(),  # type: ignore[arg-type]
                         aggregation=self.aggregation if self.kind == "pairs" else "raw",  # type: ignore[arg-type]
-                        conflicts=self.conflicts)  # type: ignore[arg-type]
+                        conflicts=self.conflicts,  # type: ignore[arg-type]
+                        neutral=self.neutral if self.kind == "steps" else "positive")  # type: ignore[arg-type]
 
 
 class TrainingForm(ApiForm):

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.formats import Aggregation, Conflicts, ExportFormat, ExportKind
+from app.formats import Aggregation, Conflicts, ExportFormat, ExportKind, StepNeutral
 from app.models import AssignmentDraft, Completion, Constitution, Export, Job, ModelEndpoint, Project, Rubric, User
 
 
@@ -243,8 +243,9 @@ class RankingOut(BaseModel):
 
 
 
-DRAFT_MAX_BYTES = 32 * 1024
-"""The largest draft body accepted (a K=16 task with every flag ticked and 100 steps each labelled is under it)."""
+DRAFT_MAX_BYTES = 16 * 1024
+"""The largest draft body accepted (a K=16 task with every flag ticked is well under it; so are step labels for
+16 completions of 100 steps each, about 8 KiB)."""
 
 
 class DraftIn(Strict):
@@ -519,6 +520,9 @@ class ExportIn(Strict):
     aggregation: Aggregation = "raw"
     conflicts: Conflicts = Field(
         "keep", description="Aggregated pairs whose votes disagree: kept with weight = agreement, or dropped")
+    neutral: StepNeutral = Field(
+        "positive", description="steps exports: neutral (0) steps become True (positive), False (negative), or end "
+                                "the row before them (truncate)")
 
 
 class ExportAccepted(BaseModel):

@@ -49,6 +49,8 @@ class ExportSpec:
     filters: dict[str, Any] = field(default_factory=dict)
     aggregation: str = "raw"
     conflicts: str = "keep"
+    neutral: str = "positive"
+    """steps exports: how neutral (0) steps become bool labels (positive | negative | truncate)."""
 
 
 # ---------------------------------------------------------------------------------------------------------
