@@ -546,7 +546,8 @@ class RankingForm(FieldsetForm):
 class ExportForm(ApiForm):
     LABELS: ClassVar[Mapping[str, str]] = {
         "kind": "Kind", "format": "Format", "aggregation": "Aggregation (pairs)",
-        "conflicts": "Conflicts (aggregated)", "neutral": "Neutral steps (steps)", "filters.source": "Sources", "filters.split": "Split",
+        "conflicts": "Conflicts (aggregated)", "neutral": "Neutral steps (steps)", "filters.source": "Sources",
+        "filters.split": "Split",
         "filters.rubric_versions": "Rubric versions", "filters.min_agreement": "Minimum agreement (pairs)",
         "filters.flagged": "Flagged items", "filters": "Filters"}
 

@@ -13,8 +13,8 @@ from sqlalchemy import Connection, case, func, or_, select
 from sqlalchemy.orm import Session
 
 from app.models import Constitution, Pair, Project, Ranking, Rubric
-from app.services.agreement import project_report
 from app.services import export_steps
+from app.services.agreement import project_report
 from app.services.export_queries import ExportSpec, lo_hi
 
 COLUMN_DOCS = {
