@@ -489,9 +489,9 @@ class ConstitutionForm(FieldsetForm, ApiForm):
 
 class RankingForm(FieldsetForm):
     """`rank_<id>` (1..K, equal numbers tie, blank = unranked) and `flag_<id>` (ticked flags), one of each per
-    completion shown."""
+    completion shown; `step_<id>_<n>` (1, 0 or -1) per step when the project labels steps."""
 
-    PREFIXES = ("rank_", "flag_")
+    PREFIXES = ("rank_", "flag_", "step_")
 
     assignment_id: str = ""
     action: str = ""
@@ -523,6 +523,31 @@ class RankingForm(FieldsetForm):
             by_rank.setdefault(int(raw), []).append(cid)
         return [by_rank[r] for r in sorted(by_rank)]
 
+    def step_labels(self, completion_ids: list[int]) -> dict[str, list[int]]:
+        """Each completion's step labels from step 1 on, ending at the first -1 (later ones are not sent); a step
+        left blank before a labelled one is refused naming it."""
+        out: dict[str, list[int]] = {}
+        for cid in completion_ids:
+            marked: dict[int, int] = {}
+            for name in self.items:
+                head, _, index = name.rpartition("_")
+                if head == f"step_{cid}" and index.isdigit():
+                    raw = (self.item(name) or [""])[0].strip()
+                    if raw not in ("1", "0", "-1"):
+                        raise Invalid("a step label is 1, 0 or -1", field=name)
+                    marked[int(index)] = int(raw)
+            labels: list[int] = []
+            for i in range(max(marked, default=-1) + 1):
+                if i not in marked:
+                    raise Invalid(f"step {i + 1} has no label: label every step up to the first wrong one",
+                                  field=f"step_{cid}_{i}")
+                labels.append(marked[i])
+                if marked[i] == -1:
+                    break
+            if labels:
+                out[str(cid)] = labels
+        return out
+
     def seconds(self) -> float | None:
         """The page's own timer; blank, unreadable or negative leaves the server's clock to decide."""
         try:
@@ -537,7 +562,8 @@ class RankingForm(FieldsetForm):
             assignment_id=assignment_id, tiers=[] if skipped else self.tiers(completion_ids),
             rubric_version=int(self.rubric_version) if self.rubric_version.isdigit() else 0,
             submission_id=self.submission_id[:64], flags=self.flags(completion_ids), skipped=skipped,
-            skip_reason=self.skip_reason or "" if skipped else None, seconds_spent=self.seconds())
+            skip_reason=self.skip_reason or "" if skipped else None, seconds_spent=self.seconds(),
+            step_labels={} if skipped else self.step_labels(completion_ids))
 
 
 # --- exports and training -------------------------------------------------------------------------------------
