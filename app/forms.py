@@ -36,6 +36,7 @@ from app.schemas import (
     RevisionJobIn,
     RubricVersionIn,
     SamplingJobIn,
+    StepOptionsIn,
     TrainingRunIn,
     UserIn,
     UserPatch,
@@ -407,6 +408,18 @@ class AILabelsForm(ApiForm):
 
     def to_api(self) -> AILabelsIn:
         return AILabelsIn(enabled=self.enabled == "yes")
+
+
+class StepOptionsForm(ApiForm):
+    # The service names `step_separator`; the page's field is `separator`.
+    LABELS: ClassVar[Mapping[str, str]] = {"enabled": "Label steps", "separator": "Step separator",
+                                           "step_separator": "Step separator"}
+
+    enabled: str = ""
+    separator: str = Field("", max_length=200)
+
+    def to_api(self) -> StepOptionsIn:
+        return StepOptionsIn(enabled=self.enabled == "yes", separator=self.separator or None)
 
 
 class DecisionForm(ApiForm):

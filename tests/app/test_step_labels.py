@@ -229,3 +229,52 @@ def test_a_draft_keeps_unfinished_step_labels(db, make_user, make_project, token
                     json=_ranking(task, step_labels={str(three): [1, 1, -1]}))
     assert r.status_code == 201
     assert client.get(url).status_code == 404
+
+
+def test_the_project_page_turns_step_labels_on_and_shows_a_bad_separator(db, make_user, make_project,
+                                                                          app) -> None:
+    from tests.conftest import Browser
+
+    lead = make_user(db, "lead")
+    project = make_project(db, lead=lead, k=2)
+    pid, email = project.id, lead.email
+    db.commit()
+    browser = Browser(app)
+    browser.login(email)
+    page = browser.get(f"/projects/{pid}")
+    assert page.status_code == 200 and "Step labels" in page.text and "Off." in page.text
+    bad = browser.post(f"/projects/{pid}/step-options", {"enabled": "yes", "separator": "(("})
+    assert bad.status_code == 422 and "Step separator" in bad.text and "regular expression" in bad.text
+    ok = browser.post(f"/projects/{pid}/step-options", {"enabled": "yes", "separator": ""})
+    assert ok.status_code == 303
+    assert "one per non-empty line" in browser.get(f"/projects/{pid}").text
+
+
+def test_the_ranking_page_form_sends_step_labels_without_javascript(db, make_user, make_project, app) -> None:
+    import re
+
+    from tests.conftest import Browser
+
+    lead, project, ann = _project_with_steps(db, make_user, make_project)
+    _import(db, project, lead, [("2+3?", [SOLUTION, "It is 6."])])
+    pid, email = project.id, ann.email
+    db.commit()
+    browser = Browser(app)
+    browser.login(email)
+    page = browser.get(f"/projects/{pid}/annotate").text
+    assignment = re.search(r'data-assignment="(\d+)"', page).group(1)
+    cids = re.findall(r'<ol class="steps" data-cid="(\d+)"', page)
+    by_steps = {int(cid): len(re.findall(rf'name="step_{cid}_\d+" value="1"', page)) for cid in cids}
+    three = next(cid for cid, n in by_steps.items() if n == 3)
+    one = next(cid for cid, n in by_steps.items() if n == 1)
+    form = {"assignment_id": assignment, "submission_id": "page-1", "rubric_version": "1", "action": "rank",
+            f"rank_{three}": "1", f"rank_{one}": "2"}
+    gap = browser.post(f"/projects/{pid}/annotate", form | {f"step_{three}_0": "1", f"step_{three}_2": "1"})
+    assert gap.status_code == 422 and "step 2 has no label" in gap.text
+    ok = browser.post(f"/projects/{pid}/annotate", form | {f"step_{three}_0": "1", f"step_{three}_1": "-1",
+                                                          f"step_{three}_2": "1", f"step_{one}_0": "0"})
+    assert ok.status_code == 303
+    ranking_id = db.scalar(select(Ranking.id))
+    # After the first −1 nothing is kept: the list stops there.
+    assert steps.of_ranking(db, ranking_id) == {three: [1, -1], one: [0]}
+    db.rollback()
