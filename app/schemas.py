@@ -627,6 +627,16 @@ class AgreementOut(BaseModel):
     by_rubric_version: list[TrendPointOut] = Field(default_factory=list)
 
 
+class StepAgreementOut(BaseModel):
+    labelled_completions: int = Field(description="Completions with at least one human step label.")
+    shared_completions: int = Field(description="Completions step-labelled by two or more annotators.")
+    compared_steps: int = Field(description="Steps labelled by two or more annotators.")
+    step_agreement: float | None = Field(description="Mean share of annotator pairs giving a step the same label.")
+    krippendorff_alpha: float | None = Field(description="Ordinal α over steps (-1 < 0 < +1); annotators are coders.")
+    first_error_agreement: float | None = Field(
+        description="Share of annotator pairs putting a completion's first wrong step on the same step (or none).")
+
+
 class GoldIn(Strict):
     tiers: list[list[int]] = Field(
         max_length=16, description="The known correct order: completion ids, best tier first; ties share a tier.")

@@ -12,8 +12,8 @@ from app import permissions
 from app.deps import CurrentUser, PageUser, SessionDep
 from app.errors import DomainError
 from app.forms import GoldFromMetadataForm
-from app.schemas import AgreementOut, GoldIn, GoldOut
-from app.services import agreement, agreement_flags, agreement_rows, gold, projects
+from app.schemas import AgreementOut, GoldIn, GoldOut, StepAgreementOut
+from app.services import agreement, agreement_flags, agreement_rows, gold, projects, step_agreement, steps
 from app.services.charts import line_chart
 from app.web import render
 
@@ -38,6 +38,15 @@ def get_agreement(project_id: int, db: SessionDep, user: CurrentUser,
     project = _readable_project(db, project_id, user)
     report = agreement.project_report(db, project, rubric_version=rubric_version)
     return AgreementOut.model_validate(asdict(report))
+
+
+@router.get("/api/projects/{project_id}/agreement/steps", tags=["agreement"],
+            summary="Agreement between annotators on step labels (process supervision)",
+            responses={403: {"description": "Annotators may not see the figures"}})
+def get_step_agreement(project_id: int, db: SessionDep, user: CurrentUser,
+                       rubric_version: RubricVersionQuery = None) -> StepAgreementOut:
+    project = _readable_project(db, project_id, user)
+    return StepAgreementOut.model_validate(asdict(step_agreement.report(db, project, rubric_version)))
 
 
 @router.put("/api/projects/{project_id}/prompts/{prompt_id}/gold", tags=["agreement"],
@@ -81,7 +90,9 @@ def agreement_page(request: Request, project_id: int, db: SessionDep, user: Page
     project = _readable_project(db, project_id, user)
     version = _version(rubric_version)
     ctx: dict = {"project": project, "marked": marked, "thresholds": agreement_flags.THRESHOLDS,
-                 "can_set_gold": permissions.may(db, user, project, "gold.manage")}
+                 "can_set_gold": permissions.may(db, user, project, "gold.manage"),
+                 "step_report": step_agreement.report(db, project, version)
+                 if steps.options(project).enabled else None}
     try:
         ctx["report"] = agreement.project_report(db, project, rubric_version=version)
     except DomainError as exc:
