@@ -172,3 +172,15 @@ def test_it_loads_into_datasets_and_tokenizes_as_a_prm_trainer_reads_it(labelled
         assert scored == [int(b) for b in source["labels"]]
         positions = [i for i, label in enumerate(row["labels"]) if label != -100]
         assert all(row["input_ids"][i] == separator[-1] for i in positions)
+
+
+def test_a_project_without_step_labels_exports_an_empty_steps_file(db, make_user, make_project, token_for, api,
+                                                                   app, tmp_path: Path) -> None:
+    lead, engineer, project, people = _seed(db, make_user, make_project)
+    _label_everything(db, api, token_for, project, people, lambda n, text: [])  # ranked, no step labels
+    client = api(token_for(db, engineer))
+    pid = project.id
+    db.commit()
+    out = _export(client, app, pid, kind="steps", format="jsonl")
+    assert out["row_count"] == 0 and out["empty"] is True
+    assert (_download(client, out, tmp_path) / "steps.jsonl").read_bytes() == b""
