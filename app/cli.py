@@ -347,7 +347,7 @@ def import_cmd(project_id: Annotated[int, typer.Argument(help="Project id")],
 @cli.command("export")
 def export_cmd(project: Annotated[str, typer.Argument(help="Project id or name")],
                out: Annotated[Path, typer.Option(help="Directory to copy the export's files into")],
-               kind: Annotated[str, typer.Option(help="pairs | rankings | prompts | sft")] = "pairs",
+               kind: Annotated[str, typer.Option(help="pairs | rankings | prompts | sft | steps")] = "pairs",
                format: Annotated[str, typer.Option("--format", help="jsonl | parquet | hf")] = "jsonl",
                filter: Annotated[list[str] | None, typer.Option("--filter", help="KEY=VALUE, repeatable "
                                                                 "(lists comma-separated)")] = None,
@@ -355,7 +355,9 @@ def export_cmd(project: Annotated[str, typer.Argument(help="Project id or name")
                conflicts: Annotated[str, typer.Option(help="keep | drop (aggregated pairs)")] = "keep",
                layout: Annotated[str | None, typer.Option(help="standard | conversational (message lists, TRL's "
                                                           "conversational layout); default: conversational when "
-                                                          "the project holds chat prompts")] = None) -> None:
+                                                          "the project holds chat prompts")] = None,
+               neutral: Annotated[str, typer.Option(help="positive | negative | truncate: neutral steps "
+                                                         "(steps)")] = "positive") -> None:
     """Export a project synchronously through the same writer as the job, record it, and copy it to --out."""
     import shutil
 
@@ -381,7 +383,8 @@ def export_cmd(project: Annotated[str, typer.Argument(help="Project id or name")
             if found is None:
                 _fail(f"no project {project!r}")
             export = exports.create_export(db, found, None, kind=kind, format=format, filters=filters,
-                                           aggregation=aggregation, conflicts=conflicts, layout=layout)
+                                           aggregation=aggregation, conflicts=conflicts, layout=layout,
+                                           neutral=neutral)
             export_id, spec = export.id, exports.spec_of(export)
     except DomainError as exc:
         _fail(f"{exc.field}: {exc.message}" if exc.field else exc.message)

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-ExportKind = Literal["pairs", "rankings", "prompts", "sft"]
+ExportKind = Literal["pairs", "rankings", "prompts", "sft", "steps"]
 ExportFormat = Literal["jsonl", "parquet", "hf"]
 Aggregation = Literal["raw", "aggregated"]
 Conflicts = Literal["keep", "drop"]
+StepNeutral = Literal["positive", "negative", "truncate"]
+"""How a steps export turns neutral (0) steps into TRL's bool labels (app/services/export_steps.py)."""
 Flagged = Literal["include", "exclude", "only"]
 ImportFormat = Literal["jsonl", "csv", "parquet"]
 ImportPreset = Literal["preflab", "ultrafeedback", "trl", "hh-rlhf", "label-studio", "argilla"]
@@ -19,6 +21,7 @@ EXPORT_KINDS: tuple[str, ...] = get_args(ExportKind)
 EXPORT_FORMATS: tuple[str, ...] = get_args(ExportFormat)
 AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)
 CONFLICTS: tuple[str, ...] = get_args(Conflicts)
+STEP_NEUTRAL: tuple[str, ...] = get_args(StepNeutral)
 FLAGGED: tuple[str, ...] = get_args(Flagged)
 IMPORT_FORMATS: tuple[str, ...] = get_args(ImportFormat)
 IMPORT_PRESETS: tuple[str, ...] = get_args(ImportPreset)

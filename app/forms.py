@@ -38,6 +38,7 @@ from app.schemas import (
     RubricVersionIn,
     SamplingJobIn,
     SelectionIn,
+    StepOptionsIn,
     TrainingRunIn,
     UserIn,
     UserPatch,
@@ -449,6 +450,18 @@ class PrioritiesForm(ApiForm):
         return PrioritiesIn(training_run_id=int(run) if run.isdigit() else None)
 
 
+class StepOptionsForm(ApiForm):
+    # The service names `step_separator`; the page's field is `separator`.
+    LABELS: ClassVar[Mapping[str, str]] = {"enabled": "Label steps", "separator": "Step separator",
+                                           "step_separator": "Step separator"}
+
+    enabled: str = ""
+    separator: str = Field("", max_length=200)
+
+    def to_api(self) -> StepOptionsIn:
+        return StepOptionsIn(enabled=self.enabled == "yes", separator=self.separator or None)
+
+
 class DecisionForm(ApiForm):
     accept: str = ""
 
@@ -529,19 +542,21 @@ class ConstitutionForm(FieldsetForm, ApiForm):
 
 class RankingForm(FieldsetForm):
     """`rank_<id>` (1..K, equal numbers tie, blank = unranked) and `flag_<id>` (ticked flags), one of each per
-    completion shown."""
+    completion shown; `step_<id>_<n>` (1, 0 or -1) per step when the project labels steps."""
 
-    PREFIXES = ("rank_", "flag_")
+    PREFIXES = ("rank_", "flag_", "step_")
     # The task's hidden fields ("": the message stands alone) and what the page calls the others.
     LABELS: ClassVar[Mapping[str, str]] = {
         "assignment_id": "", "prompt_id": "", "rubric_version": "", "submission_id": "", "seconds_spent": "",
-        "tiers": "Ranking", "flags": "Flags", "skip_reason": "Skip because"}
+        "tiers": "Ranking", "flags": "Flags", "skip_reason": "Skip because", "step_labels": "Step labels"}
 
     def label(self, field: str) -> str | None:
         if field.startswith("rank_"):
             return "Rank"
         if field.startswith("flag_"):
             return "Flags"
+        if field.startswith("step_"):
+            return "Step labels"
         return super().label(field)
 
     assignment_id: str = ""
@@ -574,6 +589,31 @@ class RankingForm(FieldsetForm):
             by_rank.setdefault(int(raw), []).append(cid)
         return [by_rank[r] for r in sorted(by_rank)]
 
+    def step_labels(self, completion_ids: list[int]) -> dict[str, list[int]]:
+        """Each completion's step labels from step 1 on, ending at the first -1 (later ones are not sent); a step
+        left blank before a labelled one is refused naming it."""
+        out: dict[str, list[int]] = {}
+        for cid in completion_ids:
+            marked: dict[int, int] = {}
+            for name in self.items:
+                head, _, index = name.rpartition("_")
+                if head == f"step_{cid}" and index.isdigit():
+                    raw = (self.item(name) or [""])[0].strip()
+                    if raw not in ("1", "0", "-1"):
+                        raise Invalid("a step label is 1, 0 or -1", field=name)
+                    marked[int(index)] = int(raw)
+            labels: list[int] = []
+            for i in range(max(marked, default=-1) + 1):
+                if i not in marked:
+                    raise Invalid(f"step {i + 1} has no label: label every step up to the first wrong one",
+                                  field=f"step_{cid}_{i}")
+                labels.append(marked[i])
+                if marked[i] == -1:
+                    break
+            if labels:
+                out[str(cid)] = labels
+        return out
+
     def seconds(self) -> float | None:
         """The page's own timer; blank, unreadable or negative leaves the server's clock to decide."""
         try:
@@ -588,7 +628,8 @@ class RankingForm(FieldsetForm):
             assignment_id=assignment_id, tiers=[] if skipped else self.tiers(completion_ids),
             rubric_version=int(self.rubric_version) if self.rubric_version.isdigit() else 0,
             submission_id=self.submission_id[:64], flags=self.flags(completion_ids), skipped=skipped,
-            skip_reason=self.skip_reason or "" if skipped else None, seconds_spent=self.seconds())
+            skip_reason=self.skip_reason or "" if skipped else None, seconds_spent=self.seconds(),
+            step_labels={} if skipped else self.step_labels(completion_ids))
 
 
 # --- exports and training -------------------------------------------------------------------------------------
@@ -597,7 +638,8 @@ class RankingForm(FieldsetForm):
 class ExportForm(ApiForm):
     LABELS: ClassVar[Mapping[str, str]] = {
         "kind": "Kind", "format": "Format", "aggregation": "Aggregation (pairs)",
-        "conflicts": "Conflicts (aggregated)", "filters.source": "Sources", "filters.split": "Split",
+        "conflicts": "Conflicts (aggregated)", "neutral": "Neutral steps (steps)", "filters.source": "Sources",
+        "filters.split": "Split",
         "filters.rubric_versions": "Rubric versions", "filters.min_agreement": "Minimum agreement (pairs)",
         "filters.flagged": "Flagged items", "filters": "Filters", "layout": "Layout"}
 
@@ -607,6 +649,7 @@ class ExportForm(ApiForm):
     conflicts: str = "keep"
     layout: str = ""
     """Empty: the project's own (conversational when it holds chat prompts)."""
+    neutral: str = "positive"
     source: list[str] = Field(default_factory=list)
     split: str = ""
     rubric_versions: str = Field("", max_length=200)
@@ -625,7 +668,8 @@ class ExportForm(ApiForm):
     def to_api(self) -> ExportIn:
         return ExportIn.from_form(kind=self.kind, format=self.format, filters=self.filters(),  # type: ignore[arg-type]
                         aggregation=self.aggregation if self.kind == "pairs" else "raw",  # type: ignore[arg-type]
-                        conflicts=self.conflicts, layout=self.layout or None)  # type: ignore[arg-type]
+                        conflicts=self.conflicts, layout=self.layout or None,  # type: ignore[arg-type]
+                        neutral=self.neutral if self.kind == "steps" else "positive")  # type: ignore[arg-type]
 
 
 class TrainingForm(ApiForm):

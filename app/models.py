@@ -41,6 +41,8 @@ ASSIGNMENT_STATES = ("leased", "submitted", "skipped", "expired", "released")
 JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 RUN_KINDS = ("reward", "prm", "sft", "rft", "dpo", "grpo", "ppo")
 RUN_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
+STEP_VALUES = (1, 0, -1)
+"""A step's label, as in PRM800K: +1 correct, 0 neutral (neither helps nor harms), −1 wrong."""
 
 
 def utcnow() -> datetime:
@@ -66,6 +68,8 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 # JSONB on Postgres (indexable, compact), JSON text on SQLite.
 JSONType = JSON().with_variant(JSONB(), "postgresql")
+# The same, storing Python None as SQL NULL (not the JSON value null): for columns where None means "not there".
+NullableJSON = JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
 
 
 def _in(column: str, values: tuple[str, ...]) -> str:
@@ -293,6 +297,9 @@ class Completion(Base):
     generator_params: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
     seed: Mapped[int | None] = mapped_column(Integer)
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSONType, default=dict)
+    steps: Mapped[list[str] | None] = mapped_column(NullableJSON)
+    """The completion split into steps (app.services.steps) when it entered a project that labels steps; kept as
+    it was once a step is labelled, so a new separator never changes what a label refers to."""
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
     prompt: Mapped[Prompt] = relationship(back_populates="completions")
@@ -335,6 +342,8 @@ class AssignmentDraft(Base):
     tiers: Mapped[list[list[int]]] = mapped_column(JSONType, default=list)
     flags: Mapped[dict[str, list[str]]] = mapped_column(JSONType, default=dict)
     seconds_spent: Mapped[float | None] = mapped_column(Float)
+    step_labels: Mapped[dict[str, list[int | None]]] = mapped_column(JSONType, default=dict, server_default="{}")
+    """Completion id → a label per step so far (+1, 0, −1, or null for a step not labelled yet)."""
     # When the ranking was last changed (the client's clock, never later than the server's): the newer edit wins.
     edited_at: Mapped[datetime] = mapped_column(UTCDateTime())
     saved_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
@@ -426,6 +435,26 @@ class Pair(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
     ranking: Mapped[Ranking] = relationship(back_populates="pairs")
+
+
+class StepLabel(Base):
+    """One step of one completion judged within a ranking: +1 correct, 0 neutral, −1 wrong (process supervision).
+
+    A completion's labels in a ranking cover its steps from the first, and may stop at the first −1.
+    """
+
+    __tablename__ = "step_labels"
+    __table_args__ = (
+        UniqueConstraint("ranking_id", "completion_id", "step_index"),
+        CheckConstraint("label IN (1, 0, -1)", name="label"),
+        CheckConstraint("step_index >= 0", name="step_index"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    ranking_id: Mapped[int] = mapped_column(ForeignKey("rankings.id", ondelete="CASCADE"))
+    completion_id: Mapped[int] = mapped_column(ForeignKey("completions.id", ondelete="CASCADE"), index=True)
+    step_index: Mapped[int] = mapped_column(Integer)
+    label: Mapped[int] = mapped_column(Integer)
 
 
 class Job(Base):

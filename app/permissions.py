@@ -48,6 +48,8 @@ ACTIONS: dict[str, Action] = {
     "rubric.edit": _project({LEAD}, "edit the rubric", "write a new rubric version"),
     "members.manage": _project({LEAD}, "manage members", "add, change and remove members"),
     "constitution.edit": _project({LEAD}, "edit the constitution", "write a new constitution version"),
+    "steps.configure": _project({LEAD}, "configure step labels",
+                                "turn step labels on or off and set the step separator"),
     "gold.manage": _project({LEAD}, "set gold tasks", "set and clear gold tasks"),
     "labels.decide": _project({LEAD}, "decide on AI labels", "accept or reject AI judge labels and revisions"),
     "agreement.see": _project({LEAD, ENGINEER}, "see agreement figures", "see agreement and annotator quality"),

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo
 from pydantic_core import PydanticCustomError
 
-from app.formats import Aggregation, Conflicts, ExportFormat, ExportKind, ExportLayout
+from app.formats import Aggregation, Conflicts, ExportFormat, ExportKind, ExportLayout, StepNeutral
 from app.models import AssignmentDraft, Completion, Constitution, Export, Job, ModelEndpoint, Project, Rubric, User
 
 MAX_ID = 2**31 - 1
@@ -94,13 +94,31 @@ class ProjectOut(BaseModel):
     completions_per_prompt: int
     overlap: int
     rubric_version: int | None
+    step_labels: bool = Field(False, description="Annotators label each step of each completion (+1, 0, -1).")
+    step_separator: str | None = Field(None, description="The regular expression that ends a step; null: one step "
+                                                         "per non-empty line.")
     created_at: datetime
 
     @classmethod
     def from_model(cls, project: Project, rubric_version: int | None) -> ProjectOut:
+        settings = project.settings or {}
         return cls(id=project.id, name=project.name, description=project.description,
                    completions_per_prompt=project.completions_per_prompt, overlap=project.overlap,
-                   rubric_version=rubric_version, created_at=project.created_at)
+                   rubric_version=rubric_version, step_labels=bool(settings.get("step_labels", False)),
+                   step_separator=settings.get("step_separator") or None, created_at=project.created_at)
+
+
+class StepOptionsIn(Strict):
+    enabled: bool = Field(description="Annotators label each step of each completion while ranking.")
+    separator: str | None = Field(
+        default=None, max_length=200,
+        description="A regular expression that ends a step (null or empty: one step per non-empty line). Changing "
+                    "it re-splits only completions that have no step label yet.")
+
+
+class StepOptionsOut(BaseModel):
+    enabled: bool
+    separator: str | None
 
 
 class RubricVersionIn(Strict):
@@ -241,6 +259,7 @@ class CompletionView(BaseModel):
     text: str
     messages: list[dict[str, str]] | None = Field(
         None, description="The response as chat turns, when it is more than one assistant turn (text renders them).")
+    steps: list[str] | None = Field(None, description="The completion's steps, when the project labels steps.")
 
 
 class RubricView(BaseModel):
@@ -259,6 +278,13 @@ class TaskOut(BaseModel):
     skip_reasons: list[str]
     allow_ties: bool
     allow_partial: bool
+    step_labels: bool = Field(False, description="Label each completion's steps: +1 correct, 0 neutral, -1 wrong.")
+
+
+StepValue = Annotated[int, Field(strict=True, ge=-1, le=1)]
+"""+1 correct, 0 neutral, -1 wrong (strict: JSON true is not a label)."""
+StepLabelList = Annotated[list[StepValue], Field(max_length=100)]
+DraftStepLabelList = Annotated[list[StepValue | None], Field(max_length=100)]
 
 
 class RankingIn(Strict):
@@ -275,6 +301,10 @@ class RankingIn(Strict):
     skipped: bool = False
     skip_reason: str | None = Field(default=None, max_length=200)
     seconds_spent: float | None = Field(default=None, ge=0)
+    step_labels: dict[str, StepLabelList] = Field(
+        default_factory=dict, max_length=16,
+        description="Completion id → a label per step (1 correct, 0 neutral, -1 wrong), for projects that label "
+                    "steps. A list covers every step, or stops at the first -1; a completion left out is unlabelled.")
 
 
 class RankingOut(BaseModel):
@@ -285,7 +315,8 @@ class RankingOut(BaseModel):
 
 
 DRAFT_MAX_BYTES = 16 * 1024
-"""The largest draft body accepted (a K=16 task with every flag ticked is well under it)."""
+"""The largest draft body accepted (a K=16 task with every flag ticked is well under it; so are step labels for
+16 completions of 100 steps each, about 8 KiB)."""
 
 
 class DraftIn(Strict):
@@ -297,6 +328,9 @@ class DraftIn(Strict):
         json_schema_extra=_ONLY_COMPLETION_KEYS)
     seconds_spent: float | None = Field(default=None, ge=0, le=24 * 3600,
                                         description="Time on the task so far: a resumed page counts on from it.")
+    step_labels: dict[str, DraftStepLabelList] = Field(
+        default_factory=dict, max_length=16,
+        description="Completion id → the step labels so far (1, 0, -1, or null for a step not labelled yet).")
     edited_at: Timestamp | None = Field(
         default=None, description="When the ranking was last changed, on the client's clock (default: now; never "
                                   "later than the server's). A draft older than the stored one is refused with 409, "
@@ -308,13 +342,15 @@ class DraftOut(BaseModel):
     tiers: list[list[int]]
     flags: dict[str, list[str]]
     seconds_spent: float | None
+    step_labels: dict[str, list[int | None]] = Field(default_factory=dict)
     edited_at: datetime
     saved_at: datetime
 
     @classmethod
     def from_model(cls, draft: AssignmentDraft) -> DraftOut:
         return cls(assignment_id=draft.assignment_id, tiers=draft.tiers, flags=draft.flags,
-                   seconds_spent=draft.seconds_spent, edited_at=draft.edited_at, saved_at=draft.saved_at)
+                   seconds_spent=draft.seconds_spent, step_labels=draft.step_labels or {},
+                   edited_at=draft.edited_at, saved_at=draft.saved_at)
 
 class HFGeneratorIn(Strict):
     backend: Literal["hf"]
@@ -589,6 +625,9 @@ class ExportIn(Strict):
     layout: ExportLayout | None = Field(
         None, description="standard: prompt and responses as text; conversational: as message lists (TRL's "
         "conversational layout). Not given: conversational when the project holds chat prompts, else standard.")
+    neutral: StepNeutral = Field(
+        "positive", description="steps exports: neutral (0) steps become True (positive), False (negative), or end "
+                                "the row before them (truncate)")
 
 
 class ExportAccepted(BaseModel):
@@ -695,6 +734,16 @@ class AgreementOut(BaseModel):
                           "ranking by the rollup job at `as_of` (projects over a few thousand rankings).")
     as_of: datetime | None = Field(None, description="When the rankings behind these figures were read.")
     age_seconds: float | None = Field(None, description="How old the figures are, in seconds.")
+
+
+class StepAgreementOut(BaseModel):
+    labelled_completions: int = Field(description="Completions with at least one human step label.")
+    shared_completions: int = Field(description="Completions step-labelled by two or more annotators.")
+    compared_steps: int = Field(description="Steps labelled by two or more annotators.")
+    step_agreement: float | None = Field(description="Mean share of annotator pairs giving a step the same label.")
+    krippendorff_alpha: float | None = Field(description="Ordinal α over steps (-1 < 0 < +1); annotators are coders.")
+    first_error_agreement: float | None = Field(
+        description="Share of annotator pairs putting a completion's first wrong step on the same step (or none).")
 
 
 class GoldIn(Strict):

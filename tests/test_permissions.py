@@ -89,6 +89,9 @@ REQUESTS: dict[str, Call] = {
                                         "base_version": 1}}),  # valid JSON, refused by the service: names repeat
     "gold.manage": Call("PUT", "/api/projects/{project}/prompts/{prompt}/gold",
                         {"json": {"tiers": [[999_998], [999_999]]}}),  # not this prompt's completions
+    # a separator that is no regular expression: Invalid after the permission check
+    "steps.configure": Call("PUT", "/api/projects/{project}/step-options",
+                            {"json": {"enabled": True, "separator": "("}}),
     # the default decision again: allowed callers change nothing
     "labels.decide": Call("PUT", "/api/projects/{project}/ai-labels", {"json": {"enabled": False}}),
     # the default order again: allowed callers change nothing

@@ -14,7 +14,8 @@ from sqlalchemy import select
 
 from app.db import session_scope
 from app.jobs.context import JobContext, JobError, runtime_generator
-from app.models import Completion, Constitution, Prompt
+from app.models import Completion, Constitution, Project, Prompt
+from app.services import steps
 from training.generation import GenerationError, params_from_spec
 from training.judge import critique_and_revise
 from training.judge_prompts import format_conversation
@@ -28,6 +29,8 @@ def run(ctx: JobContext) -> dict[str, Any]:
             raise JobError("the constitution no longer exists")
         principles = [p for p in constitution.principles if p.get("critique") and p.get("revision")]
         version = constitution.version
+        project = db.get(Project, constitution.project_id)
+        step_options = steps.options(project) if project is not None else steps.StepOptions()
     if not principles:
         raise JobError("no principle of this constitution has both a critique and a revision request")
     try:
@@ -55,6 +58,8 @@ def run(ctx: JobContext) -> dict[str, Any]:
                     db.add(Completion(prompt_id=prompt_id, text=revision, source="revision",
                                       generator_name=generator.name, generator_params=generator.describe(params),
                                       seed=params.seed,
+                                      steps=steps.split(revision, step_options.separator)
+                                      if step_options.enabled else None,
                                       meta={"original_id": completion_id, "principle": principle["name"],
                                             "constitution_version": version, "critique": critique,
                                             "status": "pending", "job_id": ctx.job_id}))

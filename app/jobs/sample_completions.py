@@ -14,7 +14,8 @@ from sqlalchemy import func, select
 
 from app.db import session_scope
 from app.jobs.context import JobContext, JobError, JobStopped, runtime_generator
-from app.models import Completion, Prompt
+from app.models import Completion, Project, Prompt
+from app.services import steps
 from training.generation import (
     GenerationCancelled,
     GenerationError,
@@ -224,6 +225,7 @@ def _write(ctx: JobContext, k: int, generator: Any, params: Any, per_prompt: lis
     created = 0
     with session_scope(ctx.session_factory) as db:
         postgres = db.get_bind().dialect.name == "postgresql"
+        project = db.get(Project, ctx.project_id) if ctx.project_id is not None else None
         for prompt_id, samples in per_prompt:
             lock = select(Prompt.id).where(Prompt.id == prompt_id)
             db.execute(lock.with_for_update() if postgres else lock)
@@ -234,6 +236,7 @@ def _write(ctx: JobContext, k: int, generator: Any, params: Any, per_prompt: lis
             for sample in samples[: max(0, k - have)]:
                 db.add(Completion(prompt_id=prompt_id, text=sample.text, source=ctx.payload.get("source") or "sampled",
                                   generator_name=generator.name, generator_params=described, seed=sample.seed,
+                                  steps=steps.steps_for(project, sample.text) if project else None,
                                   meta={"finish_reason": sample.finish_reason,
                                         "completion_tokens": sample.completion_tokens, "job_id": ctx.job_id}))
                 created += 1

@@ -12,8 +12,8 @@ from app import permissions
 from app.deps import MAX_ID, CurrentUser, Id, PageUser, SessionDep
 from app.errors import DomainError
 from app.forms import GoldFromMetadataForm
-from app.schemas import AgreementOut, GoldIn, GoldOut
-from app.services import agreement, agreement_flags, agreement_rows, gold, projects, rollups
+from app.schemas import AgreementOut, GoldIn, GoldOut, StepAgreementOut
+from app.services import agreement, agreement_flags, agreement_rows, gold, projects, rollups, step_agreement, steps
 from app.services.charts import line_chart
 from app.web import render
 
@@ -44,6 +44,15 @@ def get_agreement(project_id: Id, db: SessionDep, user: CurrentUser,
                             headers={"Retry-After": "10"})
     return AgreementOut.model_validate(asdict(report) | {"computed": fresh.method, "as_of": fresh.as_of,
                                                          "age_seconds": fresh.age_seconds})
+
+
+@router.get("/api/projects/{project_id}/agreement/steps", tags=["agreement"],
+            summary="Agreement between annotators on step labels (process supervision)",
+            responses={403: {"description": "Annotators may not see the figures"}})
+def get_step_agreement(project_id: int, db: SessionDep, user: CurrentUser,
+                       rubric_version: RubricVersionQuery = None) -> StepAgreementOut:
+    project = _readable_project(db, project_id, user)
+    return StepAgreementOut.model_validate(asdict(step_agreement.report(db, project, rubric_version)))
 
 
 @router.put("/api/projects/{project_id}/prompts/{prompt_id}/gold", tags=["agreement"],
@@ -87,7 +96,9 @@ def agreement_page(request: Request, project_id: Id, db: SessionDep, user: PageU
     project = _readable_project(db, project_id, user)
     version = _version(rubric_version)
     ctx: dict = {"project": project, "marked": marked, "thresholds": agreement_flags.THRESHOLDS,
-                 "can_set_gold": permissions.may(db, user, project, "gold.manage")}
+                 "can_set_gold": permissions.may(db, user, project, "gold.manage"),
+                 "step_report": step_agreement.report(db, project, version)
+                 if steps.options(project).enabled else None}
     status = 200
     try:
         ctx["report"], ctx["fresh"] = rollups.current_report(db, project, user, rubric_version=version)

@@ -23,8 +23,10 @@ from app.schemas import (
     RubricVersionIn,
     SelectionIn,
     SelectionOut,
+    StepOptionsIn,
+    StepOptionsOut,
 )
-from app.services import imports, projects, rubrics, selection
+from app.services import imports, projects, rubrics, selection, steps
 
 router = APIRouter(prefix="/api/projects", tags=["projects"])
 
@@ -75,6 +77,14 @@ def list_rubric_versions(project_id: Id, db: SessionDep, user: CurrentUser) -> l
 def get_rubric_version(project_id: Id, version: Id, db: SessionDep, user: CurrentUser) -> RubricOut:
     project = projects.get_visible(db, project_id, user)
     return RubricOut.from_model(rubrics.get_version(db, project, version), project.current_rubric_id)
+
+
+@router.put("/{project_id}/step-options", summary="Turn step labels (process supervision) on or off and set the "
+                                                  "step separator (leads)")
+def set_step_options(project_id: int, body: StepOptionsIn, db: SessionDep, user: CurrentUser) -> StepOptionsOut:
+    project = projects.get_visible(db, project_id, user)
+    options = steps.set_options(db, project, user, enabled=body.enabled, separator=body.separator)
+    return StepOptionsOut(enabled=options.enabled, separator=options.separator)
 
 
 @router.get("/{project_id}/members", summary="Members of a project")

@@ -24,7 +24,7 @@ def export_out(db, export) -> ExportOut:  # type: ignore[no-untyped-def]
 def _request_export(db, project, user, body: ExportIn):  # type: ignore[no-untyped-def]
     """The API's and the page's export request: one mapping of the request model onto the service."""
     return exports.request_export(db, project, user, body.kind, body.format, body.filters, body.aggregation,
-                                  body.conflicts, body.layout)
+                                  body.conflicts, body.layout, body.neutral)
 
 
 @router.post("/api/projects/{project_id}/exports", status_code=202, tags=["exports"],

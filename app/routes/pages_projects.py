@@ -10,9 +10,18 @@ from fastapi.responses import RedirectResponse, Response
 from app import forms, permissions
 from app.deps import Id, PageUser, SessionDep
 from app.errors import DomainError
-from app.forms import FieldError, ImportForm, MemberForm, PrioritiesForm, ProjectForm, RubricForm, SelectionForm
+from app.forms import (
+    FieldError,
+    ImportForm,
+    MemberForm,
+    PrioritiesForm,
+    ProjectForm,
+    RubricForm,
+    SelectionForm,
+    StepOptionsForm,
+)
 from app.routes.api_projects import create_from, read_upload
-from app.services import imports, jobs, projects, rollups, rubrics, selection
+from app.services import imports, jobs, projects, rollups, rubrics, selection, steps
 from app.web import render
 
 router = APIRouter(include_in_schema=False)
@@ -53,6 +62,8 @@ def _project_context(db, project, user) -> dict:  # type: ignore[no-untyped-def]
         "can_import": permissions.may(db, user, project, "data.import"),
         "can_annotate": permissions.may(db, user, project, "annotate"),
         "can_see_agreement": permissions.may(db, user, project, "agreement.see"),
+        "can_configure_steps": permissions.may(db, user, project, "steps.configure"),
+        "step_options": steps.options(project),
         "member_roles": projects.MEMBER_ROLES,
         "running_jobs": sum(1 for j in jobs.list_for_project(db, project) if j.state in ("queued", "running")),
         "selection": selection.state(project),
@@ -97,6 +108,18 @@ def add_member(request: Request, project_id: Id, db: SessionDep, user: PageUser,
                         redirect=f"/projects/{project.id}#members", template="project.html",
                         context=lambda error: _project_context(db, project, user)
                         | {"member_error": error, "member_email": form.email})
+
+
+@router.post("/projects/{project_id}/step-options")
+def set_step_options(request: Request, project_id: int, db: SessionDep, user: PageUser,
+                     form: Annotated[StepOptionsForm, Form()]) -> Response:
+    project = projects.get_visible(db, project_id, user)
+    return forms.submit(request, db, form,
+                        lambda body: steps.set_options(db, project, user, enabled=body.enabled,
+                                                       separator=body.separator),
+                        redirect=f"/projects/{project.id}#step-labels", template="project.html",
+                        context=lambda error: _project_context(db, project, user)
+                        | {"steps_error": error, "steps_form": form.values()})
 
 
 @router.post("/projects/{project_id}/members/{user_id}/remove")

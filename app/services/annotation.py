@@ -24,7 +24,7 @@ from app.models import (
     utcnow,
 )
 from app.schemas import CompletionView, DraftIn, DraftOut, PromptView, RubricView, TaskOut
-from app.services import queue, rankings, rubrics
+from app.services import queue, rankings, rubrics, steps
 
 # Built once with bind parameters (annotation hot path: see app.services.queue).
 _PROJECT_ROLE_RUBRIC = (select(Project, ProjectMember.role, Rubric)
@@ -55,14 +55,17 @@ def task_view(db: Session, project: Project, assignment: Assignment) -> TaskOut:
     order = queue.display_order(list(completions), assignment.annotator_id, prompt.id, assignment.round)
     turns = _chat_turns(db, list(completions))
     rubric = rubrics.current(db, project)
+    labelled = steps.options(project).enabled
+    split = steps.task_steps(db, project, order) if labelled else {}
     return TaskOut(
         assignment_id=assignment.id,
         prompt=PromptView(id=prompt.id, text=None if prompt.messages else prompt.text, messages=prompt.messages),
-        completions=[CompletionView(id=cid, text=completions[cid], messages=turns.get(cid)) for cid in order],
+        completions=[CompletionView(id=cid, text=completions[cid], messages=turns.get(cid), steps=split.get(cid))
+                     for cid in order],
         rubric=RubricView(version=rubric.version, text=rubric.text, criteria=rubric.criteria) if rubric else None,
         lease_expires_at=assignment.leased_until, flags=list(project.flags or []),
         skip_reasons=list(project.skip_reasons or []), allow_ties=project.allow_ties,
-        allow_partial=project.allow_partial,
+        allow_partial=project.allow_partial, step_labels=labelled,
     )
 
 
@@ -132,6 +135,9 @@ def save_draft(db: Session, user: User, assignment_id: int, body: DraftIn) -> As
     tiers = rankings.tier_items(body.tiers, allowed, allow_ties=project.allow_ties)
     # The same rules as a submitted ranking's flags.
     flags = rankings.validate_flags(body.flags, allowed, set(project.flags or []))
+    opts = steps.options(project)
+    shown = steps.task_steps(db, project, allowed) if opts.enabled and body.step_labels else {}
+    step_labels = steps.validate(body.step_labels, shown, enabled=opts.enabled, draft=True)
     now = utcnow()
     edited = now if body.edited_at is None else min(_as_utc(body.edited_at), now)
     draft = db.scalars(_DRAFT, {"assignment_id": assignment_id}).first()
@@ -142,6 +148,7 @@ def save_draft(db: Session, user: User, assignment_id: int, body: DraftIn) -> As
         raise Conflict(f"a newer draft of this task was saved (edited {draft.edited_at:%Y-%m-%d %H:%M:%S} UTC), "
                        "perhaps on another device; reload the task to see it", field="edited_at")
     draft.tiers, draft.flags, draft.seconds_spent = tiers, flags, body.seconds_spent
+    draft.step_labels = {str(cid): labels for cid, labels in step_labels.items()}
     draft.edited_at, draft.saved_at = edited, now
     db.execute(_STALE_DRAFTS, {"annotator_id": user.id, "now": now})
     db.flush()

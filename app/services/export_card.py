@@ -13,6 +13,7 @@ from sqlalchemy import Connection, case, func, or_, select
 from sqlalchemy.orm import Session
 
 from app.models import Constitution, Pair, Project, Ranking, Rubric
+from app.services import export_steps
 from app.services.agreement import project_report
 from app.services.export_queries import ExportSpec, lo_hi
 
@@ -112,6 +113,8 @@ def render_card(conn: Connection, spec: ExportSpec, *, project_name: str, descri
     options = {"kind": spec.kind, "format": spec.format, "filters": spec.filters}
     if spec.kind == "pairs":
         options |= {"aggregation": spec.aggregation, "conflicts": spec.conflicts}
+    if spec.kind == "steps":
+        options |= {"neutral": spec.neutral}
     lines += ["## Selection", "", "```json", json.dumps(options, indent=2, sort_keys=True), "```", ""]
     lines += ["## Counts", "", f"- rows: {rows}" + ("  (empty: the filters select nothing)" if rows == 0 else "")]
     lines += [f"- source {k}: {v}" for k, v in sorted(sources.items())]
@@ -119,8 +122,11 @@ def render_card(conn: Connection, spec: ExportSpec, *, project_name: str, descri
     lines += ["", "Splits are by prompt: every row of a held-out prompt is `heldout`, so held-out prompts never "
               "reach the train split.", ""]
     lines += ["## Columns", "", "| column | type | meaning |", "|---|---|---|"]
-    lines += [f"| `{f.name}` | `{f.type}` | {COLUMN_DOCS.get(f.name, '')} |" for f in schema]
+    docs = COLUMN_DOCS | (export_steps.COLUMN_DOCS if spec.kind == "steps" else {})
+    lines += [f"| `{f.name}` | `{f.type}` | {docs.get(f.name, '')} |" for f in schema]
     lines += [""]
+    if spec.kind == "steps":
+        lines += export_steps.card_section(spec)
     if conversational:
         lines += ["Conversational layout: `prompt` is a list of chat messages and responses are one assistant "
                   "message each (TRL's conversational preference format).", ""]

@@ -52,6 +52,8 @@ class ExportSpec:
     layout: str | None = None
     """"standard" (text columns), "conversational" (message lists, TRL's conversational layout); None: the
     project's own — conversational when it holds any chat prompt."""
+    neutral: str = "positive"
+    """steps exports: how neutral (0) steps become bool labels (positive | negative | truncate)."""
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 from sqlalchemy import Connection, Engine, Select, Text, cast, func, select
 
 from app.models import LABEL_SOURCES, SPLITS, Completion, Constitution, Pair, Project, Prompt, Ranking, Rubric
+from app.services import export_steps
 from app.services.export_card import render_card
 from app.services.export_queries import (
     ExportSpec,
@@ -116,6 +117,8 @@ def schema_for(kind: str, aggregation: str, conversational: bool) -> pa.Schema:
                   ("split", pa.string())]
     elif kind == "prompts":
         fields = [("prompt_id", pa.int64()), ("prompt", t), ("reference", pa.string()), ("split", pa.string())]
+    elif kind == "steps":
+        fields = list(export_steps.schema())
     elif kind == "sft":
         fields = [("prompt_id", pa.int64()), ("prompt", t), ("completion", t), ("completion_id", pa.int64()),
                   ("origin", pa.string()), ("votes", pa.int64()), ("rankings", pa.int64()), ("split", pa.string())]
@@ -604,7 +607,7 @@ def _sft(run: _Run) -> Iterator[Columns]:
 def _producer(spec: ExportSpec) -> Callable[[_Run], Iterator[Columns | pa.RecordBatch]]:
     if spec.kind == "pairs":
         return _pairs_aggregated if spec.aggregation == "aggregated" else _pairs_raw
-    return {"rankings": _rankings, "prompts": _prompts, "sft": _sft}[spec.kind]
+    return {"rankings": _rankings, "prompts": _prompts, "sft": _sft, "steps": export_steps.rows}[spec.kind]
 
 
 # ---------------------------------------------------------------------------------------------------------

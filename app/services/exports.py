@@ -37,6 +37,7 @@ FILTERS: dict[str, tuple[str, ...]] = {
     "rankings": _LABEL_FILTERS,
     "sft": _LABEL_FILTERS,
     "prompts": ("split",),
+    "steps": _LABEL_FILTERS,
 }
 
 
@@ -156,7 +157,7 @@ def _choice(name: str, value: str, options: tuple[str, ...]) -> str:
 
 def create_export(db: Session, project: Project, actor: User | None, *, kind: str, format: str,
                   filters: dict[str, Any] | None = None, aggregation: str = "raw", conflicts: str = "keep",
-                  layout: str | None = None) -> Export:
+                  layout: str | None = None, neutral: str = "positive") -> Export:
     """A validated Export row (no job): the caller writes it, the job or the CLI. Filters are stored normalised,
     with the aggregation options beside them, so the row alone says how to reproduce the export."""
     kind = _choice("kind", kind, KINDS)
@@ -165,10 +166,13 @@ def create_export(db: Session, project: Project, actor: User | None, *, kind: st
     conflicts = _choice("conflicts", conflicts, CONFLICTS)
     if layout is not None:
         layout = _choice("layout", layout, EXPORT_LAYOUTS)
+    neutral = _choice("neutral", neutral, formats.STEP_NEUTRAL)
+    if kind != "steps" and neutral != "positive":
+        raise Invalid("only steps exports treat neutral steps", field="neutral")
     if kind != "pairs" and aggregation != "raw":
         raise Invalid("only pairs exports can be aggregated", field="aggregation")
     stored = validate_filters(db, project, kind, filters)
-    if kind in ("pairs", "rankings") and "source" not in stored and \
+    if kind in ("pairs", "rankings", "steps") and "source" not in stored and \
             not (project.settings or {}).get("ai_labels_for_training", False):
         # The lead has not allowed AI labels for training: leave them out unless asked for by name. The
         # default is written into the filters, so the row says exactly what the export holds.
@@ -177,6 +181,8 @@ def create_export(db: Session, project: Project, actor: User | None, *, kind: st
         stored = stored | {"aggregation": aggregation, "conflicts": conflicts}
     if layout is not None:
         stored["layout"] = layout
+    if kind == "steps":
+        stored = stored | {"neutral": neutral}
     export = Export(project_id=project.id, kind=kind, format=fmt, filters=stored,
                     created_by_id=actor.id if actor else None)
     db.add(export)
@@ -186,11 +192,11 @@ def create_export(db: Session, project: Project, actor: User | None, *, kind: st
 
 def request_export(db: Session, project: Project, actor: User, kind: str, format: str,
                    filters: dict[str, Any] | None = None, aggregation: str = "raw", conflicts: str = "keep",
-                   layout: str | None = None) -> Export:
+                   layout: str | None = None, neutral: str = "positive") -> Export:
     """Record the Export and enqueue its `export` job in the caller's transaction (leads, engineers, admins)."""
     permissions.require(db, actor, project, "export.create")
     export = create_export(db, project, actor, kind=kind, format=format, filters=filters, aggregation=aggregation,
-                           conflicts=conflicts, layout=layout)
+                           conflicts=conflicts, layout=layout, neutral=neutral)
     job = jobs.enqueue(db, "export", {"export_id": export.id}, project=project, actor=actor, max_attempts=2)
     export.job_id = job.id
     audit.record(db, actor, "export.request", project_id=project.id, object_type="export", object_id=export.id,
@@ -203,8 +209,9 @@ def spec_of(export: Export) -> ExportSpec:
     aggregation = filters.pop("aggregation", "raw")
     conflicts = filters.pop("conflicts", "keep")
     layout = filters.pop("layout", None)
+    neutral = filters.pop("neutral", "positive")
     return ExportSpec(project_id=export.project_id, kind=export.kind, format=export.format, filters=filters,
-                      aggregation=aggregation, conflicts=conflicts, layout=layout)
+                      aggregation=aggregation, conflicts=conflicts, layout=layout, neutral=neutral)
 
 
 # How the exports page names each stored filter (the API keeps the stored names and values as they are).
@@ -212,7 +219,8 @@ FILTER_LABELS = {"source": "Sources", "split": "Split", "rubric_versions": "Rubr
                  "constitution_versions": "Constitution versions", "flagged": "Flagged items",
                  "min_agreement": "Minimum agreement", "min_confidence": "Minimum confidence",
                  "replay_share": "Replay share", "created_after": "Created after", "created_before": "Created before",
-                 "aggregation": "Aggregation", "conflicts": "Conflicts", "layout": "Layout"}
+                 "aggregation": "Aggregation", "conflicts": "Conflicts", "layout": "Layout",
+                 "neutral": "Neutral steps"}
 
 
 def describe_filters(filters: dict[str, Any] | None) -> list[tuple[str, str]]:

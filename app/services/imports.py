@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from app import security
 from app.formats import IMPORT_PRESETS
 from app.models import Assignment, Completion, Pair, Project, ProjectMember, Prompt, User, utcnow
-from app.services import audit, bulk, rankings
+from app.services import audit, bulk, rankings, steps
 from app.services.import_formats import (
     MAX_ERRORS,
     ImportRejected,
@@ -224,7 +224,7 @@ def _import_prompts(
         values.append(item)
     prompt_ids = bulk.insert_rows(db, Prompt, values, ids=True)
     completion_values = [
-        {"prompt_id": prompt_id, "text": body, "source": SOURCE}
+        _completion_values(project, prompt_id, body)
         for prompt_id, row in zip(prompt_ids, keep, strict=True)
         for body in row.completions
     ]
@@ -251,7 +251,7 @@ def _import_pairs(
 
     prompt_id = {h: pid for h, (pid, _) in existing.items()}
     new_prompts = _create_prompts(db, project, keep, prompt_id, split_from)
-    new_completions = _create_completions(db, keep, prompt_id, completion_id)
+    new_completions = _create_completions(db, project, keep, prompt_id, completion_id)
     labelled = []
     for row in keep:
         pid = prompt_id[row.text_hash]
@@ -370,8 +370,18 @@ def _create_prompts(
     return len(values)
 
 
+def _completion_values(project: Project, prompt_id: int, body: str) -> dict[str, Any]:
+    """An imported completion's row: split into steps when the project labels steps."""
+    values: dict[str, Any] = {"prompt_id": prompt_id, "text": body, "source": SOURCE}
+    split = steps.steps_for(project, body)
+    if split is not None:
+        values["steps"] = split
+    return values
+
+
 def _create_completions(
-    db: Session, keep: list[PairRow], prompt_id: dict[str, int], completion_id: dict[tuple[int, str], int]
+    db: Session, project: Project, keep: list[PairRow], prompt_id: dict[str, int],
+    completion_id: dict[tuple[int, str], int]
 ) -> int:
     """The responses not yet under their prompt (identical text is reused), added to `completion_id`; how many."""
     new_completions: dict[tuple[int, str], list[dict[str, str]] | None] = {}
@@ -383,8 +393,8 @@ def _create_completions(
     values = []
     for (pid, body), turns in new_completions.items():
         # Every row names every column: a bulk COPY writes NULL for a key some rows leave out.
-        values.append({"prompt_id": pid, "text": body, "source": SOURCE,
-                       "meta": {"messages": turns} if turns is not None else {}})
+        meta = {"messages": turns} if turns is not None else {}
+        values.append(_completion_values(project, pid, body) | {"meta": meta})
     completion_id.update(zip(new_completions, bulk.insert_rows(db, Completion, values, ids=True), strict=True))
     return len(new_completions)
 

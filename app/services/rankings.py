@@ -14,7 +14,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 
 from app.errors import Conflict, Invalid
 from app.models import Assignment, AssignmentDraft, Pair, Project, Prompt, Ranking, User, utcnow
-from app.services import bulk, queue, rubrics
+from app.services import bulk, queue, rubrics, steps
 from app.services.pairs import expand_tiers
 
 MAX_SECONDS = 24 * 3600.0
@@ -31,6 +31,8 @@ class RankingInput:
     skipped: bool = False
     skip_reason: str | None = None
     seconds_spent: float | None = None
+    step_labels: dict[str, list[int]] = field(default_factory=dict)
+    """Completion id → a label per step (+1, 0, −1), for a project that labels steps."""
 
 
 # Built once with bind parameters: this is the annotation hot path (see app.services.queue).
@@ -164,6 +166,7 @@ def submit(db: Session, project: Project, annotator: User, body: RankingInput) -
         tiers = validate_tiers(body.tiers, set(completion_ids), allow_ties=project.allow_ties,
                                allow_partial=project.allow_partial)
     flags = validate_flags(body.flags, set(completion_ids), set(project.flags or []))
+    step_labels = _step_labels(db, project, body, completion_ids)
     seconds = _seconds(body.seconds_spent, assignment)
 
     values = dict(
@@ -179,6 +182,7 @@ def submit(db: Session, project: Project, annotator: User, body: RankingInput) -
         if earlier is not None:
             return earlier, False
         raise Conflict("you have already ranked this prompt in this round", field="prompt_id")
+    steps.write(db, ranking_id, step_labels)
     state, completed_at = "skipped" if body.skipped else "submitted", utcnow()
     db.execute(_COMPLETE_TASK, {"assignment_id": assignment.id, "state": state, "completed_at": completed_at})
     db.execute(_CLEAR_DRAFT, {"assignment_id": assignment.id})
@@ -186,6 +190,18 @@ def submit(db: Session, project: Project, annotator: User, body: RankingInput) -
     set_committed_value(assignment, "state", state)
     set_committed_value(assignment, "completed_at", completed_at)
     return Ranking(id=ranking_id, **values), True
+
+
+def _step_labels(db: Session, project: Project, body: RankingInput, completion_ids: list[int]
+                 ) -> dict[int, list[int]]:
+    """The submission's step labels checked against the steps the task shows (none asked: no query)."""
+    if not body.step_labels:
+        return {}
+    opts = steps.options(project)
+    if body.skipped and opts.enabled:
+        raise Invalid("a skipped task takes no step labels", field="step_labels")
+    shown = steps.task_steps(db, project, completion_ids) if opts.enabled else {}
+    return steps.validate(body.step_labels, shown, enabled=opts.enabled)
 
 
 def _resolve_task(db: Session, project: Project, annotator: User, body: RankingInput) -> tuple[Assignment, int]:

@@ -122,8 +122,11 @@
         var cid = c.name.slice(5);
         (flags[cid] = flags[cid] || []).push(c.value);
       });
-      return { tiers: tiers, flags: flags, seconds_spent: Math.min(Math.round(secondsSpent() * 10) / 10, 86400),
-               edited_at: Date.now(), synced: false };
+      // Step labels (process supervision) live in annotate_steps.js; the draft carries them.
+      var steps = window.preflabSteps ? window.preflabSteps.collect(form) : {};
+      return { tiers: tiers, flags: flags, step_labels: steps,
+               seconds_spent: Math.min(Math.round(secondsSpent() * 10) / 10, 86400), edited_at: Date.now(),
+               synced: false };
     }
 
     function saveDraft() {
@@ -147,8 +150,8 @@
       fetch(draftUrl, {
         method: "PUT", credentials: "same-origin", keepalive: leaving === true, signal: putting.signal,
         headers: { "Content-Type": "application/json", "X-CSRF-Token": csrfInput ? csrfInput.value : "" },
-        body: JSON.stringify({ tiers: sent.tiers, flags: sent.flags, seconds_spent: sent.seconds_spent,
-                               edited_at: new Date(sent.edited_at).toISOString() })
+        body: JSON.stringify({ tiers: sent.tiers, flags: sent.flags, step_labels: sent.step_labels || {},
+                               seconds_spent: sent.seconds_spent, edited_at: new Date(sent.edited_at).toISOString() })
       }).then(function (r) {
         return r.ok ? r.json().then(function (saved) { putDone(sent, saved); }) : putFailed(sent, r.status);
       }).catch(function () { putFailed(sent, 0); }).then(function () {
@@ -187,6 +190,7 @@
           if (box) box.checked = true;
         });
       });
+      if (window.preflabSteps) window.preflabSteps.apply(form, draft.step_labels || {});
       // The clock goes on from where the draft left it, on whichever device.
       if (typeof draft.seconds_spent === "number") visibleMs = Math.max(visibleMs, draft.seconds_spent * 1000);
     }
@@ -323,7 +327,9 @@
 
     form.addEventListener("change", function (ev) {
       if (ev.target.tagName === "SELECT" && ev.target.name.indexOf("rank_") === 0) fromSelects();
-      else if (ev.target.name && ev.target.name.indexOf("flag_") === 0) saveDraft();
+      else if (ev.target.name && (ev.target.name.indexOf("flag_") === 0 || ev.target.name.indexOf("step_") === 0)) {
+        saveDraft();
+      }
     });
     form.addEventListener("click", function (ev) {
       var b = ev.target.closest("button[type=submit]");

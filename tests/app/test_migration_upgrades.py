@@ -52,6 +52,7 @@ def seed(url: str) -> None:
         ProjectRollup,
         Prompt,
         Ranking,
+        StepLabel,
         TrainingRun,
         UserSession,
     )
@@ -92,7 +93,8 @@ def seed(url: str) -> None:
             db.flush()
             texts = [str(7 * i), f"{7 * i} (I think)", "no idea"]
             completions = [Completion(prompt_id=prompt.id, text=t, source="sampled", generator_name="qwen",
-                                      generator_params={"temperature": 0.8}, seed=j) for j, t in enumerate(texts)]
+                                      generator_params={"temperature": 0.8}, seed=j,
+                                      steps=t.split(" ") if i == 0 else None) for j, t in enumerate(texts)]
             db.add_all(completions)
             db.flush()
             ids = [c.id for c in completions]
@@ -101,10 +103,14 @@ def seed(url: str) -> None:
             for person in people:
                 db.add(Assignment(project_id=project.id, prompt_id=prompt.id, annotator_id=person.id,
                                   state="submitted", leased_until=now, completed_at=now))
-                _rank(db, Ranking(project_id=project.id, prompt_id=prompt.id, source="human", annotator_id=person.id,
-                                  rubric_id=project.current_rubric_id, tiers=[[ids[0]], [ids[1], ids[2]]],
-                                  display_order=ids[::-1], flags={str(ids[2]): ["off-topic"]}, seconds_spent=14.0,
-                                  client_submission_id=f"sub-{i}-{person.id}"), Pair, expand_tiers)
+                human = Ranking(project_id=project.id, prompt_id=prompt.id, source="human", annotator_id=person.id,
+                                rubric_id=project.current_rubric_id, tiers=[[ids[0]], [ids[1], ids[2]]],
+                                display_order=ids[::-1], flags={str(ids[2]): ["off-topic"]}, seconds_spent=14.0,
+                                client_submission_id=f"sub-{i}-{person.id}")
+                _rank(db, human, Pair, expand_tiers)
+                if i == 0:  # step labels (0010): the first answer right, the second wrong at its first step
+                    db.add_all([StepLabel(ranking_id=human.id, completion_id=ids[0], step_index=0, label=1),
+                                StepLabel(ranking_id=human.id, completion_id=ids[1], step_index=0, label=-1)])
             _rank(db, Ranking(project_id=project.id, prompt_id=prompt.id, source="ai", judge_run_id=judge.id,
                               constitution_id=constitution.id, tiers=[[ids[0]], [ids[1]], [ids[2]]],
                               meta={"method": "pairwise", "confidence": 0.8}), Pair, expand_tiers,
@@ -115,7 +121,7 @@ def seed(url: str) -> None:
         db.add(leased)
         db.flush()
         db.add(AssignmentDraft(assignment_id=leased.id, tiers=[[ids[2]], [ids[0]]], flags={str(ids[1]): ["unsafe"]},
-                               seconds_spent=5.5, edited_at=now, saved_at=now))
+                               seconds_spent=5.5, edited_at=now, saved_at=now, step_labels={str(ids[0]): [1, None]}))
         job = Job(kind="export", project_id=project.id, payload={"export_id": 1}, state="succeeded", progress=1.0,
                   attempts=1, log_path="/srv/preflab/jobs/1.log", result={"rows": 30}, created_by_id=lead.id,
                   started_at=now, finished_at=now)

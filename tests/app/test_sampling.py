@@ -277,3 +277,21 @@ def test_an_unreachable_server_fails_the_job_with_a_clear_reason(db, make_user, 
     assert status["state"] == "failed" and status["attempts"] == 3
     assert "unreachable" in status["error"].lower() or "connect" in status["error"].lower()
     assert set(_counts(db, project.id).values()) == {0}
+
+
+def test_sampled_completions_are_split_into_steps_when_the_project_labels_steps(
+        db, make_user, make_project, token_for, api, tiny_model_dir, database_url, clean_engine, tmp_path) -> None:
+    from app.services import steps
+
+    lead, project = _project_with_prompts(db, make_user, make_project, n=2, k=2)
+    steps.set_options(db, project, lead, enabled=True, separator=None)
+    client = api(token_for(db, lead))
+    project_id = project.id
+    db.commit()
+    client.post(f"/api/projects/{project_id}/sampling-jobs",
+                json={"generator": {"backend": "hf", "model": str(tiny_model_dir), "max_new_tokens": 12}, "seed": 3})
+    _worker(database_url, tmp_path, clean_engine).run(exit_when_idle=True)
+    rows = db.execute(select(Completion.text, Completion.steps).join(Prompt)
+                      .where(Prompt.project_id == project_id)).all()
+    db.rollback()
+    assert len(rows) == 4 and all(stored == steps.split(text) for text, stored in rows)

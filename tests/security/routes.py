@@ -173,6 +173,7 @@ POLICY: dict[tuple[str, str], Policy] = {
         frozenset({"annotator"}), lambda w: {"json": {"tiers": [[w.a.completion_ids[0]]]}}),
     # agreement and gold
     ("GET", "/api/projects/{project_id}/agreement"): Policy(LEAD_ENG),
+    ("GET", "/api/projects/{project_id}/agreement/steps"): Policy(LEAD_ENG),
     ("PUT", "/api/projects/{project_id}/prompts/{prompt_id}/gold"): Policy(MANAGE, lambda w: {"json": {"tiers": _tiers(w)}}),
     ("DELETE", "/api/projects/{project_id}/prompts/{prompt_id}/gold"): Policy(MANAGE),
     ("GET", "/projects/{project_id}/agreement"): Policy(LEAD_ENG),
@@ -202,6 +203,9 @@ POLICY: dict[tuple[str, str], Policy] = {
     ("POST", "/api/projects/{project_id}/judge-runs"): Policy(LEAD_ENG, lambda w: {"json": {"generator": _gen()}}),
     ("GET", "/api/projects/{project_id}/judge-agreement"): Policy(MEMBERS),
     ("PUT", "/api/projects/{project_id}/ai-labels"): Policy(MANAGE, lambda w: {"json": {"enabled": True}}),
+    # step labels (process supervision)
+    ("PUT", "/api/projects/{project_id}/step-options"): Policy(MANAGE, lambda w: {"json": {"enabled": True}}),
+    ("POST", "/projects/{project_id}/step-options"): Policy(MANAGE, lambda w: {"data": {"enabled": "yes"}}),
     ("GET", "/projects/{project_id}/judge"): Policy(MEMBERS),
     ("POST", "/projects/{project_id}/judge/runs"): Policy(LEAD_ENG, lambda w: {"data": {"model": "/nonexistent"}}),
     ("POST", "/projects/{project_id}/judge/ai-labels"): Policy(MANAGE, lambda w: {"data": {"enabled": "yes"}}),
