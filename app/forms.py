@@ -390,15 +390,17 @@ class SamplingForm(GeneratorForm, ApiForm):
 
 class JudgeForm(GeneratorForm, ApiForm):
     LABELS: ClassVar[Mapping[str, str]] = {"mode": "Mode", "principles": "Principles", "seed": "Seed",
-                                           "constitution_version": "Constitution"}
+                                           "constitution_version": "Constitution",
+                                           "route_low_confidence": "Send unsure prompts to humans first"}
 
     mode: str = "logprob"
     principles: str = "sample"
     seed: int = Field(0, ge=0)
+    route_low_confidence: bool = False
 
     def to_api(self) -> JudgeRunIn:
         return JudgeRunIn.from_form(generator=self.generator(), mode=self.mode, principles=self.principles,  # type: ignore[arg-type]
-                          seed=self.seed)
+                                    seed=self.seed, route_low_confidence=self.route_low_confidence)
 
 
 class RevisionsForm(ApiForm):

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from app.db import session_scope
 from app.jobs.context import JobContext, JobError, JobStopped, job_row, runtime_generator
 from app.models import Completion, Constitution, JudgeRun, Project, Prompt, Ranking
-from app.services import rankings
+from app.services import rankings, selection
 from app.services.pairs import expand_tiers
 from app.services.queue import task_completion_ids
 from training.generation import GenerationError
@@ -55,7 +55,7 @@ def run(ctx: JobContext) -> dict[str, Any]:
     total, done = len(todo) + done_before, done_before
     ctx.progress(done, total, f"judging {len(todo)} prompts")
     ctx.log(f"judge {judge.describe()} · constitution v{constitution.version} · templates {TEMPLATE_VERSION}")
-    written = low = 0
+    written = low = routed = 0
     try:
         for start in range(0, len(todo), PROMPTS_PER_CALL):
             ctx.check()
@@ -72,6 +72,7 @@ def run(ctx: JobContext) -> dict[str, Any]:
             for key, verdict in zip(keys, verdicts, strict=True):
                 by_prompt.setdefault(key[0], {})[(key[1], key[2])] = verdict
             with session_scope(ctx.session_factory) as db:
+                routed_now: dict[int, str] = {}
                 for prompt_id, _, completions in chunk:
                     pair_verdicts = by_prompt.get(prompt_id, {})
                     ids = [cid for cid, _ in completions]
@@ -79,12 +80,17 @@ def run(ctx: JobContext) -> dict[str, Any]:
                     for (i, j), v in pair_verdicts.items():
                         p[(i, j)], p[(j, i)] = v.p, 1.0 - v.p
                     tiers, scores, confidence = rank_from_pairwise(ids, p, config.ranking)
-                    low += _write_ranking(db, ctx, judge_run_id=run_id, project_id=project_id,
-                                          constitution_id=constitution.id, prompt_id=prompt_id, ids=ids,
-                                          tiers=tiers, scores=scores, confidence=confidence, p=p,
-                                          verdicts=pair_verdicts, config=config,
-                                          route=bool(params.get("route_low_confidence")))
+                    reason = _write_ranking(db, ctx, judge_run_id=run_id, project_id=project_id,
+                                            constitution_id=constitution.id, prompt_id=prompt_id, ids=ids,
+                                            tiers=tiers, scores=scores, confidence=confidence, p=p,
+                                            verdicts=pair_verdicts, config=config)
+                    low += reason == "low_confidence"
+                    if reason is not None and params.get("route_low_confidence"):
+                        routed_now[prompt_id] = reason
                     written += 1
+                project_row = db.get(Project, project_id)
+                assert project_row is not None
+                routed += selection.route_to_humans(db, project_row, routed_now, judge_run_id=run_id)
             done += len(chunk)
             ctx.progress(done, total, f"{done}/{total} prompts judged")
     except JudgeCancelled:
@@ -99,8 +105,11 @@ def run(ctx: JobContext) -> dict[str, Any]:
     finally:
         judge.generator.close()
     _set_state(ctx, run_id, "succeeded")
+    message = f"judged {written} prompts ({low} with low confidence)"
+    if params.get("route_low_confidence"):
+        message += f"; {routed} sent to humans first (low confidence, or a verdict that flipped under A/B swap)"
     return {"judge_run_id": run_id, "prompts": total, "rankings_written": written,
-            "low_confidence_rankings": low, "message": f"judged {written} prompts ({low} with low confidence)"}
+            "low_confidence_rankings": low, "routed_to_humans": routed, "message": message}
 
 
 def _set_state(ctx: JobContext, run_id: int, state: str) -> None:
@@ -135,9 +144,10 @@ def _prompts_to_judge(ctx: JobContext, project_id: int, run_id: int, prompt_ids:
 def _write_ranking(db: Session, ctx: JobContext, *, judge_run_id: int, project_id: int, constitution_id: int,
                    prompt_id: int, ids: list[int], tiers: list[list[int]], scores: dict[int, float],
                    confidence: float, p: dict[tuple[int, int], float], verdicts: dict[tuple[int, int], Any],
-                   config: JudgeConfig, route: bool) -> int:
-    """Store the judge's ranking of one prompt, each pair with its soft label and the verdict it came from; 1 when
-    the ranking's confidence is low (and, with `route`, the prompt is flagged for a human), else 0."""
+                   config: JudgeConfig) -> str | None:
+    """Store the judge's ranking of one prompt, each pair with its soft label and the verdict it came from. Returns
+    why a human should see the prompt: "low_confidence" (the ranking's confidence is low), "position_flip" (a
+    verdict changed when the two answers were swapped), or None."""
     ranking = rankings.NewRanking(
         {"project_id": project_id, "prompt_id": prompt_id, "round": _round(db, project_id), "source": "ai",
          "judge_run_id": judge_run_id, "constitution_id": constitution_id, "tiers": tiers, "display_order": ids,
@@ -146,11 +156,11 @@ def _write_ranking(db: Session, ctx: JobContext, *, judge_run_id: int, project_i
         {pair: _soft_label(pair, p[pair], verdicts, config) for pair in _ordered_pairs(tiers)},
     )
     rankings.write_ranking(db, ranking)
-    is_low = confidence < config.low_confidence
-    if is_low and route:
-        prompt = db.get(Prompt, prompt_id)
-        prompt.meta = dict(prompt.meta or {}) | {"needs_human": True, "judge_confidence": round(confidence, 4)}
-    return int(is_low)
+    if confidence < config.low_confidence:
+        return "low_confidence"
+    if any(getattr(v, "position_flip", False) for v in verdicts.values()):
+        return "position_flip"
+    return None
 
 
 def _ordered_pairs(tiers: list[list[int]]) -> list[tuple[int, int]]:

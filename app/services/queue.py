@@ -49,12 +49,17 @@ def _params(project: Project, annotator: User, now: datetime, floor: int = 0) ->
             "k": project.completions_per_prompt, "overlap": project.overlap, "floor": floor}
 
 
+ROUTED = "routed"
+"""The scan of prompts a judge run routed to humans (`selection.route_to_humans`): negative queue ranks."""
+
+
 @functools.cache
 def _candidates_stmt(gold: bool | None, columns: str = "id", floor: bool = False,
-                     lock: str | None = None, by_rank: bool = False) -> Select[Any]:
+                     lock: str | None = None, by_rank: bool | str = False) -> Select[Any]:
     """Prompts the annotator may get next, by id (or, `by_rank`, only prompts with a priority, by `queue_rank`: the
-    floor then applies to the rank). `columns`: "id", or "lease" (id and the caller's own earlier assignment on it);
-    `lock`: None, "skip" (FOR UPDATE SKIP LOCKED) or "wait" (FOR UPDATE)."""
+    floor then applies to the rank; `ROUTED`: only the prompts a judge run sent to humans, whose ranks are < 0).
+    `columns`: "id", or "lease" (id and the caller's own earlier assignment on it); `lock`: None, "skip"
+    (FOR UPDATE SKIP LOCKED) or "wait" (FOR UPDATE)."""
     mine_done = exists().where(Assignment.prompt_id == Prompt.id, Assignment.annotator_id == _ANNOTATOR,
                                Assignment.round == _ROUND, Assignment.state.in_(("submitted", "skipped")))
     ranked = exists().where(Ranking.prompt_id == Prompt.id, Ranking.annotator_id == _ANNOTATOR,
@@ -75,7 +80,9 @@ def _candidates_stmt(gold: bool | None, columns: str = "id", floor: bool = False
             query = query.where(Prompt.gold_tiers.is_(None))
         query = query.where(or_(Prompt.gold_tiers.is_not(None), _active_load(Prompt.id, _ROUND, _NOW) < _OVERLAP))
     key = Prompt.queue_rank if by_rank else Prompt.id
-    if by_rank:
+    if by_rank == ROUTED:
+        query = query.where(Prompt.queue_rank < 0)
+    elif by_rank:
         query = query.where(Prompt.queue_rank.is_not(None))
     if floor:
         query = query.where(key >= _FLOOR)
@@ -172,28 +179,35 @@ def next_task(db: Session, project: Project, annotator: User, *, now: datetime |
     order = [True, False] if prefer_gold else [False, True]
     postgres = db.get_bind().dialect.name == "postgresql"
     by_priority = (project.settings or {}).get("selection", "random") != "random"
+    routed = bool(((project.settings or {}).get("routed") or {}).get("prompts"))
     # First pass skips prompts other requests hold locked (no waiting); if that finds nothing, a second pass waits
     # for those locks: with overlap > 1 a locked prompt may still have room once its holder commits.
     for lock in ("skip", "wait") if postgres else (None,):
         for gold in order:
-            for by_rank, floor in _scans(db, project, now, gold, by_priority):
+            for by_rank, floor in _scans(db, project, now, gold, by_priority, routed):
                 prompt_id, existing_id = _first_open(db, project, annotator, now, gold, lock, by_rank, floor)
                 if prompt_id is not None:
                     return _lease(db, project, annotator, prompt_id, now + lease, existing_id)
     return None
 
 
-def _scans(db: Session, project: Project, now: datetime, gold: bool, by_priority: bool) -> list[tuple[bool, int]]:
+def _scans(db: Session, project: Project, now: datetime, gold: bool, by_priority: bool,
+           routed: bool = False) -> list[tuple[bool | str, int]]:
     """The (by_rank, floor) scans to try in order: gold prompts by id; the rest from the floor, then from the start;
-    under a priority selection the prioritised prompts by rank first, then any prompt (new, unscored ones) by id."""
+    under a priority selection the prioritised prompts by rank first (those a judge run routed to humans rank
+    below 0, so they come first), then any prompt (new, unscored ones) by id; under `random`, routed ones first."""
     if gold:
         return [(False, 0)]
-    scans = [(True, _scan_floor(db, project, now, by_rank=True)), (True, 0)] if by_priority else []
+    scans: list[tuple[bool | str, int]] = []
+    if by_priority:
+        scans = [(True, _scan_floor(db, project, now, by_rank=True)), (True, 0)]
+    elif routed:
+        scans = [(ROUTED, 0)]  # a handful of prompts: no floor cache
     return list(dict.fromkeys([*scans, (False, _scan_floor(db, project, now)), (False, 0)]))
 
 
 def _first_open(db: Session, project: Project, annotator: User, now: datetime, gold: bool, lock: str | None,
-                by_rank: bool, floor: int) -> tuple[int | None, int | None]:
+                by_rank: bool | str, floor: int) -> tuple[int | None, int | None]:
     """(prompt id, the caller's earlier assignment on it) of the first prompt of this scan with room, locked."""
     skip: list[int] = []
     while True:

@@ -6,7 +6,9 @@ completions the model's preference probability and its spread across the heads o
 (`RewardModel.compare`), the prompt's priority the largest spread (a single-head model has no spread: then
 1 − |2p − 1|, nearest 0.5 first). `disagreement` serves first the prompts whose human rankings disagree most (the
 share of their pair votes that went against the majority of that pair). A priorities job writes each prompt's
-`priority` and its `queue_rank`; prompts added later have none and are served after the scored ones.
+`priority` and its `queue_rank`; prompts added later have none and are served after the scored ones. A judge run
+with `route_low_confidence` sends the prompts it was unsure of (a low-confidence ranking, or a verdict that flipped
+when the two answers were swapped) to humans first, under any selection (`route_to_humans`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from datetime import datetime
 from itertools import combinations
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from app import permissions
@@ -47,13 +49,39 @@ class SelectionState:
     training_run_id: int | None
     prompts: int
     measure: str | None
+    routed: dict[str, Any]
+    """What judge runs sent to humans first: prompts, low_confidence, position_flip, judge_run_id, at (or {})."""
 
 
 def state(project: Project) -> SelectionState:
     stored = (project.settings or {}).get("priorities") or {}
     return SelectionState(selection=selection_of(project), computed_at=stored.get("computed_at"),
                           computed_for=stored.get("selection"), training_run_id=stored.get("training_run_id"),
-                          prompts=int(stored.get("prompts", 0)), measure=stored.get("measure"))
+                          prompts=int(stored.get("prompts", 0)), measure=stored.get("measure"),
+                          routed=dict((project.settings or {}).get("routed") or {}))
+
+
+ROUTE_REASONS = ("low_confidence", "position_flip")
+
+
+def route_to_humans(db: Session, project: Project, reasons: dict[int, str], *, judge_run_id: int,
+                    now: datetime | None = None) -> int:
+    """Serve these prompts (id → one of ROUTE_REASONS) to humans before every other: queue ranks below all
+    computed ones (which start at 0), newest routing first, under any selection. Counts add up per project."""
+    if not reasons:
+        return 0
+    ids = sorted(reasons)
+    lowest = db.scalar(select(func.min(Prompt.queue_rank)).where(Prompt.project_id == project.id,
+                                                                  Prompt.queue_rank < 0)) or 0
+    start = lowest - len(ids)
+    db.execute(update(Prompt), [{"id": pid, "queue_rank": start + i} for i, pid in enumerate(ids)])
+    before = dict((project.settings or {}).get("routed") or {})
+    counts = {why: int(before.get(why, 0)) + sum(1 for r in reasons.values() if r == why) for why in ROUTE_REASONS}
+    project.settings = dict(project.settings or {}) | {"routed": {
+        "prompts": int(before.get("prompts", 0)) + len(ids), **counts, "judge_run_id": judge_run_id,
+        "at": (now or utcnow()).isoformat(timespec="seconds")}}
+    db.flush()
+    return len(ids)
 
 
 def set_selection(db: Session, project: Project, actor: User, selection: str) -> None:
@@ -156,9 +184,12 @@ def store_priorities(db: Session, project: Project, scores: dict[int, float], *,
     """Write every prompt's priority and queue rank (highest first, ties by id); prompts without a score lose
     theirs. Returns the number of prompts ranked."""
     project_prompts = Prompt.project_id == project.id
-    db.execute(update(Prompt).where(project_prompts).values(priority=None, queue_rank=None)
-               .execution_options(synchronize_session=False))
-    ordered = sorted(scores.items(), key=lambda item: (-item[1], item[0]))
+    # Prompts a judge run routed to humans (rank < 0) keep their place ahead of every computed rank.
+    routed = set(db.scalars(select(Prompt.id).where(project_prompts, Prompt.queue_rank < 0)))
+    db.execute(update(Prompt).where(project_prompts, or_(Prompt.queue_rank.is_(None), Prompt.queue_rank >= 0))
+               .values(priority=None, queue_rank=None).execution_options(synchronize_session=False))
+    ordered = sorted(((pid, score) for pid, score in scores.items() if pid not in routed),
+                     key=lambda item: (-item[1], item[0]))
     if ordered:
         rows = [{"id": prompt_id, "priority": score, "queue_rank": rank}
                 for rank, (prompt_id, score) in enumerate(ordered)]

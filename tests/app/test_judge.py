@@ -236,3 +236,23 @@ def test_exports_leave_ai_labels_out_until_the_lead_allows_them_and_carry_accept
     client.post(f"/api/projects/{pid}/revisions/{revision['id']}/decision", json={"accept": True})
     sft = [r for r in export("sft") if r["origin"] == "cai_revision"]
     assert [(r["completion_id"], r["completion"]) for r in sft] == [(revision["id"], revision["revision"])]
+
+
+def test_a_judge_run_sends_the_prompts_it_is_unsure_of_to_humans_first(db, make_user, make_project, token_for, api,
+                                                                        judge_model_dir, database_url, clean_engine,
+                                                                        tmp_path) -> None:
+    lead, annotator, project = _seed(db, make_user, make_project, n=3)
+    client, ann_client = api(token_for(db, lead)), api(token_for(db, annotator))
+    last = max(p.id for p in db.scalars(select(Prompt).where(Prompt.project_id == project.id)))
+    db.commit()
+    pid = project.id
+    # A confidence bar of 0.99 makes the tiny judge unsure of everything it ranks: here only the last prompt.
+    r = client.post(f"/api/projects/{pid}/judge-runs", json={
+        "generator": {"backend": "hf", "model": str(judge_model_dir)}, "prompt_ids": [last],
+        "low_confidence": 0.99, "route_low_confidence": True})
+    assert r.status_code == 202, r.text
+    _worker(database_url, tmp_path, clean_engine).run(exit_when_idle=True)
+    job = client.get(f"/api/jobs/{r.json()['job_id']}").json()
+    assert job["state"] == "succeeded" and job["result"]["routed_to_humans"] == 1, job
+    # random order would serve the first prompt; the one the judge doubted comes first
+    assert ann_client.get(f"/api/projects/{pid}/tasks/next").json()["prompt"]["id"] == last

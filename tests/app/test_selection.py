@@ -112,6 +112,33 @@ def test_the_queue_serves_by_priority_and_keeps_overlap_and_one_ranking_per_anno
     assert queue.next_task(db, project, c).prompt_id == prompts[1].id
 
 
+def test_prompts_a_judge_was_unsure_of_go_to_humans_first_under_any_selection(db, make_user, make_project,
+                                                                               browser) -> None:
+    lead, people, project, prompts = _seed(db, make_user, make_project, n=6, overlap=1, annotators=2)
+    a, b = people
+    reasons = {prompts[4].id: "low_confidence", prompts[2].id: "position_flip"}
+    assert selection.route_to_humans(db, project, reasons, judge_run_id=7) == 2
+    db.commit()
+    # random order: the routed prompts first (by id among them), then the rest by id
+    assert [queue.next_task(db, project, a).prompt_id, queue.next_task(db, project, b).prompt_id] == [
+        prompts[2].id, prompts[4].id]
+    db.rollback()
+    routed = selection.state(project).routed
+    assert (routed["prompts"], routed["low_confidence"], routed["position_flip"], routed["judge_run_id"]) == (2, 1, 1, 7)
+    # a priorities job keeps them ahead of every computed rank
+    selection.set_selection(db, project, lead, "disagreement")
+    selection.store_priorities(db, project, {p.id: 1.0 - i / 10 for i, p in enumerate(prompts)}, selection="disagreement")
+    db.expire_all()
+    assert [p.queue_rank for p in prompts] == [0, 1, -2, 2, -1, 3]
+    email, project_id = lead.email, project.id  # read before the commit: a read after it would open a transaction
+    db.commit()
+    page = browser()
+    page.login(email)
+    text = page.get(f"/projects/{project_id}").text
+    assert "2 prompts the AI judge was unsure of are served to humans first" in text
+    assert "1 with a low-confidence ranking, 1 with a verdict that flipped" in text
+
+
 # --- the priorities job ------------------------------------------------------------------------
 
 

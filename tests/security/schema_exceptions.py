@@ -35,6 +35,8 @@ EXCEPTIONS: list[tuple[str, str, str]] = [
     ("PUT /api/v1/projects/{project_id}/ai-labels", "AI labels cannot be allowed yet",
      "allowing AI labels needs measured judge-human agreement (the evidence gate)"),
     ("*", "no prompts", "the project must hold prompts for a job to work on"),
+    ("POST /api/v1/projects/{project_id}/priority-jobs", "serves prompts in random order",
+     "priorities need the project's selection set to uncertainty or disagreement first"),
     ("POST /api/v1/projects/{project_id}/revision-jobs", "no principle has both a critique and a revision",
      "revisions need a constitution principle with a critique and a revision request"),
     ("PUT /api/v1/assignments/{assignment_id}/draft", "completion", "a draft holds the task's own completions"),
