@@ -281,8 +281,8 @@ class TaskOut(BaseModel):
     step_labels: bool = Field(False, description="Label each completion's steps: +1 correct, 0 neutral, -1 wrong.")
 
 
-StepValue = Annotated[int, Field(strict=True, ge=-1, le=1)]
-"""+1 correct, 0 neutral, -1 wrong (strict: JSON true is not a label)."""
+StepValue = Annotated[Int, Field(ge=-1, le=1)]
+"""+1 correct, 0 neutral, -1 wrong (a JSON number: true is not a label)."""
 StepLabelList = Annotated[list[StepValue], Field(max_length=100)]
 DraftStepLabelList = Annotated[list[StepValue | None], Field(max_length=100)]
 
@@ -301,10 +301,11 @@ class RankingIn(Strict):
     skipped: bool = False
     skip_reason: str | None = Field(default=None, max_length=200)
     seconds_spent: float | None = Field(default=None, ge=0)
-    step_labels: dict[str, StepLabelList] = Field(
+    step_labels: dict[CompletionKey, StepLabelList] = Field(
         default_factory=dict, max_length=16,
         description="Completion id → a label per step (1 correct, 0 neutral, -1 wrong), for projects that label "
-                    "steps. A list covers every step, or stops at the first -1; a completion left out is unlabelled.")
+                    "steps. A list covers every step, or stops at the first -1; a completion left out is unlabelled.",
+        json_schema_extra=_ONLY_COMPLETION_KEYS)
 
 
 class RankingOut(BaseModel):
@@ -328,9 +329,10 @@ class DraftIn(Strict):
         json_schema_extra=_ONLY_COMPLETION_KEYS)
     seconds_spent: float | None = Field(default=None, ge=0, le=24 * 3600,
                                         description="Time on the task so far: a resumed page counts on from it.")
-    step_labels: dict[str, DraftStepLabelList] = Field(
+    step_labels: dict[CompletionKey, DraftStepLabelList] = Field(
         default_factory=dict, max_length=16,
-        description="Completion id → the step labels so far (1, 0, -1, or null for a step not labelled yet).")
+        description="Completion id → the step labels so far (1, 0, -1, or null for a step not labelled yet).",
+        json_schema_extra=_ONLY_COMPLETION_KEYS)
     edited_at: Timestamp | None = Field(
         default=None, description="When the ranking was last changed, on the client's clock (default: now; never "
                                   "later than the server's). A draft older than the stored one is refused with 409, "

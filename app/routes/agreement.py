@@ -49,7 +49,7 @@ def get_agreement(project_id: Id, db: SessionDep, user: CurrentUser,
 @router.get("/api/projects/{project_id}/agreement/steps", tags=["agreement"],
             summary="Agreement between annotators on step labels (process supervision)",
             responses={403: {"description": "Annotators may not see the figures"}})
-def get_step_agreement(project_id: int, db: SessionDep, user: CurrentUser,
+def get_step_agreement(project_id: Id, db: SessionDep, user: CurrentUser,
                        rubric_version: RubricVersionQuery = None) -> StepAgreementOut:
     project = _readable_project(db, project_id, user)
     return StepAgreementOut.model_validate(asdict(step_agreement.report(db, project, rubric_version)))

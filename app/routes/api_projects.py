@@ -81,7 +81,7 @@ def get_rubric_version(project_id: Id, version: Id, db: SessionDep, user: Curren
 
 @router.put("/{project_id}/step-options", summary="Turn step labels (process supervision) on or off and set the "
                                                   "step separator (leads)")
-def set_step_options(project_id: int, body: StepOptionsIn, db: SessionDep, user: CurrentUser) -> StepOptionsOut:
+def set_step_options(project_id: Id, body: StepOptionsIn, db: SessionDep, user: CurrentUser) -> StepOptionsOut:
     project = projects.get_visible(db, project_id, user)
     options = steps.set_options(db, project, user, enabled=body.enabled, separator=body.separator)
     return StepOptionsOut(enabled=options.enabled, separator=options.separator)
@@ -148,13 +148,13 @@ async def read_upload(file: UploadFile, max_mb: int) -> bytes:
 
 
 @router.get("/{project_id}/selection", summary="The queue's selection and where its priorities came from")
-def get_selection(project_id: int, db: SessionDep, user: CurrentUser) -> SelectionOut:
+def get_selection(project_id: Id, db: SessionDep, user: CurrentUser) -> SelectionOut:
     project = projects.get_visible(db, project_id, user)
     return SelectionOut(**vars(selection.state(project)))
 
 
 @router.put("/{project_id}/selection", summary="Choose the queue's order (leads)")
-def set_selection(project_id: int, body: SelectionIn, db: SessionDep, user: CurrentUser) -> SelectionOut:
+def set_selection(project_id: Id, body: SelectionIn, db: SessionDep, user: CurrentUser) -> SelectionOut:
     project = projects.get_visible(db, project_id, user)
     selection.set_selection(db, project, user, body.selection)
     return SelectionOut(**vars(selection.state(project)))
@@ -162,6 +162,6 @@ def set_selection(project_id: int, body: SelectionIn, db: SessionDep, user: Curr
 
 @router.post("/{project_id}/priority-jobs", status_code=202,
              summary="Compute the queue's priorities for the active selection now (leads)")
-def compute_priorities(project_id: int, body: PrioritiesIn, db: SessionDep, user: CurrentUser) -> JobAccepted:
+def compute_priorities(project_id: Id, body: PrioritiesIn, db: SessionDep, user: CurrentUser) -> JobAccepted:
     project = projects.get_visible(db, project_id, user)
     return JobAccepted(job_id=selection.request_priorities(db, project, user, training_run_id=body.training_run_id).id)

@@ -111,7 +111,7 @@ def add_member(request: Request, project_id: Id, db: SessionDep, user: PageUser,
 
 
 @router.post("/projects/{project_id}/step-options")
-def set_step_options(request: Request, project_id: int, db: SessionDep, user: PageUser,
+def set_step_options(request: Request, project_id: Id, db: SessionDep, user: PageUser,
                      form: Annotated[StepOptionsForm, Form()]) -> Response:
     project = projects.get_visible(db, project_id, user)
     return forms.submit(request, db, form,
