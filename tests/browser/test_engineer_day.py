@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from app.demo_setup import setup_demo
+from app.demo_setup import demo_policy_dir, setup_demo
 from app.worker import Worker
 from tests.app.test_training_demo import _rank_some
 from tests.browser.test_annotate_page import page  # noqa: F401 - fixture: fails on any console error
@@ -29,7 +29,8 @@ def worker(live_server):  # type: ignore[no-untyped-def]
     thread.join(timeout=120)
 
 
-def test_an_engineer_exports_trains_a_reward_model_and_watches_its_curve(live_server, worker, page) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+def test_an_engineer_exports_trains_a_reward_model_then_a_policy_and_watches_their_curves(live_server, worker,
+                                                                                          page) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
     accounts, pid = setup_demo(live_server.settings)
     passwords = {email: password for _, email, password in accounts}
     _rank_some(live_server.app, passwords, pid, per_annotator=8)
@@ -66,3 +67,28 @@ def test_an_engineer_exports_trains_a_reward_model_and_watches_its_curve(live_se
     assert points.count() == 3 and "step 3" in points.nth(2).locator("title").text_content()  # hover values
     assert page.locator("#run-progress").inner_text().startswith("3/3")
     assert "Calibration (reliability diagram)" in page.locator("#evaluation").inner_text()
+
+    reward_run = page.url.rsplit("/", 1)[1]
+
+    # Then a policy: a prompts export, and GRPO from the demo's tiny policy against that reward model.
+    page.goto(f"{base}/projects/{pid}/exports")
+    page.select_option("select[name=kind]", "prompts")
+    page.get_by_role("button", name="Start export").click()
+    page.wait_for_url(f"**/projects/{pid}/exports")
+    page.wait_for_function("() => [...document.querySelectorAll('#export-table .state')]"
+                           ".every(e => e.textContent === 'ready')", timeout=60_000)
+    page.goto(f"{base}/projects/{pid}/training")
+    page.select_option("select[name=kind]", "grpo")
+    prompts = page.locator("select[name=export_id] option", has_text="prompts").first.get_attribute("value")
+    page.select_option("select[name=export_id]", prompts)
+    page.select_option("select[name=reward_run_id]", reward_run)
+    page.fill("input[name=base_model]", str(demo_policy_dir(live_server.settings)))
+    page.fill("textarea[name=config]", "steps = 2\ngroup_size = 2\nprompts_per_step = 2\nmax_new_tokens = 8\n"
+                                        "eval_max_prompts = 3\neval_k = 2")
+    page.get_by_role("button", name="Start run").click()
+    page.wait_for_url(re.compile(r".*/training-runs/\d+$"))
+    page.wait_for_function("() => document.querySelector('#run-state').textContent === 'succeeded'",
+                           timeout=240_000)
+    reward = page.locator('figure.chart[data-metric="reward_mean"] svg')
+    assert "2 points" in reward.get_attribute("aria-label")
+    assert reward.locator("circle.pt").count() == 2
