@@ -160,6 +160,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         pages_auth,
         pages_projects,
         training,
+        webhooks,
     )
 
     routers = (
@@ -177,6 +178,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         judge,
         exports,
         training,
+        webhooks,
     )
     for module in routers:
         app.include_router(module.router)

@@ -59,6 +59,9 @@ ACTIONS: dict[str, Action] = {
     "export.delete": _project({LEAD}, "delete exports", "delete an export"),
     "training.start": _project({LEAD, ENGINEER}, "start training runs",
                                "start and cancel training runs and iterations"),
+    "webhooks.manage": _project({LEAD}, "manage webhooks", "add and remove webhooks and see their deliveries"),
+    "webhooks.allow_private": _project(set(), "point a webhook at a private or loopback address",
+                                       "let a webhook call a private or loopback host (admins only)"),
     # Account actions (the account's own role).
     "project.create": _account({LEAD}, "only admins and leads create projects", "create a project"),
     "users.manage": _account(set(), "this needs the admin role", "create, change and deactivate accounts"),

@@ -22,6 +22,7 @@ HANDLERS: dict[str, str] = {
     "rm_check": "app.jobs.train:check_against_humans",
     "export": "app.jobs.export:run",
     "project_rollup": "app.jobs.project_rollup:run",
+    "webhook_delivery": "app.jobs.webhook_delivery:run",
 }
 
 Handler = Callable[["JobContext"], dict[str, Any]]
