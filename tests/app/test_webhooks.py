@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -205,3 +206,42 @@ def test_a_lead_removes_a_hook_and_other_projects_cannot_reach_it(db, app, make_
     assert _worker(app).run_one()  # the export
     assert not _worker(app).run_one()  # no hook, no delivery
     assert receiver.got == []
+
+
+def test_the_webhooks_page_adds_shows_the_secret_once_and_removes(db, app, make_user, make_project,
+                                                                 browser) -> None:
+    lead = make_user(db, "lead")
+    project = make_project(db, lead=lead)
+    annotator = make_user(db, "annotator")
+    from app.services import projects
+
+    projects.add_member(db, project, lead, email=annotator.email, role="annotator")
+    db.commit()
+    b = browser()
+    b.login(lead.email)
+    assert f'href="/projects/{project.id}/webhooks"' in b.get(f"/projects/{project.id}").text
+    page = b.get(f"/projects/{project.id}/webhooks")
+    assert page.status_code == 200 and "No webhooks yet." in page.text and "trusted private host" not in page.text
+    url = "https://hooks.example.invalid/preflab"
+    assert b.post(f"/projects/{project.id}/webhooks", {"url": url, "events": ["export.ready"]},
+                  csrf=False).status_code == 403
+    bad = b.post(f"/projects/{project.id}/webhooks", {"url": "http://hooks.example.invalid/x",
+                                                      "events": ["export.ready"]})
+    assert bad.status_code == 422 and "URL" in bad.text and "https" in bad.text
+    assert 'value="http://hooks.example.invalid/x"' in bad.text  # what the lead typed is kept
+    added = b.post(f"/projects/{project.id}/webhooks", {"url": url, "events": ["export.ready", "training_run.failed"]})
+    assert added.status_code == 201, added.text
+    secret = re.search(r"<code>(whsec_[A-Za-z0-9_-]+)</code>", added.text)
+    assert secret, added.text
+    again = b.get(f"/projects/{project.id}/webhooks")
+    assert url in again.text and "export.ready, training_run.failed" in again.text
+    assert secret.group(1) not in again.text  # never shown again
+    hook_id = int(re.search(r'id="webhook-(\d+)"', again.text).group(1))
+    gone = b.post(f"/projects/{project.id}/webhooks/{hook_id}/delete")
+    assert gone.status_code == 303
+    assert "No webhooks yet." in b.get(f"/projects/{project.id}/webhooks").text
+
+    other = browser()
+    other.login(annotator.email)
+    assert other.get(f"/projects/{project.id}/webhooks").status_code == 403
+    assert f'href="/projects/{project.id}/webhooks"' not in other.get(f"/projects/{project.id}").text
