@@ -245,3 +245,36 @@ def test_the_webhooks_page_adds_shows_the_secret_once_and_removes(db, app, make_
     other.login(annotator.email)
     assert other.get(f"/projects/{project.id}/webhooks").status_code == 403
     assert f'href="/projects/{project.id}/webhooks"' not in other.get(f"/projects/{project.id}").text
+
+
+def test_training_and_judge_runs_that_end_are_announced_once(db, app, make_user, make_project, token_for, api,
+                                                             receiver) -> None:
+    from types import SimpleNamespace
+
+    from app.jobs import judge as judge_job
+    from app.jobs import train as train_job
+    from app.models import JudgeRun, TrainingRun
+
+    project, admin, lead = _world(db, make_user, make_project, token_for, api)
+    hook = _hook(admin, project.id, receiver.url, ["training_run.finished", "training_run.failed",
+                                                   "judge_run.finished"])
+    finished = TrainingRun(project_id=project.id, kind="reward", state="running", config={})
+    failed = TrainingRun(project_id=project.id, kind="dpo", state="running", config={})
+    judged = JudgeRun(project_id=project.id, name="judge 1", params={}, state="running")
+    db.add_all([finished, failed, judged])
+    db.commit()
+    # The job handlers' own end-of-run step (what a worker's train and judge jobs call as a run ends).
+    ctx = SimpleNamespace(session_factory=app.state.session_factory)
+    train_job._set_state(ctx, finished.id, "succeeded")
+    train_job._set_state(ctx, failed.id, "failed")
+    train_job._set_state(ctx, failed.id, "failed")  # already failed: not announced twice
+    judge_job._set_state(ctx, judged.id, "succeeded")
+    worker = _worker(app)
+    assert worker.run(exit_when_idle=True) == 3
+    got = {(b := _verify(hook["secret"], r))["event"]: b["data"] for r in receiver.wait_for(3)}
+    assert got == {
+        "training_run.finished": {"training_run_id": finished.id, "kind": "reward", "state": "succeeded",
+                                  "export_id": None, "url": f"/api/training-runs/{finished.id}"},
+        "training_run.failed": {"training_run_id": failed.id, "kind": "dpo", "state": "failed", "export_id": None,
+                                "url": f"/api/training-runs/{failed.id}"},
+        "judge_run.finished": {"judge_run_id": judged.id, "name": "judge 1", "state": "succeeded"}}
