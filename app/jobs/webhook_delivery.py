@@ -19,8 +19,11 @@ def run(ctx: JobContext) -> dict[str, Any]:
         try:
             request = webhooks.prepare(db, keyring, delivery_id)
         except KeyUnreadable:
-            raise JobError("the webhook's secret cannot be decrypted with the configured keys; "
-                           "remove the webhook and add it again") from None
+            problem = ("the webhook's secret cannot be decrypted with the configured keys; "
+                       "remove the webhook and add it again")
+            webhooks.record(db, delivery_id, ctx.attempts, webhooks.Outcome(None, problem, 0.0), final=True)
+            db.commit()
+            raise JobError(problem) from None
     if request is None:
         return {"message": "nothing to send: the webhook was removed or the delivery already ended"}
     outcome = webhooks.send(request, timeout_s=ctx.settings.webhook_timeout_s)

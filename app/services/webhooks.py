@@ -207,14 +207,16 @@ def send(request: Request, *, timeout_s: float) -> Outcome:
     try:
         outbound.check_base_url(request.url, field="url", allow_private=request.allow_private)
         transport = checked_transport(outbound.address_guard(request.allow_private), 1)
-        with httpx.Client(transport=transport, timeout=timeout_s, follow_redirects=False) as client:
-            answer = client.post(request.url, content=request.body, headers=request.headers)
+        with httpx.Client(transport=transport, timeout=timeout_s, follow_redirects=False) as client, \
+                client.stream("POST", request.url, content=request.body, headers=request.headers) as answer:
+            status = answer.status_code
+            head = next(answer.iter_bytes(), b"")[:200]  # the start of the answer only: a huge body is not read
     except Invalid as exc:
         return Outcome(None, f"refused: {exc.message}", time.monotonic() - start)
     except Exception as exc:  # connection refused, timeout, TLS, refused address at connect time
         return Outcome(None, f"{exc.__class__.__name__}: {exc}"[:ERROR_MAX], time.monotonic() - start)
-    error = None if 200 <= answer.status_code < 300 else f"HTTP {answer.status_code}: {answer.text[:200]}"
-    return Outcome(answer.status_code, error, time.monotonic() - start)
+    error = None if 200 <= status < 300 else f"HTTP {status}: {head.decode('utf-8', errors='replace')}"
+    return Outcome(status, error, time.monotonic() - start)
 
 
 def record(db: Session, delivery_id: int, attempt: int, outcome: Outcome, *, final: bool) -> str | None:
