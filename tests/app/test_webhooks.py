@@ -278,3 +278,30 @@ def test_training_and_judge_runs_that_end_are_announced_once(db, app, make_user,
         "training_run.failed": {"training_run_id": failed.id, "kind": "dpo", "state": "failed", "export_id": None,
                                 "url": f"/api/training-runs/{failed.id}"},
         "judge_run.finished": {"judge_run_id": judged.id, "name": "judge 1", "state": "succeeded"}}
+
+
+def test_annotators_a_rollup_newly_flags_are_announced_once(db, app, make_user, make_project, token_for, api,
+                                                            receiver) -> None:
+    from app.db import session_scope
+    from app.models import Project, User
+    from app.services import rollups
+    from tests.app.test_agreement_scale import _campaign
+
+    project, _ = _campaign(db, make_user, make_project, n_prompts=24, seed=11)  # two annotators rank in 1 s
+    admin = api(token_for(db, make_user(db, "admin")))
+    fast = set(db.scalars(select(User.id).where(User.email.in_(["a6@example.org", "a7@example.org"]))))
+    db.commit()
+    hook = _hook(admin, project.id, receiver.url, ["annotator.flagged"])
+
+    def rollup() -> None:
+        with session_scope(app.state.session_factory) as s:
+            rollups.store(s, project.id, rollups.compute(s, s.get(Project, project.id)))
+
+    rollup()
+    announced = _worker(app).run(exit_when_idle=True)
+    bodies = [_verify(hook["secret"], r)["data"] for r in receiver.wait_for(announced)]
+    too_fast = {b["user_id"] for b in bodies if "too_fast" in b["flags"]}
+    assert too_fast == fast, bodies
+    rollup()  # the same people with the same flags: nothing new to tell
+    assert _worker(app).run(exit_when_idle=True) == 0
+    assert len(receiver.got) == announced
