@@ -42,6 +42,7 @@ from app.schemas import (
     TrainingRunIn,
     UserIn,
     UserPatch,
+    WebhookIn,
 )
 from app.web import render
 
@@ -207,6 +208,18 @@ class MemberForm(ApiForm):
 
     def to_api(self) -> MemberIn:
         return MemberIn.from_form(email=self.email, role=self.role)  # type: ignore[arg-type]
+
+
+class WebhookForm(ApiForm):
+    LABELS: ClassVar[Mapping[str, str]] = {"url": "URL", "events": "Events",
+                                           "allow_private": "Trusted private host (admins)"}
+
+    url: str = Field("", max_length=1000)
+    events: list[str] = Field(default_factory=list, max_length=10)
+    allow_private: bool = False
+
+    def to_api(self) -> WebhookIn:
+        return WebhookIn(url=self.url, events=self.events, allow_private=self.allow_private)
 
 
 class RubricForm(ApiForm):

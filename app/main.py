@@ -198,6 +198,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         pages_auth,
         pages_projects,
         training,
+        webhooks,
     )
 
     routers = (
@@ -215,6 +216,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         judge,
         exports,
         training,
+        webhooks,
     )
     for module in routers:
         app.include_router(module.router)

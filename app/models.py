@@ -40,6 +40,7 @@ LABEL_SOURCES = ("human", "ai", "imported")
 ASSIGNMENT_STATES = ("leased", "submitted", "skipped", "expired", "released")
 JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 RUN_KINDS = ("reward", "prm", "sft", "rft", "dpo", "grpo", "ppo")
+DELIVERY_STATES = ("pending", "delivered", "failed")
 RUN_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 STEP_VALUES = (1, 0, -1)
 """A step's label, as in PRM800K: +1 correct, 0 neutral (neither helps nor harms), −1 wrong."""
@@ -484,6 +485,8 @@ class Job(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    run_after: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    """A queued job is not claimed before this moment (a retry's backoff); None: at once."""
 
 
 class Export(Base):
@@ -548,6 +551,49 @@ class ProjectRollup(Base):
     """How long the computation took: the refresh interval grows with it."""
     computed_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     """When the job began reading: the reports show the rankings committed by then."""
+
+
+class Webhook(Base):
+    """An HTTPS URL a project's lead registered to be told of events (app.services.webhooks)."""
+
+    __tablename__ = "webhooks"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), index=True)
+    url: Mapped[str] = mapped_column(String(1000))
+    events: Mapped[list[str]] = mapped_column(JSONType, default=list)
+    secret_stored: Mapped[str] = mapped_column("secret", Text)
+    """The signing secret encrypted (`fernet:<token>`, app/crypto.py); shown once, in the answer that created it."""
+    allow_private: Mapped[bool] = mapped_column(Boolean, default=False)
+    """An admin trusts this host although it resolves to a private or loopback address."""
+    created_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class WebhookDelivery(Base):
+    """One event sent (or being sent) to one webhook: its body, and every attempt's status code or error."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        CheckConstraint(_in("state", DELIVERY_STATES), name="state"),
+        Index("ix_webhook_deliveries_webhook_id_id", "webhook_id", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    webhook_id: Mapped[int] = mapped_column(ForeignKey("webhooks.id", ondelete="CASCADE"))
+    uid: Mapped[str] = mapped_column(String(36), unique=True)
+    """The delivery id the receiver sees (`X-Preflab-Delivery`): the same on every retry, so it can deduplicate."""
+    event: Mapped[str] = mapped_column(String(40))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    state: Mapped[str] = mapped_column(String(12), default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    status_code: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    log: Mapped[list[dict[str, Any]]] = mapped_column(JSONType, default=list)
+    """One entry per attempt: attempt, at, status_code, error, seconds."""
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
 
 
 class AuditEvent(Base):

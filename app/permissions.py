@@ -64,6 +64,9 @@ ACTIONS: dict[str, Action] = {
     "selection.manage": _project({LEAD}, "choose the queue order",
                                  "choose the queue's selection (random, uncertainty, disagreement) and compute "
                                  "priorities"),
+    "webhooks.manage": _project({LEAD}, "manage webhooks", "add and remove webhooks and see their deliveries"),
+    "webhooks.allow_private": _project(set(), "point a webhook at a private or loopback address",
+                                       "let a webhook call a private or loopback host (admins only)"),
     # Account actions (the account's own role).
     "project.create": _account({LEAD}, "only admins and leads create projects", "create a project"),
     "users.manage": _account(set(), "this needs the admin role", "create, change and deactivate accounts"),

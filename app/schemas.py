@@ -11,7 +11,19 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationIn
 from pydantic_core import PydanticCustomError
 
 from app.formats import Aggregation, Conflicts, ExportFormat, ExportKind, ExportLayout, StepNeutral
-from app.models import AssignmentDraft, Completion, Constitution, Export, Job, ModelEndpoint, Project, Rubric, User
+from app.models import (
+    AssignmentDraft,
+    Completion,
+    Constitution,
+    Export,
+    Job,
+    ModelEndpoint,
+    Project,
+    Rubric,
+    User,
+    Webhook,
+    WebhookDelivery,
+)
 
 MAX_ID = 2**31 - 1
 """The largest id the database holds (a Postgres `integer`); `app.deps.Id` bounds path ids the same way."""
@@ -241,6 +253,60 @@ class ModelEndpointAdminOut(ModelEndpointOut):
                    allow_private=endpoint.allow_private,
                    created_by=endpoint.created_by.email if endpoint.created_by else None,
                    created_at=endpoint.created_at)
+
+
+class WebhookIn(Strict):
+    url: str = Field(min_length=8, max_length=1000, description="The https:// URL each event is POSTed to.")
+    events: list[str] = Field(min_length=1, max_length=10, description="Events to send: export.ready, "
+                              "training_run.finished, training_run.failed, judge_run.finished, overlap.reached, "
+                              "annotator.flagged.")
+    allow_private: bool = Field(default=False, description="Admins only: allow a private or loopback host (and "
+                                                           "plain http to it); metadata and link-local stay refused.")
+
+
+class WebhookOut(BaseModel):
+    id: int
+    project_id: int
+    url: str
+    events: list[str]
+    allow_private: bool
+    created_at: datetime
+
+    @classmethod
+    def from_model(cls, hook: Webhook) -> WebhookOut:
+        return cls(id=hook.id, project_id=hook.project_id, url=hook.url, events=list(hook.events),
+                   allow_private=hook.allow_private, created_at=hook.created_at)
+
+
+class WebhookCreated(WebhookOut):
+    secret: str = Field(description="The signing secret. Shown only in this answer: store it now.")
+
+
+class WebhookAttempt(BaseModel):
+    attempt: int
+    at: str
+    status_code: int | None
+    error: str | None
+    seconds: float
+
+
+class WebhookDeliveryOut(BaseModel):
+    id: int
+    delivery_id: str = Field(description="The X-Preflab-Delivery header's value, the same on every retry.")
+    event: str
+    state: Literal["pending", "delivered", "failed"]
+    attempts: int
+    status_code: int | None
+    error: str | None
+    log: list[WebhookAttempt]
+    created_at: datetime
+    delivered_at: datetime | None
+
+    @classmethod
+    def from_model(cls, d: WebhookDelivery) -> WebhookDeliveryOut:
+        return cls(id=d.id, delivery_id=d.uid, event=d.event, state=d.state, attempts=d.attempts,  # type: ignore[arg-type]
+                   status_code=d.status_code, error=d.error, log=[WebhookAttempt(**a) for a in d.log],
+                   created_at=d.created_at, delivered_at=d.delivered_at)
 
 
 class Health(BaseModel):

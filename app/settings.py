@@ -64,6 +64,10 @@ class Settings(BaseSettings):
     resolving its name (an air-gapped install, or fuzzing the API without DNS traffic)."""
     worker_heartbeat_max_age_s: int = Field(default=60, ge=0)
     """Readiness fails when no worker sent a heartbeat within this many seconds; 0 leaves workers out of it."""
+    webhook_timeout_s: float = Field(default=10.0, gt=0, le=120)
+    """How long one webhook delivery attempt waits for the receiver's answer."""
+    webhook_retry_base_s: float = Field(default=30.0, gt=0, le=3600)
+    """Backoff before a failed webhook delivery's first retry; it doubles with each attempt (30 s, 1 min, 2 min, …)."""
 
     @field_validator("data_dir")
     @classmethod

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.db import make_engine, make_session_factory, run_transaction, session_scope
 from app.errors import DomainError
 from app.jobs import handler_for
-from app.jobs.context import JobContext, JobError, JobStopped
+from app.jobs.context import JobContext, JobError, JobRetry, JobStopped
 from app.models import Job
 from app.observability import configure_logging, forget_worker, job_id_var, record_worker_heartbeat, request_id_var
 from app.services import iteration, jobs, outbound
@@ -124,6 +124,8 @@ class Worker:
             outcome = ("stopped", None)
         except JobError as exc:
             outcome = ("error", str(exc))
+        except JobRetry as exc:  # the handler asks for another attempt after a backoff
+            outcome = ("retry", exc)
         except Exception as exc:  # an unexpected crash: log the traceback, retry while attempts remain
             ctx.log(traceback.format_exc())
             outcome = ("crash", f"{exc.__class__.__name__}: {exc}")
@@ -152,6 +154,9 @@ class Worker:
             if kind == "error":
                 jobs.fail(db, ctx.job_id, self.worker_id, value, retry=False)
                 return f"failed: {value}"
+            if kind == "retry":
+                jobs.fail(db, ctx.job_id, self.worker_id, str(value), retry=True, retry_after=value.after)
+                return f"will retry in {value.after.total_seconds():g}s: {value}"
             jobs.fail(db, ctx.job_id, self.worker_id, value, retry=True)
             return f"crashed: {value}"
 

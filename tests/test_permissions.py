@@ -108,6 +108,11 @@ REQUESTS: dict[str, Call] = {
     "export.delete": Call("DELETE", "/api/exports/{export}"),
     "training.start": Call("POST", "/api/projects/{project}/training-runs",
                            {"json": {"kind": "reward", "export_id": 999_999}}),
+    "webhooks.manage": Call("GET", "/api/projects/{project}/webhooks"),
+    # an unknown event: allowed callers get a 422 naming the field, and nothing is registered
+    "webhooks.allow_private": Call("POST", "/api/projects/{project}/webhooks",
+                                   {"json": {"url": "http://10.1.2.3/hook", "events": ["no.such"],
+                                             "allow_private": True}}),
     "project.create": Call("POST", "/api/projects",
                            {"json": {"name": "   ", "completions_per_prompt": 2, "rubric": {"text": "Rank."}}}),
     "users.manage": Call("GET", "/api/users"),

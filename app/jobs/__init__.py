@@ -23,6 +23,7 @@ HANDLERS: dict[str, str] = {
     "export": "app.jobs.export:run",
     "project_rollup": "app.jobs.project_rollup:run",
     "priorities": "app.jobs.priorities:run",
+    "webhook_delivery": "app.jobs.webhook_delivery:run",
 }
 
 Handler = Callable[["JobContext"], dict[str, Any]]

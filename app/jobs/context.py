@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -19,6 +19,15 @@ T = TypeVar("T")
 
 class JobError(Exception):
     """A failure that retrying cannot fix (bad input, missing model): the job fails at once with this message."""
+
+
+class JobRetry(Exception):
+    """A failure worth another attempt later (a webhook receiver answered 500): the job goes back to the queue and
+    is not claimed again before `after` has passed; with no attempts left it fails with this message."""
+
+    def __init__(self, message: str, after: timedelta) -> None:
+        super().__init__(message)
+        self.after = after
 
 
 class JobStopped(Exception):

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from app.db import run_transaction
 from app.jobs.context import JobContext, JobError, JobStopped, job_row
 from app.models import Export
-from app.services import export_writer, exports, jobs
+from app.services import export_writer, exports, jobs, webhooks
 
 
 def run(ctx: JobContext) -> dict[str, Any]:
@@ -48,6 +48,9 @@ def run(ctx: JobContext) -> dict[str, Any]:
         export.row_count = result.row_count
         export.row_counts = result.row_counts
         export.path = str(result.path)
+        webhooks.fire(db, export.project_id, "export.ready", {
+            "export_id": export_id, "kind": export.kind, "format": export.format, "rows": result.row_count,
+            "sha256": result.sha256, "files": sorted(result.files), "url": f"/api/exports/{export_id}"})
         return None
 
     problem = run_transaction(ctx.session_factory, publish, what=f"recording export {export_id}")

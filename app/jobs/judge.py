@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from app.db import session_scope
 from app.jobs.context import JobContext, JobError, JobStopped, job_row, runtime_generator
 from app.models import Completion, Constitution, JudgeRun, Project, Prompt, Ranking
-from app.services import rankings, selection
+from app.services import rankings, selection, webhooks
 from app.services.pairs import expand_tiers
 from app.services.queue import task_completion_ids
 from training.generation import GenerationError
@@ -116,7 +116,11 @@ def _set_state(ctx: JobContext, run_id: int, state: str) -> None:
     with session_scope(ctx.session_factory) as db:
         judge_run = db.get(JudgeRun, run_id)
         if judge_run is not None:
+            announce = state in ("succeeded", "failed") and judge_run.state != state
             judge_run.state = state
+            if announce:  # told once, in the transaction that records the end
+                webhooks.fire(db, judge_run.project_id, "judge_run.finished",
+                              {"judge_run_id": run_id, "name": judge_run.name, "state": state})
 
 
 def _prompts_to_judge(ctx: JobContext, project_id: int, run_id: int, prompt_ids: list[int] | None

@@ -392,11 +392,17 @@ def _tail(path: Path, lines: int = 25) -> str:
 def _set_state(ctx: JobContext, run_id: int, state: str) -> None:
     from app.db import session_scope  # not at the top: keeps the supervisor stdlib-only
     from app.models import TrainingRun
+    from app.services import webhooks
 
     with session_scope(ctx.session_factory) as db:
         tr = db.get(TrainingRun, run_id)
         if tr is not None and not (tr.state == "cancelled" and state != "cancelled"):
+            announce = state in ("succeeded", "failed") and tr.state != state
             tr.state = state
+            if announce:  # told once, in the transaction that records the end
+                webhooks.fire(db, tr.project_id, f"training_run.{'finished' if state == 'succeeded' else 'failed'}",
+                              {"training_run_id": tr.id, "kind": tr.kind, "state": state,
+                               "export_id": tr.export_id, "url": f"/api/training-runs/{tr.id}"})
 
 
 def check_against_humans(ctx: JobContext) -> dict[str, Any]:

@@ -59,6 +59,7 @@ def _project_context(db, project, user) -> dict:  # type: ignore[no-untyped-def]
         "rubric": rubrics.current(db, project),
         "members": projects.list_members(db, project),
         "can_manage": permissions.may(db, user, project, "members.manage"),
+        "can_webhooks": permissions.may(db, user, project, "webhooks.manage"),
         "can_import": permissions.may(db, user, project, "data.import"),
         "can_annotate": permissions.may(db, user, project, "annotate"),
         "can_see_agreement": permissions.may(db, user, project, "agreement.see"),

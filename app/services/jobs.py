@@ -20,7 +20,8 @@ from app.models import Job, Project, TrainingRun, User, utcnow
 from app.observability import current_request_id
 from app.services import audit, projects
 
-KINDS = ("sample_completions", "judge", "export", "train", "revise", "rm_check", "project_rollup", "priorities")
+KINDS = ("sample_completions", "judge", "export", "train", "revise", "rm_check", "project_rollup", "priorities",
+         "webhook_delivery")
 TERMINAL = ("succeeded", "failed", "cancelled")
 STALE_AFTER = timedelta(seconds=30)
 GAVE_UP = "gave up: the worker stopped responding on every attempt"
@@ -52,7 +53,10 @@ def claim(db: Session, worker_id: str, *, kinds: tuple[str, ...] | None = None, 
     The caller commits right away so the claim is visible.
     """
     now = now or utcnow()
-    runnable = or_(Job.state == "queued", (Job.state == "running") & (Job.heartbeat_at < now - stale_after))
+    # A queued retry waits out its backoff (run_after); the state = 'queued' term still leads, so the
+    # (state, created_at) index picks the rows and run_after only filters them.
+    due = (Job.state == "queued") & or_(Job.run_after.is_(None), Job.run_after <= now)
+    runnable = or_(due, (Job.state == "running") & (Job.heartbeat_at < now - stale_after))
     pick = select(Job.id).where(runnable, Job.attempts < Job.max_attempts).order_by(Job.created_at, Job.id).limit(1)
     if kinds:
         pick = pick.where(Job.kind.in_(kinds))
@@ -135,8 +139,10 @@ def succeed(db: Session, job_id: int, worker_id: str, result: dict[str, Any]) ->
     return True
 
 
-def fail(db: Session, job_id: int, worker_id: str, error: str, *, retry: bool) -> bool:
-    """Record a failure; with retry and attempts left the job goes back to the queue."""
+def fail(db: Session, job_id: int, worker_id: str, error: str, *, retry: bool,
+         retry_after: timedelta | None = None) -> bool:
+    """Record a failure; with retry and attempts left the job goes back to the queue, claimable again once
+    `retry_after` has passed (at once without it)."""
     job = _owned(db, job_id, worker_id)
     if job is None:
         return False
@@ -144,7 +150,9 @@ def fail(db: Session, job_id: int, worker_id: str, error: str, *, retry: bool) -
     if retry and job.attempts < job.max_attempts:
         job.state = "queued"
         job.claimed_by = None
-        job.result = dict(job.result or {}) | {"message": f"attempt {job.attempts} failed; will retry"}
+        job.run_after = utcnow() + retry_after if retry_after else None
+        wait = f" in {retry_after.total_seconds():g}s" if retry_after else ""
+        job.result = dict(job.result or {}) | {"message": f"attempt {job.attempts} failed; will retry{wait}"}
     else:
         job.state = "failed"
         job.finished_at = utcnow()

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session, defer
 
 from app.errors import Invalid
 from app.models import Job, Project, ProjectRollup, Ranking, User, utcnow
-from app.services import agreement, agreement_flags, jobs, judging, projects
+from app.services import agreement, agreement_flags, jobs, judging, projects, webhooks
 from app.services.agreement import AgreementReport, AnnotatorStats, Flag, TrendPoint
 
 KIND = "project_rollup"
@@ -190,9 +190,31 @@ def store(db: Session, project_id: int, rollup: Rollup) -> None:
               "seconds": rollup.seconds, "computed_at": rollup.computed_at}
     if row is None:
         db.add(ProjectRollup(project_id=project_id, **values))
+        _announce_flags(db, project_id, None, rollup.reports)
     elif row.computed_at < rollup.computed_at:
+        before = row.reports
         for key, value in values.items():
             setattr(row, key, value)
+        _announce_flags(db, project_id, before, rollup.reports)
+
+
+def _flagged(reports: dict[str, Any] | None) -> dict[int, tuple[AnnotatorStats, set[str]]]:
+    """Annotators the whole-project report flags: user id → (their figures, the flag kinds)."""
+    if not reports or "all" not in reports:
+        return {}
+    report = agreement_flags.flagged(report_from_dict(reports["all"]))
+    return {a.user_id: (a, {f.kind for f in a.flags}) for a in report.annotators if a.flags}
+
+
+def _announce_flags(db: Session, project_id: int, before: dict[str, Any] | None, after: dict[str, Any]) -> None:
+    """An `annotator.flagged` webhook event for each flag this rollup raises that the one before did not."""
+    old = _flagged(before)
+    for user_id, (stats, kinds) in _flagged(after).items():
+        new = sorted(kinds - old.get(user_id, (None, set()))[1])
+        if new:
+            webhooks.fire(db, project_id, "annotator.flagged", {
+                "user_id": user_id, "name": stats.name, "flags": new, "rankings": stats.rankings,
+                "url": f"/projects/{project_id}/agreement/annotators/{user_id}"})
 
 
 def report_from_dict(data: dict[str, Any]) -> AgreementReport:

@@ -7,7 +7,7 @@ Downgrade: drops both columns and their index; the queue goes back to serving pr
 the priorities are lost, every prompt, ranking and assignment stays.
 
 Revision ID: 0012
-Revises: 0010
+Revises: 0011
 Create Date: 2026-12-02 19:45:00.000000
 """
 
@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = '0012'
-down_revision: str | None = '0010'
+down_revision: str | None = '0011'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -114,6 +114,25 @@ def test_failed_attempts_go_back_to_the_queue_until_the_cap(db, make_project) ->
     assert job.state == "failed" and job.error == "boom again" and job.attempts == 3
 
 
+def test_a_retry_with_a_backoff_waits_while_younger_jobs_run(db, make_project) -> None:
+    project = make_project(db)
+    first, second = _enqueue(db, project, 2)
+    job = jobs.claim(db, "w")
+    assert job.id == first
+    assert jobs.fail(db, job.id, "w", "receiver down", retry=True, retry_after=timedelta(minutes=5))
+    db.commit()
+    failed_at = db.get(Job, first).run_after - timedelta(minutes=5)
+    younger = jobs.claim(db, "w")
+    assert younger.id == second  # the older job waits out its backoff; the younger one runs
+    assert jobs.succeed(db, younger.id, "w", {})
+    db.commit()
+    assert jobs.claim(db, "w", now=failed_at + timedelta(minutes=4)) is None
+    db.rollback()
+    again = jobs.claim(db, "w", now=failed_at + timedelta(minutes=5, seconds=1))
+    assert again.id == first and again.attempts == 2
+    db.commit()
+
+
 def test_sampling_request_with_a_bad_generator_is_refused_before_any_job_exists(db, make_user, make_project,
                                                                                 token_for, api, tmp_path) -> None:
     lead = make_user(db, "lead")

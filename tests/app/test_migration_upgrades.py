@@ -55,6 +55,8 @@ def seed(url: str) -> None:
         StepLabel,
         TrainingRun,
         UserSession,
+        Webhook,
+        WebhookDelivery,
     )
     from app.services import projects, users
     from app.services.pairs import expand_tiers
@@ -141,6 +143,21 @@ def seed(url: str) -> None:
         # The agreement figures as the rollup job stored them (0013).
         db.add(ProjectRollup(project_id=project.id, reports={"all": {"project_id": project.id, "human_rankings": 6}},
                                counts={"prompts": 2, "pairs": 30}, rankings=6, seconds=0.25, computed_at=now))
+        # A webhook, one delivery that took a retry, and its job waiting out a backoff (0011).
+        hook = Webhook(project_id=project.id, url="https://hooks.example.org/preflab", events=["export.ready"],
+                       secret_stored="fernet:gAAAA-not-a-real-token", allow_private=False, created_by_id=lead.id,
+                       created_at=now)
+        db.add(hook)
+        db.flush()
+        retry = Job(kind="webhook_delivery", project_id=project.id, payload={"delivery_id": 1}, state="queued",
+                    attempts=1, max_attempts=6, error="HTTP 500", run_after=now + timedelta(seconds=30))
+        db.add(retry)
+        db.flush()
+        db.add(WebhookDelivery(webhook_id=hook.id, uid="7f8e6a52-3c1d-4b8e-9d1a-0c2b3e4f5a6b", event="export.ready",
+                               payload={"event": "export.ready", "data": {"export_id": export.id}}, state="pending",
+                               attempts=1, status_code=500, error="HTTP 500: oops", job_id=retry.id, created_at=now,
+                               log=[{"attempt": 1, "at": now.isoformat(), "status_code": 500, "error": "HTTP 500",
+                                     "seconds": 0.02}]))
     engine.dispose()
 
 

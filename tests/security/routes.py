@@ -243,6 +243,16 @@ POLICY: dict[tuple[str, str], Policy] = {
     ("POST", "/training-runs/{run_id}/iterate"): Policy(LEAD_ENG),
     ("GET", "/projects/{project_id}/training/compare"): Policy(
         MEMBERS, lambda w: {"params": {"a": w.a.run_id, "b": w.a.running_run_id}}),
+    # webhooks: a project's lead manages them (an IP literal, so no name is resolved)
+    ("POST", "/api/projects/{project_id}/webhooks"): Policy(
+        MANAGE, lambda w: {"json": {"url": "https://93.184.216.34/hook", "events": ["export.ready"]}}),
+    ("GET", "/api/projects/{project_id}/webhooks"): Policy(MANAGE),
+    ("DELETE", "/api/projects/{project_id}/webhooks/{webhook_id}"): Policy(MANAGE),
+    ("GET", "/api/projects/{project_id}/webhooks/{webhook_id}/deliveries"): Policy(MANAGE),
+    ("GET", "/projects/{project_id}/webhooks"): Policy(MANAGE),
+    ("POST", "/projects/{project_id}/webhooks"): Policy(
+        MANAGE, lambda w: {"data": {"url": "https://93.184.216.34/hook", "events": "export.ready"}}),
+    ("POST", "/projects/{project_id}/webhooks/{webhook_id}/delete"): Policy(MANAGE),
 }
 
 

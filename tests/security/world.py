@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from app.crypto import Keyring
-from app.models import Assignment, Completion, Export, Job, ModelEndpoint, Project, Prompt, TrainingRun
+from app.models import Assignment, Completion, Export, Job, ModelEndpoint, Project, Prompt, TrainingRun, Webhook
 from app.services import constitutions, projects, users
 from app.settings import Settings
 
@@ -37,11 +37,12 @@ class ProjectObjects:
     running_run_id: int
     assignment_id: int = 0
     """A running lease of the prompt (A: `annotator`'s, B: `outsider`'s), for the routes of one annotator's task."""
+    webhook_id: int = 0
 
     def params(self) -> dict[str, Any]:
         return {"project_id": self.project_id, "prompt_id": self.prompt_id, "job_id": self.job_id,
                 "export_id": self.export_id, "run_id": self.run_id, "revision_id": self.revision_id, "version": 1, "name": "pairs.jsonl",
-                "assignment_id": self.assignment_id}
+                "assignment_id": self.assignment_id, "webhook_id": self.webhook_id}
 
 
 @dataclass
@@ -126,6 +127,12 @@ def seed(db: Session, data_dir: Path) -> World:
         db.add(lease)
         db.flush()
         objects.assignment_id = lease.id
+        # A row, not the service: the service resolves host names, and the suite needs no DNS.
+        hook = Webhook(project_id=objects.project_id, url="https://hooks.example.org/world", events=["export.ready"],
+                       secret_stored=Keyring(Settings(data_dir=data_dir)).encrypt("whsec_world"), allow_private=False)
+        db.add(hook)
+        db.flush()
+        objects.webhook_id = hook.id
     tokens: dict[str, str] = {}
     for who in IDENTITIES[1:]:
         _, tokens[who] = users.create_token(db, people[who], "world")
