@@ -581,8 +581,8 @@ class SelectionIn(Strict):
 
 
 class PrioritiesIn(Strict):
-    training_run_id: int | None = Field(
-        None, ge=1, description="`uncertainty`: the reward-model run that scores the prompts (default: the project's "
+    training_run_id: Id | None = Field(
+        None, description="`uncertainty`: the reward-model run that scores the prompts (default: the project's "
                                 "newest finished one).")
 
 

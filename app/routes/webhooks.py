@@ -8,7 +8,7 @@ from fastapi import APIRouter, Form, Request, Response
 from fastapi.responses import RedirectResponse
 
 from app import permissions
-from app.deps import CurrentUser, KeyringDep, PageUser, SessionDep
+from app.deps import CurrentUser, Id, KeyringDep, PageUser, SessionDep
 from app.forms import WebhookForm
 from app.routes.form_pages import ProjectPage
 from app.schemas import WebhookCreated, WebhookDeliveryOut, WebhookIn, WebhookOut
@@ -20,7 +20,7 @@ router = APIRouter(tags=["webhooks"])
 
 @router.post("/api/projects/{project_id}/webhooks", status_code=201,
              summary="Register a webhook (lead); the answer carries its signing secret, shown only this once")
-def create_webhook(project_id: int, body: WebhookIn, db: SessionDep, user: CurrentUser,
+def create_webhook(project_id: Id, body: WebhookIn, db: SessionDep, user: CurrentUser,
                    keyring: KeyringDep) -> WebhookCreated:
     project = projects.get_visible(db, project_id, user)
     created = webhooks.create(db, user, keyring, project, url=body.url, events=body.events,
@@ -29,14 +29,14 @@ def create_webhook(project_id: int, body: WebhookIn, db: SessionDep, user: Curre
 
 
 @router.get("/api/projects/{project_id}/webhooks", summary="The project's webhooks (secrets never shown)")
-def list_webhooks(project_id: int, db: SessionDep, user: CurrentUser) -> list[WebhookOut]:
+def list_webhooks(project_id: Id, db: SessionDep, user: CurrentUser) -> list[WebhookOut]:
     project = projects.get_visible(db, project_id, user)
     return [WebhookOut.from_model(h) for h in webhooks.list_hooks(db, user, project)]
 
 
 @router.delete("/api/projects/{project_id}/webhooks/{webhook_id}", status_code=204,
                summary="Remove a webhook and its delivery log")
-def delete_webhook(project_id: int, webhook_id: int, db: SessionDep, user: CurrentUser) -> Response:
+def delete_webhook(project_id: Id, webhook_id: Id, db: SessionDep, user: CurrentUser) -> Response:
     project = projects.get_visible(db, project_id, user)
     webhooks.delete(db, user, project, webhooks.get(db, user, project, webhook_id))
     return Response(status_code=204)
@@ -44,7 +44,7 @@ def delete_webhook(project_id: int, webhook_id: int, db: SessionDep, user: Curre
 
 @router.get("/api/projects/{project_id}/webhooks/{webhook_id}/deliveries",
             summary="A webhook's deliveries, newest first: state, status code, error and every attempt")
-def list_deliveries(project_id: int, webhook_id: int, db: SessionDep, user: CurrentUser) -> list[WebhookDeliveryOut]:
+def list_deliveries(project_id: Id, webhook_id: Id, db: SessionDep, user: CurrentUser) -> list[WebhookDeliveryOut]:
     project = projects.get_visible(db, project_id, user)
     hook = webhooks.get(db, user, project, webhook_id)
     return [WebhookDeliveryOut.from_model(d) for d in webhooks.list_deliveries(db, user, project, hook)]
@@ -64,12 +64,12 @@ WEBHOOKS_PAGE = ProjectPage("webhooks.html", _page_context)
 
 
 @router.get("/projects/{project_id}/webhooks", include_in_schema=False)
-def webhooks_page(request: Request, project_id: int, db: SessionDep, user: PageUser) -> Response:
+def webhooks_page(request: Request, project_id: Id, db: SessionDep, user: PageUser) -> Response:
     return WEBHOOKS_PAGE.show(request, db, user, project_id)
 
 
 @router.post("/projects/{project_id}/webhooks", include_in_schema=False)
-def add_from_page(request: Request, project_id: int, body: Annotated[WebhookForm, Form()], db: SessionDep,
+def add_from_page(request: Request, project_id: Id, body: Annotated[WebhookForm, Form()], db: SessionDep,
                   user: PageUser, keyring: KeyringDep) -> Response:
     """Adds the hook and shows the page with its secret, this once (a redirect would lose it); a refusal shows
     the page again with the error, as every form does."""
@@ -88,7 +88,7 @@ def add_from_page(request: Request, project_id: int, body: Annotated[WebhookForm
 
 
 @router.post("/projects/{project_id}/webhooks/{webhook_id}/delete", include_in_schema=False)
-def delete_from_page(project_id: int, webhook_id: int, db: SessionDep, user: PageUser) -> Response:
+def delete_from_page(project_id: Id, webhook_id: Id, db: SessionDep, user: PageUser) -> Response:
     project = projects.get_visible(db, project_id, user)
     webhooks.delete(db, user, project, webhooks.get(db, user, project, webhook_id))
     return RedirectResponse(f"/projects/{project.id}/webhooks", status_code=303)

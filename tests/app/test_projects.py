@@ -21,7 +21,7 @@ def test_lead_creates_lists_and_gets_a_project(db, make_user, token_for, api) ->
     body = created.json()
     assert body | {"id": 0, "created_at": ""} == {
         "id": 0, "name": "Maths", "description": "", "completions_per_prompt": 4, "overlap": 2,
-        "rubric_version": 1, "created_at": ""}
+        "rubric_version": 1, "created_at": "", "step_labels": False, "step_separator": None}
     assert [p["id"] for p in client.get("/api/projects").json()] == [body["id"]]
     assert client.get(f"/api/projects/{body['id']}").json()["name"] == "Maths"
     assert client.post("/api/projects", json=_project_body()).status_code == 409  # same name
