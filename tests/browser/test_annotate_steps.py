@@ -47,6 +47,11 @@ def test_steps_are_numbered_and_labelled_with_the_keyboard_then_submitted(live_s
     first = page.locator(f'.resp[data-cid="{shown[0]}"]')
     assert first.locator(".step-n").all_inner_texts() == ["1", "2", "3"]
     assert [t.split(" ")[0] for t in first.locator(".step-text").all_inner_texts()] == ["First", "Second", "Third"]
+    # No blank lines around or between the steps (the body is pre-wrap: template whitespace would show).
+    body, steps = first.locator(".resp-body").bounding_box(), first.locator(".step").all()
+    boxes = [st.bounding_box() for st in steps]
+    assert boxes[0]["y"] - body["y"] < 6, (body, boxes[0])
+    assert all(b["y"] - (a["y"] + a["height"]) < 12 for a, b in zip(boxes, boxes[1:])), boxes
     assert _focused_card(page) == [shown[0], "unranked"]
 
     page.keyboard.press("s")  # into the focused response's steps
