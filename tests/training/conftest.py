@@ -1,8 +1,10 @@
-"""Fixtures the training tests share: the careless-addition SFT model every learning test starts from."""
+"""Fixtures the training tests share: the careless-addition SFT model every learning test starts from, and one
+intra-op thread for the modules that ask for it (`pytestmark = pytest.mark.usefixtures("one_thread")`)."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.training.tiny import addition_split, careless_sft_set, char_tokenizer, save_tiny, sft, tiny_gpt2
 from training.policy import prepare_tokenizer
@@ -19,3 +21,12 @@ def addition_sft(tmp_path_factory):
     return path, rl, heldout
 
 
+
+
+@pytest.fixture
+def one_thread():
+    """Models this small spend their time in thread hand-offs, not arithmetic, when 2 cores are shared."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -17,6 +17,8 @@ from training.policy import load_policy, prepare_tokenizer
 from training.prm import ProcessRewardModel, train_prm
 from training.rewards import build_reward_functions, compute_rewards
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 LETTERS = string.ascii_lowercase
 
 
@@ -35,12 +37,6 @@ def synthetic_steps(n: int, seed: int) -> list[StepRow]:
     return rows
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

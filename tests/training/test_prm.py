@@ -34,6 +34,8 @@ from training.prm import (
 )
 from training.run_info import read_metrics
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 REPO = Path(__file__).resolve().parents[2]
 
 # The task: a completion is a few steps of neutral words; a step that holds a slip word is wrong, and so is every
@@ -90,12 +92,6 @@ def write_jsonl(path: Path, rows) -> Path:
 FAST = dict(batch_size=16, lr=3e-3, max_length=48, progress=False)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -17,13 +17,9 @@ from training.reward_model import (
     uncertainty_metrics,
 )
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+
 
 
 @pytest.fixture(scope="module")

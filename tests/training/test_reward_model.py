@@ -35,6 +35,8 @@ from training.reward_model import (
 )
 from training.run_info import read_metrics
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 REPO = Path(__file__).resolve().parents[2]
 
 # The rule: a response's worth is (#good words − #bad words); the chosen response is always worth more.
@@ -98,13 +100,6 @@ def write_jsonl(path: Path, rows) -> Path:
 FAST = dict(batch_size=16, lr=1e-3, max_length=32, progress=False)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # models this small gain nothing from intra-op threads, and on a shared 2-core machine they lose a lot
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
