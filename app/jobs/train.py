@@ -33,7 +33,14 @@ if TYPE_CHECKING:
 
 STOP_GRACE_S = 10.0
 RUN_MARKER = "PREFLAB_TRAINING_RUN"
-"""Environment variable every trainer process of a run inherits: how a retry finds a dead attempt's leftovers."""
+"""Environment variable every trainer process of a run inherits: how a retry finds a dead attempt's leftovers. Its
+value is the run's own directory, not its id: two instances on one host (two data directories, CI beside a dev
+server) number their runs alike, and a retry must never kill the other instance's trainer."""
+
+
+def run_marker(run_dir: Path) -> bytes:
+    """The `RUN_MARKER=...` entry, as it appears in /proc/PID/environ, of the trainers writing into run_dir."""
+    return f"{RUN_MARKER}={run_dir.resolve()}".encode() + b"\0"
 
 
 def write_toml(path: Path, config: dict[str, Any]) -> None:
@@ -101,7 +108,7 @@ def _run(ctx: JobContext) -> dict[str, Any]:
     # No progress bars in the log: a bar redraws its line with carriage returns, which a log file keeps as one
     # line per redraw (the same line over and over); the job writes the run's progress lines itself (Progress).
     env = os.environ.copy() | {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                               "TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", RUN_MARKER: str(run_id)}
+                               "TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", RUN_MARKER: str(out.resolve())}
     # The supervisor's lifeline: this process holds the only write end, so the kernel closes it when the worker
     # dies, however it dies, and the supervisor wakes at once to that end of file.
     lifeline, keep = os.pipe()
@@ -182,7 +189,7 @@ def _checked_server_url(db: Any, url: str) -> str:
 def _clear_dead_attempt(ctx: JobContext, run_id: int, out: Path) -> None:
     """The worker died mid-run: nothing of that attempt may still write here, and what it finished writing (a model
     directory saved half-way) is not the result. The retry continues from the trainer's checkpoint."""
-    killed = kill_leftovers(run_id)
+    killed = kill_leftovers(out)
     if killed:
         ctx.log(f"killed {len(killed)} process(es) left by the previous attempt: {killed}")
     for name in ("model", "value_model", "eval.json", "human_check.json"):
@@ -228,11 +235,11 @@ def _complete_model(path: Path) -> bool:
     return (path / "config.json").is_file() and any(next(path.glob(p), None) for p in weights)
 
 
-def kill_leftovers(run_id: int) -> list[int]:
+def kill_leftovers(run_dir: Path) -> list[int]:
     """SIGKILL every process that carries this run's marker (a dead attempt's trainer and its children, should
     its supervisor have died too) and wait until they are gone; the pids killed. Linux /proc only: elsewhere
     the supervisor alone guards against orphans."""
-    marker = f"{RUN_MARKER}={run_id}".encode() + b"\0"
+    marker = run_marker(run_dir)
     killed = []
     for entry in Path("/proc").glob("[0-9]*"):
         pid = int(entry.name)

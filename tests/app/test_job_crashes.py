@@ -22,9 +22,9 @@ import pytest
 from sqlalchemy import insert, select
 
 from app.db import make_engine, make_session_factory
-from app.jobs.train import RUN_MARKER
+from app.jobs.train import run_marker
 from app.models import Completion, Export, Job, Pair, Prompt, Ranking
-from app.services import export_writer, projects
+from app.services import export_writer, projects, training_runs
 from app.services.pairs import expand_tiers
 from app.worker import Worker
 from tests.conftest import TEST_SECRET
@@ -106,9 +106,10 @@ def _let_lease_lapse(db, job_id: int, stale_after: float) -> None:  # type: igno
               every=0.05)
 
 
-def _marked_processes(run_id: int) -> list[int]:
-    """Live processes carrying a training run's marker (its trainer, or anything the trainer started)."""
-    marker = f"{RUN_MARKER}={run_id}".encode() + b"\0"
+def _marked_processes(app, run_id: int) -> list[int]:  # type: ignore[no-untyped-def]
+    """Live processes carrying a training run's marker (its trainer, or anything the trainer started): this test's
+    run directory, so a run of the same id in another test session on the machine is never counted."""
+    marker = run_marker(training_runs.run_dir(Path(app.state.settings.data_dir), run_id))
     found = []
     for entry in Path("/proc").glob("[0-9]*"):
         try:
@@ -274,13 +275,13 @@ def test_a_job_killed_on_every_attempt_fails_with_the_reason_and_its_run_with_it
         proc = _spawn_worker(app, "--stale-after", "1")
         try:
             # Kill only once the trainer runs, so that each kill also leaves a trainer for the supervisor to stop.
-            _wait_for("the trainer to start", lambda: _marked_processes(run_id), every=0.05)
+            _wait_for("the trainer to start", lambda: _marked_processes(app, run_id), every=0.05)
             assert _job(db, job_id).attempts == attempt
             _kill(proc)
         finally:
             if proc.poll() is None:
                 proc.kill()
-        _wait_for("the orphaned trainer to be stopped", lambda: not _marked_processes(run_id), timeout=10)
+        _wait_for("the orphaned trainer to be stopped", lambda: not _marked_processes(app, run_id), timeout=10)
         _let_lease_lapse(db, job_id, stale_after=1)
 
     assert _run_in_process(app, stale_after_s=1) == 0  # nothing left to claim…
@@ -328,14 +329,14 @@ def test_a_training_run_killed_mid_run_resumes_once_with_no_orphan_and_a_complet
     try:
         _wait_for("the trainer to be held at step 8", Path(f"{release}.held").exists, every=0.02)
         assert logged_steps() == held and (run_dir / "checkpoint" / "trainer_state.json").exists()
-        assert _marked_processes(run_id)
+        assert _marked_processes(app, run_id)
         _kill(proc)
     finally:
         if proc.poll() is None:
             proc.kill()
     # The supervisor takes the trainer down with the worker; then the hold is let go, so anything of the trainer
     # still alive would go on writing into the run directory.
-    _wait_for("the orphaned trainer to be stopped", lambda: not _marked_processes(run_id), timeout=10)
+    _wait_for("the orphaned trainer to be stopped", lambda: not _marked_processes(app, run_id), timeout=10)
     release.touch()
     assert logged_steps() == held, "a step was logged after the worker died"
     assert not (run_dir / "model").exists()
@@ -358,7 +359,7 @@ def test_a_training_run_killed_mid_run_resumes_once_with_no_orphan_and_a_complet
     from transformers import AutoModelForSequenceClassification
 
     assert AutoModelForSequenceClassification.from_pretrained(model).config.num_labels == 1
-    assert not _marked_processes(run_id)
+    assert not _marked_processes(app, run_id)
 
 
 # ------------------------------------------------------------------------------------------------

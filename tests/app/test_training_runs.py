@@ -185,7 +185,8 @@ def test_the_loop_from_labels_to_a_policy_and_back_with_lineage(db, app, make_us
         {"run_id": rm_id, "kind": "reward", "export_id": pairs}]
     produced = db.scalar(select(func.count(Completion.id)).where(Completion.source == f"policy:{new_policy['id']}"))
     db.rollback()
-    assert produced == 12 * 2
+    dropped = job["result"]["dropped_empty"] + job["result"]["dropped_identical"]  # the last job: the sampling
+    assert produced + dropped == 12 * 2 and produced >= 12 * 2 * 0.75, (produced, job["result"])
 
 
 @pytest.mark.slow

@@ -3,6 +3,8 @@ here", submitted with the ranking, kept across a reload by the draft; no console
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from sqlalchemy import select
 
@@ -51,7 +53,7 @@ def test_steps_are_numbered_and_labelled_with_the_keyboard_then_submitted(live_s
     body, steps = first.locator(".resp-body").bounding_box(), first.locator(".step").all()
     boxes = [st.bounding_box() for st in steps]
     assert boxes[0]["y"] - body["y"] < 6, (body, boxes[0])
-    assert all(b["y"] - (a["y"] + a["height"]) < 12 for a, b in zip(boxes, boxes[1:])), boxes
+    assert all(b["y"] - (a["y"] + a["height"]) < 12 for a, b in itertools.pairwise(boxes)), boxes
     assert _focused_card(page) == [shown[0], "unranked"]
 
     page.keyboard.press("s")  # into the focused response's steps
