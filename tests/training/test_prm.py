@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import GPT2Config, GPT2ForTokenClassification, PreTrainedTokenizerFast
 
+from tests.training.tiny import one_and_two_processes
 from training.config import PRMConfig
 from training.data import DataError, StepRow, load_steps
 from training.losses import step_bce_loss
@@ -315,24 +316,11 @@ def test_two_process_ddp_follows_one_process_with_the_same_global_batch(prm_dir,
     for s in ["batch_size=16", "lr=3e-3", "lr_schedule=constant", "max_length=48", "epochs=3", "log_every=1",
               "eval_every=0", "progress=false"]:
         args += ["--set", s]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    accelerate = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                  "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    two = subprocess.run(accelerate + args + ["--out", str(tmp_path / "two")], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert two.returncode == 0, two.stderr[-3000:]
-    one = subprocess.run([sys.executable, *args, "--out", str(tmp_path / "one")], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert one.returncode == 0, one.stderr[-3000:]
-    assert json.loads((tmp_path / "two" / "run.json").read_text())["processes"] == 2
-    curve_two = [r["loss"] for r in read_metrics(tmp_path / "two" / "metrics.jsonl") if "loss" in r]
-    curve_one = [r["loss"] for r in read_metrics(tmp_path / "one" / "metrics.jsonl") if "loss" in r]
+    curve_one, curve_two, eval_one, eval_two = one_and_two_processes(args, tmp_path)
     assert len(curve_one) == len(curve_two) == 12
     assert curve_one[-1] < curve_one[0] - 0.1  # the curve moves, so agreeing along it means something
     # each process divides its steps' BCE by the global step count: the DDP mean is the one-process loss
     assert curve_two[:6] == pytest.approx(curve_one[:6], abs=1e-4)
     assert curve_two == pytest.approx(curve_one, rel=2e-2)
-    eval_two = json.loads((tmp_path / "two" / "eval.json").read_text())
-    eval_one = json.loads((tmp_path / "one" / "eval.json").read_text())
     assert eval_two["completions"] == 32 and eval_two["labelled_steps"] == eval_one["labelled_steps"]
     assert abs(eval_two["step_accuracy"] - eval_one["step_accuracy"]) <= 2 / eval_one["labelled_steps"]

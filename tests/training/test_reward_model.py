@@ -2,10 +2,7 @@
 
 import json
 import math
-import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +17,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from tests.training.tiny import one_and_two_processes
 from training.data import PairRow
 from training.loop import plan_batches
 from training.losses import bradley_terry_loss
@@ -37,7 +35,6 @@ from training.run_info import read_metrics
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-REPO = Path(__file__).resolve().parents[2]
 
 # The rule: a response's worth is (#good words − #bad words); the chosen response is always worth more.
 GOOD = ["great", "kind", "clear", "helpful"]
@@ -339,26 +336,13 @@ def test_two_process_ddp_matches_one_process_with_the_same_global_batch(bert_dir
     args = ["-m", "training", "reward", "--train", str(train), "--eval", str(heldout), "--model", str(bert_dir)]
     for s in sets:
         args += ["--set", s]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    accelerate = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                  "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    two = subprocess.run(accelerate + args + ["--out", str(tmp_path / "two")], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert two.returncode == 0, two.stderr[-3000:]
-    one = subprocess.run([sys.executable, *args, "--out", str(tmp_path / "one")], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert one.returncode == 0, one.stderr[-3000:]
-    assert json.loads((tmp_path / "two" / "run.json").read_text())["processes"] == 2
-    curve_two = [r["loss"] for r in read_metrics(tmp_path / "two" / "metrics.jsonl") if "loss" in r]
-    curve_one = [r["loss"] for r in read_metrics(tmp_path / "one" / "metrics.jsonl") if "loss" in r]
+    curve_one, curve_two, eval_one, eval_two = one_and_two_processes(args, tmp_path)
     assert len(curve_one) == len(curve_two) == 12
     assert curve_one[-1] < curve_one[0] - 0.2  # the curve moves, so agreeing along it means something
     # float32 sums run in another order across two processes (~1e-7); Adam amplifies that over the steps,
     # so the first half of the curve must agree tightly and the rest within 2%
     assert curve_two[:6] == pytest.approx(curve_one[:6], abs=1e-4)
     assert curve_two == pytest.approx(curve_one, rel=2e-2)
-    eval_two = json.loads((tmp_path / "two" / "eval.json").read_text())
-    eval_one = json.loads((tmp_path / "one" / "eval.json").read_text())
     assert eval_two["pairs"] == 32 and abs(eval_two["accuracy"] - eval_one["accuracy"]) <= 1 / 32
     # the held-out loss comes after the steep steps (gradient norms 0.0005 → 2.6, clipped): Adam turns the
     # order-of-summation noise of the near-zero early gradients into full-size updates (m/√v ≈ ±1), so the two

@@ -6,8 +6,12 @@ Nothing here downloads anything. GRPO, PPO and evaluation tests share these help
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import string
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -117,3 +121,27 @@ def careless_sft_set(pairs: list[tuple[str, str]], wrong: int = 3, right: int = 
 def digit_share(prompts: list, completions: list[str], **row) -> list[float]:
     """A dense reward for untrained models: the fraction of a completion's characters that are digits."""
     return [sum(ch.isdigit() for ch in text) / max(len(text), 1) for text in completions]
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def one_and_two_processes(args: list[str], tmp_path: Path) -> tuple[list[float], list[float], dict, dict]:
+    """Run `python <args>` once in one process and once under accelerate with two (gloo, CPU): each run's loss
+    curve and eval.json, (one, two, eval_one, eval_two); the two-process run must say it had 2 processes."""
+    from training.run_info import read_metrics
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    accelerate = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                  "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    two = subprocess.run(accelerate + args + ["--out", str(tmp_path / "two")], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    one = subprocess.run([sys.executable, *args, "--out", str(tmp_path / "one")], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert json.loads((tmp_path / "two" / "run.json").read_text())["processes"] == 2
+    curves = [[r["loss"] for r in read_metrics(tmp_path / name / "metrics.jsonl") if "loss" in r]
+              for name in ("one", "two")]
+    evals = [json.loads((tmp_path / name / "eval.json").read_text()) for name in ("one", "two")]
+    return curves[0], curves[1], evals[0], evals[1]
