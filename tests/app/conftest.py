@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import uvicorn
@@ -29,3 +30,19 @@ def server_url(app: object) -> Iterator[str]:
     server.should_exit = True
     thread.join(timeout=10)
     sock.close()
+
+
+@pytest.fixture
+def project(db: Any, make_project: Callable[..., Any]) -> Any:
+    """A committed K=4 project, for the import and export tests."""
+    project = make_project(db, k=4)
+    db.commit()
+    return project
+
+
+@pytest.fixture
+def lead(db: Any, project: Any) -> Any:
+    """The lead who created `project`."""
+    from app.models import User
+
+    return db.get(User, project.created_by_id)

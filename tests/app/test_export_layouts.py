@@ -14,25 +14,13 @@ from sqlalchemy.orm import Session
 from app.models import Project, User
 from app.services import export_writer
 from app.services.imports import import_file
+from tests.support.chat import assistant, user
 
 PRESETS = Path(__file__).parent / "data" / "imports" / "presets"
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}assistant: {% endif %}")
 
 
-def user(text: str) -> dict[str, str]:
-    return {"role": "user", "content": text}
-
-
-def assistant(text: str) -> dict[str, str]:
-    return {"role": "assistant", "content": text}
-
-
-@pytest.fixture
-def project(db: Session, make_project: Callable[..., Any]) -> Project:
-    project = make_project(db, k=4)
-    db.commit()
-    return project
 
 
 def _export(engine: Any, project: Project, tmp_path: Path, fmt: str, layout: str | None) -> Path:

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from app.models import Completion, Pair, Project, ProjectMember, Prompt, Ranking, User
 from app.services.import_formats import MAX_METADATA_CHARS
 from app.services.imports import ImportRejected, import_file, parse_import
+from tests.support.chat import assistant, user
 
 PRESETS = Path(__file__).parent / "data" / "imports" / "presets"
 HH_REAL = Path("/work/shared/datasets/hh-rlhf/harmless-base-test.jsonl.gz")
@@ -36,24 +37,7 @@ def errors(call: Callable[[], Any]) -> list[tuple[int, str, str]]:
     return [(e.line, e.field, e.message) for e in info.value.errors]
 
 
-def user(text: str) -> dict[str, str]:
-    return {"role": "user", "content": text}
 
-
-def assistant(text: str) -> dict[str, str]:
-    return {"role": "assistant", "content": text}
-
-
-@pytest.fixture
-def project(db: Session, make_project: Callable[..., Any]) -> Project:
-    project = make_project(db, k=4)
-    db.commit()
-    return project
-
-
-@pytest.fixture
-def lead(db: Session, project: Project) -> Any:
-    return db.get(User, project.created_by_id)
 
 
 # --- reading: every layout with its preset, and detection -------------------------------------

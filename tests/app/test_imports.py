@@ -41,18 +41,6 @@ def rejection(call: Callable[[], Any]) -> list[tuple[int, str, str]]:
     return [(e.line, e.field, e.message) for e in info.value.errors]
 
 
-@pytest.fixture
-def project(db: Session, make_project: Callable[..., Any]) -> Project:
-    project = make_project(db, k=4)
-    db.commit()
-    return project
-
-
-@pytest.fixture
-def lead(db: Session, project: Project) -> Any:
-    from app.models import User
-
-    return db.get(User, project.created_by_id)
 
 
 # --- prompt rows ------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 def test_the_seeded_campaign_is_what_the_app_would_have_written(clean_engine, database_url) -> None:
     if not database_url.startswith("postgresql"):
-        pytest.skip("the campaign seed writes by COPY: Postgres only")
+        pytest.skip(reason="the campaign seed writes by COPY: Postgres only")
     from seed_campaign import seed_campaign
 
     from app.db import make_session_factory
