@@ -69,6 +69,13 @@ def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
     return url
 
 
+def only_on(db: Session | Engine, backend: str, why: str) -> None:
+    """Run a heavy test on one backend only ("sqlite" or "postgresql"); `why` says what covers the other."""
+    bind = db.get_bind() if isinstance(db, Session) else db
+    if bind.dialect.name != backend:
+        pytest.skip(reason=f"{backend} only: {why}")
+
+
 @pytest.fixture(scope="session")
 def engine(database_url: str) -> Iterator[Engine]:
     from app.db import make_engine

@@ -18,6 +18,7 @@ from app.models import Completion, Job, Prompt
 from app.services import projects
 from app.settings import Settings
 from app.worker import Worker
+from tests.conftest import only_on
 from tests.training.tiny import char_tokenizer, save_tiny, tiny_gpt2
 from training.hold import ENV as HOLD_ENV
 
@@ -173,6 +174,8 @@ def _wait_for_file(path: Path, timeout: float = 90) -> None:
 def test_a_worker_killed_mid_job_loses_nothing_and_doubles_nothing(db, make_user, make_project, token_for, api,
                                                                    tiny_model_dir, database_url, clean_engine,
                                                                    tmp_path, how) -> None:
+    # One backend per signal: claims, heartbeats and reclaims are tested on both in tests/app/test_job_crashes.py.
+    only_on(db, "postgresql" if how == "SIGKILL" else "sqlite", "each kill signal runs on one backend")
     lead, project = _project_with_prompts(db, make_user, make_project, n=320, k=4)
     client = api(token_for(db, lead))
     db.commit()

@@ -18,6 +18,7 @@ from sqlalchemy import func, select
 from app.models import Export, Job, Prompt, TrainingRun
 from app.services import projects
 from app.worker import Worker
+from tests.conftest import only_on
 from tests.training.tiny import char_tokenizer, save_tiny, tiny_gpt2
 
 
@@ -74,6 +75,7 @@ def _prompts_export(eng, app, project_id: int) -> int:  # type: ignore[no-untype
 
 def test_a_prm_run_then_grpo_on_it_with_lineage(db, app, make_user, make_project, token_for, api,
                                                 policy_dir) -> None:
+    only_on(db, "postgresql", "the trainer is the same; jobs and runs are tested on both")
     project, engineer, eng = _project(db, make_user, make_project, api, token_for)
     project.settings = dict(project.settings or {}) | {"step_labels": True, "step_separator": ";"}
     steps = _steps_export(db, app, project, engineer)

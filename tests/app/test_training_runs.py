@@ -19,6 +19,7 @@ from transformers import BertConfig, BertForSequenceClassification, PreTrainedTo
 from app.models import Completion, Job, Project, Prompt, TrainingRun
 from app.services import projects
 from app.worker import Worker
+from tests.conftest import only_on
 from tests.training.tiny import char_tokenizer, save_tiny, tiny_gpt2
 
 WORDS = ["what", "is", "the", "answer", "good", "bad", "wrong", "right", "it", "a", "b", "c"]
@@ -113,6 +114,7 @@ def test_bad_runs_are_refused_before_any_job_exists(db, app, make_user, make_pro
 @pytest.mark.slow
 def test_the_loop_from_labels_to_a_policy_and_back_with_lineage(db, app, make_user, make_project, token_for, api,
                                                                 models_dir) -> None:
+    only_on(db, "postgresql", "the trainer is the same; jobs and runs are tested on both")
     project_id, eng = _ranked_project(db, make_user, make_project, api, token_for, n=12)
     pairs = _export(eng, app, project_id, "pairs")
     r = eng.post(f"/api/projects/{project_id}/training-runs", json={
@@ -192,6 +194,7 @@ def test_the_loop_from_labels_to_a_policy_and_back_with_lineage(db, app, make_us
 @pytest.mark.slow
 def test_a_finished_reward_run_reprioritises_a_project_that_serves_by_uncertainty(db, app, make_user, make_project,
                                                                                  token_for, api, models_dir) -> None:
+    only_on(db, "postgresql", "the trainer is the same; jobs and runs are tested on both")
     project_id, eng = _ranked_project(db, make_user, make_project, api, token_for, n=8)
     project = db.get(Project, project_id)
     project.settings = dict(project.settings or {}) | {"selection": "uncertainty"}  # as the lead's switch writes it
@@ -212,6 +215,7 @@ def test_a_finished_reward_run_reprioritises_a_project_that_serves_by_uncertaint
 
 def test_cancel_stops_the_trainer_and_a_crash_fails_with_the_log(db, app, make_user, make_project, token_for, api,
                                                                  models_dir, tmp_path) -> None:
+    only_on(db, "sqlite", "the trainer is the same; jobs and runs are tested on both")
     project_id, eng = _ranked_project(db, make_user, make_project, api, token_for, n=8)
     pairs = _export(eng, app, project_id, "pairs")
     long = eng.post(f"/api/projects/{project_id}/training-runs", json={
@@ -247,6 +251,7 @@ def test_cancel_stops_the_trainer_and_a_crash_fails_with_the_log(db, app, make_u
 @pytest.mark.slow
 def test_sft_dpo_and_rft_runs_from_the_app_train_and_sample_back(db, app, make_user, make_project, token_for, api,
                                                                   models_dir) -> None:
+    only_on(db, "sqlite", "the trainer is the same; jobs and runs are tested on both")
     from transformers import AutoModelForCausalLM
 
     project_id, eng = _ranked_project(db, make_user, make_project, api, token_for, n=8)
