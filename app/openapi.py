@@ -1,6 +1,6 @@
 """The API's contract, decided in one place: the error answers every operation documents, the links between
-operations, short operationIds, JSON Schema's own names for bounds, the `Allow` header of a 405, and the `/api/v1`
-prefix (`install` makes `app.openapi()` return it; `create_app` calls it).
+operations, short operationIds, JSON Schema's own names for bounds, file parts that OpenAPI 3.0 readers know, the
+`Allow` header of a 405, and the `/api/v1` prefix (`install` makes `app.openapi()` return it; `create_app` calls it).
 
 Routes declare only what is particular to them (`responses={410: ...}`); the rest is read from the route itself, so
 a new route is documented truthfully without a line of its own:
@@ -192,6 +192,20 @@ def _json_schema_bounds(node: Any) -> None:
             _json_schema_bounds(value)
 
 
+def _binary_uploads(node: Any) -> None:
+    """A file part (`UploadFile`) says so in OpenAPI 3.0's words too, `format: binary`, beside 3.1's
+    `contentMediaType`: generators that read only the former (openapi-python-client 0.29, its issue #1417) would
+    otherwise type the part as text and send it without a file name, which the upload refuses."""
+    if isinstance(node, dict):
+        if node.get("type") == "string" and node.get("contentMediaType") == "application/octet-stream":
+            node.setdefault("format", "binary")
+        for value in node.values():
+            _binary_uploads(value)
+    elif isinstance(node, list):
+        for value in node:
+            _binary_uploads(value)
+
+
 # --- links: what one operation's answer feeds into the next --------------------------------------------------------
 
 _PARAM = re.compile(r"{(\w+)(?::\w+)?}")
@@ -309,6 +323,7 @@ def install(app: FastAPI) -> None:
             _document_errors(schema, routes)
             _short_operation_ids(schema, routes)
             _json_schema_bounds(schema)
+            _binary_uploads(schema)
             _add_links(schema)
             _versioned_paths(schema)
             app.openapi_schema = schema

@@ -310,8 +310,35 @@ class WebhookDeliveryOut(BaseModel):
 
 
 class Health(BaseModel):
-    status: str
-    database: str
+    """`GET /healthz`: the process and the database, as it always answered."""
+
+    status: Literal["ok", "degraded"]
+    database: Literal["ok", "down"]
+
+
+class Live(BaseModel):
+    """`GET /healthz/live`: the process serves requests."""
+
+    status: Literal["ok"]
+
+
+class ReadinessCheck(BaseModel):
+    status: Literal["ok", "fail", "unknown"] = Field(description="`unknown`: not checked, an earlier check failed")
+    detail: str = Field(description="What was found, in words")
+
+
+class ReadinessChecks(BaseModel):
+    database: ReadinessCheck
+    migrations: ReadinessCheck
+    worker: ReadinessCheck
+
+
+class Readiness(BaseModel):
+    """`GET /healthz/ready`: each check, and the names of those that failed (a 503 when any did)."""
+
+    status: Literal["ok", "fail"]
+    failing: list[Literal["database", "migrations", "worker"]]
+    checks: ReadinessChecks
 
 
 class PromptView(BaseModel):

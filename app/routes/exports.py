@@ -53,9 +53,11 @@ _SHA256 = {"schema": {"type": "string", "pattern": "^[0-9a-f]{64}$"}, "descripti
 
 @router.get("/api/exports/{export_id}/files/{name:path}", tags=["exports"], summary="Download one file (streamed)",
             response_class=FileResponse,
+            # octet-stream first: a generated client decodes the answer by the first media type it knows, and
+            # openapi-python-client would build its File from a text/* answer's text (a TypeError; Parquet is no text).
             responses={200: {"description": "The file, with its sha256 in `X-Content-SHA256`",
-                             "content": {"application/x-ndjson": _FILE, "text/markdown; charset=utf-8": _FILE,
-                                         "application/octet-stream": _FILE},
+                             "content": {"application/octet-stream": _FILE, "application/x-ndjson": _FILE,
+                                         "text/markdown; charset=utf-8": _FILE},
                              "headers": {"X-Content-SHA256": _SHA256}},
                        404: {"description": "No such export or file"}, 410: {"description": "Deleted"}})
 def download_file(export_id: Id, name: str, db: SessionDep, user: CurrentUser) -> Response:

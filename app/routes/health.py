@@ -14,7 +14,7 @@ import ipaddress
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from sqlalchemy import inspect, text
 
 from app import permissions
@@ -24,7 +24,7 @@ from app.deps import _bearer
 from app.metrics import CONTENT_TYPE_LATEST, render
 from app.migrate import SchemaStatus, revisions
 from app.observability import worker_heartbeat_ages
-from app.schemas import Health
+from app.schemas import Health, Live, Readiness
 from app.services import users
 from app.web import client_ip
 
@@ -33,18 +33,19 @@ router = APIRouter(tags=["health"])
 
 @router.get("/healthz", summary="Service and database health",
             responses={503: {"model": Health, "description": "The database is unreachable"}})
-def healthz(request: Request) -> JSONResponse:
+def healthz(request: Request, response: Response) -> Health:
     try:
         with request.app.state.engine.connect() as conn:
             conn.execute(text("SELECT 1"))
     except Exception:  # any driver error means the database is down for our purposes
-        return JSONResponse({"status": "degraded", "database": "down"}, status_code=503)
-    return JSONResponse({"status": "ok", "database": "ok"})
+        response.status_code = 503
+        return Health(status="degraded", database="down")
+    return Health(status="ok", database="ok")
 
 
 @router.get("/healthz/live", summary="Liveness: the process serves requests")
-def live() -> dict[str, str]:
-    return {"status": "ok"}
+def live() -> Live:
+    return Live(status="ok")
 
 
 # The revisions this code ships never change while it runs; reading them walks every migration file (~0.2 s), too
@@ -91,14 +92,15 @@ def _check_worker(request: Request) -> tuple[str, str]:
 
 
 @router.get("/healthz/ready", summary="Readiness: database reachable, migrations current, a worker seen recently",
-            responses={503: {"description": "Not ready; `failing` names the checks that failed"}})
-def ready(request: Request) -> JSONResponse:
+            responses={503: {"model": Readiness, "description": "Not ready; `failing` names the checks that failed"}})
+def ready(request: Request, response: Response) -> Readiness:
     checks = _check_schema(request)
     worker_state, worker_detail = _check_worker(request)
     checks["worker"] = {"status": worker_state, "detail": worker_detail}
     failing = [name for name, c in checks.items() if c["status"] == "fail"]
-    body: dict[str, Any] = {"status": "fail" if failing else "ok", "failing": failing, "checks": checks}
-    return JSONResponse(body, status_code=503 if failing else 200)
+    if failing:
+        response.status_code = 503
+    return Readiness.model_validate({"status": "fail" if failing else "ok", "failing": failing, "checks": checks})
 
 
 def _may_scrape(request: Request) -> None:

@@ -19,16 +19,11 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
-import socket
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -40,7 +35,7 @@ from app.db import make_engine
 from app.models import Completion, Prompt
 from app.services import projects
 from app.services.pairs import expand_tiers
-from tests.conftest import REPO, TEST_SECRET
+from tests.support.server import Server, wait_for
 
 pytestmark = [pytest.mark.crash, pytest.mark.timeout(300)]
 
@@ -57,82 +52,6 @@ RECOVERY_DEADLINE_S = 15.0
 """After the connections are terminated, the same server acknowledges rankings and is ready again within this."""
 CLIENT_RETRY_DEADLINE_S = 60.0
 """A client sends a request again for at most this long before the drill fails."""
-
-
-# ------------------------------------------------------------------------------------------------
-# the server process
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """`preflab serve` as its own process; restartable on the same port."""
-
-    def __init__(self, database_url: str, data_dir: Path) -> None:
-        self.port = _free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log = data_dir / "server-output.log"
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("PREFLAB_")}
-        self.env.update(PREFLAB_DATABASE_URL=database_url, PREFLAB_DATA_DIR=str(data_dir), PREFLAB_ENV="dev",
-                        PREFLAB_SECRET_KEY=TEST_SECRET, PREFLAB_ENCRYPTION_KEY=os.environ["PREFLAB_ENCRYPTION_KEY"],
-                        # No job worker runs in this drill: readiness is the database and the migrations.
-                        PREFLAB_WORKER_HEARTBEAT_MAX_AGE_S="0", PYTHONPATH=str(REPO))
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> float:
-        """Start it and wait until it answers; the seconds that took."""
-        t0 = time.monotonic()
-        with open(self.log, "ab") as output:  # the child keeps its own copy of the handle
-            self.proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(self.port)],
-                                         cwd=REPO, env=self.env, stdout=output, stderr=subprocess.STDOUT)
-        _wait_for("the server to answer /healthz/live", self._live, START_DEADLINE_S, every=0.05,
-                  detail=self.output)
-        return time.monotonic() - t0
-
-    def _live(self) -> bool:
-        assert self.proc is not None and self.proc.poll() is None, f"the server exited:\n{self.output()}"
-        try:
-            return httpx.get(f"{self.base}/healthz/live", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    def ready(self) -> bool:
-        try:
-            return httpx.get(f"{self.base}/healthz/ready", timeout=5).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        assert self.proc.wait(timeout=30) == -signal.SIGKILL
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:] if self.log.exists() else ""
-
-
-def _wait_for(what: str, condition: Callable[[], Any], timeout: float, every: float = 0.01,
-              detail: Callable[[], str] = str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{detail()}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -349,7 +268,8 @@ def test_no_acknowledged_ranking_is_lost_or_doubled_when_the_server_and_database
     postgres = database_url.startswith("postgresql")
     project_id, people = _seed(db, make_user, make_project, token_for)
     db.close()
-    server = Server(database_url, tmp_path)
+    # No job worker runs in this drill: readiness is the database and the migrations.
+    server = Server(database_url, tmp_path, START_DEADLINE_S, PREFLAB_WORKER_HEARTBEAT_MAX_AGE_S="0")
     drill = Drill()
     figures: dict[str, Any] = {"drill": "crash", "database": "postgres" if postgres else "sqlite",
                                "clients": CLIENTS, "k": K, "overlap": OVERLAP, "load_before": os.getloadavg()[0]}
@@ -368,14 +288,14 @@ def test_no_acknowledged_ranking_is_lost_or_doubled_when_the_server_and_database
         for c in clients:
             c.start()
         # 1. SIGKILL mid-load: enough rankings acknowledged, and a submit on its way.
-        _wait_for(f"{BEFORE_KILL} rankings and a submit in flight",
+        wait_for(f"{BEFORE_KILL} rankings and a submit in flight",
                   unless_failed(lambda: drill.acked() >= BEFORE_KILL and drill.submits_in_flight > 0),
                   timeout=60, every=0.001, detail=server.output)
         server.kill()
         figures["acked_at_kill"] = drill.acked()
         t_killed = time.monotonic()
         figures["restart_s"] = round(server.start(), 2)
-        _wait_for(f"{AFTER_RESTART} rankings from the restarted server",
+        wait_for(f"{AFTER_RESTART} rankings from the restarted server",
                   unless_failed(lambda: drill.acked_since(t_killed) >= AFTER_RESTART), timeout=60,
                   detail=server.output)
         figures["first_ack_after_kill_s"] = round(min(a.at for a in drill.acks if a.at >= t_killed) - t_killed, 2)
@@ -386,10 +306,10 @@ def test_no_acknowledged_ranking_is_lost_or_doubled_when_the_server_and_database
             t_cut = time.monotonic()
             figures["connections_terminated"] = _terminate_connections(database_url)
             assert figures["connections_terminated"] > 0, "the server held no database connection to terminate"
-            _wait_for("/healthz/ready after the connections were terminated", server.ready,
+            wait_for("/healthz/ready after the connections were terminated", server.ready,
                       timeout=RECOVERY_DEADLINE_S, every=0.05, detail=server.output)
             figures["ready_after_terminate_s"] = round(time.monotonic() - t_cut, 2)
-            _wait_for(f"{AFTER_TERMINATE} rankings after the connections were terminated",
+            wait_for(f"{AFTER_TERMINATE} rankings after the connections were terminated",
                       unless_failed(lambda: drill.acked_since(t_cut) >= AFTER_TERMINATE),
                       timeout=max(1.0, t_cut + RECOVERY_DEADLINE_S - time.monotonic()), detail=server.output)
             figures["first_ack_after_terminate_s"] = round(
