@@ -175,6 +175,8 @@ class ImportOut(BaseModel):
     skipped_duplicates: list[int] = Field(default_factory=list, description="Lines skipped as duplicates.")
     rankings: int = Field(0, description="Rankings by annotators of another tool (label-studio, argilla presets).")
     annotators: int = Field(0, description="Pseudonymous users standing for those annotators.")
+    step_labels: int = Field(0, description="Step labels imported, one per labelled step (trl-stepwise, prm800k "
+                             "presets; their rankings carry the labels and make no pairs).")
     preset: str = Field("preflab", description="The layout the file was read in: the one asked for, or the one "
                         "detected from its first row.")
     extra_columns: list[str] = Field(default_factory=list,

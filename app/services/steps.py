@@ -76,6 +76,21 @@ def split(text: str, separator: str | None = LINES) -> list[str]:
     return steps or [text.strip()]
 
 
+JOINERS = ("\n", "\n\n", " ", "")
+"""Tried in turn to join imported steps into a completion's text that the separator splits back into them."""
+
+
+def join(steps: list[str], separator: str | None = LINES) -> str:
+    """A completion's text made of `steps`: joined so that split() gives the same steps back where any joiner
+    does (one per line by default); else by lines. Imported labelled steps are stored as given either way, and
+    a labelled completion is never split again."""
+    for joiner in JOINERS if separator is not None else ("\n",):
+        text = joiner.join(steps)
+        if split(text, separator) == steps:
+            return text
+    return "\n".join(steps)
+
+
 def _between(pattern: re.Pattern[str], text: str) -> list[str]:
     """The text between matches (groups in the pattern add nothing, unlike re.split)."""
     pieces, start = [], 0
