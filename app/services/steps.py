@@ -121,12 +121,15 @@ def set_options(db: Session, project: Project, actor: User, *, enabled: bool, se
 
 
 def resplit_unlabelled(db: Session, project: Project, separator: str | None) -> int:
-    """Store fresh steps on the project's completions that have no step label; how many changed."""
+    """Store fresh steps on the project's completions that have no step label; how many changed. A gold task's
+    known step labels count as labels: they name the steps they were given on."""
     labelled = exists().where(StepLabel.completion_id == Completion.id)
     rows = db.execute(select(Completion.id, Completion.text, Completion.steps).join(Prompt)
                       .where(Prompt.project_id == project.id, ~labelled)).all()
+    gold = {int(cid) for known in db.scalars(select(Prompt.gold_step_labels).where(
+        Prompt.project_id == project.id, Prompt.gold_step_labels.is_not(None))) for cid in known or {}}
     changes = [{"cid": cid, "new_steps": steps} for cid, text, old in rows
-               if (steps := split(text, separator)) != old]
+               if cid not in gold and (steps := split(text, separator)) != old]
     if changes:
         db.flush()
         db.execute(_SET_STEPS, changes)
