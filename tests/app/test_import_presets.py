@@ -464,3 +464,24 @@ def test_the_api_takes_the_step_presets_and_counts_step_labels(
     assert response.status_code == 201, response.text
     assert (response.json()["preset"], response.json()["step_labels"], response.json()["rankings"]) == (
         "prm800k", 11, 4)
+
+
+def test_imported_trl_stepwise_rows_come_back_out_of_a_steps_export(
+    db: Session, app: Any, api: Callable[..., Any], token_for: Callable[..., str], project: Project, lead: Any,
+    tmp_path: Path,
+):
+    from tests.app.test_exports import _download, _export
+
+    steps.set_options(db, project, lead, enabled=True, separator=None)
+    import_file(db, project, "s.jsonl", sample("trl_stepwise.jsonl"), actor=lead)
+    client = api(token_for(db, lead))
+    db.commit()
+    out = _export(client, app, project.id, kind="steps", format="jsonl")
+    exported = [json.loads(line) for line in (_download(client, out, tmp_path) / "steps.jsonl").read_text().splitlines()]
+    original = [json.loads(line) for line in sample("trl_stepwise.jsonl").decode().splitlines()]
+    def upto_first_error(row: dict[str, Any]) -> tuple[str, list[str], list[bool]]:
+        end = row["labels"].index(False) + 1 if False in row["labels"] else len(row["labels"])
+        return row["prompt"], row["completions"][:end], row["labels"][:end]  # an export row ends at its first −1
+
+    assert sorted(upto_first_error(r) for r in exported) == sorted(upto_first_error(r) for r in original)
+    assert {r["source"] for r in exported} == {"imported"}
