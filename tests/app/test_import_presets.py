@@ -485,3 +485,20 @@ def test_imported_trl_stepwise_rows_come_back_out_of_a_steps_export(
 
     assert sorted(upto_first_error(r) for r in exported) == sorted(upto_first_error(r) for r in original)
     assert {r["source"] for r in exported} == {"imported"}
+
+
+def test_cli_import_reads_prm800k_and_counts_step_labels(db: Session, app: Any, project: Project, lead: Any,
+                                                          monkeypatch: Any, database_url: str):
+    from typer.testing import CliRunner
+
+    from app.cli import cli
+
+    settings = app.state.settings
+    monkeypatch.setenv("PREFLAB_DATABASE_URL", database_url)
+    monkeypatch.setenv("PREFLAB_SECRET_KEY", settings.resolved_secret())
+    monkeypatch.setenv("PREFLAB_DATA_DIR", str(settings.data_dir))
+    steps.set_options(db, project, lead, enabled=True, separator=None)
+    db.commit()
+    result = CliRunner().invoke(cli, ["import", str(project.id), str(PRESETS / "prm800k.jsonl"), "--preset", "prm800k"])
+    assert result.exit_code == 0, result.output
+    assert "4 rankings by 2 annotators, 11 step labels (preset prm800k)" in result.output
