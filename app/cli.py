@@ -308,11 +308,13 @@ def import_cmd(project_id: Annotated[int, typer.Argument(help="Project id")],
                skip_duplicates: Annotated[bool, typer.Option(help="Skip prompts already in the project")]
                = False,
                preset: Annotated[str | None, typer.Option(help="The file's layout: preflab | ultrafeedback | trl | "
-                                                          "hh-rlhf | label-studio | argilla (detected when not given)")]
+                                                          "hh-rlhf | label-studio | argilla | trl-stepwise | prm800k "
+                                                          "(detected when not given)")]
                = None,
                strict: Annotated[bool, typer.Option(help="Refuse unknown columns instead of keeping them as "
                                                     "metadata")] = False) -> None:
-    """Import prompts with completions, preference pairs, or another tool's rankings into a project (all or nothing)."""
+    """Import prompts with completions, preference pairs, another tool's rankings, or step labels into a project
+    (all or nothing)."""
     from app.db import session_scope
     from app.models import Project
     from app.services import imports
@@ -336,6 +338,8 @@ def import_cmd(project_id: Annotated[int, typer.Argument(help="Project id")],
             typer.echo(f"  {where}{err.field}: {err.message}", err=True)
         raise typer.Exit(1) from None
     ranked = f", {result.rankings} rankings by {result.annotators} annotators" if result.rankings else ""
+    if result.step_labels:
+        ranked += f", {result.step_labels} step labels"
     typer.echo(f"imported {result.prompts} prompts, {result.completions} completions, {result.pairs} pairs{ranked} "
                f"(preset {result.preset})")
     if result.note:

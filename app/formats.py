@@ -13,7 +13,8 @@ StepNeutral = Literal["positive", "negative", "truncate"]
 """How a steps export turns neutral (0) steps into TRL's bool labels (app/services/export_steps.py)."""
 Flagged = Literal["include", "exclude", "only"]
 ImportFormat = Literal["jsonl", "csv", "parquet"]
-ImportPreset = Literal["preflab", "ultrafeedback", "trl", "hh-rlhf", "label-studio", "argilla"]
+ImportPreset = Literal["preflab", "ultrafeedback", "trl", "hh-rlhf", "label-studio", "argilla", "trl-stepwise",
+                       "prm800k"]
 """Layouts an import can be read in; "preflab" is preflab's own (the fields the import page lists)."""
 ExportLayout = Literal["standard", "conversational"]
 

@@ -271,6 +271,8 @@ class Prompt(Base):
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSONType, default=dict)
     gold_tiers: Mapped[list[list[int]] | None] = mapped_column(JSONType)
     """A known correct order (completion ids, best tier first): a gold task mixed into the queue."""
+    gold_step_labels: Mapped[dict[str, list[int]] | None] = mapped_column(NullableJSON)
+    """A gold task's known step labels, {completion id: +1/0/−1 per step}, for annotators' step accuracy."""
     priority: Mapped[float | None] = mapped_column(Float)
     """How much a ranking of this prompt is expected to teach (the last priorities job; higher first)."""
     queue_rank: Mapped[int | None] = mapped_column(Integer)

@@ -175,6 +175,8 @@ class ImportOut(BaseModel):
     skipped_duplicates: list[int] = Field(default_factory=list, description="Lines skipped as duplicates.")
     rankings: int = Field(0, description="Rankings by annotators of another tool (label-studio, argilla presets).")
     annotators: int = Field(0, description="Pseudonymous users standing for those annotators.")
+    step_labels: int = Field(0, description="Step labels imported, one per labelled step (trl-stepwise, prm800k "
+                             "presets; their rankings carry the labels and make no pairs).")
     preset: str = Field("preflab", description="The layout the file was read in: the one asked for, or the one "
                         "detected from its first row.")
     extra_columns: list[str] = Field(default_factory=list,
@@ -831,6 +833,20 @@ class AgreementOut(BaseModel):
     age_seconds: float | None = Field(None, description="How old the figures are, in seconds.")
 
 
+class GoldStepScoreOut(BaseModel):
+    user_id: int
+    email: str
+    gold_completions: int = Field(description="Gold completions with known step labels the annotator labelled.")
+    gold_steps: int = Field(description="Steps labelled both by the annotator and in the gold (steps after either's "
+                                        "first -1 are not compared).")
+    gold_steps_agreed: int = Field(description="Of those, steps given the gold's label.")
+    gold_step_accuracy: float | None = Field(description="gold_steps_agreed / gold_steps.")
+    gold_first_error_agreed: int = Field(
+        description="Gold completions where the annotator's first -1 is on the gold's first -1 step (or neither "
+                    "has one).")
+    gold_first_error_accuracy: float | None = Field(description="gold_first_error_agreed / gold_completions.")
+
+
 class StepAgreementOut(BaseModel):
     labelled_completions: int = Field(description="Completions with at least one human step label.")
     shared_completions: int = Field(description="Completions step-labelled by two or more annotators.")
@@ -839,6 +855,10 @@ class StepAgreementOut(BaseModel):
     krippendorff_alpha: float | None = Field(description="Ordinal α over steps (-1 < 0 < +1); annotators are coders.")
     first_error_agreement: float | None = Field(
         description="Share of annotator pairs putting a completion's first wrong step on the same step (or none).")
+    gold_completions: int = Field(0, description="Completions of gold tasks with known step labels.")
+    annotators: list[GoldStepScoreOut] = Field(
+        default_factory=list, description="Each annotator's step accuracy on gold tasks' known step labels (those "
+                                          "who step-labelled any gold completion).")
 
 
 class GoldIn(Strict):
@@ -846,8 +866,16 @@ class GoldIn(Strict):
         min_length=2, max_length=16,
         description="The known correct order: completion ids, best tier first; ties share a tier. At least two "
                     "tiers: a gold order with everything tied teaches nothing.")
+    step_labels: dict[CompletionKey, StepLabelList] = Field(
+        default_factory=dict, max_length=16,
+        description="Projects that label steps: completion id → the known label of each of its steps (1 correct, "
+                    "0 neutral, -1 wrong), checked as a ranking's are (every step, or up to the first -1; a "
+                    "completion left out has none). Setting the gold again replaces them; {} clears them.",
+        json_schema_extra=_ONLY_COMPLETION_KEYS)
 
 
 class GoldOut(BaseModel):
     prompt_id: int
     gold_tiers: list[list[int]] | None
+    gold_step_labels: dict[str, list[int]] | None = Field(
+        None, description="The known step labels, completion id → labels; null when none.")

@@ -47,7 +47,8 @@ def get_agreement(project_id: Id, db: SessionDep, user: CurrentUser,
 
 
 @router.get("/api/projects/{project_id}/agreement/steps", tags=["agreement"],
-            summary="Agreement between annotators on step labels (process supervision)",
+            summary="Agreement between annotators on step labels (process supervision), and each annotator's step "
+                    "accuracy on gold tasks' known step labels",
             responses={403: {"description": "Annotators may not see the figures"}})
 def get_step_agreement(project_id: Id, db: SessionDep, user: CurrentUser,
                        rubric_version: RubricVersionQuery = None) -> StepAgreementOut:
@@ -56,12 +57,13 @@ def get_step_agreement(project_id: Id, db: SessionDep, user: CurrentUser,
 
 
 @router.put("/api/projects/{project_id}/prompts/{prompt_id}/gold", tags=["agreement"],
-            summary="Mark a prompt as a gold task with its known correct order (leads and admins)",
-            responses={422: {"description": "Bad tiers: `detail` names the field"}})
+            summary="Mark a prompt as a gold task with its known correct order and step labels (leads and admins)",
+            responses={422: {"description": "Bad tiers or step labels: `detail` names the field (`tiers`, "
+                                            "`step_labels.<completion id>`)"}})
 def put_gold(project_id: Id, prompt_id: Id, body: GoldIn, db: SessionDep, user: CurrentUser) -> GoldOut:
     project = projects.get_visible(db, project_id, user)
-    prompt = gold.set_gold(db, project, prompt_id, body.tiers, user)
-    return GoldOut(prompt_id=prompt.id, gold_tiers=prompt.gold_tiers)
+    prompt = gold.set_gold(db, project, prompt_id, body.tiers, user, step_labels=body.step_labels)
+    return GoldOut(prompt_id=prompt.id, gold_tiers=prompt.gold_tiers, gold_step_labels=prompt.gold_step_labels)
 
 
 @router.delete("/api/projects/{project_id}/prompts/{prompt_id}/gold", tags=["agreement"], status_code=204,
@@ -108,6 +110,7 @@ def agreement_page(request: Request, project_id: Id, db: SessionDep, user: PageU
     if ctx["report"] is None:
         return render(request, "agreement_pending.html", ctx, status_code=status)
     ctx["charts"] = _charts(ctx["report"])
+    ctx["step_gold"] = {s.user_id: s for s in ctx["step_report"].annotators} if ctx["step_report"] else {}
     return render(request, "agreement.html", ctx, status_code=status)
 
 

@@ -132,7 +132,8 @@ async def import_file(
         raise Conflict("another import changed this project at the same moment; upload again", field="file") from None
     return ImportOut(prompts=result.prompts, completions=result.completions, pairs=result.pairs,
                      skipped_duplicates=list(result.skipped_duplicates), rankings=result.rankings,
-                     annotators=result.annotators, preset=result.preset, extra_columns=result.extra_columns,
+                     annotators=result.annotators, step_labels=result.step_labels, preset=result.preset,
+                     extra_columns=result.extra_columns,
                      note=result.note)
 
 

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from app import permissions
 from app.errors import Invalid, NotFound
 from app.models import Completion, Project, Prompt, User
-from app.services import audit
+from app.services import audit, steps
 from app.services.rankings import tier_items, tier_lists
 
 
@@ -30,15 +30,21 @@ def validate_gold_tiers(tiers: Any, completion_ids: set[int]) -> list[list[int]]
     return tier_items(tiers, completion_ids)
 
 
-def set_gold(db: Session, project: Project, prompt_id: int, tiers: Any, actor: User) -> Prompt:
-    """Mark a prompt as a gold task with a known correct order (completion ids, best tier first)."""
+def set_gold(db: Session, project: Project, prompt_id: int, tiers: Any, actor: User,
+             step_labels: Any = None) -> Prompt:
+    """Mark a prompt as a gold task with a known correct order (completion ids, best tier first) and, in a
+    project that labels steps, known step labels ({completion id: +1/0/−1 per step}, checked as a ranking's)."""
     permissions.require(db, actor, project, "gold.manage")
     prompt = _prompt(db, project, prompt_id)
     ids = set(db.scalars(select(Completion.id).where(Completion.prompt_id == prompt.id)))
     prompt.gold_tiers = validate_gold_tiers(tiers, ids)
+    known = steps.validate(step_labels, steps.task_steps(db, project, sorted(ids)) if step_labels else {},
+                           enabled=steps.options(project).enabled)
+    # SQL NULL when none: the column stores None as NULL, so "no known step labels" is one value.
+    prompt.gold_step_labels = {str(cid): labels for cid, labels in sorted(known.items())} or None
     db.flush()
     audit.record(db, actor, "gold.set", project_id=project.id, object_type="prompt", object_id=prompt.id,
-                 tiers=prompt.gold_tiers)
+                 tiers=prompt.gold_tiers, step_labels=prompt.gold_step_labels)
     return prompt
 
 
@@ -48,8 +54,9 @@ def clear_gold(db: Session, project: Project, prompt_id: int, actor: User) -> Pr
     prompt = _prompt(db, project, prompt_id)
     had = prompt.gold_tiers
     prompt.gold_tiers = null()  # SQL NULL, not the JSON value null, so `gold_tiers IS NULL` finds it
+    prompt.gold_step_labels = None
     db.flush()
-    db.refresh(prompt, ["gold_tiers"])
+    db.refresh(prompt, ["gold_tiers", "gold_step_labels"])
     audit.record(db, actor, "gold.clear", project_id=project.id, object_type="prompt", object_id=prompt.id,
                  previous=had)
     return prompt

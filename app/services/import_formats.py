@@ -40,7 +40,7 @@ HH_ASSISTANT = "\n\nAssistant:"
 CHAT_ROLES = ("system", "user", "assistant")
 
 Format = ImportFormat
-Kind = Literal["prompts", "pairs", "rankings"]
+Kind = Literal["prompts", "pairs", "rankings", "steps"]
 
 EXTENSIONS: dict[str, Format] = {
     ".jsonl": "jsonl",
@@ -219,6 +219,22 @@ class RankedRow(_RowPrompt):
     metadata: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class StepRow(_RowPrompt):
+    """One completion of a prompt as its steps, with one labeller's label per step (trl-stepwise, prm800k)."""
+
+    steps: list[str]
+    """Stripped, none empty."""
+    labels: list[int]
+    """+1, 0 or −1 per step."""
+    annotator: str | None
+    """"tool:id" of the labeller (a pseudonymous user is made for it), or None: the dataset itself."""
+    reference: str | None
+    meta: dict[str, Any]
+    """Provenance of the labels (tool, timestamp…), kept on the ranking that carries them."""
+    metadata: dict[str, Any]
+
+
 @dataclass
 class ParsedImport:
     filename: str
@@ -230,6 +246,7 @@ class ParsedImport:
     prompts: list[PromptRow] = field(default_factory=list)
     pairs: list[PairRow] = field(default_factory=list)
     ranked: list[RankedRow] = field(default_factory=list)
+    stepped: list[StepRow] = field(default_factory=list)
     preset: str = "preflab"
     """The layout the file was read in: the one asked for, or the one detected."""
     extra_columns: list[str] = field(default_factory=list)
@@ -237,7 +254,7 @@ class ParsedImport:
 
     @property
     def rows(self) -> int:
-        return len(self.prompts) + len(self.pairs) + len(self.ranked)
+        return len(self.prompts) + len(self.pairs) + len(self.ranked) + len(self.stepped)
 
     def extra_columns_note(self) -> str | None:
         """"kept 3 extra columns: prompt_id, source, model" (the import report), or None when there were none."""
@@ -291,6 +308,7 @@ def parse_import(
         prompts=validator.prompts,
         pairs=validator.pairs,
         ranked=validator.ranked,
+        stepped=validator.stepped,
         preset=chosen_preset,
         extra_columns=list(validator.extra_columns),
     )
@@ -424,7 +442,7 @@ def _check_columns(columns: list[str], problems: _Problems, line: int, options: 
         if name in seen:
             problems.add(line, name, "column appears twice in the header")
         seen.add(name)
-    if options.preset in import_presets.ANNOTATED:
+    if options.preset in import_presets.ANNOTATED + import_presets.STEPPED:
         return
     is_pairs = "chosen" in seen or "rejected" in seen
     allowed = PAIR_FIELDS if is_pairs else PROMPT_FIELDS
@@ -1023,6 +1041,35 @@ def _ranked_row(check: _RowCheck) -> RankedRow | None:
                      completions=completions, rankings=out, metadata=metadata)
 
 
+MAX_STEPS = 100
+"""Steps per imported completion: as many as a project splits a completion into (app.services.steps.MAX_STEPS)."""
+
+
+def _step_row(check: _RowCheck) -> StepRow | None:
+    """A TRL-stepwise or PRM800K row mapped by its preset: a prompt and one labelled path of steps."""
+    record = check.record
+    prompt = check.prompt(required=True)
+    steps: list[str] = []
+    for value, where in zip(record["steps"], record["step_fields"], strict=True):
+        text = check.text(value, where)
+        if text is not None:
+            steps.append(text.strip())
+    if len(record["steps"]) > MAX_STEPS:
+        check.fail(record["step_fields"][0].rpartition(".")[0] or "completions",
+                   f"{len(record['steps'])} steps; a completion has at most {MAX_STEPS}")
+    reference = check.text(record.get("reference"), "question.ground_truth_answer", required=False)
+    if (why := _json_problem(record["meta"])) is not None:
+        check.fail("label", why)
+    metadata = check.metadata(record.get("_metadata"))
+    if not check.ok or prompt is None:
+        return None
+    text, messages = prompt
+    return StepRow(line=check.line, text=text, messages=messages,
+                   text_hash=prompt_text_hash(text=text if messages is None else None, messages=messages),
+                   steps=steps, labels=list(record["step_labels"]), annotator=record["annotator"],
+                   reference=reference, meta=record["meta"], metadata=metadata)
+
+
 def _row_kind(record: dict[str, Any]) -> Kind:
     return "pairs" if ("chosen" in record or "rejected" in record) else "prompts"
 
@@ -1037,12 +1084,17 @@ class _Validator:
         self.prompts: list[PromptRow] = []
         self.pairs: list[PairRow] = []
         self.ranked: list[RankedRow] = []
+        self.stepped: list[StepRow] = []
         self.extra_columns: dict[str, None] = {}
 
     def _mapped(self, line: int, record: dict[str, Any]) -> dict[str, Any] | None:
         try:
             if self.preset in import_presets.ANNOTATED:
                 mapped = import_presets.map_annotated(self.preset, record)
+                mapped["_metadata"] = mapped.pop("metadata")
+                return mapped
+            if self.preset in import_presets.STEPPED:
+                mapped = import_presets.map_stepped(self.preset, record)
                 mapped["_metadata"] = mapped.pop("metadata")
                 return mapped
             return import_presets.map_pair_record(self.preset, record)
@@ -1053,7 +1105,9 @@ class _Validator:
     def _one(self, line: int, record: dict[str, Any], kind: Kind) -> None:
         check = _RowCheck(record, line, self.problems, strict=self.strict)
         if kind == "rankings":
-            row: PromptRow | PairRow | RankedRow | None = _ranked_row(check)
+            row: PromptRow | PairRow | RankedRow | StepRow | None = _ranked_row(check)
+        elif kind == "steps":
+            row = _step_row(check)
         elif kind == "prompts":
             row = _prompt_row(check)
         else:
@@ -1061,10 +1115,19 @@ class _Validator:
         self.extra_columns.update(dict.fromkeys(check.extras))
         if isinstance(row, RankedRow):
             self.ranked.append(row)
+        elif isinstance(row, StepRow):
+            self.stepped.append(row)
         elif isinstance(row, PromptRow):
             self.prompts.append(row)
         elif isinstance(row, PairRow):
             self.pairs.append(row)
+
+    def _kind_of(self, record: dict[str, Any]) -> Kind:
+        if self.preset in import_presets.ANNOTATED:
+            return "rankings"
+        if self.preset in import_presets.STEPPED:
+            return "steps"
+        return _row_kind(record)
 
     def run(self, records: Iterator[tuple[int, dict[str, Any] | None]]) -> Kind:
         kind: Kind | None = None
@@ -1078,7 +1141,7 @@ class _Validator:
             record = self._mapped(line, raw)
             if record is None:
                 continue
-            row_kind = "rankings" if self.preset in import_presets.ANNOTATED else _row_kind(record)
+            row_kind = self._kind_of(record)
             if kind is None:
                 kind, first_line = row_kind, line
             elif row_kind != kind:

@@ -12,9 +12,15 @@ field mapping of every preset is in the README ("Import presets") and in the doc
 - `label-studio`: a Label Studio JSON export of a pairwise or ranker project; annotations become rankings.
 - `argilla`: a `datasets` export of an Argilla 2.x dataset with a ranking question or rating questions;
   submitted responses become rankings.
+- `trl-stepwise`: TRL's stepwise supervision (`prompt`, `completions` = the steps, `labels` = one bool per step).
+- `prm800k`: PRM800K's JSONL (`question.problem`, `label.steps[].completions[]` rated −1/0/+1, `labeler`).
 
 Label Studio and Argilla rows come out as *annotated* records: {"prompt", "completions", "metadata",
 "rankings": [{"annotator", "tiers" (completion indexes, best tier first), "meta"}]}.
+
+TRL-stepwise and PRM800K rows come out as *stepped* records, one completion with its step labels:
+{"prompt" | "messages", "steps", "step_fields" (where each step is in the file), "step_labels" (+1/0/−1),
+"annotator" ("tool:id", or None: the dataset itself), "meta" (provenance), "metadata", "reference"}.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from app.formats import IMPORT_PRESETS
 PRESETS = IMPORT_PRESETS
 ANNOTATED = ("label-studio", "argilla")
 """Presets whose rows carry annotators' rankings rather than finished pairs."""
+STEPPED = ("trl-stepwise", "prm800k")
+"""Presets whose rows carry one completion's steps and their labels (process supervision)."""
 PROMPT_KEYS = ("prompt", "instruction", "question", "text")
 """Where Label Studio task data and Argilla records keep the prompt, first match wins."""
 LS_PAIR_KEYS = (("answer1", "answer2"), ("text1", "text2"), ("response1", "response2"), ("response_a", "response_b"))
@@ -59,6 +67,12 @@ def detect(record: Record) -> str | None:
     """The preset a record's layout says, or None when it fits several or none (then the file needs a preset)."""
     if "data" in record and isinstance(record.get("data"), dict) and ("annotations" in record or "id" in record):
         return "label-studio"
+    if isinstance(record.get("question"), dict) and isinstance(record.get("label"), dict):
+        return "prm800k"
+    labels = record.get("labels")
+    if isinstance(labels, list) and labels and all(isinstance(v, bool) for v in labels) \
+            and isinstance(record.get("completions"), list):
+        return "trl-stepwise"
     if any(isinstance(k, str) and k.endswith(".responses") for k in record):
         return "argilla"
     if "chosen" not in record and "rejected" not in record:
@@ -367,6 +381,107 @@ def map_argilla(record: Record) -> Record:
 
 def map_annotated(preset: str, record: Record) -> Record:
     return map_label_studio(record) if preset == "label-studio" else map_argilla(record)
+
+
+# --- step-labelled data (TRL stepwise supervision, PRM800K) ---------------------------------------
+
+
+def map_stepped(preset: str, record: Record) -> Record:
+    return map_trl_stepwise(record) if preset == "trl-stepwise" else map_prm800k(record)
+
+
+def map_trl_stepwise(record: Record) -> Record:
+    """TRL's stepwise-supervision row: `prompt` (text, or a chat), `completions` (the steps of one solution) and
+    `labels` (one bool per step: True +1, False −1). The file names no labeller: the dataset is one (annotator
+    None). Other columns are the prompt's metadata."""
+    steps, labels = record.get("completions"), record.get("labels")
+    if not isinstance(steps, list) or not steps:
+        raise PresetError("completions", "must be a non-empty array of steps (strings)")
+    if not isinstance(labels, list):
+        raise PresetError("labels", "must be an array of true/false, one per step")
+    for i, value in enumerate(labels):
+        if not isinstance(value, bool):
+            raise PresetError(f"labels.{i}", f"must be true or false, got {value!r}")
+    if len(labels) != len(steps):
+        raise PresetError("labels", f"{len(labels)} labels for {len(steps)} steps")
+    prompt = record.get("prompt")
+    out: Record = {"messages": prompt} if isinstance(prompt, list) else {"prompt": prompt}
+    return out | {"steps": steps, "step_fields": [f"completions.{i}" for i in range(len(steps))],
+                  "step_labels": [1 if v else -1 for v in labels], "annotator": None,
+                  "meta": {"source_tool": "trl-stepwise"}, "reference": None,
+                  "metadata": {k: v for k, v in record.items() if k not in ("prompt", "completions", "labels")}}
+
+
+PRM_RATINGS = (-1, 0, 1)
+PRM_ROW_KEYS = ("question", "label", "labeler")
+
+
+def _prm_step(step: Any, where: str, last: bool) -> tuple[Any, int, str]:
+    """(text, rating, field) of the path's step: the completion at chosen_completion, else the labeller's own
+    (human_completion, +1 when unrated: they wrote it as the right step), else the only completion; at the last
+    step with none chosen (labelling stopped at an error) the first completion rated −1."""
+    if not isinstance(step, dict):
+        raise PresetError(where, "must be an object with completions")
+    completions = step.get("completions")
+    if not isinstance(completions, list):
+        raise PresetError(f"{where}.completions", "must be an array of {text, rating} objects")
+    chosen, human = step.get("chosen_completion"), step.get("human_completion")
+    if chosen is not None:
+        if isinstance(chosen, bool) or not isinstance(chosen, int) or not 0 <= chosen < len(completions):
+            raise PresetError(f"{where}.chosen_completion",
+                              f"{chosen!r} is not an index into the step's {len(completions)} completions")
+        index = chosen
+    elif isinstance(human, dict):
+        rating = human.get("rating")
+        score = 1 if rating is None else _prm_rating(rating, f"{where}.human_completion.rating")
+        return human.get("text"), score, f"{where}.human_completion.text"
+    elif len(completions) == 1:
+        index = 0
+    else:
+        wrong = [i for i, c in enumerate(completions) if isinstance(c, dict) and c.get("rating") == -1]
+        if not (last and wrong):
+            raise PresetError(f"{where}.chosen_completion", f"null with {len(completions)} completions and no "
+                              "human_completion: the path through this step is unknown")
+        index = wrong[0]
+    completion = completions[index]
+    if not isinstance(completion, dict):
+        raise PresetError(f"{where}.completions.{index}", "must be an object with text and rating")
+    return completion.get("text"), _prm_rating(completion.get("rating"), f"{where}.completions.{index}.rating"), \
+        f"{where}.completions.{index}.text"
+
+
+def _prm_rating(value: Any, where: str) -> int:
+    if isinstance(value, bool) or value not in PRM_RATINGS:
+        raise PresetError(where, f"must be -1, 0 or 1, got {value!r}")
+    return int(value)
+
+
+def map_prm800k(record: Record) -> Record:
+    """A PRM800K row (phase 1 or 2): the prompt is `question.problem` (its `ground_truth_answer` the reference);
+    the path the labeller took through `label.steps` is one completion, each step rated −1/0/+1 by `labeler`
+    (a pseudonymous user). The rest of `question` and the row's flags are the prompt's metadata; timestamp,
+    generation and finish_reason go with the labels."""
+    for key in PRM_ROW_KEYS:
+        if key not in record:
+            raise PresetError(key, "missing; a PRM800K row has question, label and labeler")
+    question, label, labeler = record["question"], record["label"], record["labeler"]
+    if not isinstance(question, dict) or "problem" not in question:
+        raise PresetError("question.problem", "missing; the question object holds the problem")
+    if not isinstance(label, dict) or not isinstance(label.get("steps"), list) or not label["steps"]:
+        raise PresetError("label.steps", "must be a non-empty array of steps")
+    if isinstance(labeler, bool) or not isinstance(labeler, str | int) or not str(labeler).strip():
+        raise PresetError("labeler", f"must be the labeller's id, got {labeler!r}")
+    n = len(label["steps"])
+    path = [_prm_step(step, f"label.steps.{i}", i == n - 1) for i, step in enumerate(label["steps"])]
+    reference = question.get("ground_truth_answer")
+    metadata = {k: v for k, v in question.items() if k not in ("problem", "ground_truth_answer")}
+    metadata |= {k: v for k, v in record.items() if k not in (*PRM_ROW_KEYS, "timestamp", "generation")}
+    return {"prompt": question["problem"], "steps": [text for text, _, _ in path],
+            "step_fields": [where for _, _, where in path], "step_labels": [rating for _, rating, _ in path],
+            "annotator": f"prm800k:{labeler}", "reference": reference if isinstance(reference, str) else None,
+            "meta": {"source_tool": "prm800k", "timestamp": record.get("timestamp"),
+                     "generation": record.get("generation"), "finish_reason": label.get("finish_reason")},
+            "metadata": metadata}
 
 
 def first_record(records: Iterator[tuple[int, Record | None]]) -> tuple[list[tuple[int, Record | None]], Record | None]:

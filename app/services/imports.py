@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from app import security
 from app.formats import IMPORT_PRESETS
-from app.models import Assignment, Completion, Pair, Project, ProjectMember, Prompt, User, utcnow
+from app.models import Assignment, Completion, Pair, Project, ProjectMember, Prompt, StepLabel, User, utcnow
 from app.services import audit, bulk, rankings, steps
 from app.services.import_formats import (
     MAX_ERRORS,
@@ -27,6 +27,7 @@ from app.services.import_formats import (
     PromptRow,
     RankedRow,
     RowError,
+    StepRow,
     _Problems,
     canonical_prompt,
     parse_import,
@@ -71,6 +72,8 @@ class ImportResult:
     """Rankings by other tools' annotators (label-studio, argilla presets)."""
     annotators: int = 0
     """Pseudonymous users those rankings brought (new or already known from an earlier import)."""
+    step_labels: int = 0
+    """Step labels imported (trl-stepwise, prm800k presets), one per labelled step."""
     preset: str = "preflab"
     """The layout the file was read in (asked for, or detected)."""
     extra_columns: list[str] = field(default_factory=list)
@@ -114,6 +117,8 @@ def apply_import(
         result = _import_prompts(db, project, parsed.prompts, on_duplicate, problems)
     elif parsed.kind == "rankings":
         result = _import_ranked(db, project, parsed.ranked, on_duplicate, problems)
+    elif parsed.kind == "steps":
+        result = _import_steps(db, project, parsed.stepped, on_duplicate, problems, parsed.sha256)
     else:
         result = _import_pairs(db, project, parsed.pairs, on_duplicate, problems)
     result.preset = parsed.preset
@@ -140,6 +145,7 @@ def apply_import(
         on_duplicate=on_duplicate,
         preset=parsed.preset,
         rankings=result.rankings,
+        step_labels=result.step_labels,
         extra_columns=parsed.extra_columns[:MAX_ERRORS],
     )
     db.flush()
@@ -497,3 +503,96 @@ def _import_ranked(
     return ImportResult(prompts=len(prompt_ids), completions=len(completion_ids),
                         pairs=sum(len(rankings.pair_rows(0, r)) for r in labelled), skipped_duplicates=skipped,
                         kind="rankings", rankings=len(labelled), annotators=len(user_id))
+
+
+# --- step-labelled rows (TRL stepwise supervision, PRM800K) -----------------------------------------
+#
+# A step label belongs to a ranking (StepLabel.ranking_id), and a prompt has one ranking per labeller and round.
+# So rows are grouped: one prompt per prompt text, one completion per distinct path of steps under it (labellers
+# who labelled the same solution share it, so step agreement compares them), and one ranking per prompt and
+# labeller holding that labeller's step labels for each of its completions. The ranking ties them all in one
+# tier: step data says nothing about which solution is better, so it makes no pairs. A PRM800K labeller is a
+# pseudonymous user (source human, as Label Studio's); a TRL-stepwise file names none, so its labels are the
+# source `imported`, like imported pairs. A prompt may collect more completions than K: these are finished
+# labels, as pair files' are.
+
+
+def _import_steps(db: Session, project: Project, rows: list[StepRow], on_duplicate: str, problems: _Problems,
+                  sha256: str) -> ImportResult:
+    options = steps.options(project)
+    if not options.enabled:
+        problems.add(0, "preset", "this project does not label steps; turn step labels on (the project page, "
+                     "or PUT /api/projects/{id}/step-options) before importing step labels")
+        problems.raise_if_any()
+    keep, skipped = _step_rows_to_write(db, project, rows, on_duplicate, problems)
+    problems.raise_if_any()
+
+    first: dict[str, StepRow] = {}
+    for row in keep:
+        first.setdefault(row.text_hash, row)
+    prompt_ids = dict(zip(first, bulk.insert_rows(db, Prompt, [
+        _prompt_values(project.id, row, "train") | {"reference": row.reference, "meta": row.metadata}
+        | ({"messages": row.messages} if row.messages is not None else {})  # left out: SQL NULL, not JSON null
+        for row in first.values()], ids=True), strict=True))
+    paths = list(dict.fromkeys((row.text_hash, tuple(row.steps)) for row in keep))
+    completion_ids = dict(zip(paths, bulk.insert_rows(db, Completion, [
+        {"prompt_id": prompt_ids[h], "text": steps.join(list(path), options.separator), "source": SOURCE,
+         "steps": list(path), "meta": {}} for h, path in paths], ids=True), strict=True))
+    user_id = _pseudonymous_users(db, project, [row.annotator for row in keep if row.annotator is not None])
+
+    groups: dict[tuple[str, str | None], list[StepRow]] = {}
+    for row in keep:
+        groups.setdefault((row.text_hash, row.annotator), []).append(row)
+    labelled = []
+    for (text_hash, annotator), group in groups.items():
+        ids = [completion_ids[(text_hash, tuple(row.steps))] for row in group]
+        who = {"source": "human", "annotator_id": user_id[annotator]} if annotator else {"source": SOURCE}
+        labelled.append(rankings.NewRanking({
+            "project_id": project.id, "prompt_id": prompt_ids[text_hash], "round": project.current_round,
+            "rubric_id": project.current_rubric_id, "tiers": [ids], "display_order": ids, **who,
+            "meta": {"source_tool": group[0].meta.get("source_tool"), "file_sha256": sha256,
+                     "rows": [{k: v for k, v in row.meta.items() if k != "source_tool"} | {"line": row.line}
+                              for row in group]}}))
+    ranking_ids = rankings.write_rankings(db, labelled)
+    label_rows = [{"ranking_id": ranking_id, "completion_id": completion_ids[(row.text_hash, tuple(row.steps))],
+                   "step_index": i, "label": label}
+                  for ranking_id, group in zip(ranking_ids, groups.values(), strict=True)
+                  for row in group for i, label in enumerate(row.labels)]
+    bulk.insert_rows(db, StepLabel, label_rows)
+    # A submitted assignment per labeller's ranking, as the Label Studio import leaves: the queue counts overlap
+    # from them.
+    now = utcnow()
+    bulk.insert_rows(db, Assignment, [
+        {"project_id": project.id, "prompt_id": r.values["prompt_id"], "annotator_id": r.values["annotator_id"],
+         "round": project.current_round, "state": "submitted", "leased_until": now, "created_at": now,
+         "completed_at": now} for r in labelled if r.values["source"] == "human"])
+    return ImportResult(prompts=len(prompt_ids), completions=len(completion_ids), pairs=0,
+                        skipped_duplicates=skipped, kind="steps", rankings=len(labelled), annotators=len(user_id),
+                        step_labels=len(label_rows))
+
+
+def _step_rows_to_write(db: Session, project: Project, rows: list[StepRow], on_duplicate: str,
+                        problems: _Problems) -> tuple[list[StepRow], list[int]]:
+    """The rows to write and the lines skipped: a prompt already in the project is a duplicate (skipped or a
+    problem), as in other imports; one labeller labelling the same steps twice is a problem."""
+    existing = _existing_prompts(db, project.id, (row.text_hash for row in rows))
+    seen: dict[tuple[str, str | None, tuple[str, ...]], int] = {}
+    keep: list[StepRow] = []
+    skipped: list[int] = []
+    for row in rows:
+        if row.text_hash in existing:
+            if on_duplicate == "skip":
+                skipped.append(row.line)
+            else:
+                problems.add(row.line, "prompt", f"prompt already in the project (prompt id "
+                             f"{existing[row.text_hash][0]}){_dup_hint(on_duplicate)}")
+            continue
+        key = (row.text_hash, row.annotator, tuple(row.steps))
+        if key in seen:
+            who = "the dataset" if row.annotator is None else f"labeller {row.annotator.partition(':')[2]}"
+            problems.add(row.line, "steps", f"line {seen[key]} has the same prompt and steps, labelled by {who}; "
+                         "keep one of the two")
+            continue
+        seen[key] = row.line
+        keep.append(row)
+    return keep, skipped

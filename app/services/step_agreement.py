@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from itertools import combinations
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.models import Project, Ranking, Rubric, StepLabel
+from app.models import Project, Prompt, Ranking, Rubric, StepLabel, User
 from app.services.agreement import krippendorff_alpha_ordinal
 
 # completion id → annotator id → labels in step order
@@ -37,6 +37,29 @@ class StepAgreement:
     first_error_agreement: float | None
     """Share of annotator pairs on a shared completion that put its first error on the same step (or both on
     none)."""
+    gold_completions: int = 0
+    """Completions of gold tasks with known step labels."""
+    annotators: list[GoldStepScore] = field(default_factory=list)
+    """Each annotator's step accuracy on those, for annotators who labelled any of them."""
+
+
+@dataclass(frozen=True)
+class GoldStepScore:
+    """One annotator against a gold task's known step labels."""
+
+    user_id: int
+    email: str
+    gold_completions: int
+    """Gold completions the annotator step-labelled."""
+    gold_steps: int
+    """Steps labelled both by the annotator and in the gold (a step after either's first −1 is not compared)."""
+    gold_steps_agreed: int
+    gold_step_accuracy: float | None
+    """gold_steps_agreed / gold_steps."""
+    gold_first_error_agreed: int
+    """Gold completions where the annotator put the first −1 on the gold's step (or, as the gold, on none)."""
+    gold_first_error_accuracy: float | None
+    """gold_first_error_agreed / gold_completions."""
 
 
 def step_units(labelled: Labelled) -> dict[tuple[int, int], dict[Hashable, int]]:
@@ -99,6 +122,36 @@ def human_step_labels(db: Session, project: Project, rubric_version: int | None 
     return dict(out)
 
 
+def gold_step_labels(db: Session, project: Project) -> dict[int, list[int]]:
+    """Completion id → its known step labels, over the project's gold tasks."""
+    rows = db.scalars(select(Prompt.gold_step_labels).where(Prompt.project_id == project.id,
+                                                            Prompt.gold_step_labels.is_not(None)))
+    return {int(cid): list(labels) for known in rows for cid, labels in (known or {}).items()}
+
+
+def gold_scores(labelled: Labelled, gold: Mapping[int, list[int]]) -> dict[Hashable, tuple[int, int, int, int]]:
+    """annotator → (gold completions labelled, steps compared, steps agreed, first errors agreed)."""
+    out: dict[Hashable, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    for cid, known in gold.items():
+        for annotator, labels in labelled.get(cid, {}).items():
+            shared = min(len(labels), len(known))
+            tally = out[annotator]
+            tally[0] += 1
+            tally[1] += shared
+            tally[2] += sum(a == b for a, b in zip(labels[:shared], known[:shared], strict=True))
+            tally[3] += first_error(labels) == first_error(known)
+    return {annotator: (c, n, agreed, first) for annotator, (c, n, agreed, first) in out.items()}
+
+
 def report(db: Session, project: Project, rubric_version: int | None = None) -> StepAgreement:
-    return summarise(human_step_labels(db, project, rubric_version))
+    labelled = human_step_labels(db, project, rubric_version)
+    base = summarise(labelled)
+    gold = gold_step_labels(db, project)
+    scores = gold_scores(labelled, gold)
+    emails = dict(db.execute(select(User.id, User.email).where(User.id.in_(sorted(scores)))).all()) if scores else {}
+    annotators = [GoldStepScore(user_id=uid, email=emails.get(uid, ""), gold_completions=c, gold_steps=n,
+                                gold_steps_agreed=agreed, gold_step_accuracy=agreed / n if n else None,
+                                gold_first_error_agreed=first, gold_first_error_accuracy=first / c if c else None)
+                  for uid, (c, n, agreed, first) in sorted(scores.items())]
+    return replace(base, gold_completions=len(gold), annotators=annotators)
 

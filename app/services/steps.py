@@ -76,6 +76,21 @@ def split(text: str, separator: str | None = LINES) -> list[str]:
     return steps or [text.strip()]
 
 
+JOINERS = ("\n", "\n\n", " ", "")
+"""Tried in turn to join imported steps into a completion's text that the separator splits back into them."""
+
+
+def join(steps: list[str], separator: str | None = LINES) -> str:
+    """A completion's text made of `steps`: joined so that split() gives the same steps back where any joiner
+    does (one per line by default); else by lines. Imported labelled steps are stored as given either way, and
+    a labelled completion is never split again."""
+    for joiner in JOINERS if separator is not None else ("\n",):
+        text = joiner.join(steps)
+        if split(text, separator) == steps:
+            return text
+    return "\n".join(steps)
+
+
 def _between(pattern: re.Pattern[str], text: str) -> list[str]:
     """The text between matches (groups in the pattern add nothing, unlike re.split)."""
     pieces, start = [], 0
@@ -106,12 +121,15 @@ def set_options(db: Session, project: Project, actor: User, *, enabled: bool, se
 
 
 def resplit_unlabelled(db: Session, project: Project, separator: str | None) -> int:
-    """Store fresh steps on the project's completions that have no step label; how many changed."""
+    """Store fresh steps on the project's completions that have no step label; how many changed. A gold task's
+    known step labels count as labels: they name the steps they were given on."""
     labelled = exists().where(StepLabel.completion_id == Completion.id)
     rows = db.execute(select(Completion.id, Completion.text, Completion.steps).join(Prompt)
                       .where(Prompt.project_id == project.id, ~labelled)).all()
+    gold = {int(cid) for known in db.scalars(select(Prompt.gold_step_labels).where(
+        Prompt.project_id == project.id, Prompt.gold_step_labels.is_not(None))) for cid in known or {}}
     changes = [{"cid": cid, "new_steps": steps} for cid, text, old in rows
-               if (steps := split(text, separator)) != old]
+               if cid not in gold and (steps := split(text, separator)) != old]
     if changes:
         db.flush()
         db.execute(_SET_STEPS, changes)

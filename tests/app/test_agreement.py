@@ -388,7 +388,8 @@ def test_gold_api_set_clear_and_validation(db, make_user, make_project, token_fo
 
     ok = client.put(url, json={"tiers": [[ids[4]], [ids[5], ids[6]]]})
     assert ok.status_code == 200 and ok.json() == {"prompt_id": prompts[2].id,
-                                                    "gold_tiers": [[ids[4]], [ids[5], ids[6]]]}
+                                                    "gold_tiers": [[ids[4]], [ids[5], ids[6]]],
+                                                    "gold_step_labels": None}
     assert client.get(f"/api/projects/{project.id}/agreement").json()["gold_prompts"] == 3
 
     for body, field in [({"tiers": [[ids[4]]]}, "tiers"),

@@ -14,7 +14,8 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.models import Completion, Pair, Project, ProjectMember, Prompt, Ranking, User
+from app.models import Completion, Pair, Project, ProjectMember, Prompt, Ranking, StepLabel, User
+from app.services import step_agreement, steps
 from app.services.import_formats import MAX_METADATA_CHARS
 from app.services.imports import ImportRejected, import_file, parse_import
 from tests.support.chat import assistant, user
@@ -54,6 +55,8 @@ def errors(call: Callable[[], Any]) -> list[tuple[int, str, str]]:
         ("label_studio_ranker.json", "label-studio"),
         ("argilla_ranking.jsonl", "argilla"),
         ("argilla_rating.jsonl", "argilla"),
+        ("trl_stepwise.jsonl", "trl-stepwise"),
+        ("prm800k.jsonl", "prm800k"),
     ],
 )
 def test_each_sample_file_reads_with_its_preset_and_without_one(name: str, detected: str):
@@ -123,7 +126,8 @@ def test_extra_columns_obey_the_metadata_cap():
 
 def test_preset_problems_name_line_and_field():
     assert errors(lambda: parse_import("p.jsonl", jsonl({"prompt": "q"}), preset="nope")) == [
-        (0, "preset", "unknown preset 'nope'; use one of preflab, ultrafeedback, trl, hh-rlhf, label-studio, argilla")]
+        (0, "preset", "unknown preset 'nope'; use one of preflab, ultrafeedback, trl, hh-rlhf, label-studio, argilla, "
+         "trl-stepwise, prm800k")]
     task = {"id": 1, "data": {"prompt": "q", "answer1": "a", "answer2": "b"},
             "annotations": [{"id": 5, "completed_by": 2, "result": [
                 {"type": "pairwise", "to_name": "answer1,answer2", "value": {"selected": "middle"}}]}]}
@@ -342,3 +346,159 @@ def test_the_import_page_takes_a_preset_and_reports_extra_columns(
     response = person.post(f"/projects/{project.id}/import", {"strict": "on", "on_duplicate": "error"}, files={
         "file": ("x.jsonl", jsonl({"prompt": "p", "chosen": "a", "rejected": "b", "origin": "web"}), "text/plain")})
     assert response.status_code == 422 and "<code>origin</code>" in response.text
+
+
+# --- step-labelled data: TRL stepwise supervision and PRM800K ---------------------------------------
+
+
+def _labels_by_completion(db: Session, project: Project) -> dict[tuple[str, str], list[int]]:
+    """(completion text, "human"/"imported" + annotator email) → labels in step order."""
+    rows = db.execute(select(Completion.text, Ranking.source, User.email, StepLabel.label)
+                      .join(StepLabel, StepLabel.completion_id == Completion.id)
+                      .join(Ranking, StepLabel.ranking_id == Ranking.id)
+                      .outerjoin(User, Ranking.annotator_id == User.id)
+                      .where(Ranking.project_id == project.id)
+                      .order_by(Completion.id, Ranking.id, StepLabel.step_index)).all()
+    out: dict[tuple[str, str], list[int]] = {}
+    for text, source, email, label in rows:
+        out.setdefault((text, email or source), []).append(label)
+    return out
+
+
+def test_trl_stepwise_rows_become_step_labelled_completions(db: Session, project: Project, lead: Any):
+    steps.set_options(db, project, lead, enabled=True, separator=None)
+    result = import_file(db, project, "s.jsonl", sample("trl_stepwise.jsonl"), actor=lead)
+    assert (result.preset, result.prompts, result.completions, result.pairs, result.rankings, result.step_labels) == (
+        "trl-stepwise", 2, 3, 0, 2, 7)
+    stored = dict(db.execute(select(Completion.text, Completion.steps).join(Prompt)
+                             .where(Prompt.project_id == project.id)).all())
+    text = "12 * 3 = 12 + 12 + 12.\n12 + 12 = 24.\n24 + 12 = 38."
+    assert stored[text] == ["12 * 3 = 12 + 12 + 12.", "12 + 12 = 24.", "24 + 12 = 38."] == steps.split(text)
+    assert _labels_by_completion(db, project)[(text, "imported")] == [1, 1, -1]
+    # Both solutions of one prompt are step-labelled in one imported ranking that ties them: no pairs.
+    ranking = db.scalars(select(Ranking).join(Prompt).where(Prompt.text.like("Which number%"))).one()
+    assert (ranking.source, len(ranking.tiers), len(ranking.tiers[0])) == ("imported", 1, 2)
+    assert db.scalar(select(func.count()).select_from(Pair).where(Pair.prompt_id == ranking.prompt_id)) == 0
+
+
+def test_imported_steps_rejoin_for_a_regex_separator(db: Session, project: Project, lead: Any):
+    steps.set_options(db, project, lead, enabled=True, separator=r"\n\n")
+    row = {"prompt": "2+2?", "completions": ["Two and two:\nadd them.", "That is 4."], "labels": [True, True]}
+    import_file(db, project, "s.jsonl", jsonl(row), actor=lead, preset="trl-stepwise")
+    text, stored = db.execute(select(Completion.text, Completion.steps).join(Prompt)
+                              .where(Prompt.project_id == project.id)).one()
+    assert stored == row["completions"] == steps.split(text, r"\n\n")
+
+
+def test_prm800k_rows_become_step_labels_by_pseudonymous_labellers(db: Session, project: Project, lead: Any):
+    steps.set_options(db, project, lead, enabled=True, separator=None)
+    result = import_file(db, project, "prm.jsonl", sample("prm800k.jsonl"), actor=lead)
+    assert (result.preset, result.prompts, result.completions, result.rankings, result.annotators) == (
+        "prm800k", 2, 3, 4, 2)
+    labels = _labels_by_completion(db, project)
+    first, second = ("prm800k-340d89bc-f5b7-45e9-b272-909ba68ee363@imported.invalid",
+                     "prm800k-e90a38f3-3135-4465-87af-3e6322e3d772@imported.invalid")
+    asymptotes = db.scalars(select(Completion).join(Prompt).where(Prompt.text.like("How many%"))).one()
+    # Two labellers rated the same path: one completion, and step agreement compares them.
+    assert labels[(asymptotes.text, first)] == [1, 1, 1] and labels[(asymptotes.text, second)] == [1, 0, 1]
+    assert asymptotes.steps[-1] == "# Answer\n\n2"  # a step of several lines is stored as given
+    # The labeller's own step replaces the rejected ones; a run that found an error ends at it.
+    sums = {tuple(c.steps): c for c in db.scalars(select(Completion).join(Prompt).where(Prompt.text.like("What%")))}
+    assert set(sums) == {("$1+2=3$.", "$3+3=6$.", "# Answer\n\n6"), ("$1+2=3$.", "$3+3=5$.")}
+    assert labels[("$1+2=3$.\n$3+3=5$.", second)] == [1, -1]
+    prompt = db.get(Prompt, asymptotes.prompt_id)
+    assert prompt.reference == "2" and prompt.meta["is_quality_control_question"] is False
+    report = step_agreement.report(db, project)
+    assert (report.shared_completions, report.compared_steps, report.first_error_agreement) == (1, 3, 1.0)
+    users = db.execute(select(User.email, User.active).where(User.email.like("prm800k-%"))).all()
+    assert sorted(users) == [(first, False), (second, False)]
+
+
+def _prm_row(**label: Any) -> dict[str, Any]:
+    return {"labeler": "L1", "timestamp": "2022-07-17T16:56:51", "question": {"problem": "1+1?",
+                                                                              "ground_truth_answer": "2"},
+            "label": {"steps": [{"completions": [{"text": "1+1=2.", "rating": 1}], "chosen_completion": 0}],
+                      "finish_reason": "solution"} | label}
+
+
+def test_bad_step_rows_name_their_line_and_field_and_write_nothing(db: Session, project: Project, lead: Any):
+    steps.set_options(db, project, lead, enabled=True, separator=None)
+    db.commit()
+    bad_trl = jsonl({"prompt": "a?", "completions": ["x", "y", "z", "w"], "labels": [True, False, True]},
+                    {"prompt": "b?", "completions": ["x", ""], "labels": [True, False]},
+                    {"prompt": "c?", "completions": ["x"], "labels": [1]})
+    assert errors(lambda: import_file(db, project, "s.jsonl", bad_trl, actor=lead, preset="trl-stepwise")) == [
+        (1, "labels", "3 labels for 4 steps (preset trl-stepwise)"),
+        (2, "completions.1", "must not be empty"),
+        (3, "labels.0", "must be true or false, got 1 (preset trl-stepwise)")]
+    twice = jsonl({"prompt": "d?", "completions": ["x"], "labels": [True]},
+                  {"prompt": "d?", "completions": ["x"], "labels": [False]})
+    assert errors(lambda: import_file(db, project, "s.jsonl", twice, actor=lead)) == [
+        (2, "steps", "line 1 has the same prompt and steps, labelled by the dataset; keep one of the two")]
+    two = {"completions": [{"text": "a", "rating": 1}, {"text": "b", "rating": -1}], "chosen_completion": 5}
+    bad_prm = jsonl(_prm_row(), _prm_row(steps=[{"completions": [{"text": "a", "rating": 2}],
+                                                 "chosen_completion": 0}]),
+                    _prm_row(steps=[two, two]), {"question": {"problem": "x"}, "label": {}})
+    assert errors(lambda: import_file(db, project, "p.jsonl", bad_prm, actor=lead)) == [
+        (2, "label.steps.0.completions.0.rating", "must be -1, 0 or 1, got 2 (preset prm800k)"),
+        (3, "label.steps.0.chosen_completion", "5 is not an index into the step's 2 completions (preset prm800k)"),
+        (4, "labeler", "missing; a PRM800K row has question, label and labeler (preset prm800k)")]
+    db.rollback()
+    assert db.scalar(select(func.count()).select_from(Prompt).where(Prompt.project_id == project.id)) == 0
+    assert db.scalar(select(func.count()).select_from(StepLabel)) == 0
+
+
+def test_step_labels_need_a_project_that_labels_steps(db: Session, project: Project, lead: Any):
+    assert errors(lambda: import_file(db, project, "p.jsonl", sample("prm800k.jsonl"), actor=lead))[0][:2] == (
+        0, "preset")
+
+
+def test_the_api_takes_the_step_presets_and_counts_step_labels(
+    db: Session, api: Callable[..., Any], token_for: Callable[..., str], project: Project, lead: Any
+):
+    steps.set_options(db, project, lead, enabled=True, separator=None)
+    client = api(token_for(db, lead))
+    db.commit()
+    response = client.post(f"/api/projects/{project.id}/imports?preset=prm800k",
+                           files={"file": ("p.jsonl", sample("prm800k.jsonl"), "application/x-ndjson")})
+    assert response.status_code == 201, response.text
+    assert (response.json()["preset"], response.json()["step_labels"], response.json()["rankings"]) == (
+        "prm800k", 11, 4)
+
+
+def test_imported_trl_stepwise_rows_come_back_out_of_a_steps_export(
+    db: Session, app: Any, api: Callable[..., Any], token_for: Callable[..., str], project: Project, lead: Any,
+    tmp_path: Path,
+):
+    from tests.app.test_exports import _download, _export
+
+    steps.set_options(db, project, lead, enabled=True, separator=None)
+    import_file(db, project, "s.jsonl", sample("trl_stepwise.jsonl"), actor=lead)
+    client = api(token_for(db, lead))
+    db.commit()
+    out = _export(client, app, project.id, kind="steps", format="jsonl")
+    exported = [json.loads(line) for line in (_download(client, out, tmp_path) / "steps.jsonl").read_text().splitlines()]
+    original = [json.loads(line) for line in sample("trl_stepwise.jsonl").decode().splitlines()]
+    def upto_first_error(row: dict[str, Any]) -> tuple[str, list[str], list[bool]]:
+        end = row["labels"].index(False) + 1 if False in row["labels"] else len(row["labels"])
+        return row["prompt"], row["completions"][:end], row["labels"][:end]  # an export row ends at its first −1
+
+    assert sorted(upto_first_error(r) for r in exported) == sorted(upto_first_error(r) for r in original)
+    assert {r["source"] for r in exported} == {"imported"}
+
+
+def test_cli_import_reads_prm800k_and_counts_step_labels(db: Session, app: Any, project: Project, lead: Any,
+                                                          monkeypatch: Any, database_url: str):
+    from typer.testing import CliRunner
+
+    from app.cli import cli
+
+    settings = app.state.settings
+    monkeypatch.setenv("PREFLAB_DATABASE_URL", database_url)
+    monkeypatch.setenv("PREFLAB_SECRET_KEY", settings.resolved_secret())
+    monkeypatch.setenv("PREFLAB_DATA_DIR", str(settings.data_dir))
+    steps.set_options(db, project, lead, enabled=True, separator=None)
+    db.commit()
+    result = CliRunner().invoke(cli, ["import", str(project.id), str(PRESETS / "prm800k.jsonl"), "--preset", "prm800k"])
+    assert result.exit_code == 0, result.output
+    assert "4 rankings by 2 annotators, 11 step labels (preset prm800k)" in result.output

@@ -278,3 +278,29 @@ def test_the_ranking_page_form_sends_step_labels_without_javascript(db, make_use
     # After the first −1 nothing is kept: the list stops there.
     assert steps.of_ranking(db, ranking_id) == {three: [1, -1], one: [0]}
     db.rollback()
+
+
+def test_gold_step_labels_keep_their_steps_and_need_the_option(db, make_user, make_project) -> None:
+    from app.services import gold
+
+    lead, project, _ = _project_with_steps(db, make_user, make_project)
+    _import(db, project, lead, [("2+3?", ["a. b.\nc.", "d. e."])])
+    prompt = db.scalar(select(Prompt).where(Prompt.project_id == project.id))
+    ids = dict(db.execute(select(Completion.text, Completion.id)).all())
+    tiers = [[ids["a. b.\nc."]], [ids["d. e."]]]
+    gold.set_gold(db, project, prompt.id, tiers, lead, step_labels={str(ids["a. b.\nc."]): [1, -1]})
+    assert prompt.gold_step_labels == {str(ids["a. b.\nc."]): [1, -1]}
+    # A new separator leaves the gold completion's steps as they were given labels on, like a labelled one.
+    steps.set_options(db, project, lead, enabled=True, separator=r"\.\s*")
+    db.expire_all()
+    by_text = dict(db.execute(select(Completion.text, Completion.steps)).all())
+    assert by_text == {"a. b.\nc.": ["a. b.", "c."], "d. e.": ["d", "e"]}
+    with pytest.raises(Invalid) as bad:
+        gold.set_gold(db, project, prompt.id, tiers, lead, step_labels={str(ids["d. e."]): [1, 1, 1]})
+    assert bad.value.field == f"step_labels.{ids['d. e.']}" and "3 labels for 2 steps" in str(bad.value)
+    steps.set_options(db, project, lead, enabled=False, separator=None)
+    with pytest.raises(Invalid) as off:
+        gold.set_gold(db, project, prompt.id, tiers, lead, step_labels={str(ids["d. e."]): [1, 1]})
+    assert off.value.field == "step_labels"
+    gold.clear_gold(db, project, prompt.id, lead)
+    assert db.get(Prompt, prompt.id).gold_step_labels is None
