@@ -204,10 +204,15 @@ def test_a_judge_run_with_label_steps_stores_a_soft_label_per_step(db, make_user
     assert step_agreement.report(db, project).labelled_completions == 2  # the human's two, not the judge's
 
 
-def test_label_steps_needs_the_projects_step_option(db, make_user, make_project, token_for, api) -> None:
+def test_label_steps_needs_the_projects_step_option(db, make_user, make_project, token_for, api, browser) -> None:
     lead, _, project = _project(db, make_user, make_project, step_labels=False)
     client = api(token_for(db, lead))
     db.commit()
+    page = browser()
+    page.login(lead.email)
+    assert 'name="label_steps"' not in page.get(f"/projects/{project.id}/judge").text  # offered with steps on
+    refused = page.post(f"/projects/{project.id}/judge/runs", {"model": "/nonexistent", "label_steps": "true"})
+    assert refused.status_code == 422 and "this project does not label steps" in refused.text
     r = client.post(f"/api/projects/{project.id}/judge-runs", json={
         "generator": {"backend": "hf", "model": "/nonexistent"}, "label_steps": True})
     assert r.status_code == 422 and r.json()["detail"][0]["field"] == "label_steps", r.text
@@ -232,6 +237,7 @@ def test_the_step_gate_refuses_then_allows(db, make_user, make_project, token_fo
     assert 'id="allow-ai-step-labels" disabled' in html
     assert f"labelled the steps of {GATE_MIN_PROMPTS - 1} of the {GATE_MIN_PROMPTS} prompts" in html
     assert '<dd id="judge-step-agreement">1.00</dd>' in html and "Neutral steps left out" in html
+    assert 'name="label_steps"' in html  # the run form offers step labels in a project that has them
     refused = page.post(f"/projects/{pid}/judge/ai-step-labels", {"enabled": "yes"})
     assert refused.status_code == 422 and "AI step labels cannot be allowed yet" in refused.text
     # The pair switch is a separate decision: the step gate leaves it as it was.
