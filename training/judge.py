@@ -380,7 +380,8 @@ class Judge:
             for j, job in enumerate(jobs):
                 ids, a, b = self._letter_ids(*self._hf_text(job), job.answers)
                 if context is not None and len(ids) > context:
-                    raise GenerationError(f"comparison {job.item}: the judge prompt is {len(ids)} tokens but the "
+                    what = "comparison" if job.answers == LETTERS else "step question for item"
+                    raise GenerationError(f"{what} {job.item}: the judge prompt is {len(ids)} tokens but the "
                                           f"judge model's context is {context}; shorten the responses")
                 rows.append((j, ids, a, b))
             # lexicographic order puts rows that share a prefix (same conversation and principle, both
