@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from app.errors import DomainError, Invalid
 from app.schemas import (
     AILabelsIn,
+    AIStepLabelsIn,
     ConstitutionIn,
     ExportIn,
     IterateIn,
@@ -404,16 +405,19 @@ class SamplingForm(GeneratorForm, ApiForm):
 class JudgeForm(GeneratorForm, ApiForm):
     LABELS: ClassVar[Mapping[str, str]] = {"mode": "Mode", "principles": "Principles", "seed": "Seed",
                                            "constitution_version": "Constitution",
-                                           "route_low_confidence": "Send unsure prompts to humans first"}
+                                           "route_low_confidence": "Send unsure prompts to humans first",
+                                           "label_steps": "Label steps too"}
 
     mode: str = "logprob"
     principles: str = "sample"
     seed: int = Field(0, ge=0)
     route_low_confidence: bool = False
+    label_steps: bool = False
 
     def to_api(self) -> JudgeRunIn:
         return JudgeRunIn.from_form(generator=self.generator(), mode=self.mode, principles=self.principles,  # type: ignore[arg-type]
-                                    seed=self.seed, route_low_confidence=self.route_low_confidence)
+                                    seed=self.seed, route_low_confidence=self.route_low_confidence,
+                                    label_steps=self.label_steps)
 
 
 class RevisionsForm(ApiForm):
@@ -444,6 +448,15 @@ class AILabelsForm(ApiForm):
 
     def to_api(self) -> AILabelsIn:
         return AILabelsIn.from_form(enabled=self.enabled == "yes")
+
+
+class AIStepLabelsForm(ApiForm):
+    LABELS: ClassVar[Mapping[str, str]] = {"enabled": "Allow AI step labels for training"}
+
+    enabled: str = ""
+
+    def to_api(self) -> AIStepLabelsIn:
+        return AIStepLabelsIn.from_form(enabled=self.enabled == "yes")
 
 
 class SelectionForm(ApiForm):

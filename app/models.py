@@ -443,7 +443,8 @@ class Pair(Base):
 class StepLabel(Base):
     """One step of one completion judged within a ranking: +1 correct, 0 neutral, −1 wrong (process supervision).
 
-    A completion's labels in a ranking cover its steps from the first, and may stop at the first −1.
+    A completion's labels in a ranking cover its steps from the first, and may stop at the first −1. The AI
+    judge's step labels belong to its ranking (source "ai", so its judge run) and carry the soft label `p`.
     """
 
     __tablename__ = "step_labels"
@@ -451,6 +452,7 @@ class StepLabel(Base):
         UniqueConstraint("ranking_id", "completion_id", "step_index"),
         CheckConstraint("label IN (1, 0, -1)", name="label"),
         CheckConstraint("step_index >= 0", name="step_index"),
+        CheckConstraint("p IS NULL OR (p >= 0 AND p <= 1)", name="p"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -458,6 +460,8 @@ class StepLabel(Base):
     completion_id: Mapped[int] = mapped_column(ForeignKey("completions.id", ondelete="CASCADE"), index=True)
     step_index: Mapped[int] = mapped_column(Integer)
     label: Mapped[int] = mapped_column(Integer)
+    p: Mapped[float | None] = mapped_column(Float)
+    """The AI judge's p(step correct), Yes over Yes + No; its `label` is +1 when p ≥ 0.5, else −1. None for people."""
 
 
 class Job(Base):

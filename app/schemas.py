@@ -570,6 +570,11 @@ class JudgeRunIn(Strict):
     low_confidence: float = Field(default=0.6, ge=0.5, le=1.0,
                                   description="Pairs whose max(p, 1−p) is below this are marked low-confidence.")
     route_low_confidence: bool = Field(default=False, description="Send low-confidence prompts back to humans.")
+    label_steps: bool = Field(default=False, description=(
+        "Also label every step of every judged completion (projects with step labels on; 422 otherwise): the judge "
+        "is asked \"Is step N correct given the problem and the steps before it?\" and p(Yes), Yes over Yes + No "
+        "from the answer tokens' log-probs, is stored as the run's soft step label (hard label +1 when p ≥ 0.5, "
+        "else -1). Read from log-probs whatever `mode` says; no principle applies."))
 
 
 class JudgeRunAccepted(BaseModel):
@@ -627,6 +632,33 @@ class SelectionOut(BaseModel):
 
 class AILabelsIn(Strict):
     enabled: bool = Field(description="May AI labels be used for training (exports include them)?")
+
+
+class AIStepLabelsIn(Strict):
+    enabled: bool = Field(description="May the judge's step labels be used for training (steps exports include "
+                                      "them)? Allowing needs 20 prompts step-labelled by both the judge and humans "
+                                      "and step agreement of 60 % or more.")
+
+
+class JudgeStepAgreementOut(BaseModel):
+    n_prompts: int = Field(description="Prompts with steps labelled by both the judge and humans.")
+    n_completions: int = Field(description="Completions with steps labelled by both.")
+    n_steps: int = Field(description="Steps compared: labelled by both, the human majority +1 or -1.")
+    neutral_steps: int = Field(description="Steps labelled by both whose human majority is neutral (0): left out "
+                                           "of every figure, since the judge answers only Yes or No.")
+    step_agreement: float | None = Field(description="Share of compared steps where the judge's hard label "
+                                                     "(p ≥ 0.5 → +1, else -1) is the human majority (ties to the "
+                                                     "worse label).")
+    brier: float | None = Field(description="Mean (p − y)² over compared steps, y = 1 for a step humans call "
+                                            "correct: 0 is perfect, 0.25 a constant p = 0.5.")
+    wrong_step_recall: float | None = Field(description="Share of the steps humans call wrong the judge calls "
+                                                        "wrong too.")
+    mean_p: float | None = Field(description="The judge's mean p(correct) over compared steps.")
+    human_correct_rate: float | None = Field(description="Share of compared steps humans call correct.")
+    ai_step_labels_enabled: bool
+    gate_missing: list[str] = Field(default_factory=list, description="What the evidence for allowing AI step "
+                                                                      "labels still lacks; empty when the lead may "
+                                                                      "allow them.")
 
 
 class TrainingRunIn(Strict):

@@ -39,11 +39,15 @@ from training.judge_prompts import (
     COT_CUE,
     COT_STOP,
     CRITIQUE_STOP,
+    STEP_ANSWER_PREFIX,
+    STEP_ANSWERS,
+    STEP_CHAT_ANSWER_REQUEST,
     TEMPLATE_VERSION,
     build_critique_prompt,
     build_revision_prompt,
     comparison_body,
     cot_scoring_prompt,
+    step_question,
 )
 from training.judge_ranking import METHODS, RankingMethod, rank_from_pairwise
 
@@ -186,6 +190,10 @@ class _Job:
     user: str
     tail: str
     reasoning: str | None = None
+    answers: tuple[str, str] = LETTERS
+    """The two answers whose next-token probabilities are read: ("A", "B"), or ("Yes", "No") for a step."""
+    chat_request: str = CHAT_ANSWER_REQUEST
+    """What a chat judge is asked to answer with (chat APIs cannot be made to continue the answer prefix)."""
 
 
 # ----------------------------------------------------------------------------------------------- judge
@@ -271,6 +279,25 @@ class Judge:
         scored = self._score(jobs, progress, should_stop)
         return self._verdicts(len(items), principles, chosen, jobs, scored)
 
+    def label_steps(self, items: Sequence[tuple[str, Sequence[str]]], *, progress: Progress | None = None,
+                    should_stop: ShouldStop | None = None) -> list[list[float]]:
+        """Per (conversation, steps) item, p(Yes) for each step: "is step N correct given the problem and the
+        steps before it?", read from the next-token log-probs of "Yes" and "No", renormalised over the two.
+
+        No principle and no swap apply (the question has one fixed answer order) and `mode` is ignored: a step
+        label is always read straight from the log-probs. An openai server without log-probs gives the parsed
+        word as 1 / 0 (½ when it names neither)."""
+        jobs: list[_Job] = []
+        for i, (conversation, steps) in enumerate(items):
+            for n in range(len(steps)):
+                jobs.append(_Job(i, n, 0, step_question(conversation, steps, n), STEP_ANSWER_PREFIX,
+                                 answers=STEP_ANSWERS, chat_request=STEP_CHAT_ANSWER_REQUEST))
+        scored = self._score(jobs, progress, should_stop) if jobs else []
+        out: list[list[float]] = [[] for _ in items]
+        for job, (p_yes, _, _) in zip(jobs, scored, strict=True):
+            out[job.item].append(p_yes)
+        return out
+
     def _verdicts(self, n: int, principles: Sequence[dict[str, Any]], chosen: list[list[int]], jobs: list[_Job],
                   scored: list[tuple[float, float | None, bool]]) -> list[Verdict]:
         raw: dict[tuple[int, int, int], tuple[float, float | None, bool]] = {}
@@ -320,20 +347,23 @@ class Judge:
             return rendered + job.tail, True
         return job.user + job.tail, False
 
-    def _letter_ids(self, text: str, templated: bool) -> tuple[list[int], int, int]:
-        """(context ids, id of "A", id of "B"): the tokens where text + "A" and text + "B" first differ.
+    def _letter_ids(self, text: str, templated: bool, answers: tuple[str, str] = LETTERS
+                    ) -> tuple[list[int], int, int]:
+        """(context ids, id of "A", id of "B"): the tokens where text + "A" and text + "B" first differ (or the
+        two `answers` given, e.g. "Yes" and "No").
 
         Tokenising the full strings, rather than looking up "A" in the vocabulary, finds the right ids
         whatever the tokenizer does at the boundary: a separate "A", a merged "(A" (then the context
         ends before "("), or a leading-space variant."""
         tokenizer = self.generator._tokenizer  # type: ignore[union-attr]
-        ids_a = tokenizer(text + "A", add_special_tokens=not templated)["input_ids"]
-        ids_b = tokenizer(text + "B", add_special_tokens=not templated)["input_ids"]
+        ids_a = tokenizer(text + answers[0], add_special_tokens=not templated)["input_ids"]
+        ids_b = tokenizer(text + answers[1], add_special_tokens=not templated)["input_ids"]
         c = 0
         while c < min(len(ids_a), len(ids_b)) and ids_a[c] == ids_b[c]:
             c += 1
         if c == 0 or c >= len(ids_a) or c >= len(ids_b):
-            raise GenerationError("the judge tokenizer cannot tell the answers A and B apart after the prompt")
+            raise GenerationError(f"the judge tokenizer cannot tell the answers {answers[0]} and {answers[1]} apart "
+                                  "after the prompt")
         return ids_a[:c], ids_a[c], ids_b[c]
 
     def _score_hf(self, jobs: list[_Job], progress: Progress | None,
@@ -348,9 +378,10 @@ class Judge:
             context = gen.context_length()
             rows = []
             for j, job in enumerate(jobs):
-                ids, a, b = self._letter_ids(*self._hf_text(job))
+                ids, a, b = self._letter_ids(*self._hf_text(job), job.answers)
                 if context is not None and len(ids) > context:
-                    raise GenerationError(f"comparison {job.item}: the judge prompt is {len(ids)} tokens but the "
+                    what = "comparison" if job.answers == LETTERS else "step question for item"
+                    raise GenerationError(f"{what} {job.item}: the judge prompt is {len(ids)} tokens but the "
                                           f"judge model's context is {context}; shorten the responses")
                 rows.append((j, ids, a, b))
             # lexicographic order puts rows that share a prefix (same conversation and principle, both
@@ -483,9 +514,9 @@ class Judge:
             elif job.reasoning is not None:
                 messages = [{"role": "user", "content": job.user + COT_CUE},
                             {"role": "assistant", "content": job.reasoning},
-                            {"role": "user", "content": CHAT_ANSWER_REQUEST}]
+                            {"role": "user", "content": job.chat_request}]
             else:
-                messages = [{"role": "user", "content": job.user + CHAT_ANSWER_REQUEST}]
+                messages = [{"role": "user", "content": job.user + job.chat_request}]
             body["messages"] = messages
             path = "/chat/completions"
         body.update(body_extra)
@@ -523,7 +554,7 @@ class Judge:
             extra = {"max_tokens": OPENAI_ANSWER_TOKENS, "logprobs": OPENAI_TOP_LOGPROBS}
 
         def one(job: _Job) -> tuple[float, float | None, bool]:
-            return read_openai_answer(self._openai_call(job, extra, should_stop, False), gen.api)
+            return read_openai_answer(self._openai_call(job, extra, should_stop, False), gen.api, job.answers)
 
         return self._map_openai(jobs, one, progress, should_stop)
 
@@ -554,10 +585,14 @@ def _check_principles(principles: Sequence[dict[str, Any]]) -> None:
 # ------------------------------------------------------------------------------------- openai answers
 
 
-def _letter_of(token: str) -> str | None:
-    """"A" for tokens such as "A", " A", "(A", "A)"; None otherwise."""
+def _letter_of(token: str, answers: tuple[str, str] = LETTERS) -> str | None:
+    """"A" for tokens such as "A", " A", "(A", "A)"; None otherwise. A word answer ("Yes") matches in any case
+    ("yes", " YES"); a letter only as written, so the article "a" is no answer "A"."""
     core = token.strip().lstrip("(").rstrip(").:").strip()
-    return core if core in LETTERS else None
+    for answer in answers:
+        if core == answer or (len(answer) > 1 and core.casefold() == answer.casefold()):
+            return answer
+    return None
 
 
 def _logsumexp(values: list[float]) -> float:
@@ -565,8 +600,10 @@ def _logsumexp(values: list[float]) -> float:
     return top + math.log(sum(math.exp(v - top) for v in values))
 
 
-def letter_logprobs(positions: list[dict[str, float]]) -> tuple[float, float] | None:
-    """(log p(A), log p(B)) from the top-logprob lists of the first answer positions, or None.
+def letter_logprobs(positions: list[dict[str, float]], answers: tuple[str, str] = LETTERS
+                    ) -> tuple[float, float] | None:
+    """(log p(A), log p(B)) from the top-logprob lists of the first answer positions, or None (or of the two
+    `answers` given).
 
     The first position whose alternatives include a letter decides; spellings of one letter ("A",
     " A", "(A") are summed. A letter missing from a top-k list has at most the smallest listed
@@ -575,13 +612,14 @@ def letter_logprobs(positions: list[dict[str, float]]) -> tuple[float, float] | 
     for alternatives in positions:
         found: dict[str, list[float]] = {}
         for token, logp in alternatives.items():
-            letter = _letter_of(token)
+            letter = _letter_of(token, answers)
             if letter is not None and logp is not None and math.isfinite(logp):
                 found.setdefault(letter, []).append(logp)
         if found:
             floor = min(v for v in alternatives.values() if v is not None and math.isfinite(v))
-            return (_logsumexp(found["A"]) if "A" in found else floor,
-                    _logsumexp(found["B"]) if "B" in found else floor)
+            first, second = answers
+            return (_logsumexp(found[first]) if first in found else floor,
+                    _logsumexp(found[second]) if second in found else floor)
     return None
 
 
@@ -649,16 +687,25 @@ def _top_logprob_positions(choice: dict[str, Any], api: str) -> list[dict[str, f
     return positions
 
 
-def read_openai_answer(data: Any, api: str) -> tuple[float, float | None, bool]:
+def parse_yes_no(text: str) -> str | None:
+    """"Yes" or "No" when the answer opens with that word (any case), else None."""
+    match = re.match(r"\s*\(?\s*(yes|no)\b", text, re.IGNORECASE)
+    return match.group(1).capitalize() if match else None
+
+
+def read_openai_answer(data: Any, api: str, answers: tuple[str, str] = LETTERS
+                       ) -> tuple[float, float | None, bool]:
     """(p_A over A/B, p(A) + p(B), hard) from one openai response: log-probs when the server gave
-    them; otherwise the letter parsed from the text as a hard 1/0 label (½ when it names neither)."""
+    them; otherwise the letter parsed from the text as a hard 1/0 label (½ when it names neither). With
+    `answers` ("Yes", "No") the same for p(Yes)."""
     choice = _choice(data)
-    found = letter_logprobs(_top_logprob_positions(choice, api))
+    found = letter_logprobs(_top_logprob_positions(choice, api), answers)
     if found is not None:
         la, lb = found
         return two_way_softmax(la, lb), math.exp(la) + math.exp(lb), False
-    letter = parse_letter(_answer_text(data, api))
-    return {"A": 1.0, "B": 0.0, None: 0.5}[letter], None, True
+    text = _answer_text(data, api)
+    word = parse_letter(text) if answers == LETTERS else parse_yes_no(text)
+    return {answers[0]: 1.0, answers[1]: 0.0, None: 0.5}.get(word, 0.5), None, True
 
 
 # -------------------------------------------------------------------------------- K completions, ranks

@@ -13,6 +13,7 @@ ensembled, and humans audit agreement before AI labels are used for training.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from typing import Any
 
 COMPARISON_TEMPLATE = (
@@ -32,6 +33,21 @@ COT_STOP = "The answer is"
 """Reasoning is cut before the model states its own answer; we append `ANSWER_PREFIX` ourselves."""
 CHAT_ANSWER_REQUEST = "Answer with a single letter, A or B."
 """Chat APIs cannot be made to continue "The answer is: (", so chat judges get this request instead."""
+
+STEP_TEMPLATE = (
+    "Consider the following conversation between a human and an assistant:\n\n"
+    "{conversation}\n\n"
+    "The assistant's answer, step by step:\n"
+    "{steps}\n\n"
+    "Is step {n} correct given the problem and the steps before it? Answer Yes or No.\n"
+)
+"""Process supervision: the judge labels one step, seeing the problem and the steps up to it (not those after)."""
+STEP_ANSWER_PREFIX = "Answer:"
+"""Ends every step question: the judge's next token is " Yes" or " No"."""
+STEP_ANSWERS = ("Yes", "No")
+"""The two answers whose probabilities are read; p(Yes) over the two is the step's soft label."""
+STEP_CHAT_ANSWER_REQUEST = "Answer with a single word, Yes or No."
+"""A chat judge's request in place of the answer prefix."""
 
 CRITIQUE_TEMPLATE = (
     "Consider the following conversation between a human and an assistant:\n\n"
@@ -53,7 +69,8 @@ CRITIQUE_STOP = "Revision request:"
 
 TEMPLATE_VERSION = hashlib.sha256("\0".join([
     COMPARISON_TEMPLATE, ANSWER_PREFIX, COT_CUE, COT_STOP, CHAT_ANSWER_REQUEST, CRITIQUE_TEMPLATE,
-    REVISION_TEMPLATE, CRITIQUE_STOP]).encode()).hexdigest()[:12]
+    REVISION_TEMPLATE, CRITIQUE_STOP, STEP_TEMPLATE, STEP_ANSWER_PREFIX, *STEP_ANSWERS,
+    STEP_CHAT_ANSWER_REQUEST]).encode()).hexdigest()[:12]
 """Fingerprint of all texts above, recorded with every judge run."""
 
 
@@ -87,6 +104,13 @@ def build_cot_prompt(conversation: str, principle: dict[str, Any], response_a: s
 def cot_scoring_prompt(cot_prompt: str, reasoning: str) -> str:
     """After the reasoning, the answer prefix on its own line, so the next token is again the letter."""
     return f"{cot_prompt} {reasoning.strip()}\n{ANSWER_PREFIX}"
+
+
+def step_question(conversation: str, steps: Sequence[str], n: int) -> str:
+    """The question about step n (0-based; shown numbered from 1) with steps 1..n+1 in view, without its ending.
+    Untrusted text is inserted verbatim (see the module docstring)."""
+    shown = "\n".join(f"Step {i + 1}: {step}" for i, step in enumerate(steps[:n + 1]))
+    return STEP_TEMPLATE.format(conversation=conversation, steps=shown, n=n + 1)
 
 
 def build_critique_prompt(conversation: str, response: str, principle: dict[str, Any]) -> str:

@@ -2,12 +2,15 @@
 
 For each prompt all K(K−1)/2 pairs are compared in both orders; a Bradley–Terry (or Copeland) fit
 turns them into tiers; the ranking is stored as a ranking by the judge run, its pairs carry the soft
-label p(chosen ≻ rejected) and both raw order probabilities. One transaction per prompt, so a stopped
-or crashed run resumes where it was and never writes a prompt twice.
+label p(chosen ≻ rejected) and both raw order probabilities. With `label_steps` the judge also labels every
+step of every completion it ranks (p(Yes) to "is step N correct given the problem and the steps before it?"),
+stored as the step labels of its ranking. One transaction per prompt, so a stopped or crashed run resumes where
+it was and never writes a prompt twice.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from itertools import combinations
 from typing import Any
 
@@ -17,7 +20,7 @@ from sqlalchemy.orm import Session
 from app.db import session_scope
 from app.jobs.context import JobContext, JobError, JobStopped, job_row, runtime_generator
 from app.models import Completion, Constitution, JudgeRun, Project, Prompt, Ranking
-from app.services import rankings, selection, webhooks
+from app.services import judge_steps, rankings, selection, steps, webhooks
 from app.services.pairs import expand_tiers
 from app.services.queue import task_completion_ids
 from training.generation import GenerationError
@@ -55,7 +58,8 @@ def run(ctx: JobContext) -> dict[str, Any]:
     total, done = len(todo) + done_before, done_before
     ctx.progress(done, total, f"judging {len(todo)} prompts")
     ctx.log(f"judge {judge.describe()} · constitution v{constitution.version} · templates {TEMPLATE_VERSION}")
-    written = low = routed = 0
+    written = low = routed = step_labels = 0
+    label_steps = bool(params.get("label_steps"))
     try:
         for start in range(0, len(todo), PROMPTS_PER_CALL):
             ctx.check()
@@ -68,6 +72,7 @@ def run(ctx: JobContext) -> dict[str, Any]:
                     keys.append((prompt_id, i, j))
                     owners.append(prompt_id)
             verdicts = judge.compare(items, principles, keys=keys, should_stop=ctx.should_stop)
+            step_soft = _judge_steps(ctx, judge, project_id, chunk) if label_steps else {}
             by_prompt: dict[int, dict[tuple[int, int], Any]] = {}
             for key, verdict in zip(keys, verdicts, strict=True):
                 by_prompt.setdefault(key[0], {})[(key[1], key[2])] = verdict
@@ -80,10 +85,12 @@ def run(ctx: JobContext) -> dict[str, Any]:
                     for (i, j), v in pair_verdicts.items():
                         p[(i, j)], p[(j, i)] = v.p, 1.0 - v.p
                     tiers, scores, confidence = rank_from_pairwise(ids, p, config.ranking)
-                    reason = _write_ranking(db, ctx, judge_run_id=run_id, project_id=project_id,
-                                            constitution_id=constitution.id, prompt_id=prompt_id, ids=ids,
-                                            tiers=tiers, scores=scores, confidence=confidence, p=p,
-                                            verdicts=pair_verdicts, config=config)
+                    reason, ranking_id = _write_ranking(
+                        db, ctx, judge_run_id=run_id, project_id=project_id, constitution_id=constitution.id,
+                        prompt_id=prompt_id, ids=ids, tiers=tiers, scores=scores, confidence=confidence, p=p,
+                        verdicts=pair_verdicts, config=config)
+                    if ranking_id is not None and prompt_id in step_soft:  # in the ranking's transaction
+                        step_labels += judge_steps.write(db, ranking_id, step_soft[prompt_id])
                     low += reason == "low_confidence"
                     if reason is not None and params.get("route_low_confidence"):
                         routed_now[prompt_id] = reason
@@ -105,11 +112,39 @@ def run(ctx: JobContext) -> dict[str, Any]:
     finally:
         judge.generator.close()
     _set_state(ctx, run_id, "succeeded")
+    return _summary(run_id, params, total=total, written=written, low=low, routed=routed, step_labels=step_labels)
+
+
+def _summary(run_id: int, params: dict[str, Any], *, total: int, written: int, low: int, routed: int,
+             step_labels: int) -> dict[str, Any]:
+    """The job's result, with its message in words."""
     message = f"judged {written} prompts ({low} with low confidence)"
+    if params.get("label_steps"):
+        message += f"; {step_labels} step labels"
     if params.get("route_low_confidence"):
         message += f"; {routed} sent to humans first (low confidence, or a verdict that flipped under A/B swap)"
     return {"judge_run_id": run_id, "prompts": total, "rankings_written": written,
-            "low_confidence_rankings": low, "routed_to_humans": routed, "message": message}
+            "low_confidence_rankings": low, "routed_to_humans": routed, "step_labels_written": step_labels,
+            "message": message}
+
+
+def _judge_steps(ctx: JobContext, judge: Judge, project_id: int, chunk: list[tuple[int, Any, list[tuple[int, str]]]]
+                 ) -> dict[int, dict[int, list[float]]]:
+    """Per prompt of the chunk, per completion, the judge's p(step correct) for each of its stored steps."""
+    with session_scope(ctx.session_factory) as db:
+        project = db.get(Project, project_id)
+        assert project is not None
+        stored = steps.task_steps(db, project, [cid for _, _, completions in chunk for cid, _ in completions])
+    items, owners = [], []
+    for prompt_id, prompt, completions in chunk:
+        conversation = format_conversation(prompt)
+        for cid, _ in completions:
+            items.append((conversation, stored.get(cid, [])))
+            owners.append((prompt_id, cid))
+    out: dict[int, dict[int, list[float]]] = defaultdict(dict)
+    for (prompt_id, cid), ps in zip(owners, judge.label_steps(items, should_stop=ctx.should_stop), strict=True):
+        out[prompt_id][cid] = ps
+    return out
 
 
 def _set_state(ctx: JobContext, run_id: int, state: str) -> None:
@@ -148,10 +183,10 @@ def _prompts_to_judge(ctx: JobContext, project_id: int, run_id: int, prompt_ids:
 def _write_ranking(db: Session, ctx: JobContext, *, judge_run_id: int, project_id: int, constitution_id: int,
                    prompt_id: int, ids: list[int], tiers: list[list[int]], scores: dict[int, float],
                    confidence: float, p: dict[tuple[int, int], float], verdicts: dict[tuple[int, int], Any],
-                   config: JudgeConfig) -> str | None:
+                   config: JudgeConfig) -> tuple[str | None, int | None]:
     """Store the judge's ranking of one prompt, each pair with its soft label and the verdict it came from. Returns
     why a human should see the prompt: "low_confidence" (the ranking's confidence is low), "position_flip" (a
-    verdict changed when the two answers were swapped), or None."""
+    verdict changed when the two answers were swapped), or None; and the new ranking's id (None: already there)."""
     ranking = rankings.NewRanking(
         {"project_id": project_id, "prompt_id": prompt_id, "round": _round(db, project_id), "source": "ai",
          "judge_run_id": judge_run_id, "constitution_id": constitution_id, "tiers": tiers, "display_order": ids,
@@ -159,12 +194,12 @@ def _write_ranking(db: Session, ctx: JobContext, *, judge_run_id: int, project_i
                   "confidence": round(confidence, 6), "job_id": ctx.job_id}},
         {pair: _soft_label(pair, p[pair], verdicts, config) for pair in _ordered_pairs(tiers)},
     )
-    rankings.write_ranking(db, ranking)
+    ranking_id = rankings.write_ranking(db, ranking)
     if confidence < config.low_confidence:
-        return "low_confidence"
+        return "low_confidence", ranking_id
     if any(getattr(v, "position_flip", False) for v in verdicts.values()):
-        return "position_flip"
-    return None
+        return "position_flip", ranking_id
+    return None, ranking_id
 
 
 def _ordered_pairs(tiers: list[list[int]]) -> list[tuple[int, int]]:

@@ -9,19 +9,21 @@ from fastapi.responses import RedirectResponse, Response
 
 from app import permissions
 from app.deps import MAX_ID, CurrentUser, Id, PageUser, SessionDep
-from app.forms import AILabelsForm, DecisionForm, JudgeForm, RevisionsForm
+from app.forms import AILabelsForm, AIStepLabelsForm, DecisionForm, JudgeForm, RevisionsForm
 from app.routes.form_pages import ProjectPage
 from app.schemas import (
     AILabelsIn,
+    AIStepLabelsIn,
     JobAccepted,
     JudgeAgreementOut,
     JudgeRunAccepted,
     JudgeRunIn,
+    JudgeStepAgreementOut,
     RevisionDecisionIn,
     RevisionJobIn,
     RevisionOut,
 )
-from app.services import constitutions, endpoints, judging, projects, revisions, rollups
+from app.services import constitutions, endpoints, judge_steps, judging, projects, revisions, rollups, steps
 from app.services.charts import reliability_diagram
 
 router = APIRouter()
@@ -32,7 +34,8 @@ def _request_judge_run(db, project, user, body: JudgeRunIn):  # type: ignore[no-
     return judging.request_judge_run(
         db, project, user, constitution_version=body.constitution_version, generator=body.generator.model_dump(),
         mode=body.mode, principles=body.principles, prompt_ids=body.prompt_ids, seed=body.seed,
-        low_confidence=body.low_confidence, route_low_confidence=body.route_low_confidence)
+        low_confidence=body.low_confidence, route_low_confidence=body.route_low_confidence,
+        label_steps=body.label_steps)
 
 
 def _request_revisions(db, project, user, body: RevisionJobIn):  # type: ignore[no-untyped-def]
@@ -67,6 +70,24 @@ def set_ai_labels(project_id: Id, body: AILabelsIn, db: SessionDep, user: Curren
     return JudgeAgreementOut(**judging.judge_agreement(db, project).as_dict())
 
 
+@router.get("/api/projects/{project_id}/judge-agreement/steps", tags=["judge"],
+            summary="The judge's step labels against the human majority: agreement, Brier score, the step gate")
+def judge_step_agreement(project_id: Id, db: SessionDep, user: CurrentUser,
+                         judge_run_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None) -> JudgeStepAgreementOut:
+    project = projects.get_visible(db, project_id, user)
+    report = judge_steps.judge_step_agreement(db, project, judge_run_id=judge_run_id)
+    return JudgeStepAgreementOut(**report.as_dict())
+
+
+@router.put("/api/projects/{project_id}/ai-step-labels", tags=["judge"],
+            summary="The lead's decision: may the judge's step labels be used for training (steps exports)?")
+def set_ai_step_labels(project_id: Id, body: AIStepLabelsIn, db: SessionDep, user: CurrentUser
+                       ) -> JudgeStepAgreementOut:
+    project = projects.get_visible(db, project_id, user)
+    judge_steps.set_ai_step_labels(db, project, user, body.enabled)
+    return JudgeStepAgreementOut(**judge_steps.judge_step_agreement(db, project).as_dict())
+
+
 # --- pages --------------------------------------------------------------------------------------
 
 def _context(db, project, user) -> dict:  # type: ignore[no-untyped-def]
@@ -78,6 +99,8 @@ def _context(db, project, user) -> dict:  # type: ignore[no-untyped-def]
             "can_manage": permissions.may(db, user, project, "labels.decide"),
             "can_add_endpoints": permissions.may_account(user, "endpoints.manage"),
             "gate": {"min_prompts": judging.GATE_MIN_PROMPTS, "min_agreement": judging.GATE_MIN_AGREEMENT},
+            "step_labels_on": steps.options(project).enabled,
+            "step_report": judge_steps.judge_step_agreement(db, project),
             "endpoints": endpoints.list_endpoints(db)}
 
 
@@ -95,6 +118,16 @@ def ai_labels_from_page(request: Request, project_id: Id, db: SessionDep, user: 
     return JUDGE_PAGE.submit(request, db, user, project_id, form,
                              lambda db, project, user, body: judging.set_ai_labels(db, project, user, body.enabled),
                              redirect="/projects/{project_id}/judge")
+
+
+@router.post("/projects/{project_id}/judge/ai-step-labels", include_in_schema=False)
+def ai_step_labels_from_page(request: Request, project_id: Id, db: SessionDep, user: PageUser,
+                             form: Annotated[AIStepLabelsForm, Form()]) -> Response:
+    # A refusal shows the page again, the missing evidence beside the step switch (step_gate_error).
+    return JUDGE_PAGE.submit(request, db, user, project_id, form,
+                             lambda db, project, user, body: judge_steps.set_ai_step_labels(db, project, user,
+                                                                                           body.enabled),
+                             redirect="/projects/{project_id}/judge", shown={"step_gate_error": True})
 
 
 # --- supervised CAI stage: critique → revision --------------------------------------------------

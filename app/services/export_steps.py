@@ -13,6 +13,9 @@ become booleans is the export's `neutral` option:
 - `negative`: a neutral step is not progress → False;
 - `truncate`: the row ends before its first neutral step (only steps with a clear label are trained on; a row
   left without steps is dropped).
+
+The AI judge's step labels (a judge run with `label_steps`) vote like a labeller once the lead allowed them
+(`judge_steps`; until then the export request leaves them out); the judge's soft labels ride along in `judge_p`.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ if TYPE_CHECKING:
     from app.services.export_writer import _Run
 
 COLUMNS = ("prompt_id", "completion_id", "prompt", "completions", "labels", "step_labels", "first_error",
-           "ranking_ids", "annotators", "source", "rubric_versions", "votes", "total_votes", "agreement", "split")
+           "ranking_ids", "annotators", "source", "rubric_versions", "votes", "total_votes", "agreement", "judge_p",
+           "split")
 
 COLUMN_DOCS = {
     "completion_id": "the labelled completion",
@@ -47,6 +51,8 @@ COLUMN_DOCS = {
     "rubric_versions": "rubric versions of those rankings",
     "votes": "per step: votes for the majority label", "total_votes": "per step: votes on the step",
     "agreement": "mean over the row's steps of votes / total_votes",
+    "judge_p": "per step: the AI judge's mean soft label p(correct) over the judge rankings aggregated (null where "
+               "no judge labelled the step); empty when none did",
 }
 
 
@@ -57,12 +63,12 @@ def schema() -> pa.Schema:
         ("completions", pa.list_(pa.string())), ("labels", pa.list_(pa.bool_())), ("step_labels", ints),
         ("first_error", pa.int64()), ("ranking_ids", ints), ("annotators", pa.list_(pa.string())),
         ("source", pa.string()), ("rubric_versions", ints), ("votes", ints), ("total_votes", ints),
-        ("agreement", pa.float64()), ("split", pa.string())])
+        ("agreement", pa.float64()), ("judge_p", pa.list_(pa.float64())), ("split", pa.string())])
 
 
 def labels_select(spec: ExportSpec) -> Select[Any]:
     """Every step label of the project's (filtered, not skipped) rankings, grouped by completion, then ranking."""
-    stmt = (select(StepLabel.completion_id, StepLabel.ranking_id, StepLabel.label, Ranking.source,
+    stmt = (select(StepLabel.completion_id, StepLabel.ranking_id, StepLabel.label, StepLabel.p, Ranking.source,
                    Ranking.annotator_id, Ranking.judge_run_id, Rubric.version.label("rubric_version"))
             .join(Ranking, StepLabel.ranking_id == Ranking.id)
             .join(Prompt, Ranking.prompt_id == Prompt.id)
@@ -109,11 +115,25 @@ class _Group:
     def __init__(self, completion_id: int) -> None:
         self.completion_id = completion_id
         self.rankings: dict[int, list[int]] = {}
+        self.soft: dict[int, list[float]] = {}
+        """The AI rankings' soft labels, in step order."""
         self.meta: dict[int, tuple[str, int | None, int | None, int | None]] = {}
 
     def add(self, r: Any) -> None:
         self.rankings.setdefault(r.ranking_id, []).append(r.label)
+        if r.p is not None:
+            self.soft.setdefault(r.ranking_id, []).append(r.p)
         self.meta[r.ranking_id] = (r.source, r.annotator_id, r.judge_run_id, r.rubric_version)
+
+    def judge_p(self, n: int) -> list[float | None] | None:
+        """Per step of n, the judge rankings' mean p(correct); None when no judge labelled a step."""
+        if not self.soft:
+            return None
+        out: list[float | None] = []
+        for i in range(n):
+            ps = [soft[i] for soft in self.soft.values() if i < len(soft)]
+            out.append(round(sum(ps) / len(ps), 6) if ps else None)
+        return out
 
 
 def _row(run: _Run, group: _Group, steps: list[str], prompt: tuple[int, str, str]) -> dict[str, Any] | None:
@@ -134,7 +154,7 @@ def _row(run: _Run, group: _Group, steps: list[str], prompt: tuple[int, str, str
             "source": sources[0] if len(sources) == 1 else "mixed",
             "rubric_versions": sorted({m[3] for m in metas if m[3] is not None}), "votes": votes[:n],
             "total_votes": total[:n], "agreement": sum(v / t for v, t in zip(votes[:n], total[:n], strict=True)) / n,
-            "split": prompt[2]}
+            "judge_p": group.judge_p(n), "split": prompt[2]}
 
 
 def _lookups(run: _Run, completion_ids: list[int]) -> tuple[dict[int, list[str]], dict[int, tuple[int, str, str]]]:
@@ -196,4 +216,7 @@ def card_section(spec: ExportSpec) -> list[str]:
             "step) load unchanged into `trl.PRMTrainer`; the other columns are provenance.", "",
             "Each completion's labels are the majority over its rankings, step by step; a tie goes to the worse "
             "label (-1, then 0, then +1). A row ends at its first wrong step. With "
-            f"`neutral: {spec.neutral}`, {treatment}.", ""]
+            f"`neutral: {spec.neutral}`, {treatment}.", "",
+            "AI judge step labels (source `ai`, labeller `judge-run-N`) are included only when the lead allowed "
+            "them for training; each votes its hard label (p >= 0.5: correct) and `judge_p` keeps the soft label.",
+            ""]

@@ -19,7 +19,7 @@ from app import formats, permissions
 from app.db import after_commit
 from app.errors import DomainError, Invalid, NotFound
 from app.models import LABEL_SOURCES, SPLITS, Constitution, Export, Job, Project, Rubric, User, utcnow
-from app.services import audit, jobs, projects
+from app.services import audit, jobs, judge_steps, projects
 from app.services.export_writer import ExportSpec
 
 KINDS = formats.EXPORT_KINDS
@@ -172,7 +172,9 @@ def create_export(db: Session, project: Project, actor: User | None, *, kind: st
     if kind != "pairs" and aggregation != "raw":
         raise Invalid("only pairs exports can be aggregated", field="aggregation")
     stored = validate_filters(db, project, kind, filters)
-    if kind in ("pairs", "rankings", "steps") and "source" not in stored and \
+    if kind == "steps":
+        stored = _gate_ai_step_labels(project, stored)
+    elif kind in ("pairs", "rankings") and "source" not in stored and \
             not (project.settings or {}).get("ai_labels_for_training", False):
         # The lead has not allowed AI labels for training: leave them out unless asked for by name. The
         # default is written into the filters, so the row says exactly what the export holds.
@@ -188,6 +190,17 @@ def create_export(db: Session, project: Project, actor: User | None, *, kind: st
     db.add(export)
     db.flush()
     return export
+
+
+def _gate_ai_step_labels(project: Project, stored: dict[str, Any]) -> dict[str, Any]:
+    """A steps export holds the judge's step labels only once the lead allowed them (their own switch, beside the
+    one for AI pairs); until then they are left out, and a `source` filter naming them is refused."""
+    if (project.settings or {}).get(judge_steps.SETTING, False):
+        return stored
+    if "ai" in stored.get("source", []):
+        raise Invalid("the lead has not allowed AI step labels for training (judge page), so filters.source "
+                      "cannot name ai in a steps export", field="filters.source")
+    return stored | {"source": stored.get("source", ["human", "imported"])}
 
 
 def request_export(db: Session, project: Project, actor: User, kind: str, format: str,

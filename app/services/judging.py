@@ -27,9 +27,12 @@ typically 0.65–0.75, so a judge under 0.6 disagrees with people too often to s
 
 def request_judge_run(db: Session, project: Project, actor: User, *, constitution_version: int | None,
                       generator: dict[str, Any], mode: str, principles: str, prompt_ids: list[int] | None,
-                      seed: int, low_confidence: float, route_low_confidence: bool) -> tuple[JudgeRun, Job]:
+                      seed: int, low_confidence: float, route_low_confidence: bool,
+                      label_steps: bool = False) -> tuple[JudgeRun, Job]:
     """A JudgeRun and its queued `judge` job, or Invalid naming the field when something can be checked now."""
     permissions.require(db, actor, project, "judge.start")
+    if label_steps and not (project.settings or {}).get("step_labels", False):
+        raise Invalid("this project does not label steps: turn step labels on first", field="label_steps")
     if constitution_version is None:
         constitution = constitutions.ensure_default(db, project, actor)
     else:
@@ -42,10 +45,11 @@ def request_judge_run(db: Session, project: Project, actor: User, *, constitutio
         if missing:
             raise Invalid(f"not prompts of this project: {', '.join(map(str, missing[:10]))}", field="prompt_ids")
     params = {"mode": mode, "principles": principles, "seed": seed, "low_confidence": low_confidence,
-              "route_low_confidence": route_low_confidence,
+              "route_low_confidence": route_low_confidence, "label_steps": bool(label_steps),
               "generator": {k: v for k, v in generator.items() if k != "api_key"}}
     run = JudgeRun(project_id=project.id, constitution_id=constitution.id, params=params, state="queued",
-                   created_by_id=actor.id, name=f"constitution v{constitution.version} · {mode} · {principles}")
+                   created_by_id=actor.id, name=f"constitution v{constitution.version} · {mode} · {principles}"
+                   + (" · steps" if label_steps else ""))
     db.add(run)
     db.flush()
     job = jobs.enqueue(db, "judge", {"judge_run_id": run.id, "generator": generator, "prompt_ids": prompt_ids},

@@ -203,12 +203,15 @@ POLICY: dict[tuple[str, str], Policy] = {
     ("POST", "/api/projects/{project_id}/judge-runs"): Policy(LEAD_ENG, lambda w: {"json": {"generator": _gen()}}),
     ("GET", "/api/projects/{project_id}/judge-agreement"): Policy(MEMBERS),
     ("PUT", "/api/projects/{project_id}/ai-labels"): Policy(MANAGE, lambda w: {"json": {"enabled": True}}),
+    ("GET", "/api/projects/{project_id}/judge-agreement/steps"): Policy(MEMBERS),
+    ("PUT", "/api/projects/{project_id}/ai-step-labels"): Policy(MANAGE, lambda w: {"json": {"enabled": True}}),
     # step labels (process supervision)
     ("PUT", "/api/projects/{project_id}/step-options"): Policy(MANAGE, lambda w: {"json": {"enabled": True}}),
     ("POST", "/projects/{project_id}/step-options"): Policy(MANAGE, lambda w: {"data": {"enabled": "yes"}}),
     ("GET", "/projects/{project_id}/judge"): Policy(MEMBERS),
     ("POST", "/projects/{project_id}/judge/runs"): Policy(LEAD_ENG, lambda w: {"data": {"model": "/nonexistent"}}),
     ("POST", "/projects/{project_id}/judge/ai-labels"): Policy(MANAGE, lambda w: {"data": {"enabled": "yes"}}),
+    ("POST", "/projects/{project_id}/judge/ai-step-labels"): Policy(MANAGE, lambda w: {"data": {"enabled": "yes"}}),
     ("POST", "/api/projects/{project_id}/revision-jobs"): Policy(LEAD_ENG, lambda w: {"json": {"generator": _gen()}}),
     ("GET", "/api/projects/{project_id}/revisions"): Policy(MEMBERS),
     ("POST", "/api/projects/{project_id}/revisions/{revision_id}/decision"): Policy(

@@ -34,6 +34,8 @@ EXCEPTIONS: list[tuple[str, str, str]] = [
     ("POST /api/v1/training-runs/{run_id}/sample-into-project", "finished", "only a finished run samples"),
     ("PUT /api/v1/projects/{project_id}/ai-labels", "AI labels cannot be allowed yet",
      "allowing AI labels needs measured judge-human agreement (the evidence gate)"),
+    ("PUT /api/v1/projects/{project_id}/ai-step-labels", "AI step labels cannot be allowed yet",
+     "allowing AI step labels needs measured judge-human step agreement (the evidence gate)"),
     ("*", "no prompts", "the project must hold prompts for a job to work on"),
     ("*", "this project does not label steps", "step labels need the project's step option on"),
     ("POST /api/v1/projects/{project_id}/priority-jobs", "serves prompts in random order",
