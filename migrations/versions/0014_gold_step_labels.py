@@ -3,7 +3,7 @@
 Downgrade: drops prompts.gold_step_labels; gold tasks keep their known order, their known step labels are lost
 (annotators' own step labels stay).
 
-Revision ID: 0015
+Revision ID: 0014
 Revises: 0013
 Create Date: 2026-12-02 23:30:00.000000
 """
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision: str = '0015'
+revision: str = '0014'
 down_revision: str | None = '0013'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None

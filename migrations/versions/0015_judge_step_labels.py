@@ -2,8 +2,8 @@
 
 Downgrade: drops step_labels.p; the judge's step labels keep their hard labels (+1 / −1), their soft labels are lost.
 
-Revision ID: 0016
-Revises: 0013
+Revision ID: 0015
+Revises: 0014
 Create Date: 2026-12-02 23:15:00.000000
 """
 
@@ -12,8 +12,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = '0016'
-down_revision: str | None = '0013'
+revision: str = '0015'
+down_revision: str | None = '0014'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
