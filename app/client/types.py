@@ -94,6 +94,7 @@ class ImportResult:
     annotators: int = 0
     preset: str = "preflab"
     extra_columns: list[str] = dataclasses.field(default_factory=list)
+    step_labels: int = 0
     note: str | None = None
 
 
