@@ -407,9 +407,7 @@ def _set_state(ctx: JobContext, run_id: int, state: str) -> None:
             announce = state in ("succeeded", "failed") and tr.state != state
             tr.state = state
             if announce:  # told once, in the transaction that records the end
-                webhooks.fire(db, tr.project_id, f"training_run.{'finished' if state == 'succeeded' else 'failed'}",
-                              {"training_run_id": tr.id, "kind": tr.kind, "state": state,
-                               "export_id": tr.export_id, "url": f"/api/training-runs/{tr.id}"})
+                webhooks.training_run_ended(db, tr)
 
 
 def check_against_humans(ctx: JobContext) -> dict[str, Any]:
