@@ -394,3 +394,32 @@ def test_an_export_is_announced_once_when_its_worker_dies_before_finishing(db, a
     assert db.get(Job, job_id).state == "succeeded" and db.get(Export, export_id).sha256 == first_sha
     events = db.scalars(select(WebhookDelivery.event)).all()
     assert events == ["export.ready"]
+
+
+def test_a_training_crash_the_worker_retries_is_not_announced_as_failed(db, app, make_user, make_project, token_for,
+                                                                        api, receiver, monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    from app.jobs import train as train_job
+    from app.models import TrainingRun, WebhookDelivery
+
+    project, admin, _ = _world(db, make_user, make_project, token_for, api)
+    _hook(admin, project.id, receiver.url, ["training_run.failed"])
+    run = TrainingRun(project_id=project.id, kind="dpo", state="running", config={})
+    db.add(run)
+    db.commit()
+    run_id = run.id
+
+    def crash(ctx: Any) -> None:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(train_job, "_run", crash)
+    for attempt in (1, 2, 3):  # the worker retries a crash while attempts remain
+        ctx = SimpleNamespace(session_factory=app.state.session_factory, payload={"training_run_id": run_id},
+                              attempts=attempt, max_attempts=3)
+        with pytest.raises(RuntimeError):
+            train_job.run(ctx)
+        db.expire_all()
+        assert db.get(TrainingRun, run_id).state == ("failed" if attempt == 3 else "queued")
+        db.rollback()
+    assert db.scalars(select(WebhookDelivery.event)).all() == ["training_run.failed"]
