@@ -10,7 +10,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
+import typer.core
 
 from app.settings import Settings, SettingsError, load_settings
 
@@ -20,6 +22,21 @@ user_cli = typer.Typer(help="Manage accounts.", no_args_is_help=True)
 token_cli = typer.Typer(help="Manage personal API tokens.", no_args_is_help=True)
 cli.add_typer(user_cli, name="user")
 cli.add_typer(token_cli, name="token")
+
+
+class _ExportGroup(typer.core.TyperGroup):
+    """`preflab export PROJECT …` stays the create command; `preflab export push …` names the subcommand."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = ["create", *args]
+        return super().parse_args(ctx, args)
+
+
+export_cli = typer.Typer(cls=_ExportGroup, no_args_is_help=True,
+                         help="Export a project (`preflab export PROJECT --out DIR`, same as `export create`), or "
+                              "push a finished export to a Hugging Face Hub-compatible server (`export push`).")
+cli.add_typer(export_cli, name="export")
 
 
 def _settings() -> Settings:
@@ -348,7 +365,7 @@ def import_cmd(project_id: Annotated[int, typer.Argument(help="Project id")],
         typer.echo(f"skipped duplicate lines: {', '.join(map(str, result.skipped_duplicates))}")
 
 
-@cli.command("export")
+@export_cli.command("create")
 def export_cmd(project: Annotated[str, typer.Argument(help="Project id or name")],
                out: Annotated[Path, typer.Option(help="Directory to copy the export's files into")],
                kind: Annotated[str, typer.Option(help="pairs | rankings | prompts | sft | steps")] = "pairs",
@@ -409,6 +426,37 @@ def export_cmd(project: Annotated[str, typer.Argument(help="Project id or name")
     typer.echo(f"sha256 {result.sha256}")
     for name, digest in sorted(result.files.items()):
         typer.echo(f"  {digest}  {out / name}")
+
+
+@export_cli.command("push")
+def export_push_cmd(export_id: Annotated[int, typer.Argument(help="Id of a finished export")],
+                    repo: Annotated[str, typer.Option(help="Dataset repo to push to: NAMESPACE/NAME (created "
+                                                           "when missing)")],
+                    endpoint: Annotated[str | None, typer.Option(envvar="HF_ENDPOINT", help="Hub URL; default "
+                                                                 "PREFLAB_HUB_ENDPOINT (https://huggingface.co)")
+                                        ] = None,
+                    token: Annotated[str | None, typer.Option(envvar="HF_TOKEN", help="Hub token with write "
+                                                              "access")] = None,
+                    private: Annotated[bool, typer.Option(help="Create the repo private (an existing repo keeps "
+                                                          "its visibility)")] = False,
+                    revision: Annotated[str | None, typer.Option(help="Branch to commit to (default main)")] = None
+                    ) -> None:
+    """Push an export's files and its dataset card (README.md) to a dataset repo, in one commit."""
+    from app.db import session_scope
+    from app.errors import DomainError
+    from app.services import export_push
+
+    settings = _settings()
+    try:
+        with session_scope(_session_factory(settings)) as db:
+            files = export_push.ready_files(db, export_id)
+        pushed = export_push.push(files, repo=repo, endpoint=endpoint or settings.hub_endpoint, token=token,
+                                  private=private, revision=revision,
+                                  message=f"Upload preflab export {export_id}")
+    except DomainError as exc:
+        _fail(f"{exc.field}: {exc.message}" if exc.field else exc.message)
+    typer.echo(f"pushed export {export_id} ({len(pushed.files)} files) to dataset {pushed.repo}@{pushed.revision}")
+    typer.echo(pushed.commit_url)
 
 
 @cli.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -91,7 +91,8 @@ class Worker:
             job = jobs.claim(db, self.worker_id, kinds=self.kinds, stale_after=self.stale_after)
             if job is None:
                 return None
-            ctx = JobContext(self, job.id, job.kind, dict(job.payload or {}), job.project_id, job.attempts)
+            ctx = JobContext(self, job.id, job.kind, dict(job.payload or {}), job.project_id, job.attempts,
+                             job.max_attempts)
             if job.log_path is None:
                 job.log_path = str(ctx.log_path)
             return ctx

@@ -48,13 +48,15 @@ class JobContext:
     """What a handler gets: the job's payload, a session factory, progress and log reporting, and stop checks."""
 
     def __init__(self, worker: WorkerState, job_id: int, kind: str, payload: dict[str, Any], project_id: int | None,
-                 attempts: int) -> None:
+                 attempts: int, max_attempts: int | None = None) -> None:
         self.worker = worker
         self.job_id = job_id
         self.kind = kind
         self.payload = payload
         self.project_id = project_id
         self.attempts = attempts
+        self.max_attempts = max_attempts
+        """None: unknown, so every crash is taken for the last attempt."""
         self.settings = worker.settings
         self.session_factory: sessionmaker[Session] = worker.session_factory
         self.stop_reason: str | None = None

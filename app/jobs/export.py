@@ -20,6 +20,9 @@ def run(ctx: JobContext) -> dict[str, Any]:
         export = job_row(db, Export, export_id, "export")
         if export.deleted_at is not None:
             raise JobError(f"export {export_id} was deleted before it was written")
+        if export.sha256:  # an earlier attempt published it and died before the job was marked done
+            ctx.log(f"export {export_id} was already written by an earlier attempt; nothing to redo")
+            return _result(export_id, export.row_count or 0, export.sha256, export.snapshot)
         spec = exports.spec_of(export)
     engine = ctx.session_factory.kw["bind"]
     out_dir = exports.export_dir(ctx.settings.data_dir, export_id)
@@ -42,6 +45,8 @@ def run(ctx: JobContext) -> dict[str, Any]:
         export = db.get(Export, export_id, with_for_update=db.get_bind().dialect.name == "postgresql")
         if export is None or export.deleted_at is not None:
             return "deleted"
+        if export.sha256:  # published (and announced) already: its files and its one export.ready stand
+            return "published"
         export.files = result.files
         export.sha256 = result.sha256
         export.snapshot = result.snapshot
@@ -60,11 +65,14 @@ def run(ctx: JobContext) -> dict[str, Any]:
     if problem == "deleted":
         shutil.rmtree(out_dir, ignore_errors=True)  # deleted while it was being written
         raise JobError(f"export {export_id} was deleted while it was written")
-    empty = result.row_count == 0
     ctx.log(f"wrote {result.row_count} rows, sha256 {result.sha256}, snapshot {result.snapshot}")
-    return {"export_id": export_id, "rows": result.row_count, "sha256": result.sha256, "snapshot": result.snapshot,
-            "empty": empty,
-            "message": "empty export: the filters select nothing" if empty else f"{result.row_count} rows exported"}
+    return _result(export_id, result.row_count, result.sha256, result.snapshot)
+
+
+def _result(export_id: int, rows: int, sha256: str | None, snapshot: str | None) -> dict[str, Any]:
+    empty = rows == 0
+    return {"export_id": export_id, "rows": rows, "sha256": sha256, "snapshot": snapshot, "empty": empty,
+            "message": "empty export: the filters select nothing" if empty else f"{rows} rows exported"}
 
 
 def _remove_leftovers(ctx: JobContext, out_dir: Path) -> None:

@@ -66,15 +66,20 @@ def command(kind: str, config_path: Path, *, accelerate_config: str | None) -> l
 
 
 def run(ctx: JobContext) -> dict[str, Any]:
-    from app.jobs.context import JobStopped  # not at the top: keeps the supervisor stdlib-only
+    from app.jobs.context import JobError, JobStopped  # not at the top: keeps the supervisor stdlib-only
 
     try:
         return _run(ctx)
     except JobStopped:
         raise
-    except Exception:
-        # Whatever went wrong, the run must not stay "running" on the page.
+    except JobError:  # never retried: the run fails now
         _set_state(ctx, int(ctx.payload["training_run_id"]), "failed")
+        raise
+    except Exception:
+        # Whatever went wrong, the run must not stay "running" on the page; a crash the worker retries leaves it
+        # queued for that attempt, so training_run.failed is told once, when the last attempt fails.
+        retried = ctx.max_attempts is not None and ctx.attempts < ctx.max_attempts
+        _set_state(ctx, int(ctx.payload["training_run_id"]), "queued" if retried else "failed")
         raise
 
 
@@ -407,9 +412,7 @@ def _set_state(ctx: JobContext, run_id: int, state: str) -> None:
             announce = state in ("succeeded", "failed") and tr.state != state
             tr.state = state
             if announce:  # told once, in the transaction that records the end
-                webhooks.fire(db, tr.project_id, f"training_run.{'finished' if state == 'succeeded' else 'failed'}",
-                              {"training_run_id": tr.id, "kind": tr.kind, "state": state,
-                               "export_id": tr.export_id, "url": f"/api/training-runs/{tr.id}"})
+                webhooks.training_run_ended(db, tr)
 
 
 def check_against_humans(ctx: JobContext) -> dict[str, Any]:

@@ -81,10 +81,15 @@ def _fail_exhausted(db: Session, now: datetime, stale_after: timedelta) -> None:
         .values(state="failed", finished_at=now,
                 error=func.coalesce(Job.error, "") + GAVE_UP)
         .returning(Job.id), execution_options={"synchronize_session": False}).all()
-    if given_up:
-        db.execute(update(TrainingRun).where(TrainingRun.job_id.in_(given_up),
-                                             TrainingRun.state.not_in(TERMINAL))
-                   .values(state="failed"), execution_options={"synchronize_session": False})
+    if not given_up:
+        return
+    from app.services import webhooks  # not at the top: webhooks queues its deliveries through this module
+
+    runs = db.scalars(select(TrainingRun).where(TrainingRun.job_id.in_(given_up), TrainingRun.state.not_in(TERMINAL))
+                      .with_for_update()).all()
+    for run in runs:  # told in the transaction that fails it, so a run that gave up is announced once
+        run.state = "failed"
+        webhooks.training_run_ended(db, run)
 
 
 def heartbeat(db: Session, job_id: int, worker_id: str, *, done: int | None = None, total: int | None = None,

@@ -14,7 +14,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 
 from app.errors import Conflict, Invalid
 from app.models import Assignment, AssignmentDraft, Pair, Project, Prompt, Ranking, User, utcnow
-from app.services import bulk, queue, rubrics, steps
+from app.services import bulk, queue, rubrics, steps, webhooks
 from app.services.pairs import expand_tiers
 
 MAX_SECONDS = 24 * 3600.0
@@ -189,7 +189,45 @@ def submit(db: Session, project: Project, annotator: User, body: RankingInput) -
     # The session's copy of the task shows what was written, without a flush of its own.
     set_committed_value(assignment, "state", state)
     set_committed_value(assignment, "completed_at", completed_at)
+    if not body.skipped:
+        _announce_overlap(db, project, prompt_id)
     return Ranking(id=ranking_id, **values), True
+
+
+_SUBMITTED = (select(func.count(Assignment.id))
+              .where(Assignment.prompt_id == bindparam("prompt_id"), Assignment.round == bindparam("round"),
+                     Assignment.state == "submitted"))
+
+
+def _announce_overlap(db: Session, project: Project, prompt_id: int) -> None:
+    """`overlap.reached`, once, from the submission that gives the project's last train prompt its overlap.
+
+    Only a submission that completes its own prompt looks further (the hot path pays one count). It then locks the
+    project row, so two submissions completing the last two prompts at once check one after the other, and the
+    second sees the first's rankings; the mark in the project's settings (round and prompt count) keeps later
+    rankings and retries from telling it again, while a new round or new prompts can reach it anew.
+    """
+    round_ = project.current_round
+    if db.scalar(_SUBMITTED, {"prompt_id": prompt_id, "round": round_}) != project.overlap:
+        return
+    locked = db.get(Project, project.id, with_for_update=True, populate_existing=True)
+    if locked is None:
+        return
+    submitted = (select(func.count(Assignment.id))
+                 .where(Assignment.prompt_id == Prompt.id, Assignment.round == round_,
+                        Assignment.state == "submitted").scalar_subquery())
+    train = select(Prompt.id).where(Prompt.project_id == project.id, Prompt.split == "train",
+                                    Prompt.gold_tiers.is_(None))
+    if db.scalar(select(train.where(submitted < locked.overlap).exists())):
+        return
+    prompts = int(db.scalar(select(func.count()).select_from(train.subquery())) or 0)
+    mark = (locked.settings or {}).get("overlap_reached") or {}
+    if mark.get("round") == round_ and int(mark.get("prompts", 0)) >= prompts:
+        return
+    locked.settings = dict(locked.settings or {}) | {"overlap_reached": {"round": round_, "prompts": prompts}}
+    webhooks.fire(db, project.id, "overlap.reached", {"round": round_, "prompts": prompts,
+                                                      "overlap": locked.overlap,
+                                                      "url": f"/api/projects/{project.id}"})
 
 
 def _step_labels(db: Session, project: Project, body: RankingInput, completion_ids: list[int]

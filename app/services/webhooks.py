@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session
 from app import permissions
 from app.crypto import Keyring, KeyringError
 from app.errors import Invalid, NotFound
-from app.models import Project, User, Webhook, WebhookDelivery, utcnow
+from app.models import Project, TrainingRun, User, Webhook, WebhookDelivery, utcnow
 from app.services import audit, jobs, outbound
 
 EVENTS = ("export.ready", "training_run.finished", "training_run.failed", "judge_run.finished",
@@ -144,6 +144,13 @@ def fire(db: Session, project_id: int, event: str, data: dict[str, Any]) -> list
         delivery.job_id = job.id
         out.append(delivery)
     return out
+
+
+def training_run_ended(db: Session, run: TrainingRun) -> list[WebhookDelivery]:
+    """`training_run.finished` or `.failed` for a run that just ended (the caller records the end, once)."""
+    event = "training_run.finished" if run.state == "succeeded" else "training_run.failed"
+    return fire(db, run.project_id, event, {"training_run_id": run.id, "kind": run.kind, "state": run.state,
+                                            "export_id": run.export_id, "url": f"/api/training-runs/{run.id}"})
 
 
 def body_bytes(delivery: WebhookDelivery) -> bytes:

@@ -305,3 +305,121 @@ def test_annotators_a_rollup_newly_flags_are_announced_once(db, app, make_user, 
     rollup()  # the same people with the same flags: nothing new to tell
     assert _worker(app).run(exit_when_idle=True) == 0
     assert len(receiver.got) == announced
+
+
+def test_the_overlap_target_reached_is_announced_once(db, app, make_user, make_project, token_for, api,
+                                                      receiver) -> None:
+    from tests.app.test_annotation_api import _ranking, _seed
+
+    lead, project, people = _seed(db, make_user, make_project, n_prompts=2, overlap=2, annotators=3)
+    admin = api(token_for(db, make_user(db, "admin")))
+    clients = [api(token_for(db, p)) for p in people]
+    db.commit()
+    hook = _hook(admin, project.id, receiver.url, ["overlap.reached"])
+
+    def rank(client) -> None:  # type: ignore[no-untyped-def]
+        task = client.get(f"/api/projects/{project.id}/tasks/next").json()
+        assert client.post(f"/api/projects/{project.id}/rankings", json=_ranking(task)).status_code == 201
+
+    worker = _worker(app)
+    rank(clients[0])
+    rank(clients[0])
+    rank(clients[1])  # one prompt has both rankings, the other one of two: not reached yet
+    assert worker.run(exit_when_idle=True) == 0
+    rank(clients[1])  # the last prompt reaches its overlap
+    assert worker.run(exit_when_idle=True) == 1
+    [got] = receiver.wait_for(1)
+    body = _verify(hook["secret"], got)
+    assert body["event"] == "overlap.reached" and body["project_id"] == project.id
+    assert body["data"] == {"round": 1, "prompts": 2, "overlap": 2, "url": f"/api/projects/{project.id}"}
+    # A third annotator may still rank a gold or leftover task; nothing more is announced either way.
+    task = clients[2].get(f"/api/projects/{project.id}/tasks/next")
+    assert task.status_code == 204
+    assert worker.run(exit_when_idle=True) == 0 and len(receiver.got) == 1
+
+
+def test_a_run_whose_job_gave_up_is_announced_as_failed(db, app, make_user, make_project, token_for, api,
+                                                        receiver) -> None:
+    from app.models import TrainingRun
+
+    project, admin, _ = _world(db, make_user, make_project, token_for, api)
+    hook = _hook(admin, project.id, receiver.url, ["training_run.failed"])
+    job = jobs.enqueue(db, "train", {"training_run_id": 0}, project=project, actor=None, max_attempts=2)
+    run = TrainingRun(project_id=project.id, kind="dpo", state="running", config={}, job_id=job.id)
+    db.add(run)
+    db.flush()
+    job.payload = {"training_run_id": run.id}
+    # The worker died on its last attempt: running, no attempts left, its heartbeat long stale.
+    job.state, job.attempts, job.claimed_by = "running", 2, "dead-worker"
+    job.heartbeat_at = job.created_at - timedelta(hours=1)
+    db.commit()
+    run_id = run.id
+
+    worker = _worker(app)
+    assert not worker.run_one()  # nothing to run: the claim fails the job (and its run) instead
+    db.expire_all()
+    assert (db.get(Job, job.id).state, db.get(TrainingRun, run.id).state) == ("failed", "failed")
+    db.rollback()  # SQLite: the test's read transaction would hold the write lock the worker needs
+    assert worker.run(exit_when_idle=True) == 1  # the delivery
+    [got] = receiver.wait_for(1)
+    body = _verify(hook["secret"], got)
+    assert body["event"] == "training_run.failed"
+    assert body["data"] == {"training_run_id": run_id, "kind": "dpo", "state": "failed", "export_id": None,
+                            "url": f"/api/training-runs/{run_id}"}
+    assert worker.run(exit_when_idle=True) == 0 and len(receiver.got) == 1
+
+
+def test_an_export_is_announced_once_when_its_worker_dies_before_finishing(db, app, make_user, make_project,
+                                                                          token_for, api, receiver) -> None:
+    from app.models import Export, WebhookDelivery
+
+    project, admin, lead = _world(db, make_user, make_project, token_for, api)
+    _hook(admin, project.id, receiver.url, ["export.ready"])
+    r = lead.post(f"/api/projects/{project.id}/exports", json={"format": "jsonl"})
+    assert r.status_code == 202, r.text
+    export_id = r.json()["export_id"]
+    job_id = db.get(Export, export_id).job_id
+    db.rollback()  # SQLite: the test's read transaction would hold the write lock the worker needs
+    assert _worker(app).run_one()
+    db.expire_all()
+    first_sha = db.get(Export, export_id).sha256
+    # As if the worker died after publishing the export, before it marked the job done: the lease lapses and
+    # another worker takes the job over.
+    job = db.get(Job, job_id)
+    job.state, job.claimed_by, job.finished_at = "running", "dead-worker", None
+    job.heartbeat_at = job.created_at - timedelta(hours=1)
+    db.commit()
+    assert _worker(app).run_one()
+    db.expire_all()
+    assert db.get(Job, job_id).state == "succeeded" and db.get(Export, export_id).sha256 == first_sha
+    events = db.scalars(select(WebhookDelivery.event)).all()
+    assert events == ["export.ready"]
+
+
+def test_a_training_crash_the_worker_retries_is_not_announced_as_failed(db, app, make_user, make_project, token_for,
+                                                                        api, receiver, monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    from app.jobs import train as train_job
+    from app.models import TrainingRun, WebhookDelivery
+
+    project, admin, _ = _world(db, make_user, make_project, token_for, api)
+    _hook(admin, project.id, receiver.url, ["training_run.failed"])
+    run = TrainingRun(project_id=project.id, kind="dpo", state="running", config={})
+    db.add(run)
+    db.commit()
+    run_id = run.id
+
+    def crash(ctx: Any) -> None:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(train_job, "_run", crash)
+    for attempt in (1, 2, 3):  # the worker retries a crash while attempts remain
+        ctx = SimpleNamespace(session_factory=app.state.session_factory, payload={"training_run_id": run_id},
+                              attempts=attempt, max_attempts=3)
+        with pytest.raises(RuntimeError):
+            train_job.run(ctx)
+        db.expire_all()
+        assert db.get(TrainingRun, run_id).state == ("failed" if attempt == 3 else "queued")
+        db.rollback()
+    assert db.scalars(select(WebhookDelivery.event)).all() == ["training_run.failed"]
