@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import base64
 import json
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
 
 from tests.app.test_exports import _export, _rank_everything, _seed
+from tests.support.server import serve_in_thread
 
 TOKEN = "hf_good"
 
@@ -93,16 +93,9 @@ def hub() -> Iterator[Hub]:
         def log_message(self, *_: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    state.url = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
+    with serve_in_thread(Handler) as base:
+        state.url = base
         yield state
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
 
 
 def test_push_sends_every_export_file_and_its_card_in_one_commit(db, app, make_user, make_project, token_for, api,

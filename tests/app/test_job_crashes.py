@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -28,6 +27,7 @@ from app.services import export_writer, projects, training_runs
 from app.services.pairs import expand_tiers
 from app.worker import Worker
 from tests.conftest import TEST_SECRET
+from tests.support.server import wait_for
 from training.hold import ENV as HOLD_ENV
 
 pytestmark = pytest.mark.crash
@@ -78,16 +78,6 @@ def _kill(proc: subprocess.Popen) -> None:  # type: ignore[type-arg]
     proc.wait(timeout=30)
 
 
-def _wait_for(what: str, condition: Callable[[], Any], timeout: float = 90, every: float = 0.01) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _job(db, job_id: int) -> Job:  # type: ignore[no-untyped-def]
     db.expire_all()
     job = db.get(Job, job_id)
@@ -102,8 +92,8 @@ def _let_lease_lapse(db, job_id: int, stale_after: float) -> None:  # type: igno
     assert job.state == "running"  # nobody told the database the worker died
     from app.models import utcnow
 
-    _wait_for("the lease to lapse", lambda: utcnow() - job.heartbeat_at > timedelta(seconds=stale_after + 0.2),
-              every=0.05)
+    wait_for("the lease to lapse", lambda: utcnow() - job.heartbeat_at > timedelta(seconds=stale_after + 0.2),
+             timeout=90, every=0.05)
 
 
 def _marked_processes(app, run_id: int) -> list[int]:  # type: ignore[no-untyped-def]
@@ -191,7 +181,7 @@ def test_an_export_killed_mid_write_is_reclaimed_and_written_once_atomically(db,
 
     proc = _spawn_worker(app)
     try:
-        (temp,) = _wait_for("the export to start writing", writing, every=0.002)
+        (temp,) = wait_for("the export to start writing", writing, timeout=90, every=0.002)
         _kill(proc)
     finally:
         if proc.poll() is None:
@@ -275,13 +265,13 @@ def test_a_job_killed_on_every_attempt_fails_with_the_reason_and_its_run_with_it
         proc = _spawn_worker(app, "--stale-after", "1")
         try:
             # Kill only once the trainer runs, so that each kill also leaves a trainer for the supervisor to stop.
-            _wait_for("the trainer to start", lambda: _marked_processes(app, run_id), every=0.05)
+            wait_for("the trainer to start", lambda: _marked_processes(app, run_id), timeout=90, every=0.05)
             assert _job(db, job_id).attempts == attempt
             _kill(proc)
         finally:
             if proc.poll() is None:
                 proc.kill()
-        _wait_for("the orphaned trainer to be stopped", lambda: not _marked_processes(app, run_id), timeout=10)
+        wait_for("the orphaned trainer to be stopped", lambda: not _marked_processes(app, run_id), timeout=10)
         _let_lease_lapse(db, job_id, stale_after=1)
 
     assert _run_in_process(app, stale_after_s=1) == 0  # nothing left to claim…
@@ -327,7 +317,7 @@ def test_a_training_run_killed_mid_run_resumes_once_with_no_orphan_and_a_complet
     release = tmp_path / "release"
     proc = _spawn_worker(app, hold=f"train.step.{held}={release}")
     try:
-        _wait_for("the trainer to be held at step 8", Path(f"{release}.held").exists, every=0.02)
+        wait_for("the trainer to be held at step 8", Path(f"{release}.held").exists, timeout=90, every=0.02)
         assert logged_steps() == held and (run_dir / "checkpoint" / "trainer_state.json").exists()
         assert _marked_processes(app, run_id)
         _kill(proc)
@@ -336,7 +326,7 @@ def test_a_training_run_killed_mid_run_resumes_once_with_no_orphan_and_a_complet
             proc.kill()
     # The supervisor takes the trainer down with the worker; then the hold is let go, so anything of the trainer
     # still alive would go on writing into the run directory.
-    _wait_for("the orphaned trainer to be stopped", lambda: not _marked_processes(app, run_id), timeout=10)
+    wait_for("the orphaned trainer to be stopped", lambda: not _marked_processes(app, run_id), timeout=10)
     release.touch()
     assert logged_steps() == held, "a step was logged after the worker died"
     assert not (run_dir / "model").exists()
@@ -494,7 +484,7 @@ def test_a_request_aborted_by_a_deadlock_runs_again(database_url, app, db, clean
     submit.start()
     try:
         # The request locks its assignment, then waits for the prompt row (the ranking's foreign key) …
-        _wait_for("the request to wait for the prompt lock", lambda: other.execute(text(
+        wait_for("the request to wait for the prompt lock", lambda: other.execute(text(
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
         )).scalar(), every=0.05, timeout=30)
         # … and now this transaction wants the assignment: a deadlock, which aborts the request's transaction.

@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -25,6 +25,7 @@ from sqlalchemy import select
 from app.models import Job
 from app.services import jobs
 from app.worker import Worker
+from tests.support.server import serve_in_thread
 
 
 @dataclass
@@ -69,16 +70,9 @@ def receiver() -> Iterator[Receiver]:
         def log_message(self, *_: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    state.url = f"http://127.0.0.1:{server.server_address[1]}/hooks/preflab"
-    try:
+    with serve_in_thread(Handler) as base:
+        state.url = base + '/hooks/preflab'
         yield state
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
 
 
 def _world(db, make_user, make_project, token_for, api):  # type: ignore[no-untyped-def]

@@ -1,4 +1,5 @@
-"""`preflab serve` as its own process on a free port, and waiting on a condition with a deadline (never a sleep)."""
+"""`preflab serve` as its own process on a free port, a stand-in HTTP server in a thread, and waiting on a condition
+with a deadline (never a sleep)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,31 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from tests.conftest import REPO, TEST_SECRET
+
+
+@contextmanager
+def serve_in_thread(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A local HTTP server answering with `handler` on a free port, for the block; yields its base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
 
 
 def free_port() -> int:
