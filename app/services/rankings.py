@@ -202,32 +202,43 @@ _SUBMITTED = (select(func.count(Assignment.id))
 def _announce_overlap(db: Session, project: Project, prompt_id: int) -> None:
     """`overlap.reached`, once, from the submission that gives the project's last train prompt its overlap.
 
-    Only a submission that completes its own prompt looks further (the hot path pays one count). It then locks the
-    project row, so two submissions completing the last two prompts at once check one after the other, and the
-    second sees the first's rankings; the mark in the project's settings (round and prompt count) keeps later
-    rankings and retries from telling it again, while a new round or new prompts can reach it anew.
+    Only a submission that completes its own prompt looks further (the hot path pays one count), and then for one
+    train prompt still short, newest first: the queue serves the oldest first, so the answer is nearly always the
+    first row read. Only when none is short does it lock the project row, FOR NO KEY UPDATE (it must not wait on,
+    or deadlock with, the key-share locks that every concurrent insert of a ranking takes on it), and check again:
+    two submissions completing the last two prompts at once check one after the other, the second sees the
+    first's ranking, and the mark in the project's settings (round and prompt count) keeps later rankings and
+    retries from telling it again, while a new round or new prompts can reach it anew.
     """
     round_ = project.current_round
     if db.scalar(_SUBMITTED, {"prompt_id": prompt_id, "round": round_}) != project.overlap:
         return
-    locked = db.get(Project, project.id, with_for_update=True, populate_existing=True)
-    if locked is None:
+    if _any_short(db, project, round_):
         return
-    submitted = (select(func.count(Assignment.id))
-                 .where(Assignment.prompt_id == Prompt.id, Assignment.round == round_,
-                        Assignment.state == "submitted").scalar_subquery())
+    locked = db.get(Project, project.id, with_for_update={"key_share": True}, populate_existing=True)
+    if locked is None or _any_short(db, locked, round_):
+        return
     train = select(Prompt.id).where(Prompt.project_id == project.id, Prompt.split == "train",
                                     Prompt.gold_tiers.is_(None))
-    if db.scalar(select(train.where(submitted < locked.overlap).exists())):
-        return
     prompts = int(db.scalar(select(func.count()).select_from(train.subquery())) or 0)
     mark = (locked.settings or {}).get("overlap_reached") or {}
-    if mark.get("round") == round_ and int(mark.get("prompts", 0)) >= prompts:
+    if prompts == 0 or (mark.get("round") == round_ and int(mark.get("prompts", 0)) >= prompts):
         return
     locked.settings = dict(locked.settings or {}) | {"overlap_reached": {"round": round_, "prompts": prompts}}
     webhooks.fire(db, project.id, "overlap.reached", {"round": round_, "prompts": prompts,
                                                       "overlap": locked.overlap,
                                                       "url": f"/api/projects/{project.id}"})
+
+
+def _any_short(db: Session, project: Project, round_: int) -> bool:
+    """Whether a train prompt (gold aside) of the round has fewer submitted rankings than the overlap."""
+    submitted = (select(func.count(Assignment.id))
+                 .where(Assignment.prompt_id == Prompt.id, Assignment.round == round_,
+                        Assignment.state == "submitted").scalar_subquery())
+    short = (select(Prompt.id).where(Prompt.project_id == project.id, Prompt.split == "train",
+                                     Prompt.gold_tiers.is_(None), submitted < project.overlap)
+             .order_by(Prompt.id.desc()).limit(1))
+    return db.scalar(short) is not None
 
 
 def _step_labels(db: Session, project: Project, body: RankingInput, completion_ids: list[int]
