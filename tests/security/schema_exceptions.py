@@ -24,6 +24,7 @@ EXCEPTIONS: list[tuple[str, str, str]] = [
     ("POST /api/v1/projects/{project_id}/rankings", "completion", "tiers must hold the task's completions"),
     ("*", "constitution version", "the constitution version must exist"),
     ("*", "rubric version", "rubric_version must be the project's current version"),
+    ("*", "the rubric changed", "rubric_version must be the project's current version (a stale task's answer)"),
     # State that allows the step.
     ("GET /api/v1/exports/{export_id}/files/{name}", "was deleted", "a deleted export's files are gone (410)"),
     ("GET /api/v1/exports/{export_id}/files/{name}", "no file", "the file must be one the export wrote"),
