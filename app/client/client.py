@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import httpx
 
@@ -80,9 +80,18 @@ OPERATIONS: dict[str, tuple[str, str]] = {
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 
+T = TypeVar("T")
+
 
 # --- errors --------------------------------------------------------------------------------------
 
+
+def _refreshed(stale: T, fresh: T) -> T:
+    """`stale` with every public field taken from `fresh` (the same object read again), kept as the caller's."""
+    for f in dataclasses.fields(stale):  # type: ignore[arg-type]
+        if not f.name.startswith("_"):
+            setattr(stale, f.name, getattr(fresh, f.name))
+    return stale
 
 @dataclasses.dataclass(frozen=True)
 class ErrorDetail:
@@ -589,11 +598,7 @@ class Export:
     _client: Client = dataclasses.field(default=None, repr=False, compare=False)  # type: ignore[assignment]
 
     def refresh(self) -> Export:
-        fresh = self._client.export(self.id)
-        for f in dataclasses.fields(self):
-            if not f.name.startswith("_"):
-                setattr(self, f.name, getattr(fresh, f.name))
-        return self
+        return _refreshed(self, self._client.export(self.id))
 
     def wait(self, timeout: float = 600.0) -> Export:
         """Wait until the worker has written it; JobFailed if it failed or was cancelled."""
@@ -730,11 +735,7 @@ class TrainingRun:
     _client: Client = dataclasses.field(default=None, repr=False, compare=False)  # type: ignore[assignment]
 
     def refresh(self) -> TrainingRun:
-        fresh = self._client.training_run(self.id)
-        for f in dataclasses.fields(self):
-            if not f.name.startswith("_"):
-                setattr(self, f.name, getattr(fresh, f.name))
-        return self
+        return _refreshed(self, self._client.training_run(self.id))
 
     def wait(self, timeout: float = 3600.0) -> TrainingRun:
         """Wait until the run ends; JobFailed (with the job's reason) unless it succeeded."""
