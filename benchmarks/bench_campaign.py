@@ -10,7 +10,8 @@ think time for `--seconds`, alone, then with 5 leads reloading the agreement pag
 and submit.
 
     PREFLAB_BENCH_DATABASE_URL=postgresql://postgres@127.0.0.1:5432/preflab_campaign \\
-        .venv/bin/python benchmarks/bench_campaign.py --rankings 1000000 [--views 20] [--seconds 20]
+        .venv/bin/python benchmarks/bench_campaign.py --rankings 1000000 [--views 20] [--seconds 20] \\
+        [--template preflab_campaign_1m]
 
 Prints one JSON line per page, one for the rollup, one for the side-by-side (and the machine's load average).
 """
@@ -195,8 +196,24 @@ def _tokens(url: str, n: int) -> list[str]:
     return tokens
 
 
+def _seeded(url: str, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """Seed a fresh database, or copy the template seeded with the same sizes (migrated to head after the copy)."""
+    from _pg import database_from_template, fresh_database, save_as_template, template_comment
+
+    sizes = {"rankings": args.rankings, "open_prompts": args.open_prompts}
+    stored = template_comment(url, args.template) if args.template else None
+    if stored:
+        seeded = json.loads(stored)
+        if seeded.get("requested") == sizes:
+            return database_from_template(url, args.template), seeded | {"from_template": args.template}
+    url = fresh_database(url)
+    seeded = seed_campaign(url, args.rankings, open_prompts=args.open_prompts) | {"requested": sizes}
+    if args.template:
+        save_as_template(url, args.template, json.dumps(seeded))
+    return url, seeded
+
+
 def main() -> None:
-    from _pg import fresh_database
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rankings", type=int, default=1_000_000)
@@ -204,9 +221,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="annotator load per side of the side-by-side")
     parser.add_argument("--open-prompts", type=int, default=20_000)
     parser.add_argument("--rollup-deadline", type=float, default=1800.0)
+    parser.add_argument("--template", metavar="DATABASE",
+                        help="keep the seeded campaign as this Postgres database and start later runs from a copy of"
+                             " it (seeding 1M rankings takes minutes; a copy seconds); reseeded if --rankings or"
+                             " --open-prompts differ")
     args = parser.parse_args()
-    url = fresh_database(os.environ.get("PREFLAB_BENCH_DATABASE_URL", DEFAULT_URL))
-    seeded = seed_campaign(url, args.rankings, open_prompts=args.open_prompts)
+    url, seeded = _seeded(os.environ.get("PREFLAB_BENCH_DATABASE_URL", DEFAULT_URL), args)
     print(json.dumps(seeded), flush=True)
     project_id = seeded["project_id"]
     tokens = _tokens(url, 2 * ANNOTATORS)
