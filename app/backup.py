@@ -261,7 +261,8 @@ def backup(settings: Settings, dest: Path) -> dict[str, Any]:
         if settings.is_sqlite:
             db_info, counts, exports = _dump_sqlite(settings.database_url, staging)
         else:
-            engine = make_engine(settings.database_url, pool_size=1)
+            engine = make_engine(settings.database_url, pool_size=1,
+                                 prepared_statements=settings.database_prepared_statements)
             try:
                 db_info, counts, exports = _dump_postgres(engine, staging)
             finally:
@@ -496,7 +497,8 @@ def _restore_postgres(settings: Settings, src: Path, manifest: dict[str, Any], f
                       relocate: tuple[str, str] | None) -> None:
     from app.db import make_engine
 
-    engine = make_engine(settings.database_url, pool_size=1)
+    engine = make_engine(settings.database_url, pool_size=1,
+                         prepared_statements=settings.database_prepared_statements)
     try:
         with engine.connect() as conn:
             server = _server_major(conn)

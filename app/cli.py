@@ -55,7 +55,8 @@ def _fail(message: str) -> None:
 def _session_factory(settings: Settings):  # type: ignore[no-untyped-def]
     from app.db import make_engine, make_session_factory
 
-    return make_session_factory(make_engine(settings.database_url))
+    return make_session_factory(make_engine(settings.database_url,
+                                             prepared_statements=settings.database_prepared_statements))
 
 
 def _at_head(settings: Settings) -> bool:
@@ -63,7 +64,7 @@ def _at_head(settings: Settings) -> bool:
     from app.db import make_engine
     from app.migrate import schema_status
 
-    engine = make_engine(settings.database_url)
+    engine = make_engine(settings.database_url, prepared_statements=settings.database_prepared_statements)
     try:
         status = schema_status(engine)
     finally:
@@ -94,7 +95,7 @@ def _migrate_check(settings: Settings) -> None:
     from app.db import make_engine
     from app.migrate import schema_status
 
-    engine = make_engine(settings.database_url)
+    engine = make_engine(settings.database_url, prepared_statements=settings.database_prepared_statements)
     try:
         status = schema_status(engine)
     finally:

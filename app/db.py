@@ -52,7 +52,9 @@ def is_transient(exc: BaseException) -> bool:
     return _sqlite_busy(exc)
 
 
-def make_engine(url: str, pool_size: int = 20) -> Engine:
+def make_engine(url: str, pool_size: int = 20, *, prepared_statements: bool = True) -> Engine:
+    """The engine for `url`. `prepared_statements=False` (PREFLAB_DATABASE_PREPARED_STATEMENTS) stops psycopg from
+    preparing statements server-side, which a transaction-pooling PgBouncer cannot follow; SQLite ignores it."""
     if url.startswith("sqlite"):
         database = make_url(url).database
         if database and database != ":memory:":
@@ -80,7 +82,11 @@ def make_engine(url: str, pool_size: int = 20) -> Engine:
             dbapi_conn.isolation_level = None
 
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=pool_size, max_overflow=pool_size)
+    # prepare_threshold=None: never prepare; every statement is sent with its parameters (the extended protocol's
+    # unnamed statement), which any server connection behind a pooler can run.
+    connect_args = {} if prepared_statements else {"prepare_threshold": None}
+    return create_engine(url, pool_pre_ping=True, pool_size=pool_size, max_overflow=pool_size,
+                         connect_args=connect_args)
 
 
 def _begin_immediate(conn: Any) -> None:

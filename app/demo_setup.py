@@ -55,7 +55,8 @@ def setup_demo(settings: Settings) -> tuple[list[tuple[str, str, str]], int]:
 
     write_demo_policy(demo_policy_dir(settings))  # once: a complete copy already there is kept
     upgrade(settings.database_url)
-    factory = make_session_factory(make_engine(settings.database_url))
+    factory = make_session_factory(make_engine(settings.database_url,
+                                                prepared_statements=settings.database_prepared_statements))
     printed: list[tuple[str, str, str]] = []
     with session_scope(factory) as db:
         accounts = {}

@@ -163,7 +163,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     outbound.refuse_every_host(settings.outbound_hosts == "none")
     app.state.secret = settings.resolved_secret()
-    app.state.engine = make_engine(settings.database_url, settings.database_pool_size)
+    app.state.engine = make_engine(settings.database_url, settings.database_pool_size,
+                                   prepared_statements=settings.database_prepared_statements)
     app.state.session_factory = make_session_factory(app.state.engine)
     _refuse_newer_schema(app.state.engine)
     app.state.login_throttle = LoginThrottle()

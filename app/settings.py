@@ -29,6 +29,11 @@ class Settings(BaseSettings):
     """Postgres connections each server process keeps open (as many again may open briefly under a burst).
     Kept connections keep their prepared statements; a pool smaller than the concurrent requests makes each
     burst open and close connections, which costs more than the requests themselves."""
+    database_prepared_statements: bool = True
+    """Let psycopg prepare a statement on a connection once it ran five times there (Postgres parses and plans it
+    once). Set false behind PgBouncer in transaction mode (before 1.21, and without `max_prepared_statements`):
+    there a connection's next transaction may run on another server connection, which lacks the statement
+    ("prepared statement … does not exist") or holds another client's of the same name ("… already exists")."""
     secret_key: str | None = None
     """Signs cookies and CSRF tokens. Required in production; generated into DATA_DIR otherwise."""
     encryption_key: SecretStr | None = None

@@ -48,7 +48,8 @@ class Worker:
         self.poll_s = poll_s
         self.heartbeat_s = heartbeat_s
         self.stale_after = timedelta(seconds=stale_after_s)
-        self.session_factory = session_factory or make_session_factory(make_engine(settings.database_url))
+        self.session_factory = session_factory or make_session_factory(make_engine(
+            settings.database_url, prepared_statements=settings.database_prepared_statements))
         self.terminating = False
         self._last_seen = 0.0
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from alembic import context
 from sqlalchemy import engine_from_config, pool
+from sqlalchemy.engine import make_url
 
 from app.models import Base, JSONType, UTCDateTime
 
@@ -45,7 +46,12 @@ def run_migrations_online() -> None:
     if connectable is not None:
         _run(connectable)
         return
-    engine = engine_from_config({"sqlalchemy.url": _url()}, prefix="sqlalchemy.", poolclass=pool.NullPool)
+    url = _url()
+    # Never prepare server-side: a migration runs each statement a few times at most, and a transaction-pooling
+    # PgBouncer (PREFLAB_DATABASE_PREPARED_STATEMENTS=false) cannot follow prepared statements.
+    connect_args = {"prepare_threshold": None} if make_url(url).get_driver_name() == "psycopg" else {}
+    engine = engine_from_config({"sqlalchemy.url": url}, prefix="sqlalchemy.", poolclass=pool.NullPool,
+                                connect_args=connect_args)
     with engine.connect() as connection:
         _run(connection)
 

@@ -67,6 +67,15 @@ def test_the_postgres_pool_keeps_the_configured_connections(monkeypatch: pytest.
     engine.dispose()
 
 
+def test_prepared_statements_setting_is_a_validated_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert load_settings().database_prepared_statements is True
+    monkeypatch.setenv("PREFLAB_DATABASE_PREPARED_STATEMENTS", "off")  # as PgBouncer's docs would say it
+    assert load_settings().database_prepared_statements is False
+    monkeypatch.setenv("PREFLAB_DATABASE_PREPARED_STATEMENTS", "sometimes")
+    with pytest.raises(SettingsError, match="PREFLAB_DATABASE_PREPARED_STATEMENTS"):
+        load_settings()
+
+
 def test_a_relative_data_dir_is_made_absolute(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """`make demo` passes data/: trainer processes run in other working directories, so every path the server
     stores or hands them must not depend on where it was started (a demo reward run once failed on data/runs/…)."""
