@@ -149,10 +149,12 @@ def _cpu_seconds(pid: int) -> float:
     return total
 
 
-def start_server(url: str, workers: int, data_dir: str) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(url: str, workers: int, data_dir: str,
+                 env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    """uvicorn on a free port (`--workers N` when N > 1) with `env` added to its environment; (process, base URL)."""
     port = _free_port()
     env = os.environ | {"PREFLAB_DATABASE_URL": url, "PREFLAB_SECRET_KEY": SECRET, "PREFLAB_ENV": "dev",
-                        "PREFLAB_DATA_DIR": data_dir}
+                        "PREFLAB_DATA_DIR": data_dir} | (env or {})
     cmd = [sys.executable, "-m", "uvicorn", "app.asgi:app", "--host", "127.0.0.1", "--port", str(port),
            "--log-level", "warning", "--no-access-log", "--timeout-keep-alive", str(KEEP_ALIVE_S)]
     if workers > 1:
@@ -171,8 +173,12 @@ def start_server(url: str, workers: int, data_dir: str) -> tuple[subprocess.Pope
     raise RuntimeError("server did not start")
 
 
-async def load(base: str, project_id: int, tokens: list[str], *, warmup: float, seconds: float) -> dict[str, Any]:
-    """Each token is one client looping next-task → submit; only requests after the warm-up are measured."""
+async def load(base: str | list[str], project_id: int, tokens: list[str], *, warmup: float,
+               seconds: float, run_id: str = "") -> dict[str, Any]:
+    """Each token is one client looping next-task → submit; only requests after the warm-up are measured. Given
+    several base URLs (servers on several ports), client k talks to base k mod their number. `run_id` keeps
+    submission ids apart when several runs share one project (a repeated id is an idempotent resend)."""
+    bases = [base] if isinstance(base, str) else base
     lat: dict[str, list[float]] = {"next": [], "submit": []}
     errors: dict[str, int] = {}
     counts = {"rankings": 0, "empty": 0}
@@ -181,7 +187,8 @@ async def load(base: str, project_id: int, tokens: list[str], *, warmup: float, 
 
     async def client(token: str, k: int) -> None:
         # The lean client of benchmarks/_http.py: httpx would take ~7 ms of the shared CPU per ranking.
-        async with KeepAliveClient(base, headers={"Authorization": f"Bearer {token}"}, timeout=30) as http:
+        auth = {"Authorization": f"Bearer {token}"}
+        async with KeepAliveClient(bases[k % len(bases)], headers=auth, timeout=30) as http:
             n = 0
             while (now := time.perf_counter()) < t_end:
                 measured = now >= t_measure
@@ -197,7 +204,7 @@ async def load(base: str, project_id: int, tokens: list[str], *, warmup: float, 
                     continue
                 task = r.json()
                 body = {"assignment_id": task["assignment_id"], "tiers": [[c["id"]] for c in task["completions"]],
-                        "rubric_version": task["rubric"]["version"], "submission_id": f"c{k}-{n}",
+                        "rubric_version": task["rubric"]["version"], "submission_id": f"{run_id}c{k}-{n}",
                         "seconds_spent": 1.0}
                 n += 1
                 t2 = time.perf_counter()

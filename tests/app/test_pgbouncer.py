@@ -36,8 +36,8 @@ def _need_pgbouncer(database_url: str) -> None:
 def bouncer_url(database_url: str) -> Iterator[str]:
     """The test database through PgBouncer (transaction pooling, 4 server connections)."""
     _need_pgbouncer(database_url)
-    with pgbouncer(database_url, pool_size=4) as url:
-        yield url
+    with pgbouncer(database_url, pool_size=4) as bouncer:
+        yield bouncer.url
 
 
 def test_the_setting_reaches_the_driver(database_url: str) -> None:
@@ -71,7 +71,8 @@ def test_prepared_statements_break_under_transaction_pooling_unless_turned_off(d
     from app.db import make_engine
 
     _need_pgbouncer(database_url)
-    with pgbouncer(database_url, pool_size=1) as url:
+    with pgbouncer(database_url, pool_size=1) as bouncer:
+        url = bouncer.url
         # psycopg prepares a statement its connection ran 5 times, under the same name (_pg3_0) on each client
         # connection: the second client's PREPARE meets the first one's on the shared server connection.
         preparing = make_engine(url, pool_size=2)

@@ -15,6 +15,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy.engine import make_url
@@ -61,10 +62,19 @@ def _config(backend_host: str, backend_port: int, port: int, work: Path, pool_si
     return "\n".join(lines) + "\n"
 
 
+@dataclass(frozen=True)
+class Bouncer:
+    url: str
+    """The caller's database URL, pointing at PgBouncer."""
+    pid: int
+    pool_size: int
+    """Server connections PgBouncer opens to Postgres for each (database, user)."""
+
+
 @contextmanager
-def pgbouncer(postgres_url: str, *, pool_size: int = 20, startup_s: float = 15.0) -> Iterator[str]:
-    """Start PgBouncer (transaction pooling, trust auth) in front of the Postgres that `postgres_url` names; yield
-    the same URL pointing at PgBouncer. Raises RuntimeError when pgbouncer is not installed or does not start."""
+def pgbouncer(postgres_url: str, *, pool_size: int = 20, startup_s: float = 15.0) -> Iterator[Bouncer]:
+    """Start PgBouncer (transaction pooling, trust auth) in front of the Postgres that `postgres_url` names, for the
+    block. Raises RuntimeError when pgbouncer is not installed or does not start."""
     binary = pgbouncer_binary()
     if binary is None:
         raise RuntimeError("pgbouncer is not installed (apt-get install pgbouncer)")
@@ -85,7 +95,8 @@ def pgbouncer(postgres_url: str, *, pool_size: int = 20, startup_s: float = 15.0
                                 stderr=subprocess.PIPE)
         try:
             _wait_listening(proc, port, startup_s, work)
-            yield url.set(host="127.0.0.1", port=port).render_as_string(hide_password=False)
+            yield Bouncer(url.set(host="127.0.0.1", port=port).render_as_string(hide_password=False), proc.pid,
+                          pool_size)
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
