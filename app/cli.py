@@ -172,7 +172,10 @@ KEEP_ALIVE_S = 75
 @cli.command()
 def serve(host: Annotated[str, typer.Option(help="Interface to bind")] = "127.0.0.1",
           port: Annotated[int, typer.Option(help="Port to listen on")] = 8000,
-          workers: Annotated[int, typer.Option(help="uvicorn worker processes (Postgres only)")] = 1,
+          workers: Annotated[int, typer.Option(
+              help="uvicorn worker processes (Postgres only), each with its own pool of PREFLAB_DATABASE_POOL_SIZE "
+                   "connections (behind PgBouncer in transaction mode, set PREFLAB_DATABASE_PREPARED_STATEMENTS="
+                   "false)")] = 1,
           keep_alive: Annotated[int, typer.Option(
               help="Seconds an idle HTTP connection stays open: annotators send a request every few seconds, "
                    "and a reused connection saves the server a new one each time")] = KEEP_ALIVE_S) -> None:
