@@ -20,7 +20,7 @@ from sqlalchemy.exc import DBAPIError
 from app.models import Completion, Job, Pair, Prompt, Ranking
 from app.services import jobs, projects
 from tests.conftest import IN_CI, TEST_SECRET
-from tests.support.pgbouncer import pgbouncer, pgbouncer_binary, transactions_served
+from tests.support.pgbouncer import pgbouncer, pgbouncer_binary, pgbouncer_version, transactions_served
 
 
 def _need_pgbouncer(database_url: str) -> None:
@@ -75,12 +75,13 @@ def test_prepared_statements_break_under_transaction_pooling_unless_turned_off(d
         url = bouncer.url
         # psycopg prepares a statement its connection ran 5 times, under the same name (_pg3_0) on each client
         # connection: the second client's PREPARE meets the first one's on the shared server connection.
-        preparing = make_engine(url, pool_size=2)
-        try:
-            with pytest.raises(DBAPIError, match="prepared statement"):
-                _run_alternately(preparing, 8)
-        finally:
-            preparing.dispose()
+        if pgbouncer_version() < (1, 21):  # 1.21+ can track prepared statements (max_prepared_statements)
+            preparing = make_engine(url, pool_size=2)
+            try:
+                with pytest.raises(DBAPIError, match="prepared statement"):
+                    _run_alternately(preparing, 8)
+            finally:
+                preparing.dispose()
         unprepared = make_engine(url, pool_size=2, prepared_statements=False)
         try:
             _run_alternately(unprepared, 8)

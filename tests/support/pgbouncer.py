@@ -31,6 +31,28 @@ def pgbouncer_binary() -> str | None:
     return next((p for p in PGBOUNCER_PATHS if os.access(p, os.X_OK)), None)
 
 
+def pgbouncer_version() -> tuple[int, ...]:
+    """The installed PgBouncer's version, e.g. (1, 18, 0); () when there is none."""
+    binary = pgbouncer_binary()
+    if binary is None:
+        return ()
+    first = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False).stdout.split("\n")[0]
+    return tuple(int(p) for p in first.rsplit(" ", 1)[-1].split(".") if p.isdigit())
+
+
+def _unprivileged_user() -> str:
+    """PgBouncer refuses to run as root: the user it should switch to (postgres where it exists)."""
+    import pwd
+
+    for name in ("postgres", "nobody"):
+        try:
+            pwd.getpwnam(name)
+            return name
+        except KeyError:
+            continue
+    raise RuntimeError("pgbouncer cannot run as root and there is no postgres or nobody user to run it as")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -81,7 +103,7 @@ def pgbouncer(postgres_url: str, *, pool_size: int = 20, startup_s: float = 15.0
     url = make_url(postgres_url)
     user = url.username or "postgres"
     port = _free_port()
-    run_as = "postgres" if os.geteuid() == 0 else None
+    run_as = _unprivileged_user() if os.geteuid() == 0 else None
     with tempfile.TemporaryDirectory(prefix="pgbouncer-") as tmp:
         work = Path(tmp)
         (work / "users.txt").write_text(f'"{user}" ""\n')
