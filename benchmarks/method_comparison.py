@@ -6,11 +6,13 @@ in the first line carried on, 2 with a slip in the second line), on every proble
 training prompts against the exact match of the final number and is evaluated on held-out prompts it never trained
 on, with the same number of samples per method (steps × prompts_per_step × group): GRPO one group per prompt per
 step, RFT one round per step. The process reward of `grpo_process` comes from a process reward model
-(`training.prm`) trained on step labels that a scripted line checker gave to SFT samples of the training prompts
-(those samples are extra, and counted in its `prm_cpu_s`); the exact match is added on each rollout's last step
-(`--outcome-weight`, default 1; with 0 the PRM alone is the reward, and this tiny PRM is then exploited). The product
-path (a project whose steps a scripted
-annotator labels, exported as a steps export) is not taken here yet: the step labels come straight from the checker.
+(`training.prm`) trained on a steps export, made the way a team would make one (`_step_project`): SFT samples of the
+training prompts (K distinct ones per prompt, at least one right and one wrong) are imported into a project with
+step labels on, a scripted annotator takes each task from the queue, ranks its completions (right final answers
+first) and labels every line +1 or -1 with the line checker, the export job writes the `steps` export, and the PRM
+trains on its train split (the export's held-out split scores it). Those samples are extra, and counted in its
+`prm_cpu_s`. The exact match is added on each rollout's last step (`--outcome-weight`, default 1; with 0 the PRM
+alone is the reward, and this tiny PRM is then exploited).
 
 Prints one JSON line per method and seed, `{"bench": "methods", "method": ..., "seed": n, "accuracy": ...,
 "maj_at_k": ..., "pass_at_k": ..., "kl": ..., "cpu_s": ...}`, then a Markdown table of the means over seeds.
@@ -33,19 +35,21 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for where in (ROOT, ROOT / "benchmarks"):
+    if str(where) not in sys.path:
+        sys.path.insert(0, str(where))
 
 import torch  # noqa: E402
+from _step_project import Item, label_through_project  # noqa: E402
 
 from tests.training.tiny import char_tokenizer, save_tiny, sft, tiny_gpt2  # noqa: E402
 from training.config import GRPOConfig, PRMConfig, RFTConfig  # noqa: E402
-from training.data import PromptRow, StepRow  # noqa: E402
+from training.data import PromptRow, load_steps  # noqa: E402
 from training.evaluate import EvalConfig, evaluate  # noqa: E402
 from training.grpo import GRPOTrainer  # noqa: E402
 from training.policy import Reference, generate_rollouts, load_policy, prepare_tokenizer  # noqa: E402
 from training.prm import split_steps, train_prm  # noqa: E402
-from training.rewards import build_reward_functions  # noqa: E402
+from training.rewards import build_reward_functions, extract_final_number  # noqa: E402
 from training.rft import RFTTrainer  # noqa: E402
 
 METHODS = ("sft", "rft", "online_rft", "grpo_outcome", "grpo_process")
@@ -102,25 +106,67 @@ def check_lines(prompt: str, steps: list[str]) -> list[bool]:
 # --- the methods ------------------------------------------------------------------------------------
 
 
-def train_step_prm(sft_path: Path, tok: Any, rows: list[PromptRow], out: Path, seed: int, samples: int,
-                   args_epochs: int) -> tuple[Path, float, dict[str, Any]]:
-    """Sample the SFT model on the training prompts, label every line with the checker, train a PRM on it."""
-    started = time.process_time()
+def final_right(prompt: str, text: str) -> bool:
+    """The annotator's and the outcome reward's test: the completion's final number is a + b + c."""
+    got = extract_final_number(text)
+    return got is not None and got == sum(int(x) for x in prompt.rstrip("=").split("+"))
+
+
+def pick_completions(prompt: str, texts: list[str], k: int) -> list[str] | None:
+    """K distinct non-empty samples with at least one right and one wrong final answer (a ranking needs two tiers),
+    in the order sampled; None when the samples do not have them."""
+    distinct = list(dict.fromkeys(t.strip() for t in texts if split_steps(t.strip())[0]))
+    right = [t for t in distinct if final_right(prompt, t)]
+    wrong = [t for t in distinct if not final_right(prompt, t)]
+    if not right or not wrong or len(distinct) < k:
+        return None
+    chosen = [right[0], wrong[0]] + [t for t in distinct if t not in (right[0], wrong[0])][:k - 2]
+    return sorted(chosen, key=distinct.index)
+
+
+def prm_items(sft_path: Path, tok: Any, rows: list[PromptRow], seed: int, samples: int, k: int,
+              rounds: int = 4) -> tuple[list[Item], int]:
+    """Sample the SFT model on the training prompts (`samples` each, up to `rounds` times for a prompt whose samples
+    lack K distinct ones or a right and a wrong one) and pick K completions per prompt; the first 4/5 of the prompts
+    are the PRM's train split, the rest its held-out split. Returns (items, prompts left out)."""
     model, _ = load_policy(sft_path)
-    rollouts = generate_rollouts(model, tok, [r.prompt for r in rows], n=samples, max_new_tokens=MAX_NEW_TOKENS,
-                                 seed=seed + 99)
-    labelled = []
-    for i, text in enumerate(rollouts.texts):
-        prompt = rows[i // samples].prompt
-        steps = split_steps(text)[0]
-        if steps:
-            labelled.append(StepRow(prompt=prompt, completions=steps, labels=check_lines(str(prompt), steps)))
-    cut = len(labelled) * 4 // 5
+    pool: dict[str, list[str]] = {str(r.prompt): [] for r in rows}
+    picked: dict[str, list[str]] = {}
+    for attempt in range(rounds):
+        todo = [p for p in pool if p not in picked]
+        if not todo:
+            break
+        rollouts = generate_rollouts(model, tok, todo, n=samples, max_new_tokens=MAX_NEW_TOKENS,
+                                     seed=seed + 99 + 1000 * attempt)
+        for i, text in enumerate(rollouts.texts):
+            pool[todo[i // samples]].append(text)
+        for prompt in todo:
+            chosen = pick_completions(prompt, pool[prompt], k)
+            if chosen is not None:
+                picked[prompt] = chosen
+    kept = [p for p in pool if p in picked]
+    cut = len(kept) * 4 // 5
+    items = [Item(prompt=p, completions=picked[p], split="train" if n < cut else "heldout",
+                  reference=str(sum(int(x) for x in p.rstrip("=").split("+")))) for n, p in enumerate(kept)]
+    return items, len(pool) - len(kept)
+
+
+def train_step_prm(sft_path: Path, tok: Any, rows: list[PromptRow], out: Path, seed: int, args: argparse.Namespace
+                   ) -> tuple[Path, float, dict[str, Any]]:
+    """The product path: SFT samples of the training prompts go into a project with step labels on, a scripted
+    annotator ranks them and labels each line with the checker, a steps export is made by the export job, and the
+    PRM trains on the exported file's train split (its held-out split scores it)."""
+    started = time.process_time()
+    items, left_out = prm_items(sft_path, tok, rows, seed, args.prm_samples, args.prm_k)
+    labelled = label_through_project(items, args.prm_k, check_lines, final_right, workdir=out / "project")
+    train, heldout = load_steps(labelled.path, split="train"), load_steps(labelled.path, split="heldout")
     # the PRM starts from the SFT model's body (it can already add) with a new one-output head, as PRMs usually do
-    result = train_prm(PRMConfig(model=str(sft_path), out=str(out / "prm"), epochs=args_epochs, batch_size=32,
+    result = train_prm(PRMConfig(model=str(sft_path), out=str(out / "prm"), epochs=args.prm_epochs, batch_size=32,
                                  lr=3e-3, max_length=32, eval_every=0, seed=seed, progress=False),
-                       labelled[:cut], labelled[cut:])
+                       train, heldout)
     report = {k: result.eval[k] for k in ("step_accuracy", "first_error_accuracy", "pair_accuracy")}
+    report |= {"export_rows": labelled.rows, "train_rows": len(train), "heldout_rows": len(heldout),
+               "tasks": labelled.tasks, "step_labels": labelled.step_labels, "prompts_left_out": left_out}
     return out / "prm" / "model", time.process_time() - started, report
 
 
@@ -167,8 +213,7 @@ def run_seed(args: argparse.Namespace, seed: int) -> list[dict[str, Any]]:
             "sft": (evaluate(base, tok, rows, outcome, Reference(base), eval_config), sft_cpu, {})}
         prm, prm_cpu, prm_report = None, 0.0, {}
         if "grpo_process" in args.methods:
-            prm, prm_cpu, prm_report = train_step_prm(path, tok, rl_rows, Path(tmp), seed, args.prm_samples,
-                                                       args.prm_epochs)
+            prm, prm_cpu, prm_report = train_step_prm(path, tok, rl_rows, Path(tmp), seed, args)
         for name, make in make_trainers(args, seed, tok, rl_rows, prm).items():
             if name not in args.methods:
                 continue
@@ -221,8 +266,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-prompts", type=int, default=75)
     parser.add_argument("--heldout-prompts", type=int, default=50)
     parser.add_argument("--sft-steps", type=int, default=600)
-    parser.add_argument("--prm-samples", type=int, default=16, help="SFT samples per training prompt for the PRM")
-    parser.add_argument("--prm-epochs", type=int, default=8)
+    parser.add_argument("--prm-samples", type=int, default=16,
+                        help="SFT samples drawn per training prompt (per round) to pick the PRM's completions from")
+    parser.add_argument("--prm-k", type=int, default=4,
+                        help="completions per prompt in the step-labelled project (its K; distinct, at least 2)")
+    parser.add_argument("--prm-epochs", type=int, default=48)
     parser.add_argument("--outcome-weight", type=float, default=1.0,
                         help="weight of the exact-match reward beside the PRM in grpo_process (0: the PRM alone)")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
