@@ -15,9 +15,11 @@ trains on its train split (the export's held-out split scores it). Those samples
 alone is the reward, and this tiny PRM is then exploited).
 
 Prints one JSON line per method and seed, `{"bench": "methods", "method": ..., "seed": n, "accuracy": ...,
-"maj_at_k": ..., "pass_at_k": ..., "kl": ..., "cpu_s": ...}`, then a Markdown table of the means over seeds.
+"maj_at_k": ..., "pass_at_k": ..., "kl": ..., "cpu_s": ..., "curve": [[step, accuracy], ...]}`, then a Markdown table
+of the means over seeds, and writes the curves (held-out accuracy by training step, mean over seeds; `--curve-k`
+samples per prompt, every `--curve-every` steps) as a PNG drawn by `_png` (`--plot`, default beside RESULTS.md).
 
-    .venv/bin/python benchmarks/method_comparison.py [--seeds 0 1 2] [--steps 40] [--k 8]
+    .venv/bin/python benchmarks/method_comparison.py [--seeds 0 1 2] [--steps 40] [--k 8] [--plot PATH]
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ for where in (ROOT, ROOT / "benchmarks"):
         sys.path.insert(0, str(where))
 
 import torch  # noqa: E402
+from _png import Series, line_chart  # noqa: E402
 from _step_project import Item, label_through_project  # noqa: E402
 
 from tests.training.tiny import char_tokenizer, save_tiny, sft, tiny_gpt2  # noqa: E402
@@ -191,6 +194,39 @@ def make_trainers(args: argparse.Namespace, seed: int, tok: Any, rl_rows: list[P
     return trainers
 
 
+def train_with_curve(trainer: Any, args: argparse.Namespace, point: Callable[[Any], float], start: float
+                     ) -> tuple[float, list[tuple[int, float]]]:
+    """Run `args.steps` steps; (CPU seconds in the steps alone, held-out accuracy every `args.curve_every` steps
+    and at the end, from `start` at step 0)."""
+    cpu, curve = 0.0, [(0, start)]
+    for step in range(1, args.steps + 1):
+        started = time.process_time()
+        trainer.step()
+        cpu += time.process_time() - started
+        if step == args.steps or (args.curve_every and step % args.curve_every == 0):
+            curve.append((step, point(trainer.policy)))
+    return cpu, curve
+
+
+def mean_curves(lines: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
+    """Per method, the mean over seeds of the held-out accuracy at each step every seed has a point for."""
+    out = {}
+    for name in METHODS:
+        curves = [dict((int(x), y) for x, y in r["curve"]) for r in lines if r["method"] == name and r.get("curve")]
+        if curves:
+            steps = sorted(set.intersection(*(set(c) for c in curves)))
+            out[name] = [(float(x), statistics.fmean(c[x] for c in curves)) for x in steps]
+    return out
+
+
+def plot(lines: list[dict[str, Any]], path: Path, args: argparse.Namespace) -> None:
+    seeds = sorted({r["seed"] for r in lines})
+    line_chart([Series(name, points) for name, points in mean_curves(lines).items()], path,
+               title="Held-out accuracy by training step", x_label="training step",
+               y_label=f"accuracy, {args.curve_k} samples x {args.heldout_prompts} held-out prompts, "
+                       f"mean of {len(seeds)} seed{'s' if len(seeds) > 1 else ''}", y_range=(0.0, 1.0))
+
+
 def run_seed(args: argparse.Namespace, seed: int) -> list[dict[str, Any]]:
     tok = prepare_tokenizer(char_tokenizer())
     items = problems(seed, args.high)
@@ -214,15 +250,19 @@ def run_seed(args: argparse.Namespace, seed: int) -> list[dict[str, Any]]:
         prm, prm_cpu, prm_report = None, 0.0, {}
         if "grpo_process" in args.methods:
             prm, prm_cpu, prm_report = train_step_prm(path, tok, rl_rows, Path(tmp), seed, args)
+        curve_config = EvalConfig(k=args.curve_k, max_new_tokens=MAX_NEW_TOKENS, seed=11, greedy=False)
+
+        def point(policy: Any) -> float:
+            return float(evaluate(policy, tok, rows, outcome, None, curve_config)["policy"]["accuracy"])
+
+        sft_point = point(base)
+        curves = {"sft": [(0, sft_point), (args.steps, sft_point)]}
         for name, make in make_trainers(args, seed, tok, rl_rows, prm).items():
             if name not in args.methods:
                 continue
             model, _ = load_policy(path)
             trainer = make(model)
-            started = time.process_time()
-            for _ in range(args.steps):
-                trainer.step()
-            cpu = time.process_time() - started
+            cpu, curves[name] = train_with_curve(trainer, args, point, sft_point)
             extra = {"prm_cpu_s": round(prm_cpu, 1), "prm": prm_report} if name == "grpo_process" else {}
             results[name] = (evaluate(trainer.policy, tok, rows, outcome, trainer.reference, eval_config), cpu,
                              extra)
@@ -233,7 +273,8 @@ def run_seed(args: argparse.Namespace, seed: int) -> list[dict[str, Any]]:
         p = result["policy"]
         lines.append({"bench": "methods", "method": name, "seed": seed, "accuracy": p["accuracy"],
                       "maj_at_k": p["maj_at_k"], "pass_at_k": p["pass_at_k"], "kl": result["kl"],
-                      "cpu_s": round(cpu, 1), "k": args.k, "steps": 0 if name == "sft" else args.steps, **extra})
+                      "cpu_s": round(cpu, 1), "k": args.k, "steps": 0 if name == "sft" else args.steps,
+                      "curve": [[step, round(acc, 4)] for step, acc in curves[name]], **extra})
         print(json.dumps(lines[-1]), flush=True)
     return lines
 
@@ -274,11 +315,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--outcome-weight", type=float, default=1.0,
                         help="weight of the exact-match reward beside the PRM in grpo_process (0: the PRM alone)")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--curve-every", type=int, default=5,
+                        help="evaluate held-out accuracy every this many steps for the curves (0: only the end)")
+    parser.add_argument("--curve-k", type=int, default=4, help="samples per held-out prompt at each curve point")
+    parser.add_argument("--plot", type=Path, default=ROOT / "benchmarks" / "method_comparison.png",
+                        help="where the PNG of the curves goes ('-': no plot)")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     lines = [line for seed in args.seeds for line in run_seed(args, seed)]
+    if str(args.plot) != "-":
+        plot(lines, args.plot, args)
     print()
     print(table(lines, args.k))
     print(f"\n{args.heldout_prompts} held-out prompts, K = {args.k} at temperature 1; {args.steps} steps × "
