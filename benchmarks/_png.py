@@ -161,7 +161,7 @@ def line_chart(series: Sequence[Series], path: str | Path | None = None, *, titl
     x_ticks = nice_ticks(min(xs), max(xs))
     y_ticks = nice_ticks(*(y_range or (min(ys), max(ys))))
     x_lo, x_hi, y_lo, y_hi = x_ticks[0], x_ticks[-1], y_ticks[0], y_ticks[-1]
-    left, right, top, bottom = 60, width - 170, 40, height - 50
+    left, right, top, bottom = 60, width - 170, 56, height - 50
     canvas = Canvas(width, height)
 
     def px(x: float) -> float:
@@ -178,9 +178,9 @@ def line_chart(series: Sequence[Series], path: str | Path | None = None, *, titl
         canvas.text(round(px(x)) - text_width(_label(x)) // 2, bottom + 8, _label(x))
     canvas.line(left, top, left, bottom, BLACK)
     canvas.line(left, bottom, right, bottom, BLACK)
-    canvas.text((width - text_width(title, 2)) // 2, 10, title, scale=2)
+    canvas.text((width - text_width(title, 2)) // 2, 8, title, scale=2)
     canvas.text((left + right - text_width(x_label)) // 2, bottom + 26, x_label)
-    canvas.text(8, top - 16, y_label)
+    canvas.text(8, top - 18, y_label)
     for n, s in enumerate(drawn):
         colour = s.colour or PALETTE[n % len(PALETTE)]
         points = sorted(s.points)

@@ -320,9 +320,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--curve-k", type=int, default=4, help="samples per held-out prompt at each curve point")
     parser.add_argument("--plot", type=Path, default=ROOT / "benchmarks" / "method_comparison.png",
                         help="where the PNG of the curves goes ('-': no plot)")
+    parser.add_argument("--replot", type=Path, default=None,
+                        help="read the JSON lines of an earlier run from this file and only redraw the plot and table")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.replot is not None:
+        lines = [json.loads(line) for line in args.replot.read_text(encoding="utf-8").splitlines()
+                 if line.startswith('{"bench": "methods"')]
+        if not lines:
+            parser.error(f"--replot: no method lines in {args.replot}")
+        if str(args.plot) != "-":
+            plot(lines, args.plot, args)
+        print(table(lines, lines[0]["k"]))
+        return 0
     started = time.perf_counter()
     lines = [line for seed in args.seeds for line in run_seed(args, seed)]
     if str(args.plot) != "-":
