@@ -5,8 +5,9 @@ head, goes through the app's own services in the order a team would: a lead crea
 on (one step per line) and imports the prompts with their completions (the import service splits each into steps);
 an annotator takes tasks from the queue, sees each task as the ranking API shows it (`annotation.task_view`), ranks
 its completions and labels every step +1 or -1 with a checker, and submits through `rankings.submit`, one
-transaction per task as the ranking route does; an engineer requests a `steps` export and the worker's own code
-(`Worker.run_one`) writes it. The exported JSONL file is what the process reward model trains on.
+transaction per request (next task, then its ranking) as the API's routes have it; an engineer requests a `steps`
+export and the worker's own code (`Worker.run_one`) writes it. The exported JSONL file is what the process reward
+model trains on.
 
 No HTTP server: the routes only parse, call these services and render.
 """
