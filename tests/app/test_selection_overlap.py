@@ -19,6 +19,20 @@ from tests.app.test_queue_concurrency import _active_per_prompt, _all_at_once
 from tests.app.test_selection import _rank, _seed, _worker
 
 
+def _forget_queue_caches() -> None:
+    """The queue's floor and progress caches are per process and keyed by ids, which Postgres restarts for every
+    test (TRUNCATE … RESTART IDENTITY) and SQLite reuses after a rollback: an earlier project's floor would be a
+    stale starting point."""
+    with queue._floors_lock:
+        queue._floors.clear()
+        queue._progress_cache.clear()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_queue_caches() -> None:
+    _forget_queue_caches()
+
+
 def _ids(prompt: Prompt) -> list[int]:
     return sorted(c.id for c in prompt.completions)
 
@@ -123,6 +137,7 @@ def test_leaving_disagreement_a_new_round_or_another_job_stops_serving_extras(db
     selection.set_selection(db, project, lead, "disagreement")
     assert queue.next_task(db, project, e).prompt_id != prompts[1].id
     db.rollback()
+    _forget_queue_caches()
     lead, (a, b, c, d, e), project, prompts = _contested(db, make_user, make_project)
     selection.set_selection(db, project, lead, "disagreement")
     selection.compute(db, project, "disagreement", None)
@@ -131,6 +146,7 @@ def test_leaving_disagreement_a_new_round_or_another_job_stops_serving_extras(db
     assert selection.state(project).extra_overlap_prompts == 0
     assert queue.next_task(db, project, c).prompt_id != prompts[1].id
     db.rollback()
+    _forget_queue_caches()
     lead, (a, b, c, d, e), project, prompts = _contested(db, make_user, make_project)
     selection.set_selection(db, project, lead, "disagreement")
     selection.compute(db, project, "disagreement", None)
