@@ -460,12 +460,19 @@ class AIStepLabelsForm(ApiForm):
 
 
 class SelectionForm(ApiForm):
-    LABELS: ClassVar[Mapping[str, str]] = {"selection": "Queue order"}
+    LABELS: ClassVar[Mapping[str, str]] = {"selection": "Queue order",
+                                           "disagreement_extra": "Extra rankings for contested prompts",
+                                           "disagreement_threshold": "Contested above disagreement share"}
 
     selection: str = Field("", max_length=20)
+    disagreement_extra: str = Field("", max_length=12)
+    disagreement_threshold: str = Field("", max_length=20)
 
     def to_api(self) -> SelectionIn:
-        return SelectionIn(selection=self.selection)  # type: ignore[arg-type]
+        # Blank: unchanged (a form without the two fields keeps them).
+        return SelectionIn.from_form(selection=self.selection,
+                                     disagreement_extra=self.disagreement_extra.strip() or None,
+                                     disagreement_threshold=self.disagreement_threshold.strip() or None)
 
 
 class PrioritiesForm(ApiForm):

@@ -257,6 +257,7 @@ class Prompt(Base):
               sqlite_where=text("gold_tiers IS NOT NULL")),
         # The queue's walk in priority order (selection `uncertainty` or `disagreement`).
         Index("ix_prompts_project_id_queue_rank", "project_id", "queue_rank"),
+        CheckConstraint("extra_overlap >= 0 AND extra_overlap <= 50", name="extra_overlap_range"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -277,6 +278,9 @@ class Prompt(Base):
     """How much a ranking of this prompt is expected to teach (the last priorities job; higher first)."""
     queue_rank: Mapped[int | None] = mapped_column(Integer)
     """Position in the priority order (0 first), written with `priority`; None: not scored, served after."""
+    extra_overlap: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """Rankings wanted beyond the project's overlap this round: the `disagreement` priorities job gives its most
+    contested prompts more annotators (app.services.selection); the queue caps the prompt at overlap + this."""
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
     completions: Mapped[list[Completion]] = relationship(

@@ -612,6 +612,16 @@ class SelectionIn(Strict):
         description="The queue's order: `random` (by import order, the default), `uncertainty` (prompts the reward "
                     "model is least sure about first) or `disagreement` (prompts whose human rankings disagree most "
                     "first). The two last serve by the priorities their last priorities job stored.")
+    disagreement_extra: Int | None = Field(
+        None, ge=0, le=10,
+        description="`disagreement`: rankings added beyond the overlap to each contested prompt (one that reached "
+                    "the overlap with a disagreement share above `disagreement_threshold`), bounded by the "
+                    "project's annotators; 0 gives none. Omitted: unchanged (default 2). A change ends the extra "
+                    "overlap given so far until the next priorities job.")
+    disagreement_threshold: float | None = Field(
+        None, ge=0, lt=0.5,
+        description="`disagreement`: a prompt is contested when more than this share of its human pair votes went "
+                    "against each pair's majority (0 to below 0.5). Omitted: unchanged (default 0.2).")
 
 
 class PrioritiesIn(Strict):
@@ -628,6 +638,12 @@ class SelectionOut(BaseModel):
     prompts: int = Field(description="Prompts that have a priority.")
     measure: str | None = Field(description="`spread` (across an ensemble's heads), `margin` (a single-head "
                                             "model: p nearest 0.5 first) or `disagreement`.")
+    disagreement_extra: int = Field(description="Rankings `disagreement` adds beyond the overlap to a contested "
+                                                "prompt.")
+    disagreement_threshold: float = Field(description="The disagreement share above which a prompt is contested.")
+    extra_overlap_prompts: int = Field(
+        description="Prompts that want rankings beyond the overlap now: given by the last `disagreement` "
+                    "priorities job this round (0 under another selection, or after a change of the two settings).")
 
 
 class AILabelsIn(Strict):

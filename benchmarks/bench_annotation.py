@@ -81,9 +81,10 @@ def reset_database(url: str) -> None:
 
 
 def seed(url: str, *, prompts: int, chars: int, overlap: int, annotators: int, name: str,
-         seed_: int = 0, selection: str = "random") -> tuple[int, list[str], list[int]]:
+         seed_: int = 0, selection: str = "random", extra_share: float = 0.0) -> tuple[int, list[str], list[int]]:
     """A project with `prompts` ready prompts (K=4), `annotators` members; returns (project id, tokens, user ids).
-    With a `selection` other than random, every prompt gets a random priority (as a priorities job would write)."""
+    With a `selection` other than random, every prompt gets a random priority (as a priorities job would write);
+    with `disagreement`, the top `extra_share` of them also get 2 extra overlap (as contested prompts would)."""
     from argon2 import PasswordHasher
 
     from app import security
@@ -116,8 +117,10 @@ def seed(url: str, *, prompts: int, chars: int, overlap: int, annotators: int, n
             from app.services import selection as queue_selection
 
             queue_selection.set_selection(db, project, lead, selection)
-            queue_selection.store_priorities(db, project, {pid: rng.random() for pid in prompt_ids},
-                                             selection=selection)
+            scores = {pid: rng.random() for pid in prompt_ids}
+            top = sorted(scores, key=scores.__getitem__, reverse=True)[:int(len(scores) * extra_share)]
+            extras = {pid: 2 for pid in top} if selection == "disagreement" else {}
+            queue_selection.store_priorities(db, project, scores, selection=selection, extras=extras)
     with engine.begin() as conn:
         conn.execute(text("ANALYZE"))
     engine.dispose()
@@ -225,22 +228,29 @@ async def load(base: str | list[str], project_id: int, tokens: list[str], *, war
 
 
 def check_database(url: str, project_id: int, overlap: int) -> dict[str, int]:
-    """What the queue promises, counted afterwards: no prompt over its overlap, no annotator on a prompt twice,
-    every ranking stored as the pairs its tiers expand to (six for K=4 without ties)."""
+    """What the queue promises, counted afterwards: no prompt over its overlap (plus its extra overlap), no annotator
+    on a prompt twice, every ranking stored as the pairs its tiers expand to (six for K=4 without ties)."""
     from app.services.pairs import expand_tiers
 
     engine = create_engine(url)
     with engine.connect() as conn:
         def count(sql: str) -> int:
-            return conn.execute(text(sql), {"p": project_id, "o": overlap}).scalar_one()
+            return int(conn.execute(text(sql), {"p": project_id, "o": overlap}).scalar_one())
 
         result = {
             "over_assigned_prompts": count(
-                "SELECT count(*) FROM (SELECT prompt_id FROM assignments WHERE project_id = :p"
-                " AND (state = 'submitted' OR (state = 'leased' AND leased_until > now()))"
-                " GROUP BY prompt_id, round HAVING count(*) > :o) x"),
+                "SELECT count(*) FROM (SELECT a.prompt_id FROM assignments a JOIN prompts p ON p.id = a.prompt_id"
+                " WHERE a.project_id = :p"
+                " AND (a.state = 'submitted' OR (a.state = 'leased' AND a.leased_until > now()))"
+                " GROUP BY a.prompt_id, a.round, p.extra_overlap HAVING count(*) > :o + p.extra_overlap) x"),
             "over_ranked_prompts": count(
-                "SELECT count(*) FROM (SELECT prompt_id FROM rankings WHERE project_id = :p"
+                "SELECT count(*) FROM (SELECT r.prompt_id FROM rankings r JOIN prompts p ON p.id = r.prompt_id"
+                " WHERE r.project_id = :p AND r.annotator_id IS NOT NULL AND NOT r.skipped"
+                " GROUP BY r.prompt_id, r.round, p.extra_overlap HAVING count(*) > :o + p.extra_overlap) x"),
+            "prompts_with_extra_overlap": count("SELECT count(*) FROM prompts WHERE project_id = :p"
+                                                " AND extra_overlap > 0"),
+            "rankings_beyond_the_overlap": count(
+                "SELECT coalesce(sum(n - :o), 0) FROM (SELECT count(*) AS n FROM rankings WHERE project_id = :p"
                 " AND annotator_id IS NOT NULL AND NOT skipped GROUP BY prompt_id, round HAVING count(*) > :o) x"),
             "prompts_ranked_twice_by_one_annotator": count(
                 "SELECT count(*) FROM (SELECT 1 FROM rankings WHERE project_id = :p AND annotator_id IS NOT NULL"
@@ -308,17 +318,21 @@ def main() -> None:
     parser.add_argument("--render-prompts", type=int, default=2_000)
     parser.add_argument("--selection", default="random", choices=("random", "uncertainty", "disagreement"),
                         help="the project's queue order; not random: every prompt gets a random priority")
+    parser.add_argument("--extra-share", type=float, default=0.1,
+                        help="with --selection disagreement: the share of prompts (the top priorities) given 2 "
+                             "extra overlap, as contested prompts get it, so the queue runs at the raised cap")
     args = parser.parse_args()
     url = Settings(database_url=os.environ.get("PREFLAB_BENCH_DATABASE_URL", DEFAULT_URL)).database_url
     result: dict[str, Any] = {"bench": "annotation", "clients": args.clients, "k": 4, "prompts": args.prompts,
                               "overlap": args.overlap, "seconds": args.seconds, "cpus": os.cpu_count(),
-                              "selection": args.selection,
+                              "selection": args.selection, "extra_share": args.extra_share,
                               "load_before": os.getloadavg()[0], "runs": {}}
     with tempfile.TemporaryDirectory() as data_dir:
         for workers in args.workers:
             reset_database(url)
             project_id, tokens, _ = seed(url, prompts=args.prompts, chars=300, overlap=args.overlap,
-                                         annotators=args.clients, name="bench", selection=args.selection)
+                                         annotators=args.clients, name="bench", selection=args.selection,
+                                         extra_share=args.extra_share)
             proc, base = start_server(url, workers, data_dir)
             try:
                 cpu0, t0 = _cpu_seconds(proc.pid), time.perf_counter()

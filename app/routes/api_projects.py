@@ -157,7 +157,8 @@ def get_selection(project_id: Id, db: SessionDep, user: CurrentUser) -> Selectio
 @router.put("/{project_id}/selection", summary="Choose the queue's order (leads)")
 def set_selection(project_id: Id, body: SelectionIn, db: SessionDep, user: CurrentUser) -> SelectionOut:
     project = projects.get_visible(db, project_id, user)
-    selection.set_selection(db, project, user, body.selection)
+    selection.set_selection(db, project, user, body.selection, extra=body.disagreement_extra,
+                            threshold=body.disagreement_threshold)
     return SelectionOut(**vars(selection.state(project)))
 
 

@@ -78,7 +78,9 @@ def set_selection(request: Request, project_id: Id, db: SessionDep, user: PageUs
                   form: Annotated[SelectionForm, Form()]) -> Response:
     project = projects.get_visible(db, project_id, user)
     return forms.submit(request, db, form,
-                        lambda body: selection.set_selection(db, project, user, body.selection),
+                        lambda body: selection.set_selection(db, project, user, body.selection,
+                                                             extra=body.disagreement_extra,
+                                                             threshold=body.disagreement_threshold),
                         redirect=f"/projects/{project.id}#selection", template="project.html",
                         context=lambda error: _project_context(db, project, user) | {"selection_error": error})
 

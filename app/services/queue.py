@@ -3,7 +3,8 @@
 Over-assignment is prevented by the database, not by this process: on Postgres the candidate prompt row is
 locked with `FOR UPDATE SKIP LOCKED` (concurrent callers move on to the next prompt) and its load is
 re-counted under the lock; on SQLite every transaction starts with `BEGIN IMMEDIATE` (see app.db), so
-writers are serialised.
+writers are serialised. A prompt's cap is the project's overlap, plus its `extra_overlap` while the project's
+`disagreement` extras are live for the current round (`extra_on`).
 """
 
 from __future__ import annotations
@@ -41,12 +42,32 @@ def _active_load(prompt_id, round_, now):  # type: ignore[no-untyped-def]
 # costs more CPU than the database spends running it. Every one of them takes these parameters by name.
 _PROJECT, _ANNOTATOR, _ROUND, _NOW = (bindparam("project_id"), bindparam("annotator_id"), bindparam("round"),
                                       bindparam("now", type_=Assignment.leased_until.type))
-_K, _OVERLAP, _FLOOR = bindparam("k"), bindparam("overlap"), bindparam("floor")
+_K, _OVERLAP, _FLOOR, _EXTRA = bindparam("k"), bindparam("overlap"), bindparam("floor"), bindparam("extra")
+
+
+def extra_on(project: Project) -> bool:
+    """Whether the prompts' `extra_overlap` counts: the project is on `disagreement` and its last priorities job gave
+    extras for the current round (a new round, or another selection, caps every prompt at the overlap again)."""
+    settings = project.settings or {}
+    extras = settings.get("extra_overlap") or {}
+    return (settings.get("selection") == "disagreement" and extras.get("round") == project.current_round
+            and bool(extras.get("prompts")))
+
+
+def cap_of(project: Project, extra_overlap: int) -> int:
+    """The rankings a (non-gold) prompt with this `extra_overlap` may hold this round."""
+    return project.overlap + (extra_overlap if extra_on(project) else 0)
+
+
+def _cap():  # type: ignore[no-untyped-def]
+    """A prompt's cap in SQL: the overlap, plus its extra while extras are live (`extra` = 1, else 0)."""
+    return _OVERLAP + Prompt.extra_overlap * _EXTRA
 
 
 def _params(project: Project, annotator: User, now: datetime, floor: int = 0) -> dict[str, Any]:
     return {"project_id": project.id, "annotator_id": annotator.id, "round": project.current_round, "now": now,
-            "k": project.completions_per_prompt, "overlap": project.overlap, "floor": floor}
+            "k": project.completions_per_prompt, "overlap": project.overlap, "floor": floor,
+            "extra": int(extra_on(project))}
 
 
 ROUTED = "routed"
@@ -58,8 +79,8 @@ def _candidates_stmt(gold: bool | None, columns: str = "id", floor: bool = False
                      lock: str | None = None, by_rank: bool | str = False) -> Select[Any]:
     """Prompts the annotator may get next, by id (or, `by_rank`, only prompts with a priority, by `queue_rank`: the
     floor then applies to the rank; `ROUTED`: only the prompts a judge run sent to humans, whose ranks are < 0).
-    `columns`: "id", or "lease" (id and the caller's own earlier assignment on it); `lock`: None, "skip"
-    (FOR UPDATE SKIP LOCKED) or "wait" (FOR UPDATE)."""
+    `columns`: "id", or "lease" (id, the caller's own earlier assignment on it, and its extra overlap); `lock`:
+    None, "skip" (FOR UPDATE SKIP LOCKED) or "wait" (FOR UPDATE)."""
     mine_done = exists().where(Assignment.prompt_id == Prompt.id, Assignment.annotator_id == _ANNOTATOR,
                                Assignment.round == _ROUND, Assignment.state.in_(("submitted", "skipped")))
     ranked = exists().where(Ranking.prompt_id == Prompt.id, Ranking.annotator_id == _ANNOTATOR,
@@ -68,7 +89,7 @@ def _candidates_stmt(gold: bool | None, columns: str = "id", floor: bool = False
         # The caller's own expired or released lease on the candidate, fetched with it (evaluated for one row only).
         mine = (select(Assignment.id).where(Assignment.prompt_id == Prompt.id, Assignment.annotator_id == _ANNOTATOR,
                                             Assignment.round == _ROUND).scalar_subquery())
-        query = select(Prompt.id, mine)
+        query = select(Prompt.id, mine, Prompt.extra_overlap)
     else:
         query = select(Prompt.id)
     query = query.where(Prompt.project_id == _PROJECT, _rankable_count() >= _K, ~mine_done, ~ranked)
@@ -78,7 +99,7 @@ def _candidates_stmt(gold: bool | None, columns: str = "id", floor: bool = False
     else:
         if gold is False:
             query = query.where(Prompt.gold_tiers.is_(None))
-        query = query.where(or_(Prompt.gold_tiers.is_not(None), _active_load(Prompt.id, _ROUND, _NOW) < _OVERLAP))
+        query = query.where(or_(Prompt.gold_tiers.is_not(None), _active_load(Prompt.id, _ROUND, _NOW) < _cap()))
     key = Prompt.queue_rank if by_rank else Prompt.id
     if by_rank == ROUTED:
         query = query.where(Prompt.queue_rank < 0)
@@ -124,19 +145,20 @@ def _own_active(db: Session, project: Project, annotator: User, now: datetime) -
                                                 leased_until=row.leased_until, created_at=row.created_at)
 
 
-# Where the scan for a non-gold prompt starts, per (project, round, overlap): a prompt id below which every prompt
-# was found full. Only a starting point, never a correctness rule: when the scan from it finds nothing, the whole
-# project is scanned again, and the floor is recomputed from the start every FLOOR_FULL_S seconds, so prompts that
-# reopen below it (expired leases, skips) come back. Without it every request walks over all filled prompts.
+# Where the scan for a non-gold prompt starts, per (project, round, overlap, by rank, extras live): a prompt id
+# below which every prompt was found full. Only a starting point, never a correctness rule: when the scan from it
+# finds nothing, the whole project is scanned again, and the floor is recomputed from the start every FLOOR_FULL_S
+# seconds, so prompts that reopen below it (expired leases, skips, extra overlap) come back. Without it every
+# request walks over all filled prompts.
 FLOOR_STEP_S = 0.5
 FLOOR_FULL_S = 5.0
-_floors: dict[tuple[int, int, int, bool], tuple[int, float, float]] = {}
+_floors: dict[tuple[int, int, int, bool, bool], tuple[int, float, float]] = {}
 _floors_lock = threading.Lock()
 
 
 def _floor_scan(key: Any) -> Select[Any]:
     return (select(key).where(Prompt.project_id == _PROJECT, key >= _FLOOR, Prompt.gold_tiers.is_(None),
-                              _active_load(Prompt.id, _ROUND, _NOW) < _OVERLAP)
+                              _active_load(Prompt.id, _ROUND, _NOW) < _cap())
             .order_by(key).limit(1))
 
 
@@ -145,7 +167,8 @@ _RANK_FLOOR_SCAN = _floor_scan(Prompt.queue_rank)  # NULL ranks fail `>= floor`:
 
 
 def _scan_floor(db: Session, project: Project, now: datetime, by_rank: bool = False) -> int:
-    key = (project.id, project.current_round, project.overlap, by_rank)
+    extra = extra_on(project)
+    key = (project.id, project.current_round, project.overlap, by_rank, extra)
     clock = time.monotonic()
     with _floors_lock:
         floor, full_at, step_at = _floors.get(key, (0, -FLOOR_FULL_S, -FLOOR_STEP_S))
@@ -157,7 +180,7 @@ def _scan_floor(db: Session, project: Project, now: datetime, by_rank: bool = Fa
         return floor
     open_prompt = db.scalar(_RANK_FLOOR_SCAN if by_rank else _FLOOR_SCAN,
                             {"project_id": project.id, "floor": start, "round": project.current_round, "now": now,
-                             "overlap": project.overlap})
+                             "overlap": project.overlap, "extra": int(extra)})
     floor = open_prompt if open_prompt is not None else start
     with _floors_lock:
         _floors[key] = (floor, full_at, clock)
@@ -217,10 +240,10 @@ def _first_open(db: Session, project: Project, annotator: User, now: datetime, g
         row = db.execute(query, _params(project, annotator, now, floor)).first()
         if row is None:
             return None, None
-        prompt_id, existing_id = row
+        prompt_id, existing_id, extra_overlap = row
         # Re-count under the row lock: a lease committed after our snapshot may have filled the prompt.
         if not gold and db.scalar(_LOAD_NOW, {"prompt_id": prompt_id, "round": project.current_round,
-                                              "now": now}) >= project.overlap:
+                                              "now": now}) >= cap_of(project, extra_overlap):
             skip.append(prompt_id)
             continue
         return prompt_id, existing_id
@@ -263,7 +286,8 @@ class Progress:
     done_total: int
     left_for_you: int
     left_in_project: int
-    """Rankings still wanted: Σ over ready prompts of max(0, overlap − rankings so far)."""
+    """Rankings still wanted: Σ over ready prompts of max(0, cap − rankings so far), the cap the overlap plus any
+    live extra overlap."""
 
 
 def progress(db: Session, project: Project, annotator: User, *, now: datetime | None = None) -> Progress:
@@ -304,11 +328,12 @@ def _left(db: Session, project: Project, annotator: User, now: datetime) -> tupl
     submitted = (select(func.count(Assignment.id))
                  .where(Assignment.prompt_id == Prompt.id, Assignment.round == round_,
                         Assignment.state == "submitted").scalar_subquery())
-    ready = select(Prompt.id, submitted.label("n")).where(Prompt.project_id == project.id,
-                                                          Prompt.gold_tiers.is_(None),
-                                                          completions >= project.completions_per_prompt).subquery()
-    left_in_project = int(db.scalar(select(func.coalesce(func.sum(project.overlap - ready.c.n), 0))
-                                    .where(ready.c.n < project.overlap)) or 0)
+    cap = project.overlap + Prompt.extra_overlap * int(extra_on(project))
+    ready = select(Prompt.id, submitted.label("n"), cap.label("cap")).where(
+        Prompt.project_id == project.id, Prompt.gold_tiers.is_(None),
+        completions >= project.completions_per_prompt).subquery()
+    left_in_project = int(db.scalar(select(func.coalesce(func.sum(ready.c.cap - ready.c.n), 0))
+                                    .where(ready.c.n < ready.c.cap)) or 0)
     left_for_you = int(db.scalar(select(func.count()).select_from(
         _candidates(project, annotator, now, gold=None).subquery())) or 0)
     return left_for_you, left_in_project

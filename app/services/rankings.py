@@ -273,8 +273,9 @@ def _resolve_task(db: Session, project: Project, annotator: User, body: RankingI
     prompt = db.get(Prompt, body.prompt_id)
     if prompt is None or prompt.project_id != project.id:
         raise Invalid("no such prompt in this project", field="prompt_id")
-    # Without a lease: take the prompt's row lock and check there is room left under the overlap.
-    db.execute(select(Prompt.id).where(Prompt.id == prompt.id).with_for_update())
+    # Without a lease: take the prompt's row lock and check there is room left under its cap (the overlap, plus its
+    # extra overlap while that is live), read under the lock.
+    extra_overlap = db.scalar(select(Prompt.extra_overlap).where(Prompt.id == prompt.id).with_for_update())
     assignment = db.scalar(select(Assignment).where(Assignment.prompt_id == prompt.id,
                                                     Assignment.annotator_id == annotator.id,
                                                     Assignment.round == project.current_round))
@@ -283,7 +284,7 @@ def _resolve_task(db: Session, project: Project, annotator: User, body: RankingI
     own_active = assignment is not None and assignment.state == "leased" and assignment.leased_until > now
     if not own_active and prompt.gold_tiers is None:
         load = db.scalar(select(queue._active_load(prompt.id, project.current_round, now)))
-        if load >= project.overlap:
+        if load >= queue.cap_of(project, int(extra_overlap or 0)):
             raise Conflict("this prompt already has all the rankings it needs", field="prompt_id")
     if assignment is None:
         assignment = Assignment(project_id=project.id, prompt_id=prompt.id, annotator_id=annotator.id,

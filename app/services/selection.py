@@ -5,8 +5,11 @@ prompts whose completions the current reward model is least sure how to order: f
 completions the model's preference probability and its spread across the heads of an ensemble
 (`RewardModel.compare`), the prompt's priority the largest spread (a single-head model has no spread: then
 1 − |2p − 1|, nearest 0.5 first). `disagreement` serves first the prompts whose human rankings disagree most (the
-share of their pair votes that went against the majority of that pair). A priorities job writes each prompt's
-`priority` and its `queue_rank`; prompts added later have none and are served after the scored ones. A judge run
+share of their pair votes that went against the majority of that pair) and gives them more overlap: a prompt that
+reached the project's overlap with a share above `disagreement_threshold` wants `disagreement_extra` more rankings
+(`prompts.extra_overlap`, bounded by the project's annotators) and is served again first, to annotators who have
+not ranked it. A priorities job writes each prompt's `priority` and its `queue_rank` (and resets every extra
+overlap); prompts added later have none and are served after the scored ones. A judge run
 with `route_low_confidence` sends the prompts it was unsure of (a low-confidence ranking, or a verdict that flipped
 when the two answers were swapped) to humans first, under any selection (`route_to_humans`).
 """
@@ -25,17 +28,42 @@ from sqlalchemy.orm import Session
 
 from app import permissions
 from app.errors import Invalid, NotFound
-from app.models import Completion, Job, Pair, Project, Prompt, Ranking, TrainingRun, User, utcnow
-from app.services import audit, jobs
+from app.models import (
+    Assignment,
+    Completion,
+    Job,
+    Pair,
+    Project,
+    ProjectMember,
+    Prompt,
+    Ranking,
+    TrainingRun,
+    User,
+    utcnow,
+)
+from app.services import audit, jobs, queue
 
 SELECTIONS = ("random", "uncertainty", "disagreement")
 DEFAULT = "random"
 SCORE_BATCH = 256
 """Prompts scored per reward-model call in the priorities job."""
+EXTRA_DEFAULT, EXTRA_MAX = 2, 10
+"""`disagreement_extra`: rankings added to a contested prompt beyond the overlap (0 turns extra overlap off)."""
+THRESHOLD_DEFAULT = 0.2
+"""`disagreement_threshold`: a prompt is contested when more than this share of its pair votes went against the
+majority (at most 0.5: the minority of a pair is never more than half; one dissenter of three on every pair: 1/3)."""
 
 
 def selection_of(project: Project) -> str:
     return str((project.settings or {}).get("selection", DEFAULT))
+
+
+def extra_of(project: Project) -> int:
+    return int((project.settings or {}).get("disagreement_extra", EXTRA_DEFAULT))
+
+
+def threshold_of(project: Project) -> float:
+    return float((project.settings or {}).get("disagreement_threshold", THRESHOLD_DEFAULT))
 
 
 @dataclass(frozen=True)
@@ -51,14 +79,21 @@ class SelectionState:
     measure: str | None
     routed: dict[str, Any]
     """What judge runs sent to humans first: prompts, low_confidence, position_flip, judge_run_id, at (or {})."""
+    disagreement_extra: int
+    disagreement_threshold: float
+    extra_overlap_prompts: int
+    """Prompts that want rankings beyond the overlap now (0 unless `disagreement` gave extras this round)."""
 
 
 def state(project: Project) -> SelectionState:
     stored = (project.settings or {}).get("priorities") or {}
+    extras = (project.settings or {}).get("extra_overlap") or {}
     return SelectionState(selection=selection_of(project), computed_at=stored.get("computed_at"),
                           computed_for=stored.get("selection"), training_run_id=stored.get("training_run_id"),
                           prompts=int(stored.get("prompts", 0)), measure=stored.get("measure"),
-                          routed=dict((project.settings or {}).get("routed") or {}))
+                          routed=dict((project.settings or {}).get("routed") or {}),
+                          disagreement_extra=extra_of(project), disagreement_threshold=threshold_of(project),
+                          extra_overlap_prompts=int(extras.get("prompts", 0)) if queue.extra_on(project) else 0)
 
 
 ROUTE_REASONS = ("low_confidence", "position_flip")
@@ -84,14 +119,39 @@ def route_to_humans(db: Session, project: Project, reasons: dict[int, str], *, j
     return len(ids)
 
 
-def set_selection(db: Session, project: Project, actor: User, selection: str) -> None:
-    """The lead switches the queue's order; without priorities for it yet, the queue keeps serving by id."""
+def set_selection(db: Session, project: Project, actor: User, selection: str, *, extra: int | None = None,
+                  threshold: float | None = None) -> None:
+    """The lead switches the queue's order (and, for `disagreement`, how much extra overlap contested prompts get:
+    None keeps the current value); without priorities for it yet, the queue keeps serving by id.
+
+    Leaving `disagreement`, or changing either knob, ends the extra overlap given so far (a priorities job gives it
+    anew): no prompt keeps being served beyond its overlap on a rule that no longer holds."""
     permissions.require(db, actor, project, "selection.manage")
     if selection not in SELECTIONS:
         raise Invalid(f"must be one of {', '.join(SELECTIONS)}", field="selection")
-    project.settings = dict(project.settings or {}) | {"selection": selection}
+    extra = extra_of(project) if extra is None else extra
+    if isinstance(extra, bool) or not isinstance(extra, int) or not 0 <= extra <= EXTRA_MAX:
+        raise Invalid(f"must be a whole number from 0 to {EXTRA_MAX}", field="disagreement_extra")
+    threshold = threshold_of(project) if threshold is None else threshold
+    if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 <= threshold < 0.5:
+        raise Invalid("must be at least 0 and below 0.5 (a share of pair votes against the majority)",
+                      field="disagreement_threshold")
+    threshold = float(threshold)
+    if selection != "disagreement" or (extra, threshold) != (extra_of(project), threshold_of(project)):
+        clear_extra_overlap(db, project)
+    project.settings = dict(project.settings or {}) | {"selection": selection, "disagreement_extra": extra,
+                                                       "disagreement_threshold": threshold}
     audit.record(db, actor, "selection.set", project_id=project.id, object_type="project", object_id=project.id,
-                 selection=selection)
+                 selection=selection, disagreement_extra=extra, disagreement_threshold=threshold)
+
+
+def clear_extra_overlap(db: Session, project: Project) -> None:
+    """Every prompt of the project back to the plain overlap; rankings already given beyond it stay."""
+    if not ((project.settings or {}).get("extra_overlap") or {}).get("prompts"):
+        return  # nothing given: no write
+    db.execute(update(Prompt).where(Prompt.project_id == project.id, Prompt.extra_overlap > 0)
+               .values(extra_overlap=0).execution_options(synchronize_session=False))
+    project.settings = dict(project.settings or {}) | {"extra_overlap": {}}
 
 
 def latest_reward_run(db: Session, project: Project) -> TrainingRun | None:
@@ -140,6 +200,26 @@ def disagreement_scores(db: Session, project: Project) -> dict[int, float]:
             for prompt_id, pairs in votes.items()}
 
 
+def contested_extras(db: Session, project: Project, scores: dict[int, float]) -> dict[int, int]:
+    """Prompt id → its extra overlap: every non-gold prompt that reached the project's overlap this round and whose
+    disagreement share is above the threshold gets `disagreement_extra` more rankings, bounded so that overlap +
+    extra never asks for more annotators than the project has (members who may annotate)."""
+    annotators = int(db.scalar(select(func.count(ProjectMember.id)).where(
+        ProjectMember.project_id == project.id,
+        ProjectMember.role.in_(sorted(permissions.ACTIONS["annotate"].roles)))) or 0)
+    extra = min(extra_of(project), max(0, annotators - project.overlap))
+    threshold = threshold_of(project)
+    contested = sorted(pid for pid, share in scores.items() if share > threshold)
+    if extra == 0 or not contested:
+        return {}
+    reached = set(db.scalars(
+        select(Assignment.prompt_id).join(Prompt, Prompt.id == Assignment.prompt_id)
+        .where(Assignment.project_id == project.id, Assignment.round == project.current_round,
+               Assignment.state == "submitted", Assignment.prompt_id.in_(contested), Prompt.gold_tiers.is_(None))
+        .group_by(Assignment.prompt_id).having(func.count(Assignment.id) >= project.overlap)))
+    return {pid: extra for pid in contested if pid in reached}
+
+
 def task_pairs(db: Session, project: Project, prompt_ids: list[int]) -> list[tuple[int, Any, str, str]]:
     """(prompt id, prompt, first text, second text) for every pair of each prompt's task completions."""
     from app.services.queue import task_completion_texts
@@ -180,23 +260,31 @@ def uncertainty_scores(db: Session, project: Project, model_dir: str,
 
 def store_priorities(db: Session, project: Project, scores: dict[int, float], *, selection: str,
                      training_run_id: int | None = None, measure: str | None = None,
-                     now: datetime | None = None) -> int:
-    """Write every prompt's priority and queue rank (highest first, ties by id); prompts without a score lose
-    theirs. Returns the number of prompts ranked."""
+                     now: datetime | None = None, extras: dict[int, int] | None = None) -> int:
+    """Write every prompt's priority and queue rank (highest first, ties by id; prompts given extra overlap before
+    all others); prompts without a score lose theirs, every extra overlap but `extras` (id → extra) is reset.
+    Returns the number of prompts ranked."""
+    extras = extras or {}
     project_prompts = Prompt.project_id == project.id
+    db.execute(update(Prompt).where(project_prompts, Prompt.extra_overlap > 0).values(extra_overlap=0)
+               .execution_options(synchronize_session=False))
     # Prompts a judge run routed to humans (rank < 0) keep their place ahead of every computed rank.
     routed = set(db.scalars(select(Prompt.id).where(project_prompts, Prompt.queue_rank < 0)))
     db.execute(update(Prompt).where(project_prompts, or_(Prompt.queue_rank.is_(None), Prompt.queue_rank >= 0))
                .values(priority=None, queue_rank=None).execution_options(synchronize_session=False))
     ordered = sorted(((pid, score) for pid, score in scores.items() if pid not in routed),
-                     key=lambda item: (-item[1], item[0]))
+                     key=lambda item: (item[0] not in extras, -item[1], item[0]))
     if ordered:
         rows = [{"id": prompt_id, "priority": score, "queue_rank": rank}
                 for rank, (prompt_id, score) in enumerate(ordered)]
         db.execute(update(Prompt), rows)  # one executemany of primary-key updates (the ids are this project's)
-    project.settings = dict(project.settings or {}) | {"priorities": {
-        "selection": selection, "computed_at": (now or utcnow()).isoformat(timespec="seconds"),
-        "training_run_id": training_run_id, "prompts": len(ordered), "measure": measure}}
+    if extras:
+        db.execute(update(Prompt), [{"id": pid, "extra_overlap": n} for pid, n in sorted(extras.items())])
+    at = (now or utcnow()).isoformat(timespec="seconds")
+    project.settings = dict(project.settings or {}) | {
+        "priorities": {"selection": selection, "computed_at": at, "training_run_id": training_run_id,
+                       "prompts": len(ordered), "measure": measure},
+        "extra_overlap": {"round": project.current_round, "prompts": len(extras), "at": at} if extras else {}}
     db.flush()
     return len(ordered)
 
@@ -209,10 +297,13 @@ def compute(db: Session, project: Project, selection: str, training_run_id: int 
         if run is None or not run.model_dir:
             raise Invalid("the reward-model run is gone", field="training_run_id")
         scores, measure = uncertainty_scores(db, project, run.model_dir, progress)
+        extras: dict[int, int] = {}
     elif selection == "disagreement":
         scores, measure = disagreement_scores(db, project), "disagreement"
+        extras = contested_extras(db, project, scores)
     else:
         raise Invalid(f"must be one of {', '.join(SELECTIONS[1:])}", field="selection")
-    n = store_priorities(db, project, scores, selection=selection, training_run_id=training_run_id, measure=measure)
+    n = store_priorities(db, project, scores, selection=selection, training_run_id=training_run_id, measure=measure,
+                         extras=extras)
     return {"prompts": n, "selection": selection, "measure": measure, "training_run_id": training_run_id,
-            "top_priority": max(scores.values(), default=None)}
+            "top_priority": max(scores.values(), default=None), "extra_overlap_prompts": len(extras)}
