@@ -87,6 +87,13 @@ def engine(database_url: str) -> Iterator[Engine]:
 
 def _empty_tables(engine: Engine) -> None:
     from app.models import Base
+    from app.services import queue
+
+    # The queue's floor and progress caches are per process and keyed by ids, which the next test reuses (Postgres
+    # restarts them, SQLite hands them out again): an emptied database must not leave a stale starting point.
+    with queue._floors_lock:
+        queue._floors.clear()
+        queue._progress_cache.clear()
 
     tables = [t.name for t in Base.metadata.sorted_tables]
     with engine.begin() as conn:

@@ -20,17 +20,10 @@ from tests.app.test_selection import _rank, _seed, _worker
 
 
 def _forget_queue_caches() -> None:
-    """The queue's floor and progress caches are per process and keyed by ids, which Postgres restarts for every
-    test (TRUNCATE … RESTART IDENTITY) and SQLite reuses after a rollback: an earlier project's floor would be a
-    stale starting point."""
+    """The queue's floor and progress caches (5 s) would hold the order from before a priorities job."""
     with queue._floors_lock:
         queue._floors.clear()
         queue._progress_cache.clear()
-
-
-@pytest.fixture(autouse=True)
-def _fresh_queue_caches() -> None:
-    _forget_queue_caches()
 
 
 def _ids(prompt: Prompt) -> list[int]:
