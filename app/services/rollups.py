@@ -18,6 +18,7 @@ rollup has finished). So do the judge page's human–AI figures, by all of the p
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -76,21 +77,57 @@ def _ago(seconds: float | None) -> str:
     return f"{s // 3600} h ago"
 
 
-def current_report(db: Session, project: Project, actor: User, *,
-                   rubric_version: int | None = None) -> tuple[AgreementReport | None, Freshness]:
-    """The report to show now and its freshness; None (with a job queued) when a large project has no rollup yet."""
+@dataclass(frozen=True)
+class ReportView:
+    """What an agreement view shows: its freshness now, and the report, read only when asked for (a view that has
+    the stored rollup's rendering cached never reads or parses the report)."""
+
+    fresh: Freshness
+    versions: list[int]
+    """The project's rubric versions now (the page's selector)."""
+    rubric_version: int | None
+    key: tuple[int, str, str] | None
+    """(project id, the stored rollup's computed_at, scope): what a rollup's figures are a function of, to cache
+    their rendering under; None when the figures are computed on this view (a small project: not cached)."""
+    _load: Callable[[], AgreementReport | None]
+
+    def report(self) -> AgreementReport | None:
+        """The report (None: a large project's rollup for this scope has not been computed yet)."""
+        return self._load()
+
+    def pending(self) -> Freshness:
+        """The freshness to show while the report is not there yet (no rollup, or none of this scope)."""
+        return Freshness("rollup", None, None, None, None, self.fresh.refreshing)
+
+
+def report_view(db: Session, project: Project, actor: User, *, rubric_version: int | None = None) -> ReportView:
+    """The agreement figures to show now (see ReportView); a rollup is queued when the stored one is due."""
     versions = agreement.rubric_versions(db, project)
     if rubric_version is not None and rubric_version not in versions:
         raise Invalid(f"this project has no rubric version {rubric_version}", field="rubric_version")
     if _rankings_up_to(db, project, LIVE_LIMIT + 1) <= LIVE_LIMIT:
         report = agreement.project_reports(db, project, versions=versions, only=rubric_version)[rubric_version]
-        return report, Freshness("live", utcnow(), 0.0, report.human_rankings, None, False)
+        return ReportView(Freshness("live", utcnow(), 0.0, report.human_rankings, None, False), versions,
+                          rubric_version, None, lambda: report)
     row, age, refreshing = _rollup(db, project, actor)
-    stored = _stored(db, project, rubric_version) if row is not None else None
-    if row is None or stored is None:
-        return None, Freshness("rollup", None, None, None, None, refreshing)
-    return (agreement_flags.flagged(report_from_dict(stored)),
-            Freshness("rollup", row.computed_at, age, row.rankings, row.seconds, refreshing))
+    if row is None:
+        return ReportView(Freshness("rollup", None, None, None, None, refreshing), versions, rubric_version, None,
+                          lambda: None)
+
+    def load() -> AgreementReport | None:
+        stored = _stored(db, project, rubric_version)
+        return agreement_flags.flagged(report_from_dict(stored)) if stored is not None else None
+
+    return ReportView(Freshness("rollup", row.computed_at, age, row.rankings, row.seconds, refreshing), versions,
+                      rubric_version, (project.id, row.computed_at.isoformat(), _scope(rubric_version)), load)
+
+
+def current_report(db: Session, project: Project, actor: User, *,
+                   rubric_version: int | None = None) -> tuple[AgreementReport | None, Freshness]:
+    """The report to show now and its freshness; None (with a job queued) when a large project has no rollup yet."""
+    view = report_view(db, project, actor, rubric_version=rubric_version)
+    report = view.report()
+    return (report, view.fresh) if report is not None else (None, view.pending())
 
 
 def project_counts(db: Session, project: Project, actor: User) -> projects.ProjectCounts:
