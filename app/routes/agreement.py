@@ -167,27 +167,34 @@ def _version(raw: str | None) -> int | None:
     return int(raw) if raw and raw.isdigit() else None
 
 
+PageQuery = Annotated[int, Query(ge=1, le=100_000)]
+
+
 @router.get("/projects/{project_id}/agreement/prompts", include_in_schema=False)
 def disagreement_page(request: Request, project_id: Id, db: SessionDep, user: PageUser,
-                      rubric_version: Annotated[str | None, Query()] = None) -> Response:
-    """The prompts annotators disagree on, least agreement first: what the agreement figures are made of."""
+                      rubric_version: Annotated[str | None, Query()] = None, page: PageQuery = 1) -> Response:
+    """The prompts annotators disagree on, least agreement first, a page at a time: what the figures are made of."""
     project = _readable_project(db, project_id, user)
     version = _version(rubric_version)
-    items, total = agreement_rows.disagreements(db, project, rubric_version=version)
-    return render(request, "agreement_prompts.html", {"project": project, "items": items, "total": total,
-                                                      "rubric_version": version})
+    found = agreement_rows.disagreements(db, project, user, rubric_version=version, page=page)
+    return render(request, "agreement_prompts.html", {"project": project, "found": found, "items": found.items,
+                                                      "total": found.total, "rubric_version": version})
 
 
 @router.get("/projects/{project_id}/agreement/annotators/{user_id}", include_in_schema=False)
 def annotator_page(request: Request, project_id: Id, user_id: Id, db: SessionDep, user: PageUser,
                    view: Annotated[str, Query()] = "all",
-                   rubric_version: Annotated[str | None, Query()] = None) -> Response:
-    """One annotator's rankings (or only their gold misses), with time, first-shown card and agreement."""
+                   rubric_version: Annotated[str | None, Query()] = None,
+                   before: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None, page: PageQuery = 1) -> Response:
+    """One annotator's rankings (or only their gold misses), a page at a time, with time, first-shown card and
+    agreement."""
     project = _readable_project(db, project_id, user)
     version = _version(rubric_version)
-    found = agreement_rows.annotator_rankings(db, project, user_id, view=view, rubric_version=version)
+    found = agreement_rows.annotator_rankings(db, project, user_id, view=view, rubric_version=version,
+                                              before=before, page=page)
     return render(request, "agreement_annotator.html", {"project": project, "found": found, "view": view,
-                                                        "annotator_id": user_id, "rubric_version": version})
+                                                        "annotator_id": user_id, "rubric_version": version,
+                                                        "paged": before is not None or page > 1})
 
 
 @router.post("/projects/{project_id}/agreement/gold-from-metadata", include_in_schema=False)

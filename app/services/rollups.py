@@ -40,6 +40,8 @@ completions and pairs costs ~150 ms at 15k rankings on a busy 2-core machine, an
 REFRESH_S = 60.0
 """A stored rollup older than this (or REFRESH_FACTOR × its computation time, if longer) is recomputed."""
 REFRESH_FACTOR = 4.0
+DISAGREEMENTS_KEPT = 1_000
+"""The worst-agreeing (prompt, round) groups per scope the rollup keeps for the disagreements page (~40 KB)."""
 
 
 @dataclass(frozen=True)
@@ -187,6 +189,34 @@ def _stored(db: Session, project: Project, rubric_version: int | None) -> dict[s
                      .where(ProjectRollup.project_id == project.id))
 
 
+def _disagreements_key(rubric_version: int | None) -> str:
+    return f"disagreements_{_scope(rubric_version)}"
+
+
+@dataclass(frozen=True)
+class StoredDisagreements:
+    """The worst (prompt, round) groups of one scope as the last rollup found them, least agreement first."""
+
+    total: int
+    rows: list[tuple[float, int, int]]
+    """(agreement, prompt id, round), at most DISAGREEMENTS_KEPT."""
+
+
+def disagreements(db: Session, project: Project, actor: User, rubric_version: int | None
+                  ) -> tuple[StoredDisagreements | None, Freshness] | None:
+    """None for a small project (the caller computes them on the view); else the rollup's list of one scope and
+    its freshness (None and a queued job before a rollup with that scope has finished)."""
+    if _rankings_up_to(db, project, LIVE_LIMIT + 1) <= LIVE_LIMIT:
+        return None
+    row, age, refreshing = _rollup(db, project, actor)
+    stored = db.scalar(select(ProjectRollup.reports[_disagreements_key(rubric_version)])
+                       .where(ProjectRollup.project_id == project.id)) if row is not None else None
+    if row is None or stored is None:
+        return None, Freshness("rollup", None, None, None, None, refreshing)
+    found = StoredDisagreements(int(stored["total"]), [(float(a), int(p), int(r)) for a, p, r in stored["rows"]])
+    return found, Freshness("rollup", row.computed_at, age, row.rankings, row.seconds, refreshing)
+
+
 def _pending(db: Session, project: Project) -> bool:
     return db.scalar(select(Job.id).where(Job.project_id == project.id, Job.kind == KIND,
                                           Job.state.in_(("queued", "running"))).limit(1)) is not None
@@ -214,8 +244,12 @@ def compute(db: Session, project: Project) -> Rollup:
     counts = asdict(projects.counts(db, project))
     for key in ("as_of", "age_seconds"):
         counts.pop(key, None)
-    reports = agreement.project_reports(db, project)
+    versions = agreement.rubric_versions(db, project)
+    worst = {v: agreement.Disagreements(DISAGREEMENTS_KEPT) for v in [None, *versions]}
+    reports = agreement.project_reports(db, project, versions=versions, disagreements=worst)
     stored = {_scope(v): asdict(r) for v, r in reports.items()}
+    stored |= {_disagreements_key(v): {"total": w.total, "rows": [list(row) for row in w.rows]}
+               for v, w in worst.items()}
     stored["judge"] = judging.judge_agreement(db, project).as_dict()
     return Rollup(stored, counts, reports[None].human_rankings, started, time.perf_counter() - t0)
 
