@@ -17,6 +17,7 @@ rollup has finished). So do the judge page's human–AI figures, by all of the p
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -26,6 +27,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, defer
 
+from app import permissions
 from app.errors import Invalid
 from app.models import Job, Project, ProjectRollup, Ranking, User, utcnow
 from app.services import agreement, agreement_flags, jobs, judging, projects, webhooks
@@ -142,10 +144,12 @@ def project_counts(db: Session, project: Project, actor: User) -> projects.Proje
     return projects.ProjectCounts(**row.counts, as_of=row.computed_at, age_seconds=age)
 
 
-def judge_report(db: Session, project: Project, actor: User) -> tuple[judging.JudgeAgreement, Freshness]:
-    """The judge page's human–AI figures: computed on the view up to LIVE_LIMIT rankings, else the rollup's
-    (the lead's switch and the gate's verdict are always current). Before a large project's first rollup has
-    finished they are computed on the view, once per view, while the rollup is queued."""
+def judge_report(db: Session, project: Project, actor: User, *, exact_before_first: bool = True
+                 ) -> tuple[judging.JudgeAgreement | None, Freshness]:
+    """The judge's human–AI figures: computed on the view up to LIVE_LIMIT rankings, else the rollup's (the lead's
+    switch and the gate's verdict are always current). Before a large project's first rollup has finished they are
+    computed on the view (`exact_before_first`: the page, the lead's decision) or None (the API: 503, retry) while
+    the rollup is queued."""
     # By all rankings, not the AI ones: the evidence is the humans' rankings and pairs of every judged prompt.
     ai = _rankings_up_to(db, project, LIVE_LIMIT + 1, source=None)
     if ai <= LIVE_LIMIT:
@@ -154,12 +158,25 @@ def judge_report(db: Session, project: Project, actor: User) -> tuple[judging.Ju
     stored = db.scalar(select(ProjectRollup.reports["judge"]).where(ProjectRollup.project_id == project.id)) \
         if row is not None else None
     if row is None or stored is None:
+        if not exact_before_first:
+            return None, Freshness("rollup", None, None, None, None, refreshing)
         return judging.judge_agreement(db, project), Freshness("live", utcnow(), 0.0, ai, None, refreshing)
     calibration = [judging.CalibrationBin(**b) for b in stored.get("calibration", [])]
     report = judging.JudgeAgreement(**(stored | {
         "calibration": calibration, "ai_labels_enabled": judging.ai_labels_enabled(project),
         "gate_missing": judging.gate_missing(stored["n_prompts"], stored["pair_agreement"])}))
     return report, Freshness("rollup", row.computed_at, age, row.rankings, row.seconds, refreshing)
+
+
+def set_ai_labels(db: Session, project: Project, actor: User, enabled: bool
+                  ) -> tuple[judging.JudgeAgreement, Freshness]:
+    """The lead's decision on AI labels, the gate judged on the figures judge_report shows (a large project's from
+    its rollup, said how fresh); returns them with the decision in."""
+    permissions.require(db, actor, project, "labels.decide")  # before any figure is computed for this caller
+    report, fresh = judge_report(db, project, actor)
+    assert report is not None  # exact_before_first: there is always a report to decide on
+    judging.set_ai_labels(db, project, actor, enabled, evidence=report)
+    return dataclasses.replace(report, ai_labels_enabled=judging.ai_labels_enabled(project)), fresh
 
 
 def _rollup(db: Session, project: Project, actor: User) -> tuple[ProjectRollup | None, float | None, bool]:
