@@ -9,7 +9,6 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Form, Query, Request, Response
 from fastapi.responses import JSONResponse, RedirectResponse
-from markupsafe import Markup
 from pydantic import TypeAdapter
 
 from app import permissions
@@ -19,7 +18,7 @@ from app.forms import GoldFromMetadataForm
 from app.schemas import AgreementOut, GoldIn, GoldOut, StepAgreementOut
 from app.services import agreement, agreement_flags, agreement_rows, gold, projects, rollups, step_agreement, steps
 from app.services.charts import line_chart
-from app.web import render, templates
+from app.web import prerendered, render, render_fragment
 
 router = APIRouter()
 
@@ -147,7 +146,7 @@ def agreement_page(request: Request, project_id: Id, db: SessionDep, user: PageU
         body = _render_body(project, report, ctx["step_report"], show_all)
         if key:
             request.app.state.fragments.put(key, body)
-    ctx["body"] = Markup(body)  # noqa: S704 - our own template's output (autoescaped), rendered above or cached
+    ctx["body"] = prerendered(body)
     return render(request, "agreement.html", ctx, status_code=status)
 
 
@@ -156,10 +155,10 @@ def _render_body(project: Any, report: agreement.AgreementReport, step_report: A
     rows = report.annotators
     if not show_all and len(rows) > ANNOTATOR_ROWS:
         rows = sorted(rows, key=lambda a: (not a.flags, a.email))[:ANNOTATOR_ROWS]
-    return templates.env.get_template("_agreement_body.html").render(
+    return render_fragment("_agreement_body.html", dict(
         project=project, report=report, charts=_charts(report), thresholds=agreement_flags.THRESHOLDS,
         step_report=step_report, annotator_rows=rows, show_all=show_all, annotator_rows_default=ANNOTATOR_ROWS,
-        step_gold={s.user_id: s for s in step_report.annotators} if step_report else {})
+        step_gold={s.user_id: s for s in step_report.annotators} if step_report else {}))
 
 
 def _version(raw: str | None) -> int | None:
