@@ -56,16 +56,19 @@ def get_agreement(request: Request, project_id: Id, db: SessionDep, user: Curren
             request.app.state.fragments.put(key, body)
     tail = json.dumps({"computed": fresh.method, "as_of": _iso(fresh.as_of), "age_seconds": fresh.age_seconds},
                       separators=(",", ":"))
-    assert isinstance(body, bytes) and body.endswith(b"}")
-    return Response(body[:-1] + b"," + tail[1:].encode(), media_type="application/json")
+    raw = body if isinstance(body, bytes) else body.encode()  # the report's JSON object, then the freshness fields
+    return Response(raw[:-1] + b"," + tail[1:].encode(), media_type="application/json")
 
 
 _FRESHNESS = {"computed", "as_of", "age_seconds"}
 
 
+_WHEN = TypeAdapter(datetime | None)
+
+
 def _iso(at: datetime | None) -> str | None:
     # As pydantic writes a datetime in JSON (UTC as "Z"), so cached and uncached answers read the same.
-    return TypeAdapter(datetime | None).dump_python(at, mode="json")
+    return _WHEN.dump_python(at, mode="json")
 
 
 @router.get("/api/projects/{project_id}/agreement/steps", tags=["agreement"],
