@@ -12,7 +12,12 @@ at nice +10: see app.jobs.project_rollup).
 
 The project page's counts (prompts, completions, rankings, pairs) follow the same rule with COUNT_LIVE_LIMIT: exact
 on the view below it; above it from the rollup, said to be as of its age (exact on the view, once, before the first
-rollup has finished). So do the judge page's human–AI figures, by all of the project's rankings.
+rollup has finished). So do the judge page's human–AI figures, by all of the project's rankings, and the judge API
+and the AI-labels gate on the same figures (the API answers "not yet" before the first rollup).
+
+The rollup also keeps each scope's worst-agreeing (prompt, round) groups (DISAGREEMENTS_KEPT) and how many there
+are, so the disagreements page of a large project reads their order here and only its page's rankings. Views of
+the stored figures are cached per process by the app (app.fragments), under ReportView.key.
 """
 
 from __future__ import annotations
