@@ -234,6 +234,10 @@ def disagreements(db: Session, project: Project, actor: User, rubric_version: in
     stored = db.scalar(select(ProjectRollup.reports[_disagreements_key(rubric_version)])
                        .where(ProjectRollup.project_id == project.id)) if row is not None else None
     if row is None or stored is None:
+        if row is not None and not refreshing:  # a rollup stored before it kept the disagreements: recompute now
+            jobs.enqueue(db, KIND, {"requested_at": utcnow().isoformat()}, project=project, actor=actor,
+                         max_attempts=1)
+            refreshing = True
         return None, Freshness("rollup", None, None, None, None, refreshing)
     found = StoredDisagreements(int(stored["total"]), [(float(a), int(p), int(r)) for a, p, r in stored["rows"]])
     return found, Freshness("rollup", row.computed_at, age, row.rankings, row.seconds, refreshing)

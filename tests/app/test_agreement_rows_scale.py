@@ -81,6 +81,24 @@ def test_paged_disagreements_equal_the_whole_list_small_and_large(
     assert first.fresh is not None and first.fresh.method == "rollup" and first.next_page == 2
 
 
+def test_a_rollup_stored_before_it_kept_disagreements_is_recomputed(db, make_user, make_project, monkeypatch) -> None:
+    from sqlalchemy import select
+
+    from app.models import Job, ProjectRollup
+
+    project, lead = _campaign(db, make_user, make_project, n_prompts=12, seed=23)
+    monkeypatch.setattr(rollups, "LIVE_LIMIT", 10)
+    rollups.store(db, project.id, rollups.compute(db, project))
+    row = db.get(ProjectRollup, project.id)
+    row.reports = {k: v for k, v in row.reports.items() if not k.startswith("disagreements_")}
+    db.flush()
+
+    found = agreement_rows.disagreements(db, project, lead)
+
+    assert found.pending and found.fresh.refreshing
+    assert db.scalar(select(Job.id).where(Job.project_id == project.id, Job.kind == rollups.KIND)) is not None
+
+
 def test_the_rollup_keeps_the_worst_and_counts_them_all(db, make_user, make_project, monkeypatch) -> None:
     project, lead = _campaign(db, make_user, make_project, n_prompts=30, seed=23)
     expected, expected_total = oracle.disagreements(db, project, limit=10_000)
