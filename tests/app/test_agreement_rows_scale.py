@@ -96,7 +96,10 @@ def test_a_rollup_stored_before_it_kept_disagreements_is_recomputed(db, make_use
     found = agreement_rows.disagreements(db, project, lead)
 
     assert found.pending and found.fresh.refreshing
-    assert db.scalar(select(Job.id).where(Job.project_id == project.id, Job.kind == rollups.KIND)) is not None
+    again = agreement_rows.disagreements(db, project, lead)
+    assert again.pending and again.fresh.refreshing
+    queued = db.scalars(select(Job.id).where(Job.project_id == project.id, Job.kind == rollups.KIND)).all()
+    assert len(queued) == 1
 
 
 def test_the_rollup_keeps_the_worst_and_counts_them_all(db, make_user, make_project, monkeypatch) -> None:
