@@ -15,6 +15,7 @@ from app.crypto import Keyring
 from app.db import RetryTransientErrors, make_engine, make_session_factory
 from app.deps import LoginRequired, csrf_guard
 from app.errors import DomainError, TooManyAttempts
+from app.fragments import FragmentCache
 from app.metrics import AppMetrics
 from app.migrate import refuse_newer
 from app.observability import RequestIdMiddleware, RouteRecorder, configure_logging
@@ -168,6 +169,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.session_factory = make_session_factory(app.state.engine)
     _refuse_newer_schema(app.state.engine)
     app.state.login_throttle = LoginThrottle()
+    app.state.fragments = FragmentCache()  # rendered agreement pages, per process (app.fragments)
     app.state.keyring = Keyring(settings)
     _seal_plain_keys(app)
     configure_logging(settings.log_format)

@@ -605,6 +605,10 @@ class JudgeAgreementOut(BaseModel):
         default_factory=list, description="What the evidence for allowing AI labels for training still lacks "
                                           "(prompts judged beside humans, agreement); empty when the lead may allow "
                                           "them.")
+    computed: str = Field("live", description="live: computed on this request | rollup: by the rollup job at "
+                          "`as_of` (projects over a few thousand rankings, over all the judge's rankings).")
+    as_of: datetime | None = Field(None, description="When the rankings behind these figures were read.")
+    age_seconds: float | None = Field(None, description="How old the figures are, in seconds.")
 
 
 class SelectionIn(Strict):

@@ -70,6 +70,17 @@ templates.env.globals["csrf_token"] = csrf_token
 templates.env.globals["CSRF_FIELD"] = CSRF_FIELD
 
 
+def render_fragment(name: str, context: dict[str, Any]) -> Markup:
+    """A template rendered on its own (autoescaped like every page), to be cached and placed in a page as is."""
+    html = templates.env.get_template(name).render(context)
+    return Markup(html)  # noqa: S704 - the autoescaped output of our own template, not user text
+
+
+def prerendered(html: str) -> Markup:
+    """A render_fragment result back from a cache (which keeps plain strings)."""
+    return Markup(html)  # noqa: S704 - only ever render_fragment's output (see app.routes.agreement)
+
+
 def render(request: Request, name: str, context: dict[str, Any] | None = None, *, status_code: int = 200,
            block: str | None = None) -> Any:
     """Render a page, or only one named block of it for HTMX requests (one template serves both)."""

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
-from typing import Annotated
+from datetime import datetime
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Form, Query, Request, Response
 from fastapi.responses import JSONResponse, RedirectResponse
+from pydantic import TypeAdapter
 
 from app import permissions
 from app.deps import MAX_ID, CurrentUser, Id, PageUser, SessionDep
@@ -15,7 +18,7 @@ from app.forms import GoldFromMetadataForm
 from app.schemas import AgreementOut, GoldIn, GoldOut, StepAgreementOut
 from app.services import agreement, agreement_flags, agreement_rows, gold, projects, rollups, step_agreement, steps
 from app.services.charts import line_chart
-from app.web import render
+from app.web import prerendered, render, render_fragment
 
 router = APIRouter()
 
@@ -35,15 +38,37 @@ def _readable_project(db, project_id: Id, user):  # type: ignore[no-untyped-def]
                        404: {"description": "No such project, or not a member"},
                        422: {"description": "No such rubric version"},
                        503: {"description": "A large project's first rollup is still being computed: retry"}})
-def get_agreement(project_id: Id, db: SessionDep, user: CurrentUser,
+def get_agreement(request: Request, project_id: Id, db: SessionDep, user: CurrentUser,
                   rubric_version: RubricVersionQuery = None) -> AgreementOut | Response:
-    project = _readable_project(db, project_id, user)
-    report, fresh = rollups.current_report(db, project, user, rubric_version=rubric_version)
-    if report is None:  # returned, not raised: the request commits the rollup job it queued
-        return JSONResponse({"detail": [{"message": fresh.describe()}]}, status_code=503,
-                            headers={"Retry-After": "10"})
-    return AgreementOut.model_validate(asdict(report) | {"computed": fresh.method, "as_of": fresh.as_of,
-                                                         "age_seconds": fresh.age_seconds})
+    project = _readable_project(db, project_id, user)  # before the cache is read: it holds every viewer's figures
+    view = rollups.report_view(db, project, user, rubric_version=rubric_version)
+    fresh = view.fresh
+    key = ("agreement.json", *view.key) if view.key else None
+    body = request.app.state.fragments.get(key) if key else None
+    if body is None:
+        report = view.report()
+        if report is None:  # returned, not raised: the request commits the rollup job it queued
+            return JSONResponse({"detail": [{"message": view.pending().describe()}]}, status_code=503,
+                                headers={"Retry-After": "10"})
+        # Serialized once per stored rollup; the freshness fields (the clock's) are added on each request.
+        body = AgreementOut.model_validate(asdict(report)).model_dump_json(exclude=_FRESHNESS).encode()
+        if key:
+            request.app.state.fragments.put(key, body)
+    tail = json.dumps({"computed": fresh.method, "as_of": _iso(fresh.as_of), "age_seconds": fresh.age_seconds},
+                      separators=(",", ":"))
+    raw = body if isinstance(body, bytes) else body.encode()  # the report's JSON object, then the freshness fields
+    return Response(raw[:-1] + b"," + tail[1:].encode(), media_type="application/json")
+
+
+_FRESHNESS = {"computed", "as_of", "age_seconds"}
+
+
+_WHEN = TypeAdapter(datetime | None)
+
+
+def _iso(at: datetime | None) -> str | None:
+    # As pydantic writes a datetime in JSON (UTC as "Z"), so cached and uncached answers read the same.
+    return _WHEN.dump_python(at, mode="json")
 
 
 @router.get("/api/projects/{project_id}/agreement/steps", tags=["agreement"],
@@ -91,27 +116,52 @@ def _charts(report: agreement.AgreementReport) -> list:  # type: ignore[type-arg
     return [c for c in out if c is not None]
 
 
+ANNOTATOR_ROWS = 50
+"""Annotator rows the page shows unless asked for all (flagged ones first): 200 rows are ~400 KB of HTML."""
+
+
 @router.get("/projects/{project_id}/agreement", include_in_schema=False)
 def agreement_page(request: Request, project_id: Id, db: SessionDep, user: PageUser,
                    rubric_version: Annotated[str | None, Query()] = None,
-                   marked: Annotated[int | None, Query()] = None) -> Response:
-    project = _readable_project(db, project_id, user)
-    version = _version(rubric_version)
-    ctx: dict = {"project": project, "marked": marked, "thresholds": agreement_flags.THRESHOLDS,
+                   marked: Annotated[int | None, Query()] = None,
+                   annotators: Annotated[str | None, Query()] = None) -> Response:
+    project = _readable_project(db, project_id, user)  # before the cache is read: it holds every viewer's figures
+    show_all = annotators == "all"
+    ctx: dict = {"project": project, "marked": marked, "show_all": show_all,
                  "can_set_gold": permissions.may(db, user, project, "gold.manage"),
-                 "step_report": step_agreement.report(db, project, version)
+                 "step_report": step_agreement.report(db, project, _version(rubric_version))
                  if steps.options(project).enabled else None}
     status = 200
     try:
-        ctx["report"], ctx["fresh"] = rollups.current_report(db, project, user, rubric_version=version)
+        view = rollups.report_view(db, project, user, rubric_version=_version(rubric_version))
     except DomainError as exc:
         ctx["error"], status = exc, exc.status_code
-        ctx["report"], ctx["fresh"] = rollups.current_report(db, project, user)
-    if ctx["report"] is None:
-        return render(request, "agreement_pending.html", ctx, status_code=status)
-    ctx["charts"] = _charts(ctx["report"])
-    ctx["step_gold"] = {s.user_id: s for s in ctx["step_report"].annotators} if ctx["step_report"] else {}
+        view = rollups.report_view(db, project, user)
+    ctx |= {"fresh": view.fresh, "versions": view.versions, "rubric_version": view.rubric_version}
+    # The step labels' figures are computed on each view: a page showing them is not a function of the rollup.
+    key = ("agreement.html", *view.key, show_all) if view.key and ctx["step_report"] is None else None
+    body = request.app.state.fragments.get(key) if key else None
+    if body is None:
+        report = view.report()
+        if report is None:
+            ctx["fresh"] = view.pending()
+            return render(request, "agreement_pending.html", ctx, status_code=status)
+        body = _render_body(project, report, ctx["step_report"], show_all)
+        if key:
+            request.app.state.fragments.put(key, body)
+    ctx["body"] = prerendered(body)
     return render(request, "agreement.html", ctx, status_code=status)
+
+
+def _render_body(project: Any, report: agreement.AgreementReport, step_report: Any, show_all: bool) -> str:
+    """The figures' part of the page: everything but the viewer's (freshness line, gold form, CSRF token)."""
+    rows = report.annotators
+    if not show_all and len(rows) > ANNOTATOR_ROWS:
+        rows = sorted(rows, key=lambda a: (not a.flags, a.email))[:ANNOTATOR_ROWS]
+    return render_fragment("_agreement_body.html", dict(
+        project=project, report=report, charts=_charts(report), thresholds=agreement_flags.THRESHOLDS,
+        step_report=step_report, annotator_rows=rows, show_all=show_all, annotator_rows_default=ANNOTATOR_ROWS,
+        step_gold={s.user_id: s for s in step_report.annotators} if step_report else {}))
 
 
 def _version(raw: str | None) -> int | None:
@@ -119,27 +169,34 @@ def _version(raw: str | None) -> int | None:
     return int(raw) if raw and raw.isdigit() else None
 
 
+PageQuery = Annotated[int, Query(ge=1, le=100_000)]
+
+
 @router.get("/projects/{project_id}/agreement/prompts", include_in_schema=False)
 def disagreement_page(request: Request, project_id: Id, db: SessionDep, user: PageUser,
-                      rubric_version: Annotated[str | None, Query()] = None) -> Response:
-    """The prompts annotators disagree on, least agreement first: what the agreement figures are made of."""
+                      rubric_version: Annotated[str | None, Query()] = None, page: PageQuery = 1) -> Response:
+    """The prompts annotators disagree on, least agreement first, a page at a time: what the figures are made of."""
     project = _readable_project(db, project_id, user)
     version = _version(rubric_version)
-    items, total = agreement_rows.disagreements(db, project, rubric_version=version)
-    return render(request, "agreement_prompts.html", {"project": project, "items": items, "total": total,
-                                                      "rubric_version": version})
+    found = agreement_rows.disagreements(db, project, user, rubric_version=version, page=page)
+    return render(request, "agreement_prompts.html", {"project": project, "found": found, "items": found.items,
+                                                      "total": found.total, "rubric_version": version})
 
 
 @router.get("/projects/{project_id}/agreement/annotators/{user_id}", include_in_schema=False)
 def annotator_page(request: Request, project_id: Id, user_id: Id, db: SessionDep, user: PageUser,
                    view: Annotated[str, Query()] = "all",
-                   rubric_version: Annotated[str | None, Query()] = None) -> Response:
-    """One annotator's rankings (or only their gold misses), with time, first-shown card and agreement."""
+                   rubric_version: Annotated[str | None, Query()] = None,
+                   before: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None, page: PageQuery = 1) -> Response:
+    """One annotator's rankings (or only their gold misses), a page at a time, with time, first-shown card and
+    agreement."""
     project = _readable_project(db, project_id, user)
     version = _version(rubric_version)
-    found = agreement_rows.annotator_rankings(db, project, user_id, view=view, rubric_version=version)
+    found = agreement_rows.annotator_rankings(db, project, user_id, view=view, rubric_version=version,
+                                              before=before, page=page)
     return render(request, "agreement_annotator.html", {"project": project, "found": found, "view": view,
-                                                        "annotator_id": user_id, "rubric_version": version})
+                                                        "annotator_id": user_id, "rubric_version": version,
+                                                        "paged": before is not None or page > 1})
 
 
 @router.post("/projects/{project_id}/agreement/gold-from-metadata", include_in_schema=False)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Form, Query, Request
-from fastapi.responses import RedirectResponse, Response
+from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from app import permissions
 from app.deps import MAX_ID, CurrentUser, Id, PageUser, SessionDep
@@ -52,22 +53,40 @@ def create_judge_run(project_id: Id, body: JudgeRunIn, db: SessionDep, user: Cur
     return JudgeRunAccepted(judge_run_id=run.id, job_id=job.id)
 
 
-@router.get("/api/projects/{project_id}/judge-agreement", tags=["judge"],
-            summary="Human–AI agreement, calibration and judge position bias")
+@router.get("/api/projects/{project_id}/judge-agreement", tags=["judge"], response_model=JudgeAgreementOut,
+            summary="Human–AI agreement, calibration and judge position bias",
+            description="Over all the judge's rankings, a large project's figures come from its rollup (`computed`, "
+                        "`as_of`, `age_seconds` say how fresh); one constitution version's or judge run's are "
+                        "computed on the request.",
+            responses={503: {"description": "A large project's first rollup is still being computed: retry"}})
 def judge_agreement(project_id: Id, db: SessionDep, user: CurrentUser,
                     constitution_version: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
-                    judge_run_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None) -> JudgeAgreementOut:
+                    judge_run_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None
+                    ) -> JudgeAgreementOut | Response:
     project = projects.get_visible(db, project_id, user)
-    report = judging.judge_agreement(db, project, constitution_version=constitution_version, judge_run_id=judge_run_id)
-    return JudgeAgreementOut(**report.as_dict())
+    if constitution_version is not None or judge_run_id is not None:
+        report = judging.judge_agreement(db, project, constitution_version=constitution_version,
+                                         judge_run_id=judge_run_id)
+        return JudgeAgreementOut(**report.as_dict(), computed="live", as_of=datetime.now(UTC), age_seconds=0.0)
+    found, fresh = rollups.judge_report(db, project, user, exact_before_first=False)
+    if found is None:  # returned, not raised: the request commits the rollup job it queued
+        return JSONResponse({"detail": [{"message": fresh.describe()}]}, status_code=503,
+                            headers={"Retry-After": "10"})
+    return _judge_out(found, fresh)
+
+
+def _judge_out(report: judging.JudgeAgreement, fresh: rollups.Freshness) -> JudgeAgreementOut:
+    return JudgeAgreementOut(**report.as_dict(), computed=fresh.method, as_of=fresh.as_of,
+                             age_seconds=fresh.age_seconds)
 
 
 @router.put("/api/projects/{project_id}/ai-labels", tags=["judge"],
-            summary="The lead's decision: may AI labels be used for training?")
+            summary="The lead's decision: may AI labels be used for training?",
+            description="Allowing them needs the gate's evidence, judged on the figures `GET .../judge-agreement` "
+                        "shows (a large project's from its rollup); the answer is those figures.")
 def set_ai_labels(project_id: Id, body: AILabelsIn, db: SessionDep, user: CurrentUser) -> JudgeAgreementOut:
     project = projects.get_visible(db, project_id, user)
-    judging.set_ai_labels(db, project, user, body.enabled)
-    return JudgeAgreementOut(**judging.judge_agreement(db, project).as_dict())
+    return _judge_out(*rollups.set_ai_labels(db, project, user, body.enabled))
 
 
 @router.get("/api/projects/{project_id}/judge-agreement/steps", tags=["judge"],
@@ -116,7 +135,7 @@ def ai_labels_from_page(request: Request, project_id: Id, db: SessionDep, user: 
                         form: Annotated[AILabelsForm, Form()]) -> Response:
     # A refusal (the gate's evidence is missing) shows the page again with what is missing.
     return JUDGE_PAGE.submit(request, db, user, project_id, form,
-                             lambda db, project, user, body: judging.set_ai_labels(db, project, user, body.enabled),
+                             lambda db, project, user, body: rollups.set_ai_labels(db, project, user, body.enabled),
                              redirect="/projects/{project_id}/judge")
 
 

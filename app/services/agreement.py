@@ -361,12 +361,42 @@ def rubric_versions(db: Session, project: Project) -> list[int]:
     return list(db.scalars(select(Rubric.version).where(Rubric.project_id == project.id).order_by(Rubric.version)))
 
 
+@dataclass
+class Disagreements:
+    """The (prompt, round) groups whose rankings disagree (mean pairwise agreement < 1), least agreement first: how
+    many there are, and the first `kept` of them as (agreement, prompt id, round)."""
+
+    kept: int
+    total: int = 0
+    rows: list[tuple[float, int, int]] = field(default_factory=list)
+
+    def add(self, pairs: Comparisons) -> None:
+        """Fold in one (prompt, round)'s comparisons (a group's, as `compare_annotators` made them)."""
+        if not pairs.each:
+            return
+        score = sum(c.agreement for c in pairs.each) / len(pairs.each)
+        if score >= 1:
+            return
+        self.total += 1
+        self.rows.append((score, pairs.each[0].prompt_id, pairs.each[0].round))
+        if len(self.rows) >= 2 * self.kept:  # sorted and cut now and then: memory bounded by `kept`
+            self.finish()
+
+    def finish(self) -> Disagreements:
+        self.rows.sort()
+        del self.rows[self.kept:]
+        return self
+
+
 def project_reports(db: Session, project: Project, *, versions: list[int] | None = None,
-                    only: int | None | Literal["every"] = "every") -> dict[int | None, AgreementReport]:
+                    only: int | None | Literal["every"] = "every",
+                    disagreements: dict[int | None, Disagreements] | None = None,
+                    ) -> dict[int | None, AgreementReport]:
     """The report for all versions (key None) and for each rubric version, from one pass over the rankings.
 
     Each version's own figures are also its point of `by_rubric_version`, so every version is tallied whatever
     `only` asks for; `only` (None = all versions, or one version) skips building the other reports' trends.
+    `disagreements`: scope → Disagreements, filled from the same pass (the rollup keeps the worst groups).
     """
     from app.services import agreement_flags  # it reads this module's types: imported here, not at the top
 
@@ -377,15 +407,22 @@ def project_reports(db: Session, project: Project, *, versions: list[int] | None
         v: ReportBuilder(gold, project.current_round, project.overlap, spans.get(v),
                          trend=only == "every" or only == v)
         for v in [None, *versions]}
+    worst = disagreements if disagreements is not None else {}
     for group in _groups(_stream_rankings(db, project)):
         tallied = scopes[None].add(group)
+        if None in worst:
+            worst[None].add(tallied[1])
         by_version: dict[int, list[Any]] = defaultdict(list)
         for r in group:
             if r.rubric_version is not None:
                 by_version[r.rubric_version].append(r)
         for v, rows in by_version.items():
             if v in scopes:  # a prompt ranked under one version only (the usual case) is tallied once for both
-                scopes[v].add(rows, tallied if len(rows) == len(group) else None)
+                version_tallied = scopes[v].add(rows, tallied if len(rows) == len(group) else None)
+                if v in worst:
+                    worst[v].add(version_tallied[1])
+    for w in worst.values():
+        w.finish()
     total_prompts = int(db.scalar(select(func.count(Prompt.id)).where(Prompt.project_id == project.id)) or 0)
     people = _people(db, {uid for b in scopes.values() for uid in b.people})
     by_rubric_version = [scopes[v].point(f"v{v}", float(v)) for v in versions if scopes[v].rankings]

@@ -75,12 +75,14 @@ def gate_missing(n_prompts: int, pair_agreement: float | None) -> list[str]:
     return missing
 
 
-def set_ai_labels(db: Session, project: Project, actor: User, enabled: bool) -> None:
+def set_ai_labels(db: Session, project: Project, actor: User, enabled: bool,
+                  evidence: JudgeAgreement | None = None) -> None:
     """The lead's explicit decision whether AI labels may be used for training (exports exclude them otherwise).
-    Allowing them needs the gate's evidence (`gate_missing`); stopping them is always possible."""
+    Allowing them needs the gate's evidence (`gate_missing`; `evidence`: the figures to judge it on, e.g. a large
+    project's rollup, else computed now); stopping them is always possible."""
     permissions.require(db, actor, project, "labels.decide")
     if enabled and not ai_labels_enabled(project):
-        report = judge_agreement(db, project)
+        report = evidence if evidence is not None else judge_agreement(db, project)
         if report.gate_missing:
             raise Invalid("AI labels cannot be allowed yet: " + "; ".join(report.gate_missing), field="enabled")
     project.settings = dict(project.settings or {}) | {"ai_labels_for_training": bool(enabled)}

@@ -12,12 +12,19 @@ at nice +10: see app.jobs.project_rollup).
 
 The project page's counts (prompts, completions, rankings, pairs) follow the same rule with COUNT_LIVE_LIMIT: exact
 on the view below it; above it from the rollup, said to be as of its age (exact on the view, once, before the first
-rollup has finished). So do the judge page's human–AI figures, by all of the project's rankings.
+rollup has finished). So do the judge page's human–AI figures, by all of the project's rankings, and the judge API
+and the AI-labels gate on the same figures (the API answers "not yet" before the first rollup).
+
+The rollup also keeps each scope's worst-agreeing (prompt, round) groups (DISAGREEMENTS_KEPT) and how many there
+are, so the disagreements page of a large project reads their order here and only its page's rankings. Views of
+the stored figures are cached per process by the app (app.fragments), under ReportView.key.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -25,6 +32,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, defer
 
+from app import permissions
 from app.errors import Invalid
 from app.models import Job, Project, ProjectRollup, Ranking, User, utcnow
 from app.services import agreement, agreement_flags, jobs, judging, projects, webhooks
@@ -39,6 +47,8 @@ completions and pairs costs ~150 ms at 15k rankings on a busy 2-core machine, an
 REFRESH_S = 60.0
 """A stored rollup older than this (or REFRESH_FACTOR × its computation time, if longer) is recomputed."""
 REFRESH_FACTOR = 4.0
+DISAGREEMENTS_KEPT = 1_000
+"""The worst-agreeing (prompt, round) groups per scope the rollup keeps for the disagreements page (~40 KB)."""
 
 
 @dataclass(frozen=True)
@@ -76,21 +86,57 @@ def _ago(seconds: float | None) -> str:
     return f"{s // 3600} h ago"
 
 
-def current_report(db: Session, project: Project, actor: User, *,
-                   rubric_version: int | None = None) -> tuple[AgreementReport | None, Freshness]:
-    """The report to show now and its freshness; None (with a job queued) when a large project has no rollup yet."""
+@dataclass(frozen=True)
+class ReportView:
+    """What an agreement view shows: its freshness now, and the report, read only when asked for (a view that has
+    the stored rollup's rendering cached never reads or parses the report)."""
+
+    fresh: Freshness
+    versions: list[int]
+    """The project's rubric versions now (the page's selector)."""
+    rubric_version: int | None
+    key: tuple[int, str, str] | None
+    """(project id, the stored rollup's computed_at, scope): what a rollup's figures are a function of, to cache
+    their rendering under; None when the figures are computed on this view (a small project: not cached)."""
+    _load: Callable[[], AgreementReport | None]
+
+    def report(self) -> AgreementReport | None:
+        """The report (None: a large project's rollup for this scope has not been computed yet)."""
+        return self._load()
+
+    def pending(self) -> Freshness:
+        """The freshness to show while the report is not there yet (no rollup, or none of this scope)."""
+        return Freshness("rollup", None, None, None, None, self.fresh.refreshing)
+
+
+def report_view(db: Session, project: Project, actor: User, *, rubric_version: int | None = None) -> ReportView:
+    """The agreement figures to show now (see ReportView); a rollup is queued when the stored one is due."""
     versions = agreement.rubric_versions(db, project)
     if rubric_version is not None and rubric_version not in versions:
         raise Invalid(f"this project has no rubric version {rubric_version}", field="rubric_version")
     if _rankings_up_to(db, project, LIVE_LIMIT + 1) <= LIVE_LIMIT:
         report = agreement.project_reports(db, project, versions=versions, only=rubric_version)[rubric_version]
-        return report, Freshness("live", utcnow(), 0.0, report.human_rankings, None, False)
+        return ReportView(Freshness("live", utcnow(), 0.0, report.human_rankings, None, False), versions,
+                          rubric_version, None, lambda: report)
     row, age, refreshing = _rollup(db, project, actor)
-    stored = _stored(db, project, rubric_version) if row is not None else None
-    if row is None or stored is None:
-        return None, Freshness("rollup", None, None, None, None, refreshing)
-    return (agreement_flags.flagged(report_from_dict(stored)),
-            Freshness("rollup", row.computed_at, age, row.rankings, row.seconds, refreshing))
+    if row is None:
+        return ReportView(Freshness("rollup", None, None, None, None, refreshing), versions, rubric_version, None,
+                          lambda: None)
+
+    def load() -> AgreementReport | None:
+        stored = _stored(db, project, rubric_version)
+        return agreement_flags.flagged(report_from_dict(stored)) if stored is not None else None
+
+    return ReportView(Freshness("rollup", row.computed_at, age, row.rankings, row.seconds, refreshing), versions,
+                      rubric_version, (project.id, row.computed_at.isoformat(), _scope(rubric_version)), load)
+
+
+def current_report(db: Session, project: Project, actor: User, *,
+                   rubric_version: int | None = None) -> tuple[AgreementReport | None, Freshness]:
+    """The report to show now and its freshness; None (with a job queued) when a large project has no rollup yet."""
+    view = report_view(db, project, actor, rubric_version=rubric_version)
+    report = view.report()
+    return (report, view.fresh) if report is not None else (None, view.pending())
 
 
 def project_counts(db: Session, project: Project, actor: User) -> projects.ProjectCounts:
@@ -103,10 +149,12 @@ def project_counts(db: Session, project: Project, actor: User) -> projects.Proje
     return projects.ProjectCounts(**row.counts, as_of=row.computed_at, age_seconds=age)
 
 
-def judge_report(db: Session, project: Project, actor: User) -> tuple[judging.JudgeAgreement, Freshness]:
-    """The judge page's human–AI figures: computed on the view up to LIVE_LIMIT rankings, else the rollup's
-    (the lead's switch and the gate's verdict are always current). Before a large project's first rollup has
-    finished they are computed on the view, once per view, while the rollup is queued."""
+def judge_report(db: Session, project: Project, actor: User, *, exact_before_first: bool = True
+                 ) -> tuple[judging.JudgeAgreement | None, Freshness]:
+    """The judge's human–AI figures: computed on the view up to LIVE_LIMIT rankings, else the rollup's (the lead's
+    switch and the gate's verdict are always current). Before a large project's first rollup has finished they are
+    computed on the view (`exact_before_first`: the page, the lead's decision) or None (the API: 503, retry) while
+    the rollup is queued."""
     # By all rankings, not the AI ones: the evidence is the humans' rankings and pairs of every judged prompt.
     ai = _rankings_up_to(db, project, LIVE_LIMIT + 1, source=None)
     if ai <= LIVE_LIMIT:
@@ -115,6 +163,8 @@ def judge_report(db: Session, project: Project, actor: User) -> tuple[judging.Ju
     stored = db.scalar(select(ProjectRollup.reports["judge"]).where(ProjectRollup.project_id == project.id)) \
         if row is not None else None
     if row is None or stored is None:
+        if not exact_before_first:
+            return None, Freshness("rollup", None, None, None, None, refreshing)
         return judging.judge_agreement(db, project), Freshness("live", utcnow(), 0.0, ai, None, refreshing)
     calibration = [judging.CalibrationBin(**b) for b in stored.get("calibration", [])]
     report = judging.JudgeAgreement(**(stored | {
@@ -123,14 +173,27 @@ def judge_report(db: Session, project: Project, actor: User) -> tuple[judging.Ju
     return report, Freshness("rollup", row.computed_at, age, row.rankings, row.seconds, refreshing)
 
 
+def set_ai_labels(db: Session, project: Project, actor: User, enabled: bool
+                  ) -> tuple[judging.JudgeAgreement, Freshness]:
+    """The lead's decision on AI labels, the gate judged on the figures judge_report shows (a large project's from
+    its rollup, said how fresh); returns them with the decision in."""
+    permissions.require(db, actor, project, "labels.decide")  # before any figure is computed for this caller
+    report, fresh = judge_report(db, project, actor)
+    assert report is not None  # exact_before_first: there is always a report to decide on
+    judging.set_ai_labels(db, project, actor, enabled, evidence=report)
+    return dataclasses.replace(report, ai_labels_enabled=judging.ai_labels_enabled(project)), fresh
+
+
 def _rollup(db: Session, project: Project, actor: User) -> tuple[ProjectRollup | None, float | None, bool]:
     """(the stored rollup, its age in seconds, whether a newer one is on its way), queueing one when it is due."""
     # The reports (hundreds of KB of JSON) stay in the database: a view reads its one scope (see _stored).
     row = db.get(ProjectRollup, project.id, options=[defer(ProjectRollup.reports)])
-    refreshing = _pending(db, project)
     now = utcnow()
     age = (now - row.computed_at).total_seconds() if row is not None else None
-    if not refreshing and (row is None or (age or 0.0) > max(REFRESH_S, REFRESH_FACTOR * row.seconds)):
+    # Views queue a rollup only once one is due, so before that none is on its way: one query less per view.
+    due = row is None or (age or 0.0) > max(REFRESH_S, REFRESH_FACTOR * row.seconds)
+    refreshing = due and _pending(db, project)
+    if due and not refreshing:
         jobs.enqueue(db, KIND, {"requested_at": now.isoformat()}, project=project, actor=actor, max_attempts=1)
         refreshing = True
     return row, age, refreshing
@@ -148,6 +211,39 @@ def _stored(db: Session, project: Project, rubric_version: int | None) -> dict[s
     """One scope's stored report, read by its key inside the JSON (the other scopes are not sent or parsed)."""
     return db.scalar(select(ProjectRollup.reports[_scope(rubric_version)])
                      .where(ProjectRollup.project_id == project.id))
+
+
+def _disagreements_key(rubric_version: int | None) -> str:
+    return f"disagreements_{_scope(rubric_version)}"
+
+
+@dataclass(frozen=True)
+class StoredDisagreements:
+    """The worst (prompt, round) groups of one scope as the last rollup found them, least agreement first."""
+
+    total: int
+    rows: list[tuple[float, int, int]]
+    """(agreement, prompt id, round), at most DISAGREEMENTS_KEPT."""
+
+
+def disagreements(db: Session, project: Project, actor: User, rubric_version: int | None
+                  ) -> tuple[StoredDisagreements | None, Freshness] | None:
+    """None for a small project (the caller computes them on the view); else the rollup's list of one scope and
+    its freshness (None and a queued job before a rollup with that scope has finished)."""
+    if _rankings_up_to(db, project, LIVE_LIMIT + 1) <= LIVE_LIMIT:
+        return None
+    row, age, refreshing = _rollup(db, project, actor)
+    stored = db.scalar(select(ProjectRollup.reports[_disagreements_key(rubric_version)])
+                       .where(ProjectRollup.project_id == project.id)) if row is not None else None
+    if row is None or stored is None:
+        # A rollup stored before it kept the disagreements: recompute now (once: not while one is queued).
+        if row is not None and not (refreshing or (refreshing := _pending(db, project))):
+            jobs.enqueue(db, KIND, {"requested_at": utcnow().isoformat()}, project=project, actor=actor,
+                         max_attempts=1)
+            refreshing = True
+        return None, Freshness("rollup", None, None, None, None, refreshing)
+    found = StoredDisagreements(int(stored["total"]), [(float(a), int(p), int(r)) for a, p, r in stored["rows"]])
+    return found, Freshness("rollup", row.computed_at, age, row.rankings, row.seconds, refreshing)
 
 
 def _pending(db: Session, project: Project) -> bool:
@@ -177,8 +273,12 @@ def compute(db: Session, project: Project) -> Rollup:
     counts = asdict(projects.counts(db, project))
     for key in ("as_of", "age_seconds"):
         counts.pop(key, None)
-    reports = agreement.project_reports(db, project)
+    versions = agreement.rubric_versions(db, project)
+    worst = {v: agreement.Disagreements(DISAGREEMENTS_KEPT) for v in [None, *versions]}
+    reports = agreement.project_reports(db, project, versions=versions, disagreements=worst)
     stored = {_scope(v): asdict(r) for v, r in reports.items()}
+    stored |= {_disagreements_key(v): {"total": w.total, "rows": [list(row) for row in w.rows]}
+               for v, w in worst.items()}
     stored["judge"] = judging.judge_agreement(db, project).as_dict()
     return Rollup(stored, counts, reports[None].human_rankings, started, time.perf_counter() - t0)
 

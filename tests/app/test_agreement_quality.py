@@ -107,8 +107,9 @@ def test_the_trend_over_time_and_by_rubric_version(db, make_user, make_project) 
 
 
 def test_the_rows_behind_the_figures(db, make_user, make_project) -> None:
-    project, _, people, prompts = _setup(db, make_user, make_project)
-    items, total = agreement_rows.disagreements(db, project)
+    project, lead, people, prompts = _setup(db, make_user, make_project)
+    found = agreement_rows.disagreements(db, project, lead)
+    items, total = found.items, found.total
     assert total == 6 and [d.agreement for d in items] == [pytest.approx(1 / 3)] * 6
     orders = dict(items[0].rankings)
     assert orders["careful1@example.org"] == "A > B > C > D" and orders["fast@example.org"] == "D > C > B > A"
