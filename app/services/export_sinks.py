@@ -80,12 +80,14 @@ class _Sink(ABC):
 class JsonlSink(_Sink):
     """One JSON object per line, keys in schema order, compact separators, UTF-8 text unescaped.
 
-    Vectorised: a batch's line is a few Arrow arrays of JSON text glued by one `binary_join_element_wise`, and its
-    buffer is hashed and written as is. Each distinct string, float and small integer of a batch is encoded once by
-    Python's own JSON encoder; integers with many values are cast in C. Adjacent columns with few value combinations
-    in a batch (source, annotator, versions, margin, weight, p, split: a few dozen) become one array of whole
-    `,"key":value,…` runs, so the join glues a dozen pieces per line instead of one per key and value. The bytes are
-    exactly what `json.dumps(row, ensure_ascii=False, separators=(",", ":"))` gives, with no Python work per row.
+    Vectorised: a batch's lines are a dozen Arrow arrays of JSON text glued by one `binary_join_element_wise`, and
+    the result's buffer is hashed and written as is. Strings are escaped by Arrow kernels (the few holding other
+    control characters by Python's own encoder), integers with many values are cast in C, and the few distinct
+    floats and small integers of a batch are encoded once in Python. Adjacent columns with few value combinations
+    (source, annotator, versions, margin, weight, p, split: a few dozen per batch) become one array of whole
+    `,"key":value,…` runs, and every key is folded into the array beside it, so the join glues a dozen pieces per
+    line instead of two per column. The bytes are exactly what `json.dumps(row, ensure_ascii=False,
+    separators=(",", ":"))` gives, with no Python work per row.
     """
 
     def __init__(self, root: Path, kind: str, schema: pa.Schema) -> None:
@@ -94,7 +96,7 @@ class JsonlSink(_Sink):
         self.digest = hashlib.sha256()
         # allow_nan=False: NaN is not JSON and would break every reader downstream.
         self.encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
-        self._encoded: dict[tuple[int, ...], tuple[pa.Array, list[str]]] = {}
+        self._encoded: dict[tuple[int, ...], tuple[pa.Array, pa.Array]] = {}
         self.keys = [("{" if i == 0 else ",") + json.dumps(name) + ":" for i, name in enumerate(schema.names)]
 
     def fragments(self, array: pa.Array) -> pa.Array:
@@ -102,25 +104,26 @@ class JsonlSink(_Sink):
         t = array.type
         if pa.types.is_integer(t):
             out = pc.cast(array, pa.large_string())
-        elif pa.types.is_dictionary(t) or pa.types.is_string(t) or pa.types.is_large_string(t) or \
-                pa.types.is_floating(t):
+        elif _encodable(t):
             texts, index = self._values(array)
-            return pa.array(texts, pa.large_string()).take(pa.array(index))
+            return texts.take(pa.array(index))
         else:  # lists and structs: rare columns (rankings' tiers, message lists) encoded value by value
             out = pa.array([None if v is None else self.encode(v) for v in array.to_pylist()], pa.large_string())
         return pc.fill_null(out, "null") if out.null_count else out
 
-    def _texts(self, values: pa.Array) -> list[str]:
-        """The JSON text of each value of a (dictionary's) array, in Python: few values per batch."""
+    def _texts(self, values: pa.Array) -> pa.Array:
+        """The JSON text of each value of a (dictionary's) array, as large_string; null → "null"."""
         t = values.type
         if pa.types.is_integer(t):
-            texts = pc.cast(values, pa.large_string()).to_pylist()
-            return ["null" if v is None else v for v in texts]
-        if pa.types.is_floating(t):  # json's float repr ("1.0", "0.1"), which Arrow's cast does not give
-            return ["null" if v is None else self.encode(float(v)) for v in values.to_pylist()]
-        return ["null" if v is None else encode_basestring(v) for v in values.to_pylist()]
+            out = pc.cast(values, pa.large_string())
+        elif pa.types.is_floating(t):  # json's float repr ("1.0", "0.1"), which Arrow's cast does not give
+            out = pa.array([None if v is None else self.encode(float(v)) for v in values.to_pylist()],
+                           pa.large_string())
+        else:
+            out = json_strings(values)
+        return pc.fill_null(out, "null") if out.null_count else out
 
-    def _values(self, array: pa.Array) -> tuple[list[str], np.ndarray]:
+    def _values(self, array: pa.Array) -> tuple[pa.Array, np.ndarray]:
         """(JSON text of each distinct value, each row's index into it) for a string, float, integer or dictionary
         column. A dictionary (chosen and rejected share one) is encoded once per batch."""
         if pa.types.is_dictionary(array.type):
@@ -134,67 +137,53 @@ class JsonlSink(_Sink):
             encoded = pc.dictionary_encode(array, null_encoding="encode")
             texts, indices = self._texts(encoded.dictionary), encoded.indices
         if indices.null_count:  # a null row of a dictionary column
-            texts = [*texts, "null"]
+            texts = pa.concat_arrays([texts, pa.array(["null"], pa.large_string())])
             indices = pc.fill_null(indices, len(texts) - 1)
         return texts, np.asarray(indices, dtype=np.int64)
 
-    def _pieces(self, batch: pa.RecordBatch) -> list[Any]:
-        """The batch's lines as pieces for `binary_join_element_wise`: per-row text arrays and constant strings,
-        in order; a key is folded into its column's piece wherever the piece is made of per-value texts."""
-        n = batch.num_rows
-        limit = max(16, n // 8)
-        pieces: list[Any] = []
-        run: list[tuple[str, list[str], np.ndarray]] = []  # adjacent columns merged into one piece
-        code = np.zeros(n, dtype=np.int64)
-
-        def close_run() -> None:
-            if run:
-                pieces.append(_merged(run, code))
-                run.clear()
-
-        for key, column in zip(self.keys, batch.columns, strict=True):
-            values = self._mergeable(column, limit)
-            if values is None:
-                close_run()
-                pieces += [key, self.fragments(column)]
-                continue
-            texts, index = values
-            joined = (code * len(texts) + index) if run else index
-            unique, inverse = np.unique(joined, return_inverse=True)
-            if run and len(unique) > limit:
-                close_run()
-                unique, inverse = np.unique(index, return_inverse=True)
-            run.append((key, texts, index))
-            code = inverse.astype(np.int64)
-        close_run()
-        pieces.append("}\n")
-        return _fold_constants(pieces)
-
-    def _mergeable(self, column: pa.Array, limit: int) -> tuple[list[str], np.ndarray] | None:
-        """(texts, index) of a column whose values can be encoded once each; None for integers with many distinct
-        values (cast in C instead) and for lists and structs."""
+    def _mergeable(self, column: pa.Array, limit: int) -> tuple[pa.Array, np.ndarray] | None:
+        """(texts, index) of a column whose distinct values are encoded once each; None for integers with more
+        than `limit` distinct values in the batch (cast in C instead) and for lists and structs."""
         t = column.type
         if pa.types.is_integer(t):
             encoded = pc.dictionary_encode(column, null_encoding="encode")
             if len(encoded.dictionary) > limit:
                 return None
             return self._texts(encoded.dictionary), np.asarray(encoded.indices, dtype=np.int64)
-        if pa.types.is_dictionary(t) or pa.types.is_string(t) or pa.types.is_large_string(t) or \
-                pa.types.is_floating(t):
-            return self._values(column)
-        return None
+        return self._values(column) if _encodable(t) else None
+
+    def _pieces(self, batch: pa.RecordBatch) -> list[Any]:
+        """The batch's lines as `binary_join_element_wise` arguments, in order: per-row text arrays and constant
+        strings, a key folded into the array beside it wherever that array is made of per-value texts."""
+        limit = max(16, batch.num_rows // 8)
+        pieces: list[Any] = []
+        run: list[tuple[str, pa.Array, np.ndarray]] = []  # adjacent columns with few value combinations
+        for key, column in zip(self.keys, batch.columns, strict=True):
+            values = self._mergeable(column, limit)
+            if values is None:
+                if run:
+                    pieces.append(_Texts.merged(run))
+                    run = []
+                pieces += [key, self.fragments(column)]
+                continue
+            combinations = len(values[0]) * int(np.prod([len(t) for _, t, _ in run], dtype=np.int64))
+            if run and combinations > limit:
+                pieces.append(_Texts.merged(run))
+                run = []
+            run.append((key, *values))
+        if run:
+            pieces.append(_Texts.merged(run))
+        pieces.append("}\n")
+        return _fold_constants(pieces)
 
     def write(self, batch: pa.RecordBatch) -> None:
         if batch.num_rows == 0:
             return
         self._encoded = {}  # keyed by buffer address: the entry holds the dictionary, so addresses stay taken
-        pieces = self._pieces(batch)
+        arrays = [p if isinstance(p, pa.Array) else pa.scalar(p, pa.large_string()) for p in self._pieces(batch)]
         self._encoded = {}
-        arrays = [p if isinstance(p, pa.Array) else pa.scalar(p, pa.large_string()) for p in pieces]
-        if len(arrays) == 1:
-            lines = arrays[0]
-        else:
-            lines = pc.binary_join_element_wise(*arrays, pa.scalar("", pa.large_string()))
+        glue = pa.scalar("", pa.large_string())
+        lines = arrays[0] if len(arrays) == 1 else pc.binary_join_element_wise(*arrays, glue)
         # A fresh large_string array: its value buffer is the batch's lines, back to back.
         offsets, data = lines.buffers()[1], lines.buffers()[2]
         start, end = struct.unpack_from("<qq", offsets, 8 * lines.offset)[0], struct.unpack_from(
@@ -208,39 +197,96 @@ class JsonlSink(_Sink):
         self.hashed[f"{self.kind}.jsonl"] = self.digest.hexdigest()
 
 
-def _merged(run: list[tuple[str, list[str], np.ndarray]], code: np.ndarray) -> pa.Array:
-    """One text array for adjacent columns: each combination of their values that occurs is written out once
-    (keys included) and spread to its rows with `take`."""
-    _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
-    texts = ["".join(key + values[index[row]] for key, values, index in run) for row in first.tolist()]
-    return _Combo(texts, inverse)
+def _encodable(t: pa.DataType) -> bool:
+    """Columns whose distinct values are encoded once per batch: strings (plain or dictionary) and floats."""
+    return pa.types.is_dictionary(t) or pa.types.is_string(t) or pa.types.is_large_string(t) or \
+        pa.types.is_floating(t)
 
 
-class _Combo:
-    """Per-row text as (distinct texts, each row's index): constants beside it are folded into its texts."""
+# json's escapes with ensure_ascii=False (json.encoder.ESCAPE_DCT): backslash first, since the others add one.
+_SHORT_ESCAPES = (("\\", "\\\\"), ('"', '\\"'), ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t"), ("\b", "\\b"),
+                  ("\f", "\\f"))
+_OTHER_CONTROL = r"[\x00-\x07\x0b\x0e-\x1f]"
+"""Control characters json writes as \\u00XX: rare, so their strings are encoded by Python's encoder instead."""
 
-    def __init__(self, texts: list[str], index: np.ndarray) -> None:
+
+def json_strings(values: pa.Array) -> pa.Array:
+    """`encode_basestring` (json's string encoder, ensure_ascii=False) of every value, by Arrow kernels: the
+    short escapes by substring replacement, quotes around; strings holding other control characters by Python.
+    Nulls stay null."""
+    values = pc.cast(values, pa.large_string())
+    out = values
+    for char, escape in _SHORT_ESCAPES:
+        out = pc.replace_substring(out, char, escape)
+    out = _join('"', out, '"')
+    odd = pc.match_substring_regex(values, _OTHER_CONTROL)
+    if pc.any(odd).as_py():
+        rows = pc.indices_nonzero(odd)
+        fixed = pa.array([encode_basestring(v) for v in values.take(rows).to_pylist()], pa.large_string())
+        out = pc.replace_with_mask(out, pc.fill_null(odd, False), fixed)
+    return out
+
+
+class _Texts:
+    """Per-row JSON text as (distinct texts, each row's index into them), until constants beside it are folded
+    into the texts (`_fold_constants`); then one `take` makes the per-row array."""
+
+    def __init__(self, texts: pa.Array, index: np.ndarray) -> None:
         self.texts, self.index = texts, index
 
+    @classmethod
+    def merged(cls, run: list[tuple[str, pa.Array, np.ndarray]]) -> _Texts:
+        """One piece for adjacent columns: each combination of their values that occurs is written out once,
+        keys included (a single column: its texts with its key in front)."""
+        if len(run) == 1:
+            key, texts, index = run[0]
+            return cls(_join(key, texts), index)
+        sizes = [len(texts) for _, texts, _ in run]
+        code = np.zeros(len(run[0][2]), dtype=np.int64)
+        for size, (_, _, index) in zip(sizes, run, strict=True):
+            code = code * size + index
+        used = np.flatnonzero(np.bincount(code, minlength=int(np.prod(sizes, dtype=np.int64))))
+        remap = np.zeros(int(np.prod(sizes, dtype=np.int64)), dtype=np.int64)
+        remap[used] = np.arange(len(used))
+        columns = [(key, texts.to_pylist()) for key, texts, _ in run]
+        digits = []
+        rest = used
+        for size in reversed(sizes):
+            digits.append(rest % size)
+            rest = rest // size
+        digits.reverse()
+        texts = ["".join(key + values[d] for (key, values), d in zip(columns, combo, strict=True))
+                 for combo in zip(*(d.tolist() for d in digits), strict=True)]
+        return cls(pa.array(texts, pa.large_string()), remap[code])
+
+    def fold(self, before: str = "", after: str = "") -> None:
+        self.texts = _join(before, self.texts, after)
+
     def array(self) -> pa.Array:
-        return pa.array(self.texts, pa.large_string()).take(pa.array(self.index))
+        return self.texts.take(pa.array(self.index))
+
+
+def _join(*parts: str | pa.Array) -> pa.Array:
+    """Arrays and constant strings concatenated row by row (large_string)."""
+    args = [pa.scalar(p, pa.large_string()) if isinstance(p, str) else p for p in parts]
+    return pc.binary_join_element_wise(*args, pa.scalar("", pa.large_string()))
 
 
 def _fold_constants(pieces: list[Any]) -> list[Any]:
-    """Fold each constant string into the piece before it when that is a _Combo (else after it, when the next one
-    is), join adjacent constants, and make the _Combos arrays."""
+    """Fold each constant string into the _Texts before it (else after it), join adjacent constants, and make the
+    _Texts arrays."""
     out: list[Any] = []
     for piece in pieces:
-        if isinstance(piece, str) and out and isinstance(out[-1], _Combo):
-            out[-1].texts = [t + piece for t in out[-1].texts]
+        if isinstance(piece, str) and out and isinstance(out[-1], _Texts):
+            out[-1].fold(after=piece)
         elif isinstance(piece, str) and out and isinstance(out[-1], str):
             out[-1] += piece
-        elif isinstance(piece, _Combo) and out and isinstance(out[-1], str):
-            piece.texts = [out.pop() + t for t in piece.texts]
+        elif isinstance(piece, _Texts) and out and isinstance(out[-1], str):
+            piece.fold(before=out.pop())
             out.append(piece)
         else:
             out.append(piece)
-    return [p.array() if isinstance(p, _Combo) else p for p in out]
+    return [p.array() if isinstance(p, _Texts) else p for p in out]
 
 
 class DirectFile:
