@@ -208,23 +208,28 @@ _SHORT_ESCAPES = (("\\", "\\\\"), ('"', '\\"'), ("\n", "\\n"), ("\r", "\\r"), ("
                   ("\f", "\\f"))
 _OTHER_CONTROL = r"[\x00-\x07\x0b\x0e-\x1f]"
 """Control characters json writes as \\u00XX: rare, so their strings are encoded by Python's encoder instead."""
+_NEEDS_ESCAPE = r'[\x00-\x1f"\\]'
+"""Any character json escapes: most texts have none, and skip the replacements."""
 
 
 def json_strings(values: pa.Array) -> pa.Array:
-    """`encode_basestring` (json's string encoder, ensure_ascii=False) of every value, by Arrow kernels: the
-    short escapes by substring replacement, quotes around; strings holding other control characters by Python.
-    Nulls stay null."""
+    """`encode_basestring` (json's string encoder, ensure_ascii=False) of every value, by Arrow kernels: quotes
+    around, and for the strings that need any escape, the short escapes by substring replacement (those holding
+    other control characters by Python's encoder). Nulls stay null."""
     values = pc.cast(values, pa.large_string())
-    out = values
-    for char, escape in _SHORT_ESCAPES:
-        out = pc.replace_substring(out, char, escape)
-    out = _join('"', out, '"')
-    odd = pc.match_substring_regex(values, _OTHER_CONTROL)
-    if pc.any(odd).as_py():
-        rows = pc.indices_nonzero(odd)
-        fixed = pa.array([encode_basestring(v) for v in values.take(rows).to_pylist()], pa.large_string())
-        out = pc.replace_with_mask(out, pc.fill_null(odd, False), fixed)
-    return out
+    escape = pc.fill_null(pc.match_substring_regex(values, _NEEDS_ESCAPE), False)
+    if pc.any(escape).as_py():
+        which = pc.indices_nonzero(escape)
+        subset = values.take(which)
+        odd = pc.match_substring_regex(subset, _OTHER_CONTROL)
+        if pc.any(odd).as_py():
+            escaped = pa.array([encode_basestring(v)[1:-1] for v in subset.to_pylist()], pa.large_string())
+        else:
+            escaped = subset
+            for char, replacement in _SHORT_ESCAPES:
+                escaped = pc.replace_substring(escaped, char, replacement)
+        values = pc.replace_with_mask(values, escape, escaped)
+    return _join('"', values, '"')
 
 
 class _Texts:
