@@ -99,7 +99,10 @@ def instrument() -> None:
     export_writer._Run.lookup = timed("sql: text lookups by id (prompts, completions)",  # type: ignore[method-assign]
                                       export_writer._Run.lookup)
     export_writer._Run.count = timed("sql: count of the filtered pairs", export_writer._Run.count)  # type: ignore[method-assign]
-    export_writer.render_card = timed("card: dataset card (agreement GROUP BY)", export_card.render_card)
+    export_writer.render_card = timed("card: dataset card (rest)", export_card.render_card)
+    export_writer._AgreementBeside.result = timed(  # type: ignore[method-assign]
+        "card: waiting for its agreement GROUP BY (runs beside the stream on Postgres)",
+        export_writer._AgreementBeside.result)
     export_writer.annotator_pseudonym = timed("rows: annotator pseudonyms (HMAC)", export_writer.annotator_pseudonym)
     for name in ("write", "close"):
         for cls in (JsonlSink, ParquetSink):
