@@ -119,8 +119,10 @@ class JsonlSink(_Sink):
         elif pa.types.is_floating(t):  # json's float repr ("1.0", "0.1"), which Arrow's cast does not give
             out = pa.array([None if v is None else self.encode(float(v)) for v in values.to_pylist()],
                            pa.large_string())
-        else:
+        elif pa.types.is_string(t) or pa.types.is_large_string(t):
             out = json_strings(values)
+        else:  # a dictionary of message lists (conversational prompts and responses): value by value
+            out = pa.array([None if v is None else self.encode(v) for v in values.to_pylist()], pa.large_string())
         return pc.fill_null(out, "null") if out.null_count else out
 
     def _values(self, array: pa.Array) -> tuple[pa.Array, np.ndarray]:

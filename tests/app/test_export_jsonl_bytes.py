@@ -140,17 +140,20 @@ def _tricky_project(db, make_user, make_project):  # type: ignore[no-untyped-def
     return project
 
 
-@pytest.mark.parametrize("batch_size", [7, export_writer.DEFAULT_BATCH])
+@pytest.mark.parametrize(("batch_size", "layout"), [(7, None), (export_writer.DEFAULT_BATCH, None),
+                                                    (7, "conversational")])
 def test_a_tricky_project_exports_the_bytes_json_dumps_gives(db, engine, make_user, make_project, tmp_path,
-                                                             batch_size: int) -> None:
-    """Whole exports, SQLite and Postgres (Postgres: the COPY scan): JSONL bytes equal json.dumps of the rows of a
-    Parquet export of the same data, file hashes equal the files, and the manifest hash covers them."""
+                                                             batch_size: int, layout: str | None) -> None:
+    """Whole exports, SQLite and Postgres (Postgres: the COPY scan), text and message-list layouts: JSONL bytes
+    equal json.dumps of the rows of a Parquet export of the same data, file hashes equal the files, and the
+    manifest hash covers them."""
     project = _tricky_project(db, make_user, make_project)
     for kind in ("pairs", "rankings", "prompts", "sft"):
         results = {}
         for fmt in ("jsonl", "parquet"):
-            results[fmt] = export_writer.write_export(engine, export_writer.ExportSpec(project.id, kind, fmt),
-                                                      tmp_path / kind / fmt, secret="s" * 40, batch_size=batch_size)
+            spec = export_writer.ExportSpec(project.id, kind, fmt, layout=layout)
+            results[fmt] = export_writer.write_export(engine, spec, tmp_path / kind / fmt, secret="s" * 40,
+                                                      batch_size=batch_size)
         rows = pq.read_table(tmp_path / kind / "parquet" / f"{kind}.parquet").to_pylist()
         assert rows, kind
         data = (tmp_path / kind / "jsonl" / f"{kind}.jsonl").read_bytes()
