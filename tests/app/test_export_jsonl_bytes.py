@@ -96,19 +96,30 @@ def test_random_batches_are_exactly_json_dumps(tmp_path: Path, monkeypatch: pyte
         assert sink.hashed["t.jsonl"] == hashlib.sha256(data).hexdigest()
 
 
-def test_a_failed_write_raises_and_closes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A disk error mid-file reaches the caller (the export then fails and removes its temp directory)."""
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_failed_write_raises_and_closes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct: bool) -> None:
+    """A disk error mid-file reaches the caller, from the O_DIRECT thread too (the export then fails and removes
+    its temp directory); a second close after it does nothing."""
+    if not direct:
+        monkeypatch.delattr(export_sinks.os, "O_DIRECT", raising=False)
     file = DirectFile(tmp_path / "x")
+    assert file.direct is direct
 
     def full(fd: int, data: memoryview) -> int:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(export_sinks.os, "write", full)
     with pytest.raises(OSError, match="No space"):
-        file.write(memoryview(b"x" * (DirectFile.STAGE + 1)))
+        for _ in range(4):  # the thread's error surfaces at a later hand-over or at the latest in close()
+            file.write(memoryview(b"x" * (DirectFile.STAGE + 1)))
         file.close()
     monkeypatch.undo()
-    file.close()  # closing after the error still releases the descriptor and the stage
+    if direct and file.fd != -1:  # write() raised the thread's error: close() says it again, and releases all
+        with pytest.raises(OSError, match="No space"):
+            file.close()
+    file.close()
+    assert file.fd == -1
+    file.close()
 
 
 def _tricky_project(db, make_user, make_project):  # type: ignore[no-untyped-def]
