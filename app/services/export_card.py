@@ -57,7 +57,7 @@ def _fig(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.4f}"
 
 
-def _agreement_section(conn: Connection, project_id: int) -> list[str]:
+def agreement_section(conn: Connection, project_id: int) -> list[str]:
     """Agreement of the project's human labels at the snapshot: vote agreement per completion pair (in SQL,
     any size) and, for projects up to FULL_REPORT_MAX_RANKINGS rankings, the dashboard's full report."""
     lo, hi = lo_hi(conn, Pair.chosen_id, Pair.rejected_id)
@@ -96,8 +96,11 @@ def _agreement_section(conn: Connection, project_id: int) -> list[str]:
 def render_card(conn: Connection, spec: ExportSpec, *, project_name: str, description: str, license_id: str,
                 schema: pa.Schema, rows: int, sources: Counter[str], splits: Counter[str],
                 rubric_versions: list[int], constitution_versions: list[int], data_files: dict[str, str],
-                conversational: bool) -> str:
+                conversational: bool, agreement: list[str] | None = None) -> str:
     """README.md for the export: what the rows are, how they were selected, and what the labels mean.
+
+    `agreement`: the agreement section's lines when the caller computed them already (`agreement_section` on
+    another connection in the same snapshot); otherwise they are computed here.
 
     Deterministic on purpose (no export id, date or snapshot), so the card hashes the same on every re-run.
     """
@@ -144,6 +147,6 @@ def render_card(conn: Connection, spec: ExportSpec, *, project_name: str, descri
         for p in principles:
             lines += [f"- **{p.get('name', '')}** (priority {p.get('priority', '')}): {p.get('rationale', '')}"]
         lines += [""]
-    lines += _agreement_section(conn, spec.project_id)
+    lines += agreement_section(conn, spec.project_id) if agreement is None else agreement
     lines += ["## Files", "", "```"] + [f"{h}  {n}" for n, h in sorted(data_files.items())] + ["```", ""]
     return "\n".join(lines)

@@ -77,24 +77,30 @@ class Snapshot:
     def can_copy(self) -> bool:
         return self.exported is not None
 
-    def copy_records(self, sql: str, params: dict[str, Any]) -> Iterator[bytes]:
-        """`COPY (sql) TO STDOUT` of a query with one bytea column, value by value, read on a second connection
-        that imports this snapshot (Postgres only). Closing the iterator early cancels the COPY."""
+    @contextmanager
+    def side(self) -> Iterator[Connection]:
+        """A second read-only connection that imports this snapshot (Postgres only): it reads exactly the rows the
+        first one does, while the first stays free for other statements."""
         if self.exported is None or not _SNAPSHOT_ID.match(self.exported):
-            raise RuntimeError("COPY needs a Postgres snapshot")
+            raise RuntimeError("a second connection on the snapshot needs a Postgres snapshot")
         with self.engine.connect() as base:
             side = base.execution_options(isolation_level="REPEATABLE READ")
             with side.begin():
                 side.exec_driver_sql("SET TRANSACTION READ ONLY")
                 side.exec_driver_sql(f"SET TRANSACTION SNAPSHOT '{self.exported}'")
-                driver = side.connection.driver_connection
-                assert driver is not None
-                # psycopg merges the parameters client-side (COPY takes none); there is always one, the project.
-                with driver.cursor() as cursor, cursor.copy(f"COPY ({sql}) TO STDOUT (FORMAT binary)",
-                                                            params) as copy:
-                    copy.set_types(["bytea"])
-                    for (record,) in copy.rows():
-                        yield record
+                yield side
+
+    def copy_records(self, sql: str, params: dict[str, Any]) -> Iterator[bytes]:
+        """`COPY (sql) TO STDOUT` of a query with one bytea column, value by value, read on a second connection
+        that imports this snapshot (Postgres only). Closing the iterator early cancels the COPY."""
+        with self.side() as side:
+            driver = side.connection.driver_connection
+            assert driver is not None
+            # psycopg merges the parameters client-side (COPY takes none); there is always one, the project.
+            with driver.cursor() as cursor, cursor.copy(f"COPY ({sql}) TO STDOUT (FORMAT binary)", params) as copy:
+                copy.set_types(["bytea"])
+                for (record,) in copy.rows():
+                    yield record
 
 
 @contextmanager
