@@ -43,9 +43,9 @@ class Settings(BaseSettings):
     """Earlier encryption keys, comma-separated: they decrypt, never encrypt. Set during a rotation
     (`preflab rotate-encryption-key`), unset after it."""
     data_dir: Path = Path("./data")
+    """Where exports, job logs, model outputs and the generated dev secret live."""
     hub_endpoint: str = "https://huggingface.co"
     """The Hugging Face Hub-compatible server `preflab export push` pushes to (HF_ENDPOINT overrides it)."""
-    """Where exports, job logs, model outputs and the generated dev secret live."""
     max_upload_mb: int = Field(default=50, ge=1, le=10_000)
     """Largest import file accepted, in MiB."""
     max_import_rows: int = Field(default=200_000, ge=1)
