@@ -39,6 +39,8 @@ EXCEPTIONS: list[tuple[str, str, str]] = [
      "allowing AI step labels needs measured judge-human step agreement (the evidence gate)"),
     ("*", "no prompts", "the project must hold prompts for a job to work on"),
     ("*", "this project does not label steps", "step labels need the project's step option on"),
+    ("POST /api/v1/projects/{project_id}/priority-jobs", "only a finished reward-model run can score prompts",
+     "priorities from a reward run need that run finished"),
     ("POST /api/v1/projects/{project_id}/priority-jobs", "serves prompts in random order",
      "priorities need the project's selection set to uncertainty or disagreement first"),
     ("POST /api/v1/projects/{project_id}/revision-jobs", "no principle has both a critique and a revision",
