@@ -328,7 +328,7 @@ def _left(db: Session, project: Project, annotator: User, now: datetime) -> tupl
     submitted = (select(func.count(Assignment.id))
                  .where(Assignment.prompt_id == Prompt.id, Assignment.round == round_,
                         Assignment.state == "submitted").scalar_subquery())
-    cap = project.overlap + Prompt.extra_overlap * int(extra_on(project))
+    cap = _cap().params(overlap=project.overlap, extra=int(extra_on(project)))
     ready = select(Prompt.id, submitted.label("n"), cap.label("cap")).where(
         Prompt.project_id == project.id, Prompt.gold_tiers.is_(None),
         completions >= project.completions_per_prompt).subquery()

@@ -266,8 +266,7 @@ def store_priorities(db: Session, project: Project, scores: dict[int, float], *,
     Returns the number of prompts ranked."""
     extras = extras or {}
     project_prompts = Prompt.project_id == project.id
-    db.execute(update(Prompt).where(project_prompts, Prompt.extra_overlap > 0).values(extra_overlap=0)
-               .execution_options(synchronize_session=False))
+    clear_extra_overlap(db, project)
     # Prompts a judge run routed to humans (rank < 0) keep their place ahead of every computed rank.
     routed = set(db.scalars(select(Prompt.id).where(project_prompts, Prompt.queue_rank < 0)))
     db.execute(update(Prompt).where(project_prompts, or_(Prompt.queue_rank.is_(None), Prompt.queue_rank >= 0))
