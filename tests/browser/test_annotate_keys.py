@@ -18,6 +18,13 @@ def _short(live_server, n_prompts: int = 2):  # type: ignore[no-untyped-def]
                  answer=lambda i, j: f"Answer {i}.{j}: {i + j}")
 
 
+def _task_ready(pg) -> None:  # type: ignore[no-untyped-def]
+    """Wait until annotate.js has set up the task on screen: it does so on htmx:afterSettle, a moment after the swap
+    that shows the flash, and focusing the first card is its last step. Keys pressed before then reach no task."""
+    pg.wait_for_function("() => { const a = document.activeElement;"
+                         " return !!a && a.matches('#unranked > .resp') && !!a.closest('#ranking-form[data-ready]'); }")
+
+
 def _shown(pg) -> list[int]:  # type: ignore[no-untyped-def]
     return [int(c) for c in pg.locator("#unranked > .resp").evaluate_all("els => els.map(e => e.dataset.cid)")]
 
@@ -30,6 +37,7 @@ def test_a_full_ranking_takes_k_number_keys_and_ctrl_enter(live_server, page) ->
 
     rankings = []
     for task in range(2):  # the second task arrives by HTMX swap and starts the same way
+        _task_ready(page)
         shown = _shown(page)
         keys = ["4", "1", "2", "3", "Control+Enter"]  # first shown goes last, and so on: the typed ranking
         for key in keys:
