@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Select, and_, bindparam, delete, exists, func, insert, or_, select, update
+from sqlalchemy import ARRAY, Integer, Select, and_, any_, bindparam, delete, exists, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.errors import NotFound
@@ -43,6 +43,7 @@ def _active_load(prompt_id, round_, now):  # type: ignore[no-untyped-def]
 _PROJECT, _ANNOTATOR, _ROUND, _NOW = (bindparam("project_id"), bindparam("annotator_id"), bindparam("round"),
                                       bindparam("now", type_=Assignment.leased_until.type))
 _K, _OVERLAP, _FLOOR, _EXTRA = bindparam("k"), bindparam("overlap"), bindparam("floor"), bindparam("extra")
+_WINDOW = bindparam("window", type_=ARRAY(Integer))
 
 
 def extra_on(project: Project) -> bool:
@@ -76,11 +77,12 @@ ROUTED = "routed"
 
 @functools.cache
 def _candidates_stmt(gold: bool | None, columns: str = "id", floor: bool = False,
-                     lock: str | None = None, by_rank: bool | str = False) -> Select[Any]:
+                     lock: str | None = None, by_rank: bool | str = False, window: bool = False) -> Select[Any]:
     """Prompts the annotator may get next, by id (or, `by_rank`, only prompts with a priority, by `queue_rank`: the
     floor then applies to the rank; `ROUTED`: only the prompts a judge run sent to humans, whose ranks are < 0).
     `columns`: "id", or "lease" (id, the caller's own earlier assignment on it, and its extra overlap); `lock`:
-    None, "skip" (FOR UPDATE SKIP LOCKED) or "wait" (FOR UPDATE)."""
+    None, "skip" (FOR UPDATE SKIP LOCKED) or "wait" (FOR UPDATE); `window`: only the prompt ids bound as `window`
+    (Postgres: an array)."""
     mine_done = exists().where(Assignment.prompt_id == Prompt.id, Assignment.annotator_id == _ANNOTATOR,
                                Assignment.round == _ROUND, Assignment.state.in_(("submitted", "skipped")))
     ranked = exists().where(Ranking.prompt_id == Prompt.id, Ranking.annotator_id == _ANNOTATOR,
@@ -107,6 +109,8 @@ def _candidates_stmt(gold: bool | None, columns: str = "id", floor: bool = False
         query = query.where(Prompt.queue_rank.is_not(None))
     if floor:
         query = query.where(key >= _FLOOR)
+    if window:
+        query = query.where(Prompt.id == any_(_WINDOW))
     if columns == "lease":
         query = query.order_by(key, Prompt.id).limit(1)
     if lock is not None:
@@ -149,42 +153,60 @@ def _own_active(db: Session, project: Project, annotator: User, now: datetime) -
 # below which every prompt was found full. Only a starting point, never a correctness rule: when the scan from it
 # finds nothing, the whole project is scanned again, and the floor is recomputed from the start every FLOOR_FULL_S
 # seconds, so prompts that reopen below it (expired leases, skips, extra overlap) come back. Without it every
-# request walks over all filled prompts.
+# request walks over all filled prompts. That recompute walks them once (at 1M rankings 100k+ rows: seconds while
+# the annotators keep Postgres busy), and one request of the process waits for it, so it is rare: a lease lasts
+# minutes, and a prompt that reopens below the floor waits at most FLOOR_FULL_S for its next annotator.
+#
+# Past the floor, filled prompts still lie between the open ones (a campaign's partly ranked prompts are spread
+# over all of it), and every request would walk over them: at 1M rankings tens of thousands of rows, 100+ ms of
+# Postgres per task. So on Postgres the by-id scan also keeps a window, read with the floor: the first WINDOW
+# prompt ids from the floor that had room. A request looks among them first (index probes, under a millisecond)
+# and walks from the floor only when none suits it. Also only a starting point: every candidate is checked again
+# in full, and under its row lock.
 FLOOR_STEP_S = 0.5
-FLOOR_FULL_S = 5.0
-_floors: dict[tuple[int, int, int, bool, bool], tuple[int, float, float]] = {}
+FLOOR_FULL_S = 30.0
+WINDOW = 256
+_floors: dict[tuple[int, int, int, bool, bool], tuple[int, float, float, tuple[int, ...]]] = {}
 _floors_lock = threading.Lock()
 
 
-def _floor_scan(key: Any) -> Select[Any]:
+def _floor_scan(key: Any, limit: int = 1) -> Select[Any]:
     return (select(key).where(Prompt.project_id == _PROJECT, key >= _FLOOR, Prompt.gold_tiers.is_(None),
                               _active_load(Prompt.id, _ROUND, _NOW) < _cap())
-            .order_by(key).limit(1))
+            .order_by(key).limit(limit))
 
 
 _FLOOR_SCAN = _floor_scan(Prompt.id)
+_WINDOW_SCAN = _floor_scan(Prompt.id, WINDOW)
 _RANK_FLOOR_SCAN = _floor_scan(Prompt.queue_rank)  # NULL ranks fail `>= floor`: only prioritised prompts
 
 
-def _scan_floor(db: Session, project: Project, now: datetime, by_rank: bool = False) -> int:
+def _scan_floor(db: Session, project: Project, now: datetime, by_rank: bool = False) -> tuple[int, tuple[int, ...]]:
+    """(floor, window) of this scan: the window is empty for a scan by rank and on SQLite."""
     extra = extra_on(project)
     key = (project.id, project.current_round, project.overlap, by_rank, extra)
     clock = time.monotonic()
     with _floors_lock:
-        floor, full_at, step_at = _floors.get(key, (0, -FLOOR_FULL_S, -FLOOR_STEP_S))
-    if clock - full_at >= FLOOR_FULL_S:
-        start, full_at = 0, clock
-    elif clock - step_at >= FLOOR_STEP_S:
-        start = floor
+        floor, full_at, step_at, window = _floors.get(key, (0, -FLOOR_FULL_S, -FLOOR_STEP_S, ()))
+        if clock - full_at >= FLOOR_FULL_S:
+            start, full_at = 0, clock
+        elif clock - step_at >= FLOOR_STEP_S:
+            start = floor
+        else:
+            return floor, window
+        if key in _floors:  # one request re-reads; the others go on with what is there meanwhile
+            _floors[key] = (floor, full_at, clock, window)
+    params = {"project_id": project.id, "floor": start, "round": project.current_round, "now": now,
+              "overlap": project.overlap, "extra": int(extra)}
+    if by_rank or db.get_bind().dialect.name != "postgresql":
+        open_prompt, window = db.scalar(_RANK_FLOOR_SCAN if by_rank else _FLOOR_SCAN, params), ()
     else:
-        return floor
-    open_prompt = db.scalar(_RANK_FLOOR_SCAN if by_rank else _FLOOR_SCAN,
-                            {"project_id": project.id, "floor": start, "round": project.current_round, "now": now,
-                             "overlap": project.overlap, "extra": int(extra)})
+        window = tuple(db.scalars(_WINDOW_SCAN, params))
+        open_prompt = window[0] if window else None
     floor = open_prompt if open_prompt is not None else start
     with _floors_lock:
-        _floors[key] = (floor, full_at, clock)
-    return floor
+        _floors[key] = (floor, full_at, clock, window)
+    return floor, window
 
 
 def next_task(db: Session, project: Project, annotator: User, *, now: datetime | None = None,
@@ -207,37 +229,46 @@ def next_task(db: Session, project: Project, annotator: User, *, now: datetime |
     # for those locks: with overlap > 1 a locked prompt may still have room once its holder commits.
     for lock in ("skip", "wait") if postgres else (None,):
         for gold in order:
-            for by_rank, floor in _scans(db, project, now, gold, by_priority, routed):
-                prompt_id, existing_id = _first_open(db, project, annotator, now, gold, lock, by_rank, floor)
+            for by_rank, floor, window in _scans(db, project, now, gold, by_priority, routed):
+                prompt_id, existing_id = _first_open(db, project, annotator, now, gold, lock, by_rank, floor,
+                                                     window)
                 if prompt_id is not None:
                     return _lease(db, project, annotator, prompt_id, now + lease, existing_id)
     return None
 
 
+Scan = tuple[bool | str, int, tuple[int, ...]]
+"""(by_rank, floor, window): one pass of the queue over candidate prompts (see `_candidates_stmt`)."""
+
+
 def _scans(db: Session, project: Project, now: datetime, gold: bool, by_priority: bool,
-           routed: bool = False) -> list[tuple[bool | str, int]]:
-    """The (by_rank, floor) scans to try in order: gold prompts by id; the rest from the floor, then from the start;
+           routed: bool = False) -> list[Scan]:
+    """The scans to try in order: gold prompts by id; the rest in the window, from the floor, then from the start;
     under a priority selection the prioritised prompts by rank first (those a judge run routed to humans rank
     below 0, so they come first), then any prompt (new, unscored ones) by id; under `random`, routed ones first."""
     if gold:
-        return [(False, 0)]
-    scans: list[tuple[bool | str, int]] = []
+        return [(False, 0, ())]
+    scans: list[Scan] = []
     if by_priority:
-        scans = [(True, _scan_floor(db, project, now, by_rank=True)), (True, 0)]
+        scans = [(True, _scan_floor(db, project, now, by_rank=True)[0], ()), (True, 0, ())]
     elif routed:
-        scans = [(ROUTED, 0)]  # a handful of prompts: no floor cache
-    return list(dict.fromkeys([*scans, (False, _scan_floor(db, project, now)), (False, 0)]))
+        scans = [(ROUTED, 0, ())]  # a handful of prompts: no floor cache
+    floor, window = _scan_floor(db, project, now)
+    if window:
+        scans.append((False, 0, window))
+    return list(dict.fromkeys([*scans, (False, floor, ()), (False, 0, ())]))
 
 
 def _first_open(db: Session, project: Project, annotator: User, now: datetime, gold: bool, lock: str | None,
-                by_rank: bool | str, floor: int) -> tuple[int | None, int | None]:
+                by_rank: bool | str, floor: int, window: tuple[int, ...] = ()) -> tuple[int | None, int | None]:
     """(prompt id, the caller's earlier assignment on it) of the first prompt of this scan with room, locked."""
     skip: list[int] = []
+    params = _params(project, annotator, now, floor) | ({"window": list(window)} if window else {})
     while True:
-        query = _candidates_stmt(gold, "lease", floor=bool(floor), lock=lock, by_rank=by_rank)
+        query = _candidates_stmt(gold, "lease", floor=bool(floor), lock=lock, by_rank=by_rank, window=bool(window))
         if skip:  # rare: prompts found full under their lock by this very call
             query = query.where(Prompt.id.not_in(skip))
-        row = db.execute(query, _params(project, annotator, now, floor)).first()
+        row = db.execute(query, params).first()
         if row is None:
             return None, None
         prompt_id, existing_id, extra_overlap = row
