@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
+
+import anyio.to_thread
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response
@@ -157,10 +160,21 @@ def _install_error_handlers(app: FastAPI) -> None:
         return render(request, "error.html", {"status": 422, "message": message}, status_code=422)
 
 
+def _lifespan(threads: int):  # type: ignore[no-untyped-def]
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):  # type: ignore[no-untyped-def]
+        # The limiter belongs to the server's event loop, so it is sized once that loop runs.
+        anyio.to_thread.current_default_thread_limiter().total_tokens = threads
+        yield
+
+    return lifespan
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     app = FastAPI(title="preflab", version=__version__, description=DESCRIPTION,
-                  dependencies=[Depends(csrf_guard)], docs_url="/docs", redoc_url=None)
+                  dependencies=[Depends(csrf_guard)], docs_url="/docs", redoc_url=None,
+                  lifespan=_lifespan(settings.request_threads))
     app.state.settings = settings
     outbound.refuse_every_host(settings.outbound_hosts == "none")
     app.state.secret = settings.resolved_secret()

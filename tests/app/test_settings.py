@@ -82,3 +82,23 @@ def test_a_relative_data_dir_is_made_absolute(tmp_path, monkeypatch) -> None:  #
     monkeypatch.chdir(tmp_path)
     settings = Settings(data_dir="data")
     assert settings.data_dir == tmp_path / "data" and settings.data_dir.is_absolute()
+
+
+def test_request_threads_size_the_servers_thread_pool_and_are_validated(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import anyio.to_thread
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+
+    monkeypatch.setenv("PREFLAB_REQUEST_THREADS", "0")
+    with pytest.raises(SettingsError, match="PREFLAB_REQUEST_THREADS"):
+        load_settings()
+
+    async def threads() -> int:
+        return int(anyio.to_thread.current_default_thread_limiter().total_tokens)
+
+    settings = Settings(env="dev", database_url=f"sqlite:///{tmp_path}/t.db", secret_key="x" * 40,
+                        data_dir=tmp_path, request_threads=3)
+    with TestClient(create_app(settings)) as client:  # the lifespan runs: the server's loop is up
+        assert client.portal.call(threads) == 3
+        assert client.get("/healthz").status_code == 200
