@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from contextlib import asynccontextmanager
 
 import anyio.to_thread
@@ -165,6 +166,11 @@ def _lifespan(threads: int):  # type: ignore[no-untyped-def]
     async def lifespan(app: FastAPI):  # type: ignore[no-untyped-def]
         # The limiter belongs to the server's event loop, so it is sized once that loop runs.
         anyio.to_thread.current_default_thread_limiter().total_tokens = threads
+        # What start-up built (modules, the app, its caches' skeletons) lives as long as the process: out of the
+        # collector's reach, a full collection walks only what requests made since (at 1M rankings one project
+        # page view in ~26 took 130-170 ms instead of 15-25 while the collector walked all of it).
+        gc.collect()
+        gc.freeze()
         yield
 
     return lifespan
