@@ -57,6 +57,7 @@ class AppMetrics:
         self.latency = Histogram("preflab_http_request_duration_seconds",
                                  "Time to answer an HTTP request, by route template",
                                  ["method", "route"], buckets=LATENCY_BUCKETS, registry=own)
+        self._series: dict[tuple[str, str, int], tuple[Any, Any]] = {}
         if shared:
             from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -66,8 +67,13 @@ class AppMetrics:
     def observe_request(self, method: str, route: Any, status: int, seconds: float) -> None:
         # The template (/api/projects/{project_id}), never the raw path: ids would make a series per object.
         template = getattr(route, "path_format", None) or getattr(route, "path", None) or UNMATCHED
-        self.requests.labels(method, template, str(status)).inc()
-        self.latency.labels(method, template).observe(seconds)
+        key = (method, template, status)
+        series = self._series.get(key)
+        if series is None:  # looked up once per (method, route, status): `labels` takes a lock and builds a key
+            series = self._series.setdefault(key, (self.requests.labels(method, template, str(status)),
+                                                   self.latency.labels(method, template)))
+        series[0].inc()
+        series[1].observe(seconds)
 
 
 def render(metrics: AppMetrics) -> bytes:
