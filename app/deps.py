@@ -66,19 +66,32 @@ def _bearer(request: Request) -> str | None:
     return value.strip() if scheme.lower() == "bearer" and value.strip() else None
 
 
+def bearer_token(request: Request) -> str | None:
+    """The API token the request sends (`Authorization: Bearer …`), if any."""
+    return _bearer(request)
+
+
+def token_caller(request: Request, user: User | None) -> User:
+    """The caller whose token a route looked up itself (with what else it needed, in one query); 401 for none."""
+    if user is None:
+        raise HTTPException(401, "invalid or revoked API token", headers={"WWW-Authenticate": "Bearer"})
+    _remember(request, user, "token")
+    return user
+
+
 def optional_user(request: Request, db: SessionDep) -> User | None:
     token = _bearer(request)
     if token is not None:
-        user = users.user_for_token(db, token)
-        if user is None:
-            raise HTTPException(401, "invalid or revoked API token", headers={"WWW-Authenticate": "Bearer"})
-        request.state.auth = "token"
-    else:
-        user = users.user_for_session(db, request.cookies.get(SESSION_COOKIE))
-        request.state.auth = "session" if user else None
+        return token_caller(request, users.user_for_token(db, token))
+    user = users.user_for_session(db, request.cookies.get(SESSION_COOKIE))
+    _remember(request, user, "session")
+    return user
+
+
+def _remember(request: Request, user: User | None, auth: str) -> None:
+    request.state.auth = auth if user else None
     # Templates get a plain snapshot: error pages render after the session rolled back and closed.
     request.state.user = UserView(id=user.id, email=user.email, name=user.name, role=user.role) if user else None
-    return user
 
 
 def api_user(user: Annotated[User | None, Depends(optional_user)]) -> User:

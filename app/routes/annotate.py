@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from app.deps import Id, PageUser, SessionDep, api_user, get_db, optional_user
+from app.deps import Id, PageUser, SessionDep, api_user, bearer_token, get_db, optional_user, token_caller
 from app.errors import DomainError
 from app.forms import RankingForm
 from app.openapi import NEEDS_CALLER
@@ -37,13 +37,22 @@ def _api_caller(request: Request, db: Session) -> Any:
     return api_user(optional_user(request, db))
 
 
+def _caller_project(request: Request, db: Session, project_id: int) -> tuple[Any, Any]:
+    """(caller, project to annotate): for a token in one query, for a browser session as on every other route."""
+    token = bearer_token(request)
+    if token is None:
+        user = _api_caller(request, db)
+        return user, annotation.annotator_project(db, project_id, user)
+    user, project = annotation.token_caller_project(db, token, project_id)
+    return token_caller(request, user), project
+
+
 @router.get("/api/projects/{project_id}/tasks/next", tags=["annotation"], response_model=TaskOut,
             summary="Lease the next prompt to rank (204 when nothing is left for you)",
             responses={204: {"description": "Nothing left for this annotator"}, **NEEDS_CALLER})
 def next_task(project_id: Id, request: Request) -> Response:
     with _transaction(request) as db:
-        user = _api_caller(request, db)
-        project = annotation.annotator_project(db, project_id, user)
+        user, project = _caller_project(request, db, project_id)
         assignment = queue.next_task(db, project, user)
         if assignment is None:
             return Response(status_code=204)
@@ -57,8 +66,7 @@ def next_task(project_id: Id, request: Request) -> Response:
                         **NEEDS_CALLER})
 def submit_ranking(project_id: Id, body: RankingIn, request: Request) -> Response:
     with _transaction(request) as db:
-        user = _api_caller(request, db)
-        project = annotation.annotator_project(db, project_id, user)
+        user, project = _caller_project(request, db, project_id)
         ranking, created = rankings.submit(db, project, user, rankings.RankingInput(**body.model_dump()))
         # A new ranking's pairs are exactly its expanded tiers; only a repeat needs to count what was stored.
         pairs_created = len(expand_tiers(ranking.tiers)) if created else rankings.pair_count(db, ranking)

@@ -10,12 +10,12 @@ from typing import Any
 from sqlalchemy import and_, bindparam, delete, or_, select
 from sqlalchemy.orm import Session
 
-from app import permissions
+from app import permissions, security
 from app.errors import Conflict, NotFound
 from app.models import (
+    ApiToken,
     Assignment,
     AssignmentDraft,
-    Completion,
     Project,
     ProjectMember,
     Prompt,
@@ -24,7 +24,7 @@ from app.models import (
     utcnow,
 )
 from app.schemas import CompletionView, DraftIn, DraftOut, PromptView, RubricView, TaskOut
-from app.services import queue, rankings, rubrics, steps
+from app.services import queue, rankings, rubrics, steps, users
 
 # Built once with bind parameters (annotation hot path: see app.services.queue).
 _PROJECT_ROLE_RUBRIC = (select(Project, ProjectMember.role, Rubric)
@@ -32,7 +32,27 @@ _PROJECT_ROLE_RUBRIC = (select(Project, ProjectMember.role, Rubric)
                                                        ProjectMember.user_id == bindparam("user_id")))
                         .outerjoin(Rubric, Rubric.id == Project.current_rubric_id)
                         .where(Project.id == bindparam("project_id")))
-_PROMPT_TEXT = select(Prompt.id, Prompt.text, Prompt.messages).where(Prompt.id == bindparam("prompt_id"))
+
+
+# An API call's token, its user and the project, in one query: the annotation hot path's two lookups.
+_TOKEN_PROJECT_ROLE_RUBRIC = (select(*users.TOKEN_COLUMNS, Project, ProjectMember.role, Rubric)
+                              .select_from(ApiToken).join(User, users.TOKEN_USER_JOIN)
+                              .outerjoin(Project, Project.id == bindparam("project_id"))
+                              .outerjoin(ProjectMember, and_(ProjectMember.project_id == Project.id,
+                                                             ProjectMember.user_id == User.id))
+                              .outerjoin(Rubric, Rubric.id == Project.current_rubric_id)
+                              .where(ApiToken.token_hash == bindparam("token_hash")))
+
+
+def token_caller_project(db: Session, token: str, project_id: int) -> tuple[User | None, Project | None]:
+    """(the token's user, the project as `annotator_project` gives it) in one query; (None, None) for a token that
+    is unknown or revoked (the caller answers 401 before anything about the project)."""
+    row = db.execute(_TOKEN_PROJECT_ROLE_RUBRIC,
+                     {"token_hash": security.token_hash(token), "project_id": project_id}).first()
+    user = users.accept_token(db, row)
+    if user is None:
+        return None, None
+    return user, _annotatable(db, user, row if row.Project is not None else None)
 
 
 def annotator_project(db: Session, project_id: int, user: User) -> Project:
@@ -40,7 +60,13 @@ def annotator_project(db: Session, project_id: int, user: User) -> Project:
 
     The current rubric comes in the same query, so `rubrics.current` later finds it in the session's identity map.
     """
-    row = db.execute(_PROJECT_ROLE_RUBRIC, {"project_id": project_id, "user_id": user.id}).first()
+    return _annotatable(db, user, db.execute(_PROJECT_ROLE_RUBRIC, {"project_id": project_id, "user_id": user.id})
+                        .first())
+
+
+def _annotatable(db: Session, user: User, row: Any) -> Project:
+    """The project of a (Project, role, Rubric) row; 404 for no row (no such project), 403 unless the user may
+    annotate in it."""
     if row is None:
         raise NotFound("no such project")
     permissions.check_role(user.role, row.role, "annotate")
@@ -50,16 +76,17 @@ def annotator_project(db: Session, project_id: int, user: User) -> Project:
 
 
 def task_view(db: Session, project: Project, assignment: Assignment) -> TaskOut:
-    prompt = db.execute(_PROMPT_TEXT, {"prompt_id": assignment.prompt_id}).one()
-    completions = queue.task_completion_texts(db, prompt.id, project.completions_per_prompt)
-    order = queue.display_order(list(completions), assignment.annotator_id, prompt.id, assignment.round)
-    turns = _chat_turns(db, list(completions))
+    prompt = queue.task_shown(db, assignment.prompt_id, project.completions_per_prompt)
+    completions = {cid: text for cid, text, _ in prompt.completions}
+    order = queue.display_order(list(completions), assignment.annotator_id, prompt.prompt_id, assignment.round)
+    turns = _chat_turns(prompt.completions)
     rubric = rubrics.current(db, project)
     labelled = steps.options(project).enabled
     split = steps.task_steps(db, project, order) if labelled else {}
     return TaskOut(
         assignment_id=assignment.id,
-        prompt=PromptView(id=prompt.id, text=None if prompt.messages else prompt.text, messages=prompt.messages),
+        prompt=PromptView(id=prompt.prompt_id, text=None if prompt.messages else prompt.text,
+                          messages=prompt.messages),
         completions=[CompletionView(id=cid, text=completions[cid], messages=turns.get(cid), steps=split.get(cid))
                      for cid in order],
         rubric=RubricView(version=rubric.version, text=rubric.text, criteria=rubric.criteria) if rubric else None,
@@ -69,12 +96,9 @@ def task_view(db: Session, project: Project, assignment: Assignment) -> TaskOut:
     )
 
 
-def _chat_turns(db: Session, completion_ids: list[int]) -> dict[int, list[dict[str, str]]]:
-    """Completion id → its chat turns, for the responses imported as multi-turn chats (K rows at most)."""
-    if not completion_ids:
-        return {}
-    rows = db.execute(select(Completion.id, Completion.meta).where(Completion.id.in_(completion_ids)))
-    return {cid: meta["messages"] for cid, meta in rows if isinstance(meta, dict) and meta.get("messages")}
+def _chat_turns(shown: list[tuple[int, str, Any]]) -> dict[int, list[dict[str, str]]]:
+    """Completion id → its chat turns, for the responses imported as multi-turn chats."""
+    return {cid: meta["messages"] for cid, _, meta in shown if isinstance(meta, dict) and meta.get("messages")}
 
 
 def prompt_of(db: Session, assignment: Assignment) -> Prompt | None:

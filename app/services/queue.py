@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy import ARRAY, Integer, Select, and_, any_, bindparam, delete, exists, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
+from app.db import core
 from app.errors import NotFound
 from app.models import Assignment, AssignmentDraft, Completion, Project, Prompt, Ranking, User, utcnow
 
@@ -144,7 +145,7 @@ def _assignment(project: Project, annotator: User, **values: Any) -> Assignment:
 
 
 def _own_active(db: Session, project: Project, annotator: User, now: datetime) -> Assignment | None:
-    row = db.execute(_OWN_ACTIVE, _params(project, annotator, now)).first()
+    row = core(db).execute(_OWN_ACTIVE, _params(project, annotator, now)).first()
     return None if row is None else _assignment(project, annotator, id=row.id, prompt_id=row.prompt_id,
                                                 leased_until=row.leased_until, created_at=row.created_at)
 
@@ -199,9 +200,9 @@ def _scan_floor(db: Session, project: Project, now: datetime, by_rank: bool = Fa
     params = {"project_id": project.id, "floor": start, "round": project.current_round, "now": now,
               "overlap": project.overlap, "extra": int(extra)}
     if by_rank or db.get_bind().dialect.name != "postgresql":
-        open_prompt, window = db.scalar(_RANK_FLOOR_SCAN if by_rank else _FLOOR_SCAN, params), ()
+        open_prompt, window = core(db).scalar(_RANK_FLOOR_SCAN if by_rank else _FLOOR_SCAN, params), ()
     else:
-        window = tuple(db.scalars(_WINDOW_SCAN, params))
+        window = tuple(core(db).scalars(_WINDOW_SCAN, params))
         open_prompt = window[0] if window else None
     floor = open_prompt if open_prompt is not None else start
     with _floors_lock:
@@ -217,7 +218,7 @@ def next_task(db: Session, project: Project, annotator: User, *, now: datetime |
     current = _own_active(db, project, annotator, now)
     if current is not None:
         current.leased_until = now + lease  # opening the task again renews its lease
-        db.execute(_RENEW, {"assignment_id": current.id, "until": current.leased_until})
+        core(db).execute(_RENEW, {"assignment_id": current.id, "until": current.leased_until})
         return current
     gold_rate = float((project.settings or {}).get("gold_rate", GOLD_RATE_DEFAULT))
     prefer_gold = (rng or random).random() < gold_rate
@@ -268,12 +269,12 @@ def _first_open(db: Session, project: Project, annotator: User, now: datetime, g
         query = _candidates_stmt(gold, "lease", floor=bool(floor), lock=lock, by_rank=by_rank, window=bool(window))
         if skip:  # rare: prompts found full under their lock by this very call
             query = query.where(Prompt.id.not_in(skip))
-        row = db.execute(query, params).first()
+        row = core(db).execute(query, params).first()
         if row is None:
             return None, None
         prompt_id, existing_id, extra_overlap = row
         # Re-count under the row lock: a lease committed after our snapshot may have filled the prompt.
-        if not gold and db.scalar(_LOAD_NOW, {"prompt_id": prompt_id, "round": project.current_round,
+        if not gold and core(db).scalar(_LOAD_NOW, {"prompt_id": prompt_id, "round": project.current_round,
                                               "now": now}) >= cap_of(project, extra_overlap):
             skip.append(prompt_id)
             continue
@@ -291,7 +292,7 @@ def _lease(db: Session, project: Project, annotator: User, prompt_id: int, until
         db.execute(_DROP_DRAFT, {"assignment_id": existing_id})
         db.flush()
         return existing
-    row = db.execute(_LEASE, {"project_id": project.id, "prompt_id": prompt_id, "annotator_id": annotator.id,
+    row = core(db).execute(_LEASE, {"project_id": project.id, "prompt_id": prompt_id, "annotator_id": annotator.id,
                               "round": project.current_round, "state": "leased", "leased_until": until}).one()
     return _assignment(project, annotator, id=row.id, prompt_id=prompt_id, leased_until=until,
                        created_at=row.created_at)
@@ -359,7 +360,7 @@ def _left(db: Session, project: Project, annotator: User, now: datetime) -> tupl
     submitted = (select(func.count(Assignment.id))
                  .where(Assignment.prompt_id == Prompt.id, Assignment.round == round_,
                         Assignment.state == "submitted").scalar_subquery())
-    cap = _cap().params(overlap=project.overlap, extra=int(extra_on(project)))
+    cap = project.overlap + Prompt.extra_overlap * int(extra_on(project))  # `_cap()` with this project's values
     ready = select(Prompt.id, submitted.label("n"), cap.label("cap")).where(
         Prompt.project_id == project.id, Prompt.gold_tiers.is_(None),
         completions >= project.completions_per_prompt).subquery()
@@ -371,22 +372,44 @@ def _left(db: Session, project: Project, annotator: User, now: datetime) -> tupl
 
 
 def _task_completions(*columns: Any) -> Select[Any]:
-    return (select(*columns).where(Completion.prompt_id == bindparam("prompt_id"), Completion.source != "revision")
+    return (select(*columns).where(Completion.prompt_id == bindparam("prompt_id"), _RANKABLE)
             .order_by(Completion.id.desc()).limit(bindparam("k")))
 
 
+_RANKABLE = Completion.source != "revision"
 _TASK_IDS = _task_completions(Completion.id)
 _TASK_TEXTS = _task_completions(Completion.id, Completion.text)
+# The prompt with them (a row even when it has none): what a task shows, in one query.
+_TASK_SHOWN = (select(Prompt.id, Prompt.text, Prompt.messages, Completion.id, Completion.text, Completion.meta)
+               .outerjoin(Completion, and_(Completion.prompt_id == Prompt.id, _RANKABLE))
+               .where(Prompt.id == bindparam("prompt_id")).order_by(Completion.id.desc()).limit(bindparam("k")))
 
 
 def task_completion_ids(db: Session, prompt_id: int, k: int) -> list[int]:
     """The completions a task ranks: the prompt's K most recent, so a new round ranks the newest policy's answers."""
-    return sorted(db.scalars(_TASK_IDS, {"prompt_id": prompt_id, "k": k}))
+    return sorted(core(db).scalars(_TASK_IDS, {"prompt_id": prompt_id, "k": k}))
 
 
 def task_completion_texts(db: Session, prompt_id: int, k: int) -> dict[int, str]:
     """`task_completion_ids` with their texts, in one query (the ranking page and the next-task API show them)."""
-    return dict(sorted((row[0], row[1]) for row in db.execute(_TASK_TEXTS, {"prompt_id": prompt_id, "k": k})))
+    return dict(sorted((row[0], row[1]) for row in core(db).execute(_TASK_TEXTS, {"prompt_id": prompt_id, "k": k})))
+
+
+@dataclass(frozen=True)
+class Shown:
+    """What a task shows: its prompt, and the completions of `task_completion_ids` with their metadata."""
+
+    prompt_id: int
+    text: str
+    messages: list[dict[str, str]] | None
+    completions: list[tuple[int, str, Any]]
+    """(id, text, metadata) by id."""
+
+
+def task_shown(db: Session, prompt_id: int, k: int) -> Shown:
+    rows = core(db).execute(_TASK_SHOWN, {"prompt_id": prompt_id, "k": k}).all()
+    first = rows[0]  # the prompt of a task exists: assignments reference it
+    return Shown(first[0], first[1], first[2], sorted((row[3], row[4], row[5]) for row in rows if row[3] is not None))
 
 
 def _rankable_count():  # type: ignore[no-untyped-def]

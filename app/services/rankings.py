@@ -12,7 +12,8 @@ from sqlalchemy import bindparam, delete, func, insert, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
-from app.errors import Conflict, Invalid
+from app.db import core
+from app.errors import Conflict, DomainError, Invalid
 from app.models import Assignment, AssignmentDraft, Pair, Project, Prompt, Ranking, User, utcnow
 from app.services import bulk, queue, rubrics, steps, webhooks
 from app.services.pairs import expand_tiers
@@ -36,18 +37,28 @@ class RankingInput:
 
 
 # Built once with bind parameters: this is the annotation hot path (see app.services.queue).
-_BY_SUBMISSION = select(Ranking).where(Ranking.annotator_id == bindparam("annotator_id"),
-                                       Ranking.client_submission_id == bindparam("submission_id"))
+_BY_SUBMISSION = select(Ranking.id).where(Ranking.annotator_id == bindparam("annotator_id"),
+                                          Ranking.client_submission_id == bindparam("submission_id"))
+_RANKINGS, _PAIRS, _ASSIGNMENTS = Ranking.__table__, Pair.__table__, Assignment.__table__
 _TASK_LOCKED = (select(Assignment.project_id, Assignment.prompt_id, Assignment.annotator_id, Assignment.round,
                        Assignment.state, Assignment.leased_until, Assignment.created_at)
                 .where(Assignment.id == bindparam("assignment_id")).with_for_update())
-_RANKINGS, _PAIRS, _ASSIGNMENTS = Ranking.__table__, Pair.__table__, Assignment.__table__
 _INSERT_PAIRS = insert(_PAIRS)
 _COMPLETE_TASK = (update(_ASSIGNMENTS).where(_ASSIGNMENTS.c.id == bindparam("assignment_id"))
                   .values(state=bindparam("state"), completed_at=bindparam("completed_at")))
 # The task's server-side draft (app.services.annotation): the submitted ranking replaces it.
 _DRAFTS = AssignmentDraft.__table__
 _CLEAR_DRAFT = delete(_DRAFTS).where(_DRAFTS.c.assignment_id == bindparam("assignment_id"))
+
+
+@functools.cache
+def _complete_task(dialect: str) -> tuple[Any, ...]:
+    """The statements that mark the task done and clear its draft. On Postgres one, the delete as a data-modifying
+    CTE: its snapshot is taken under the task's row lock, so a draft saved just before is seen and cleared (a save
+    after waits for the lock and then finds the task done). SQLite has no DML in a CTE, and no concurrent writer."""
+    if dialect == "postgresql":
+        return (_COMPLETE_TASK.add_cte(_CLEAR_DRAFT.cte("cleared_draft")),)
+    return _COMPLETE_TASK, _CLEAR_DRAFT
 
 
 @functools.cache
@@ -102,12 +113,12 @@ def write_ranking(db: Session, ranking: NewRanking) -> int | None:
     """Write one ranking and its pairs: the new ranking's id, or None (nothing written) where a ranking that the
     unique constraints forbid a twin of is there already (the same submission, or this prompt already ranked)."""
     # Core statements, not the unit of work: this is the annotation hot path.
-    ranking_id = db.execute(_insert_ranking(db.get_bind().dialect.name), _columns(ranking.values)).scalar()
+    ranking_id = core(db).execute(_insert_ranking(db.get_bind().dialect.name), _columns(ranking.values)).scalar()
     if ranking_id is None:
         return None
     pairs = pair_rows(ranking_id, ranking)
     if pairs:
-        db.execute(_INSERT_PAIRS, [_columns(row) for row in pairs])
+        core(db).execute(_INSERT_PAIRS, [_columns(row) for row in pairs])
     return ranking_id
 
 
@@ -127,7 +138,9 @@ def write_rankings(db: Session, rankings: Sequence[NewRanking]) -> list[int]:
 
 
 def existing_submission(db: Session, annotator: User, submission_id: str) -> Ranking | None:
-    return db.scalar(_BY_SUBMISSION, {"annotator_id": annotator.id, "submission_id": submission_id})
+    # The id first, the ranking only when there is one: nearly every submission is new.
+    found = core(db).scalar(_BY_SUBMISSION, {"annotator_id": annotator.id, "submission_id": submission_id})
+    return None if found is None else db.get(Ranking, found)
 
 
 def submit(db: Session, project: Project, annotator: User, body: RankingInput) -> tuple[Ranking, bool]:
@@ -136,20 +149,12 @@ def submit(db: Session, project: Project, annotator: User, body: RankingInput) -
     A new ranking (or skip) completes its task and, in the same transaction, clears the task's saved draft."""
     if not body.submission_id or len(body.submission_id) > 64:
         raise Invalid("must be 1 to 64 characters", field="submission_id")
-    earlier = existing_submission(db, annotator, body.submission_id)
-    if earlier is not None:
-        if earlier.project_id != project.id:
-            raise Invalid("this submission_id was already used for another project", field="submission_id")
-        return earlier, False
-
     try:
         assignment, prompt_id = _resolve_task(db, project, annotator, body)
-    except Conflict:
-        # A twin request with this submission_id committed while we waited on the task's row lock.
-        earlier = existing_submission(db, annotator, body.submission_id)
-        if earlier is None or earlier.project_id != project.id:
-            raise
-        return earlier, False
+    except (Conflict, Invalid) as refused:
+        # A resend of a recorded submission (or its twin, committed while this one waited on the task's row lock)
+        # finds its task done: it gets the first result. Looked up only here, as nearly every submission is new.
+        return _earlier(db, project, annotator, body.submission_id, refused), False
     current = rubrics.current(db, project)
     if current is None or body.rubric_version != current.version:
         raise Invalid(f"the rubric changed: you ranked under version {body.rubric_version}, the current version is "
@@ -177,15 +182,13 @@ def submit(db: Session, project: Project, annotator: User, body: RankingInput) -
         seconds_spent=seconds, client_submission_id=body.submission_id,
     )
     ranking_id = write_ranking(db, NewRanking(values))
-    if ranking_id is None:
-        earlier = existing_submission(db, annotator, body.submission_id)
-        if earlier is not None:
-            return earlier, False
-        raise Conflict("you have already ranked this prompt in this round", field="prompt_id")
+    if ranking_id is None:  # a twin of this submission, or another ranking of the prompt, is there already
+        refused = Conflict("you have already ranked this prompt in this round", field="prompt_id")
+        return _earlier(db, project, annotator, body.submission_id, refused), False
     steps.write(db, ranking_id, step_labels)
     state, completed_at = "skipped" if body.skipped else "submitted", utcnow()
-    db.execute(_COMPLETE_TASK, {"assignment_id": assignment.id, "state": state, "completed_at": completed_at})
-    db.execute(_CLEAR_DRAFT, {"assignment_id": assignment.id})
+    for statement in _complete_task(db.get_bind().dialect.name):
+        core(db).execute(statement, {"assignment_id": assignment.id, "state": state, "completed_at": completed_at})
     # The session's copy of the task shows what was written, without a flush of its own.
     set_committed_value(assignment, "state", state)
     set_committed_value(assignment, "completed_at", completed_at)
@@ -211,7 +214,7 @@ def _announce_overlap(db: Session, project: Project, prompt_id: int) -> None:
     retries from telling it again, while a new round or new prompts can reach it anew.
     """
     round_ = project.current_round
-    if db.scalar(_SUBMITTED, {"prompt_id": prompt_id, "round": round_}) != project.overlap:
+    if core(db).scalar(_SUBMITTED, {"prompt_id": prompt_id, "round": round_}) != project.overlap:
         return
     if _any_short(db, project, round_):
         return
@@ -230,15 +233,18 @@ def _announce_overlap(db: Session, project: Project, prompt_id: int) -> None:
                                                       "url": f"/api/projects/{project.id}"})
 
 
+_SHORT = (select(Prompt.id)
+          .where(Prompt.project_id == bindparam("project_id"), Prompt.split == "train", Prompt.gold_tiers.is_(None),
+                 select(func.count(Assignment.id))
+                 .where(Assignment.prompt_id == Prompt.id, Assignment.round == bindparam("round"),
+                        Assignment.state == "submitted").scalar_subquery() < bindparam("overlap"))
+          .order_by(Prompt.id.desc()).limit(1))
+
+
 def _any_short(db: Session, project: Project, round_: int) -> bool:
     """Whether a train prompt (gold aside) of the round has fewer submitted rankings than the overlap."""
-    submitted = (select(func.count(Assignment.id))
-                 .where(Assignment.prompt_id == Prompt.id, Assignment.round == round_,
-                        Assignment.state == "submitted").scalar_subquery())
-    short = (select(Prompt.id).where(Prompt.project_id == project.id, Prompt.split == "train",
-                                     Prompt.gold_tiers.is_(None), submitted < project.overlap)
-             .order_by(Prompt.id.desc()).limit(1))
-    return db.scalar(short) is not None
+    params = {"project_id": project.id, "round": round_, "overlap": project.overlap}
+    return core(db).scalar(_SHORT, params) is not None
 
 
 def _step_labels(db: Session, project: Project, body: RankingInput, completion_ids: list[int]
@@ -253,12 +259,22 @@ def _step_labels(db: Session, project: Project, body: RankingInput, completion_i
     return steps.validate(body.step_labels, shown, enabled=opts.enabled)
 
 
+def _earlier(db: Session, project: Project, annotator: User, submission_id: str, refused: DomainError) -> Ranking:
+    """The ranking this submission_id already recorded in this project; else the error that refused the new one."""
+    earlier = existing_submission(db, annotator, submission_id)
+    if earlier is None:
+        raise refused
+    if earlier.project_id != project.id:
+        raise Invalid("this submission_id was already used for another project", field="submission_id")
+    return earlier
+
+
 def _resolve_task(db: Session, project: Project, annotator: User, body: RankingInput) -> tuple[Assignment, int]:
     """(the task, its prompt id), the task's row locked."""
     now = utcnow()
     if body.assignment_id is not None:
         # Lock the task: double-clicked submits of it queue here instead of racing to the unique constraints.
-        row = db.execute(_TASK_LOCKED, {"assignment_id": body.assignment_id}).first()
+        row = core(db).execute(_TASK_LOCKED, {"assignment_id": body.assignment_id}).first()
         if row is None or row.project_id != project.id or row.annotator_id != annotator.id:
             raise Invalid("no such task for you in this project", field="assignment_id")
         if row.state in ("submitted", "skipped"):

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
+from typing import Any
 
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
 from app import security
+from app.db import core
 from app.errors import Conflict, Invalid, NotFound
 from app.models import ROLES, ApiToken, User, UserSession, utcnow
 from app.services import audit
@@ -160,15 +162,22 @@ def create_token(db: Session, user: User, name: str = "") -> tuple[ApiToken, str
 
 # The user in the same query, built once: every API request authenticates, so this is one round trip instead of two
 # and no SQL expression to build per request.
-_TOKEN_USER = (select(ApiToken.id, ApiToken.revoked_at, ApiToken.last_used_at, User)
-               .join(User, User.id == ApiToken.user_id).where(ApiToken.token_hash == bindparam("token_hash")))
+TOKEN_COLUMNS = (ApiToken.id, ApiToken.revoked_at, ApiToken.last_used_at, User)
+"""What `accept_token` reads of a token and its user: another query may fetch them beside what it needs."""
+TOKEN_USER_JOIN = User.id == ApiToken.user_id
+_TOKEN_USER = select(*TOKEN_COLUMNS).join(User, TOKEN_USER_JOIN).where(ApiToken.token_hash == bindparam("token_hash"))
 _TOUCH_TOKEN = (update(ApiToken).where(ApiToken.id == bindparam("token_id"))
                 .values(last_used_at=bindparam("now", type_=ApiToken.last_used_at.type))
                 .execution_options(synchronize_session=False))
 
 
 def user_for_token(db: Session, token: str) -> User | None:
-    found = db.execute(_TOKEN_USER, {"token_hash": security.token_hash(token)}).first()
+    return accept_token(db, db.execute(_TOKEN_USER, {"token_hash": security.token_hash(token)}).first())
+
+
+def accept_token(db: Session, found: Any) -> User | None:
+    """The token's user, from a row of `TOKEN_COLUMNS` (None: no such token), or None if it was revoked or the
+    account deactivated; its last use is recorded."""
     if found is None:
         return None
     if found.revoked_at is not None or not found.User.active:
@@ -176,7 +185,7 @@ def user_for_token(db: Session, token: str) -> User | None:
     now = utcnow()
     # Touch at most once a minute: a script hammering the API should not write on every call.
     if found.last_used_at is None or now - found.last_used_at > timedelta(minutes=1):
-        db.execute(_TOUCH_TOKEN, {"token_id": found.id, "now": now})
+        core(db).execute(_TOUCH_TOKEN, {"token_id": found.id, "now": now})
     return found.User
 
 

@@ -197,3 +197,61 @@ def test_only_members_who_annotate_get_tasks(db, make_user, make_project, token_
     assert out_client.get(f"/api/projects/{project.id}/tasks/next").status_code == 404
     assert eng_client.get(f"/api/projects/{project.id}/tasks/next").status_code == 403
     assert api(None).get(f"/api/projects/{project.id}/tasks/next").status_code == 401
+
+
+def test_the_annotation_routes_refuse_a_revoked_or_unknown_token_before_anything_about_the_project(
+        db, make_user, make_project, token_for, api) -> None:
+    from app.models import ApiToken
+    from app.services import users
+
+    _, project, (ann,) = _seed(db, make_user, make_project, n_prompts=1)
+    token = token_for(db, ann)
+    db.commit()
+    client = api(token)
+    task = client.get(f"/api/projects/{project.id}/tasks/next").json()
+    assert client.get(f"/api/projects/{project.id + 1000}/tasks/next").status_code == 404
+    users.revoke_token(db, ann, db.scalar(select(ApiToken.id).where(ApiToken.user_id == ann.id)))
+    db.commit()
+    for path in (f"/api/projects/{project.id}/tasks/next", f"/api/projects/{project.id + 1000}/tasks/next"):
+        r = client.get(path)
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+    r = client.post(f"/api/projects/{project.id}/rankings", json=_ranking(task))
+    assert r.status_code == 401 and db.scalar(select(func.count(Ranking.id))) == 0
+    db.commit()  # SQLite: the test's own transaction holds the write lock (app.db)
+    assert api("pfl_bogus").get(f"/api/projects/{project.id}/tasks/next").status_code == 401
+    ann.active = False
+    fresh = token_for(db, ann)
+    db.commit()
+    assert api(fresh).get(f"/api/projects/{project.id}/tasks/next").status_code == 401
+
+
+def test_a_resend_answers_with_the_first_result_even_once_the_rubric_changed(db, make_user, make_project,
+                                                                            token_for, api) -> None:
+    from app.services import rubrics
+
+    lead, project, (ann,) = _seed(db, make_user, make_project, n_prompts=2)
+    client = api(token_for(db, ann))
+    db.commit()
+    task = client.get(f"/api/projects/{project.id}/tasks/next").json()
+    first = client.post(f"/api/projects/{project.id}/rankings", json=_ranking(task))
+    rubrics.create_version(db, project, lead, text="A stricter rubric.", criteria=["Correctness"], base_version=1)
+    db.commit()
+    again = client.post(f"/api/projects/{project.id}/rankings", json=_ranking(task))
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json()["ranking_id"] == first.json()["ranking_id"]
+
+
+def test_a_submission_id_used_in_another_project_is_refused_naming_it(db, make_user, make_project, token_for,
+                                                                     api) -> None:
+    lead, project, (ann,) = _seed(db, make_user, make_project, n_prompts=1)
+    _, other, _ = _seed(db, make_user, make_project, n_prompts=1)
+    projects.add_member(db, other, db.get(type(ann), other.created_by_id), email=ann.email, role="annotator")
+    client = api(token_for(db, ann))
+    db.commit()
+    task = client.get(f"/api/projects/{project.id}/tasks/next").json()
+    assert client.post(f"/api/projects/{project.id}/rankings", json=_ranking(task, submission_id="s1")).status_code == 201
+    other_task = client.get(f"/api/projects/{other.id}/tasks/next").json()
+    r = client.post(f"/api/projects/{other.id}/rankings", json=_ranking(other_task, submission_id="s1"))
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["field"] == "submission_id" and "another project" in r.json()["detail"][0]["message"]
+    assert db.scalar(select(func.count(Ranking.id)).where(Ranking.project_id == other.id)) == 0
