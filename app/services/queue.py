@@ -17,7 +17,22 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ARRAY, Integer, Select, and_, any_, bindparam, delete, exists, func, insert, or_, select, update
+from sqlalchemy import (
+    ARRAY,
+    Integer,
+    Select,
+    and_,
+    any_,
+    bindparam,
+    delete,
+    exists,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from app.db import core
@@ -134,6 +149,15 @@ _RENEW = (update(Assignment).where(Assignment.id == bindparam("assignment_id"))
           .execution_options(synchronize_session=False))
 _ASSIGNMENTS = Assignment.__table__
 _LEASE = insert(_ASSIGNMENTS).returning(_ASSIGNMENTS.c.id, _ASSIGNMENTS.c.created_at)
+# A new lease, written only while the prompt's load (re-counted by this statement) is under its cap.
+_LEASE_IF_ROOM = (insert(_ASSIGNMENTS)
+                  .from_select(["project_id", "prompt_id", "annotator_id", "round", "state", "leased_until",
+                                "created_at"],
+                               select(_PROJECT, bindparam("prompt_id", type_=Integer), _ANNOTATOR, _ROUND,
+                                      literal("leased"), bindparam("until", type_=Assignment.leased_until.type),
+                                      _NOW)
+                               .where(_active_load(bindparam("prompt_id"), _ROUND, _NOW) < bindparam("cap")))
+                  .returning(_ASSIGNMENTS.c.id, _ASSIGNMENTS.c.created_at))
 _DROP_DRAFT = (delete(AssignmentDraft).where(AssignmentDraft.assignment_id == bindparam("assignment_id"))
                .execution_options(synchronize_session=False))
 
@@ -230,11 +254,10 @@ def next_task(db: Session, project: Project, annotator: User, *, now: datetime |
     # for those locks: with overlap > 1 a locked prompt may still have room once its holder commits.
     for lock in ("skip", "wait") if postgres else (None,):
         for gold in order:
-            for by_rank, floor, window in _scans(db, project, now, gold, by_priority, routed):
-                prompt_id, existing_id = _first_open(db, project, annotator, now, gold, lock, by_rank, floor,
-                                                     window)
-                if prompt_id is not None:
-                    return _lease(db, project, annotator, prompt_id, now + lease, existing_id)
+            for scan in _scans(db, project, now, gold, by_priority, routed):
+                leased = _lease_first_open(db, project, annotator, now, now + lease, gold, lock, scan)
+                if leased is not None:
+                    return leased
     return None
 
 
@@ -260,9 +283,10 @@ def _scans(db: Session, project: Project, now: datetime, gold: bool, by_priority
     return list(dict.fromkeys([*scans, (False, floor, ()), (False, 0, ())]))
 
 
-def _first_open(db: Session, project: Project, annotator: User, now: datetime, gold: bool, lock: str | None,
-                by_rank: bool | str, floor: int, window: tuple[int, ...] = ()) -> tuple[int | None, int | None]:
-    """(prompt id, the caller's earlier assignment on it) of the first prompt of this scan with room, locked."""
+def _lease_first_open(db: Session, project: Project, annotator: User, now: datetime, until: datetime, gold: bool,
+                      lock: str | None, scan: Scan) -> Assignment | None:
+    """A lease on the first prompt of this scan with room (its row locked), or None when the scan has none."""
+    by_rank, floor, window = scan
     skip: list[int] = []
     params = _params(project, annotator, now, floor) | ({"window": list(window)} if window else {})
     while True:
@@ -271,14 +295,21 @@ def _first_open(db: Session, project: Project, annotator: User, now: datetime, g
             query = query.where(Prompt.id.not_in(skip))
         row = core(db).execute(query, params).first()
         if row is None:
-            return None, None
+            return None
         prompt_id, existing_id, extra_overlap = row
-        # Re-count under the row lock: a lease committed after our snapshot may have filled the prompt.
-        if not gold and core(db).scalar(_LOAD_NOW, {"prompt_id": prompt_id, "round": project.current_round,
-                                              "now": now}) >= cap_of(project, extra_overlap):
-            skip.append(prompt_id)
-            continue
-        return prompt_id, existing_id
+        if gold:  # not capped
+            return _lease(db, project, annotator, prompt_id, until, existing_id)
+        # Re-count under the row lock: a lease committed after our snapshot may have filled the prompt. For a new
+        # lease the insert itself counts (one statement: it runs in a snapshot taken under the lock, as a count would).
+        load = {"prompt_id": prompt_id, "round": project.current_round, "now": now,
+                "cap": cap_of(project, extra_overlap)}
+        if existing_id is None:
+            leased = _lease_if_room(db, project, annotator, until, load)
+            if leased is not None:
+                return leased
+        elif core(db).scalar(_LOAD_NOW, load) < load["cap"]:
+            return _lease(db, project, annotator, prompt_id, until, existing_id)
+        skip.append(prompt_id)
 
 
 def _lease(db: Session, project: Project, annotator: User, prompt_id: int, until: datetime,
@@ -295,6 +326,16 @@ def _lease(db: Session, project: Project, annotator: User, prompt_id: int, until
     row = core(db).execute(_LEASE, {"project_id": project.id, "prompt_id": prompt_id, "annotator_id": annotator.id,
                               "round": project.current_round, "state": "leased", "leased_until": until}).one()
     return _assignment(project, annotator, id=row.id, prompt_id=prompt_id, leased_until=until,
+                       created_at=row.created_at)
+
+
+def _lease_if_room(db: Session, project: Project, annotator: User, until: datetime,
+                   load: dict[str, Any]) -> Assignment | None:
+    row = core(db).execute(_LEASE_IF_ROOM, load | {"project_id": project.id, "annotator_id": annotator.id,
+                                                   "until": until}).first()
+    if row is None:
+        return None
+    return _assignment(project, annotator, id=row.id, prompt_id=load["prompt_id"], leased_until=until,
                        created_at=row.created_at)
 
 
@@ -379,10 +420,19 @@ def _task_completions(*columns: Any) -> Select[Any]:
 _RANKABLE = Completion.source != "revision"
 _TASK_IDS = _task_completions(Completion.id)
 _TASK_TEXTS = _task_completions(Completion.id, Completion.text)
-# The prompt with them (a row even when it has none): what a task shows, in one query.
-_TASK_SHOWN = (select(Prompt.id, Prompt.text, Prompt.messages, Completion.id, Completion.text, Completion.meta)
-               .outerjoin(Completion, and_(Completion.prompt_id == Prompt.id, _RANKABLE))
-               .where(Prompt.id == bindparam("prompt_id")).order_by(Completion.id.desc()).limit(bindparam("k")))
+
+
+def with_task_completions(query: Select[Any], prompt_id: Any, *columns: Any) -> Select[Any]:
+    """`query` (one row) joined to the completions `task_completion_ids` gives for the prompt `prompt_id` names, with
+    their `columns`: a row per completion, or one row with NULLs when there is none; `k` binds K."""
+    return (query.add_columns(*columns).outerjoin(Completion, and_(Completion.prompt_id == prompt_id, _RANKABLE))
+            .order_by(Completion.id.desc()).limit(bindparam("k")))
+
+
+# The prompt with them: what a task shows, in one query.
+_TASK_SHOWN = with_task_completions(select(Prompt.id, Prompt.text, Prompt.messages)
+                                    .where(Prompt.id == bindparam("prompt_id")),
+                                    Prompt.id, Completion.id, Completion.text, Completion.meta)
 
 
 def task_completion_ids(db: Session, prompt_id: int, k: int) -> list[int]:

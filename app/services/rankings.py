@@ -14,7 +14,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 
 from app.db import core
 from app.errors import Conflict, DomainError, Invalid
-from app.models import Assignment, AssignmentDraft, Pair, Project, Prompt, Ranking, User, utcnow
+from app.models import Assignment, AssignmentDraft, Completion, Pair, Project, Prompt, Ranking, User, utcnow
 from app.services import bulk, queue, rubrics, steps, webhooks
 from app.services.pairs import expand_tiers
 
@@ -40,9 +40,11 @@ class RankingInput:
 _BY_SUBMISSION = select(Ranking.id).where(Ranking.annotator_id == bindparam("annotator_id"),
                                           Ranking.client_submission_id == bindparam("submission_id"))
 _RANKINGS, _PAIRS, _ASSIGNMENTS = Ranking.__table__, Pair.__table__, Assignment.__table__
-_TASK_LOCKED = (select(Assignment.project_id, Assignment.prompt_id, Assignment.annotator_id, Assignment.round,
-                       Assignment.state, Assignment.leased_until, Assignment.created_at)
-                .where(Assignment.id == bindparam("assignment_id")).with_for_update())
+_TASK_COLUMNS = ("project_id", "prompt_id", "annotator_id", "round", "state", "leased_until", "created_at")
+# The task's row, locked, with the ids of the completions it ranks (a row each).
+_TASK_LOCKED = queue.with_task_completions(
+    select(*(getattr(Assignment, name) for name in _TASK_COLUMNS)).where(Assignment.id == bindparam("assignment_id")),
+    Assignment.prompt_id, Completion.id.label("completion_id")).with_for_update(of=Assignment)
 _INSERT_PAIRS = insert(_PAIRS)
 _COMPLETE_TASK = (update(_ASSIGNMENTS).where(_ASSIGNMENTS.c.id == bindparam("assignment_id"))
                   .values(state=bindparam("state"), completed_at=bindparam("completed_at")))
@@ -150,7 +152,7 @@ def submit(db: Session, project: Project, annotator: User, body: RankingInput) -
     if not body.submission_id or len(body.submission_id) > 64:
         raise Invalid("must be 1 to 64 characters", field="submission_id")
     try:
-        assignment, prompt_id = _resolve_task(db, project, annotator, body)
+        assignment, prompt_id, completion_ids = _resolve_task(db, project, annotator, body)
     except (Conflict, Invalid) as refused:
         # A resend of a recorded submission (or its twin, committed while this one waited on the task's row lock)
         # finds its task done: it gets the first result. Looked up only here, as nearly every submission is new.
@@ -159,7 +161,6 @@ def submit(db: Session, project: Project, annotator: User, body: RankingInput) -
     if current is None or body.rubric_version != current.version:
         raise Invalid(f"the rubric changed: you ranked under version {body.rubric_version}, the current version is "
                       f"{current.version if current else 'none'}; reload the task", field="rubric_version")
-    completion_ids = queue.task_completion_ids(db, prompt_id, project.completions_per_prompt)
     if body.skipped:
         reason = (body.skip_reason or "").strip()
         if not reason:
@@ -269,12 +270,15 @@ def _earlier(db: Session, project: Project, annotator: User, submission_id: str,
     return earlier
 
 
-def _resolve_task(db: Session, project: Project, annotator: User, body: RankingInput) -> tuple[Assignment, int]:
-    """(the task, its prompt id), the task's row locked."""
+def _resolve_task(db: Session, project: Project, annotator: User, body: RankingInput
+                  ) -> tuple[Assignment, int, list[int]]:
+    """(the task, its prompt id, the completions it ranks: `queue.task_completion_ids`), the task's row locked."""
     now = utcnow()
     if body.assignment_id is not None:
         # Lock the task: double-clicked submits of it queue here instead of racing to the unique constraints.
-        row = core(db).execute(_TASK_LOCKED, {"assignment_id": body.assignment_id}).first()
+        rows = core(db).execute(_TASK_LOCKED, {"assignment_id": body.assignment_id,
+                                               "k": project.completions_per_prompt}).all()
+        row = rows[0] if rows else None
         if row is None or row.project_id != project.id or row.annotator_id != annotator.id:
             raise Invalid("no such task for you in this project", field="assignment_id")
         if row.state in ("submitted", "skipped"):
@@ -283,7 +287,8 @@ def _resolve_task(db: Session, project: Project, annotator: User, body: RankingI
             raise Invalid("the lease on this task expired; open the next task to get it again", field="assignment_id")
         if body.prompt_id is not None and body.prompt_id != row.prompt_id:
             raise Invalid("does not match the task's prompt", field="prompt_id")
-        return Assignment(id=body.assignment_id, **row._asdict()), row.prompt_id
+        task = Assignment(id=body.assignment_id, **{name: getattr(row, name) for name in _TASK_COLUMNS})
+        return task, row.prompt_id, sorted(r.completion_id for r in rows if r.completion_id is not None)
     if body.prompt_id is None:
         raise Invalid("give assignment_id or prompt_id", field="assignment_id")
     prompt = db.get(Prompt, body.prompt_id)
@@ -307,7 +312,7 @@ def _resolve_task(db: Session, project: Project, annotator: User, body: RankingI
                                 round=project.current_round, state="leased", leased_until=now)
         db.add(assignment)
         db.flush()
-    return assignment, prompt.id
+    return assignment, prompt.id, queue.task_completion_ids(db, prompt.id, project.completions_per_prompt)
 
 
 def validate_tiers(tiers: object, allowed: set[int], *, allow_ties: bool, allow_partial: bool) -> list[list[int]]:

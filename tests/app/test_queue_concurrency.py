@@ -7,6 +7,7 @@ database, not the Python process, must keep every prompt at or under its overlap
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -106,3 +107,57 @@ def test_the_same_submission_ten_times_at_once_makes_one_ranking(db, make_user, 
     assert db.scalar(select(func.count(Ranking.id))) == 1
     assert db.scalar(select(func.count(Pair.id))) == 6
     assert db.scalar(select(Assignment.state).where(Assignment.id == task["assignment_id"])) == "submitted"
+
+
+def test_a_prompt_filled_while_its_lock_was_awaited_is_recounted_and_not_leased_past_its_overlap(
+        db, make_user, make_project, token_for) -> None:
+    """The candidate scan reads the load in its own snapshot; a lease committed while it waited for the prompt's row
+    lock is seen only by the re-count under the lock (on Postgres, in the lease's insert). One prompt, overlap 1:
+    B leases it and holds it uncommitted, A's request waits on the lock (the "wait" pass), B commits, A gets nothing."""
+    from tests.conftest import only_on
+
+    only_on(db, "postgresql", "SQLite serialises writers: no request ever waits on a row lock")
+    from app.db import make_session_factory
+    from app.models import User
+    from app.services import queue
+
+    lead = make_user(db, "lead")
+    project = make_project(db, lead=lead, k=4, overlap=1)
+    people = [make_user(db, "annotator") for _ in range(2)]
+    for person in people:
+        projects.add_member(db, project, lead, email=person.email, role="annotator")
+    prompt = Prompt(project_id=project.id, text="the only question", text_hash=f"only-{project.id}", split="train")
+    db.add(prompt)
+    db.flush()
+    db.add_all(Completion(prompt_id=prompt.id, text=f"answer {j}") for j in range(4))
+    db.commit()
+    factory = make_session_factory(db.get_bind())
+    holder, waiter = factory(), factory()
+    try:
+        held = queue.next_task(holder, holder.get(type(project), project.id), holder.get(User, people[0].id))
+        assert held is not None and held.prompt_id == prompt.id  # B's lease, uncommitted, the prompt row locked
+        waiter_pid = waiter.connection().exec_driver_sql("SELECT pg_backend_pid()").scalar()
+        got: dict[str, object] = {}
+        a = threading.Thread(target=lambda: got.setdefault("task", queue.next_task(
+            waiter, waiter.get(type(project), project.id), waiter.get(User, people[1].id))))
+        a.start()
+        deadline = time.monotonic() + 30
+        while not _waits_on_a_lock(db, waiter_pid):
+            assert time.monotonic() < deadline, "A never waited on the prompt's row lock"
+            time.sleep(0.01)
+        holder.commit()
+        a.join(timeout=30)
+        assert not a.is_alive() and got["task"] is None
+        waiter.commit()
+    finally:
+        holder.close()
+        waiter.close()
+    assert _active_per_prompt(db, project.id) == Counter({prompt.id: 1})
+
+
+def _waits_on_a_lock(db, pid: int) -> bool:  # type: ignore[no-untyped-def]
+    from sqlalchemy import text
+
+    found = db.execute(text("SELECT wait_event_type FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}).scalar()
+    db.rollback()
+    return found == "Lock"
