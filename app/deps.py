@@ -60,15 +60,11 @@ class LoginRequired(Exception):
         self.next_url = next_url
 
 
-def _bearer(request: Request) -> str | None:
+def bearer_token(request: Request) -> str | None:
+    """The API token the request sends (`Authorization: Bearer …`), if any."""
     header = request.headers.get("authorization", "")
     scheme, _, value = header.partition(" ")
     return value.strip() if scheme.lower() == "bearer" and value.strip() else None
-
-
-def bearer_token(request: Request) -> str | None:
-    """The API token the request sends (`Authorization: Bearer …`), if any."""
-    return _bearer(request)
 
 
 def token_caller(request: Request, user: User | None) -> User:
@@ -80,7 +76,7 @@ def token_caller(request: Request, user: User | None) -> User:
 
 
 def optional_user(request: Request, db: SessionDep) -> User | None:
-    token = _bearer(request)
+    token = bearer_token(request)
     if token is not None:
         return token_caller(request, users.user_for_token(db, token))
     user = users.user_for_session(db, request.cookies.get(SESSION_COOKIE))
@@ -126,7 +122,7 @@ async def csrf_guard(request: Request) -> None:
     requests with no session cookie either: they carry no credentials to abuse, and get 401 (pages keep the check,
     the login form included).
     """
-    if request.method not in UNSAFE_METHODS or _bearer(request) is not None:
+    if request.method not in UNSAFE_METHODS or bearer_token(request) is not None:
         return
     if request.url.path.startswith("/api/") and SESSION_COOKIE not in request.cookies:
         return  # no credentials at all: nothing a forged request could ride on, and the route answers 401

@@ -20,7 +20,7 @@ from sqlalchemy import inspect, text
 from app import permissions
 from app.cookies import SESSION_COOKIE
 from app.db import session_scope
-from app.deps import _bearer
+from app.deps import bearer_token
 from app.metrics import CONTENT_TYPE_LATEST, render
 from app.migrate import SchemaStatus, revisions
 from app.observability import worker_heartbeat_ages
@@ -112,7 +112,7 @@ def _may_scrape(request: Request) -> None:
         ip = None
     if ip is not None and any(ip in net for net in request.app.state.settings.metrics_networks):
         return
-    token = _bearer(request)
+    token = bearer_token(request)
     with session_scope(request.app.state.session_factory) as db:
         user = (users.user_for_token(db, token) if token is not None
                 else users.user_for_session(db, request.cookies.get(SESSION_COOKIE)))
