@@ -324,7 +324,8 @@ def _lease(db: Session, project: Project, annotator: User, prompt_id: int, until
         db.flush()
         return existing
     row = core(db).execute(_LEASE, {"project_id": project.id, "prompt_id": prompt_id, "annotator_id": annotator.id,
-                              "round": project.current_round, "state": "leased", "leased_until": until}).one()
+                                    "round": project.current_round, "state": "leased",
+                                    "leased_until": until}).one()
     return _assignment(project, annotator, id=row.id, prompt_id=prompt_id, leased_until=until,
                        created_at=row.created_at)
 
