@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, InvalidatePoolError
 from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
 from app.errors import DomainError
@@ -28,6 +28,9 @@ SQLITE_BUSY_TIMEOUT_MS = 5000
 """SQLite's own busy wait per attempt at BEGIN IMMEDIATE; the begin hook retries until SQLITE_LOCK_WAIT_S."""
 TRANSIENT_SQLSTATES = {"40001": "serialization failure", "40P01": "deadlock"}
 RETRY_ATTEMPTS = 5
+PING_AFTER_IDLE_S = 2.0
+"""A pooled Postgres connection unused for this long is pinged (SELECT 1) before it is handed out, and replaced,
+with every other pooled connection, when the ping fails; one in steady use is handed out as it is."""
 
 
 class DatabaseBusy(DomainError):
@@ -44,10 +47,16 @@ def _sqlite_busy(exc: BaseException) -> bool:
 
 def is_transient(exc: BaseException) -> bool:
     """True for errors that a fresh attempt of the same transaction can succeed past: Postgres serialization
-    failures (40001) and deadlocks (40P01), and SQLite's "database is locked"."""
+    failures (40001) and deadlocks (40P01), a connection lost during a statement, and SQLite's "database is locked".
+
+    A connection lost during a statement (Postgres restarted, the backend terminated) took its open transaction
+    with it, so nothing was saved; one lost during COMMIT (no statement) may have committed, and is not retried.
+    """
     if not isinstance(exc, DBAPIError):
         return False
     if getattr(exc.orig, "sqlstate", None) in TRANSIENT_SQLSTATES:
+        return True
+    if exc.connection_invalidated and exc.statement is not None:
         return True
     return _sqlite_busy(exc)
 
@@ -85,8 +94,30 @@ def make_engine(url: str, pool_size: int = 20, *, prepared_statements: bool = Tr
     # prepare_threshold=None: never prepare; every statement is sent with its parameters (the extended protocol's
     # unnamed statement), which any server connection behind a pooler can run.
     connect_args = {} if prepared_statements else {"prepare_threshold": None}
-    return create_engine(url, pool_pre_ping=True, pool_size=pool_size, max_overflow=pool_size,
-                         connect_args=connect_args)
+    engine = create_engine(url, pool_size=pool_size, max_overflow=pool_size, connect_args=connect_args)
+    _ping_when_idle(engine)
+    return engine
+
+
+def _ping_when_idle(engine: Engine) -> None:
+    """Ping only connections idle for PING_AFTER_IDLE_S, not every checkout (`pool_pre_ping`): under load that
+    ping was a round trip per request, about 1 % of a ranking's CPU. A connection lost while in steady use fails
+    its statement instead, which invalidates the pool, and `is_transient` has the transaction run again."""
+
+    @event.listens_for(engine, "checkin")
+    def _idle_from(_dbapi_conn: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _ping_if_idle(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.pop("idle_since", None)
+        if since is None or time.monotonic() - since < PING_AFTER_IDLE_S:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_conn)
+        except engine.dialect.loaded_dbapi.Error as exc:
+            # The pool replaces this connection and every one pooled before now, then checks out again.
+            raise InvalidatePoolError(f"pooled connection failed its ping: {exc}") from exc
 
 
 def _begin_immediate(conn: Any) -> None:
@@ -169,7 +200,7 @@ def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
 
 def run_transaction(factory: sessionmaker[Session], work: Callable[[Session], T], *,
                     attempts: int = RETRY_ATTEMPTS, what: str = "transaction") -> T:
-    """`work(session)` in one transaction, run again from the start after a serialization failure or deadlock.
+    """`work(session)` in one transaction, run again from the start after a transient error (`is_transient`).
 
     The database rolled the failed attempt back whole, so a new attempt sees fresh data and decides again;
     `work` must therefore do nothing outside the session that it cannot repeat. After `attempts` the last
@@ -192,11 +223,13 @@ def run_transaction(factory: sessionmaker[Session], work: Callable[[Session], T]
 
 def _reason(exc: BaseException) -> str:
     code = getattr(getattr(exc, "orig", None), "sqlstate", None)
+    if code not in TRANSIENT_SQLSTATES and getattr(exc, "connection_invalidated", False):
+        return "database connection lost"
     return TRANSIENT_SQLSTATES.get(code or "", "database is locked")
 
 
 class RetryTransientErrors:
-    """ASGI middleware: a request whose transaction hit a deadlock or serialization failure runs again.
+    """ASGI middleware: a request whose transaction hit a transient error (`is_transient`) runs again.
 
     Safe because the request owns its one transaction (services never commit) and the session commits before
     the response starts: a transient error always arrives before any byte was sent, with nothing saved. The
