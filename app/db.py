@@ -12,11 +12,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, InvalidatePoolError
 from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
+from app.direct_sql import CoreConnection
 from app.errors import DomainError
 
 log = logging.getLogger("preflab.db")
@@ -141,14 +142,15 @@ def _begin_immediate(conn: Any) -> None:
             delay = min(delay * 2, 0.5)
 
 
-def core(db: Session) -> Connection:
+def core(db: Session) -> CoreConnection:
     """The session's connection, in its transaction, for a Core statement on a hot path (one that loads no ORM
     object: columns, counts, inserts). `Session.execute` takes every statement through the ORM's compile and result
-    set-up, about two thirds of the CPU a small statement costs, even when it selects plain columns. What the session
-    holds unflushed is flushed first, as its autoflush would before a query."""
+    set-up, about two thirds of the CPU a small statement costs, even when it selects plain columns; a statement
+    registered with `direct` also skips SQLAlchemy's per-execution work (app/direct_sql.py). What the session holds
+    unflushed is flushed first, as its autoflush would before a query."""
     if db.new or db.dirty or db.deleted:
         db.flush()
-    return db.connection()
+    return CoreConnection(db.connection())
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:

@@ -36,6 +36,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from app.db import core
+from app.direct_sql import direct
 from app.errors import NotFound
 from app.models import Assignment, AssignmentDraft, Completion, Project, Prompt, Ranking, User, utcnow
 
@@ -139,25 +140,25 @@ def _candidates(project: Project, annotator: User, now: datetime, *, gold: bool 
     return _candidates_stmt(gold).params(_params(project, annotator, now))
 
 
-_OWN_ACTIVE = (select(Assignment.id, Assignment.prompt_id, Assignment.leased_until, Assignment.created_at)
-               .where(Assignment.project_id == _PROJECT, Assignment.annotator_id == _ANNOTATOR,
-                      Assignment.round == _ROUND, Assignment.state == "leased", Assignment.leased_until > _NOW)
-               .order_by(Assignment.id).limit(1))
-_LOAD_NOW = select(_active_load(bindparam("prompt_id"), _ROUND, _NOW))
-_RENEW = (update(Assignment).where(Assignment.id == bindparam("assignment_id"))
-          .values(state="leased", leased_until=bindparam("until", type_=Assignment.leased_until.type))
-          .execution_options(synchronize_session=False))
+_OWN_ACTIVE = direct(select(Assignment.id, Assignment.prompt_id, Assignment.leased_until, Assignment.created_at)
+                     .where(Assignment.project_id == _PROJECT, Assignment.annotator_id == _ANNOTATOR,
+                            Assignment.round == _ROUND, Assignment.state == "leased", Assignment.leased_until > _NOW)
+                     .order_by(Assignment.id).limit(1))
+_LOAD_NOW = direct(select(_active_load(bindparam("prompt_id"), _ROUND, _NOW)))
+_RENEW = direct(update(Assignment).where(Assignment.id == bindparam("assignment_id"))
+                .values(state="leased", leased_until=bindparam("until", type_=Assignment.leased_until.type))
+                .execution_options(synchronize_session=False))
 _ASSIGNMENTS = Assignment.__table__
-_LEASE = insert(_ASSIGNMENTS).returning(_ASSIGNMENTS.c.id, _ASSIGNMENTS.c.created_at)
+_LEASE = direct(insert(_ASSIGNMENTS).returning(_ASSIGNMENTS.c.id, _ASSIGNMENTS.c.created_at))
 # A new lease, written only while the prompt's load (re-counted by this statement) is under its cap.
-_LEASE_IF_ROOM = (insert(_ASSIGNMENTS)
-                  .from_select(["project_id", "prompt_id", "annotator_id", "round", "state", "leased_until",
-                                "created_at"],
-                               select(_PROJECT, bindparam("prompt_id", type_=Integer), _ANNOTATOR, _ROUND,
-                                      literal("leased"), bindparam("until", type_=Assignment.leased_until.type),
-                                      _NOW)
-                               .where(_active_load(bindparam("prompt_id"), _ROUND, _NOW) < bindparam("cap")))
-                  .returning(_ASSIGNMENTS.c.id, _ASSIGNMENTS.c.created_at))
+_LEASE_IF_ROOM = direct(insert(_ASSIGNMENTS)
+                        .from_select(["project_id", "prompt_id", "annotator_id", "round", "state", "leased_until",
+                                      "created_at"],
+                                     select(_PROJECT, bindparam("prompt_id", type_=Integer), _ANNOTATOR, _ROUND,
+                                            literal("leased"), bindparam("until", type_=Assignment.leased_until.type),
+                                            _NOW)
+                                     .where(_active_load(bindparam("prompt_id"), _ROUND, _NOW) < bindparam("cap")))
+                        .returning(_ASSIGNMENTS.c.id, _ASSIGNMENTS.c.created_at))
 _DROP_DRAFT = (delete(AssignmentDraft).where(AssignmentDraft.assignment_id == bindparam("assignment_id"))
                .execution_options(synchronize_session=False))
 
@@ -201,9 +202,9 @@ def _floor_scan(key: Any, limit: int = 1) -> Select[Any]:
             .order_by(key).limit(limit))
 
 
-_FLOOR_SCAN = _floor_scan(Prompt.id)
-_WINDOW_SCAN = _floor_scan(Prompt.id, WINDOW)
-_RANK_FLOOR_SCAN = _floor_scan(Prompt.queue_rank)  # NULL ranks fail `>= floor`: only prioritised prompts
+_FLOOR_SCAN = direct(_floor_scan(Prompt.id))
+_WINDOW_SCAN = direct(_floor_scan(Prompt.id, WINDOW))
+_RANK_FLOOR_SCAN = direct(_floor_scan(Prompt.queue_rank))  # NULL ranks fail `>= floor`: only prioritised prompts
 
 
 def _scan_floor(db: Session, project: Project, now: datetime, by_rank: bool = False) -> tuple[int, tuple[int, ...]]:
@@ -419,8 +420,8 @@ def _task_completions(*columns: Any) -> Select[Any]:
 
 
 _RANKABLE = Completion.source != "revision"
-_TASK_IDS = _task_completions(Completion.id)
-_TASK_TEXTS = _task_completions(Completion.id, Completion.text)
+_TASK_IDS = direct(_task_completions(Completion.id))
+_TASK_TEXTS = direct(_task_completions(Completion.id, Completion.text))
 
 
 def with_task_completions(query: Select[Any], prompt_id: Any, *columns: Any) -> Select[Any]:
@@ -431,9 +432,9 @@ def with_task_completions(query: Select[Any], prompt_id: Any, *columns: Any) -> 
 
 
 # The prompt with them: what a task shows, in one query.
-_TASK_SHOWN = with_task_completions(select(Prompt.id, Prompt.text, Prompt.messages)
-                                    .where(Prompt.id == bindparam("prompt_id")),
-                                    Prompt.id, Completion.id, Completion.text, Completion.meta)
+_TASK_SHOWN = direct(with_task_completions(select(Prompt.id, Prompt.text, Prompt.messages)
+                                           .where(Prompt.id == bindparam("prompt_id")),
+                                           Prompt.id, Completion.id, Completion.text, Completion.meta))
 
 
 def task_completion_ids(db: Session, prompt_id: int, k: int) -> list[int]:

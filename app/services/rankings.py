@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
 from app.db import core
+from app.direct_sql import direct
 from app.errors import Conflict, DomainError, Invalid
 from app.models import Assignment, AssignmentDraft, Completion, Pair, Project, Prompt, Ranking, User, utcnow
 from app.services import bulk, queue, rubrics, steps, webhooks
@@ -37,15 +38,15 @@ class RankingInput:
 
 
 # Built once with bind parameters: this is the annotation hot path (see app.services.queue).
-_BY_SUBMISSION = select(Ranking.id).where(Ranking.annotator_id == bindparam("annotator_id"),
-                                          Ranking.client_submission_id == bindparam("submission_id"))
+_BY_SUBMISSION = direct(select(Ranking.id).where(Ranking.annotator_id == bindparam("annotator_id"),
+                                                 Ranking.client_submission_id == bindparam("submission_id")))
 _RANKINGS, _PAIRS, _ASSIGNMENTS = Ranking.__table__, Pair.__table__, Assignment.__table__
 _TASK_COLUMNS = ("project_id", "prompt_id", "annotator_id", "round", "state", "leased_until", "created_at")
 # The task's row, locked, with the ids of the completions it ranks (a row each).
-_TASK_LOCKED = queue.with_task_completions(
+_TASK_LOCKED = direct(queue.with_task_completions(
     select(*(getattr(Assignment, name) for name in _TASK_COLUMNS)).where(Assignment.id == bindparam("assignment_id")),
-    Assignment.prompt_id, Completion.id.label("completion_id")).with_for_update(of=Assignment)
-_INSERT_PAIRS = insert(_PAIRS)
+    Assignment.prompt_id, Completion.id.label("completion_id")).with_for_update(of=Assignment))
+_INSERT_PAIRS = direct(insert(_PAIRS).inline())  # inline: no implicit RETURNING of the ids, unused
 _COMPLETE_TASK = (update(_ASSIGNMENTS).where(_ASSIGNMENTS.c.id == bindparam("assignment_id"))
                   .values(state=bindparam("state"), completed_at=bindparam("completed_at")))
 # The task's server-side draft (app.services.annotation): the submitted ranking replaces it.
@@ -59,7 +60,7 @@ def _complete_task(dialect: str) -> tuple[Any, ...]:
     CTE: its snapshot is taken under the task's row lock, so a draft saved just before is seen and cleared (a save
     after waits for the lock and then finds the task done). SQLite has no DML in a CTE, and no concurrent writer."""
     if dialect == "postgresql":
-        return (_COMPLETE_TASK.add_cte(_CLEAR_DRAFT.cte("cleared_draft")),)
+        return (direct(_COMPLETE_TASK.add_cte(_CLEAR_DRAFT.cte("cleared_draft"))),)
     return _COMPLETE_TASK, _CLEAR_DRAFT
 
 
@@ -71,7 +72,7 @@ def _insert_ranking(dialect: str) -> Any:
         from sqlalchemy.dialects.postgresql import insert as dialect_insert
     else:
         from sqlalchemy.dialects.sqlite import insert as dialect_insert
-    return dialect_insert(_RANKINGS).on_conflict_do_nothing().returning(_RANKINGS.c.id)
+    return direct(dialect_insert(_RANKINGS).on_conflict_do_nothing().returning(_RANKINGS.c.id))
 
 
 class PairLabel(NamedTuple):
@@ -198,9 +199,9 @@ def submit(db: Session, project: Project, annotator: User, body: RankingInput) -
     return Ranking(id=ranking_id, **values), True
 
 
-_SUBMITTED = (select(func.count(Assignment.id))
-              .where(Assignment.prompt_id == bindparam("prompt_id"), Assignment.round == bindparam("round"),
-                     Assignment.state == "submitted"))
+_SUBMITTED = direct(select(func.count(Assignment.id))
+                    .where(Assignment.prompt_id == bindparam("prompt_id"), Assignment.round == bindparam("round"),
+                           Assignment.state == "submitted"))
 
 
 def _announce_overlap(db: Session, project: Project, prompt_id: int) -> None:
@@ -234,12 +235,13 @@ def _announce_overlap(db: Session, project: Project, prompt_id: int) -> None:
                                                       "url": f"/api/projects/{project.id}"})
 
 
-_SHORT = (select(Prompt.id)
-          .where(Prompt.project_id == bindparam("project_id"), Prompt.split == "train", Prompt.gold_tiers.is_(None),
-                 select(func.count(Assignment.id))
-                 .where(Assignment.prompt_id == Prompt.id, Assignment.round == bindparam("round"),
-                        Assignment.state == "submitted").scalar_subquery() < bindparam("overlap"))
-          .order_by(Prompt.id.desc()).limit(1))
+_SHORT = direct(select(Prompt.id)
+                .where(Prompt.project_id == bindparam("project_id"), Prompt.split == "train",
+                       Prompt.gold_tiers.is_(None),
+                       select(func.count(Assignment.id))
+                       .where(Assignment.prompt_id == Prompt.id, Assignment.round == bindparam("round"),
+                              Assignment.state == "submitted").scalar_subquery() < bindparam("overlap"))
+                .order_by(Prompt.id.desc()).limit(1))
 
 
 def _any_short(db: Session, project: Project, round_: int) -> bool:

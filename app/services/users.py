@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from app import security
 from app.db import core
+from app.direct_sql import direct
 from app.errors import Conflict, Invalid, NotFound
 from app.models import ROLES, ApiToken, User, UserSession, utcnow
 from app.services import audit
@@ -166,9 +167,9 @@ TOKEN_COLUMNS = (ApiToken.id, ApiToken.revoked_at, ApiToken.last_used_at, User)
 """What `accept_token` reads of a token and its user: another query may fetch them beside what it needs."""
 TOKEN_USER_JOIN = User.id == ApiToken.user_id
 _TOKEN_USER = select(*TOKEN_COLUMNS).join(User, TOKEN_USER_JOIN).where(ApiToken.token_hash == bindparam("token_hash"))
-_TOUCH_TOKEN = (update(ApiToken).where(ApiToken.id == bindparam("token_id"))
-                .values(last_used_at=bindparam("now", type_=ApiToken.last_used_at.type))
-                .execution_options(synchronize_session=False))
+_TOUCH_TOKEN = direct(update(ApiToken).where(ApiToken.id == bindparam("token_id"))
+                      .values(last_used_at=bindparam("now", type_=ApiToken.last_used_at.type))
+                      .execution_options(synchronize_session=False))
 
 
 def user_for_token(db: Session, token: str) -> User | None:

@@ -1,0 +1,102 @@
+"""Hot-path statements sent straight through psycopg (app/direct_sql.py) answer exactly what SQLAlchemy answers.
+
+On Postgres the annotation path's registered statements must all take the direct path (a silent fallback would
+give the speed back); each gives the rows `Connection.execute` gives, with the same types (UTC datetimes, JSON);
+errors are SQLAlchemy's; an engine with execution listeners sees every statement. On SQLite everything runs
+through SQLAlchemy, which the rest of the suite covers.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+from sqlalchemy.exc import IntegrityError, InvalidRequestError
+
+from app import direct_sql
+from app.db import core
+from app.models import Assignment
+from app.services import queue, rankings
+from tests.app.test_annotation_api import _ranking, _seed
+
+
+def _need_postgres(db: Any) -> None:
+    if db.get_bind().dialect.name != "postgresql":
+        pytest.skip(reason="Postgres only: on SQLite every statement runs through SQLAlchemy")
+
+
+def _one_round(db: Any, make_user: Any, make_project: Any, token_for: Any, api: Any) -> tuple[Any, dict, Any]:
+    """A project where an annotator took a task, submitted it and took the next one (every hot statement ran)."""
+    _, project, (annotator,) = _seed(db, make_user, make_project, n_prompts=3, overlap=1)
+    client = api(token_for(db, annotator))
+    db.commit()
+    task = client.get(f"/api/projects/{project.id}/tasks/next").json()
+    assert client.post(f"/api/projects/{project.id}/rankings", json=_ranking(task)).status_code == 201
+    following = client.get(f"/api/projects/{project.id}/tasks/next")
+    assert following.status_code == 200
+    return project, following.json(), annotator
+
+
+def test_every_statement_of_the_annotation_path_runs_direct(db, make_user, make_project, token_for, api) -> None:
+    _need_postgres(db)
+    _one_round(db, make_user, make_project, token_for, api)
+    planned = {str(statement).split("\n")[0][:80]: plans for statement, plans in direct_sql._PLANS.items() if plans}
+    assert len(planned) >= 9, sorted(planned)  # next: 5 statements; submit: the lock, 2 inserts, the update, a count
+    fallbacks = [sql for sql, plans in planned.items() if None in plans.values()]
+    assert fallbacks == [], f"these run through SQLAlchemy instead: {fallbacks}"
+
+
+def test_direct_rows_equal_sqlalchemys(db, make_user, make_project, token_for, api) -> None:
+    _need_postgres(db)
+    project, task, annotator = _one_round(db, make_user, make_project, token_for, api)
+    conn = core(db)
+    cases = [
+        (queue._OWN_ACTIVE, {"project_id": project.id, "annotator_id": annotator.id, "round": project.current_round,
+                             "now": datetime(2000, 1, 1, tzinfo=UTC)}),
+        (queue._TASK_SHOWN, {"prompt_id": task["prompt"]["id"], "k": 4}),
+        (rankings._TASK_LOCKED, {"assignment_id": task["assignment_id"], "k": 4}),
+        (rankings._SUBMITTED, {"prompt_id": task["prompt"]["id"], "round": project.current_round}),
+    ]
+    for statement, params in cases:
+        direct = conn.execute(statement, params).all()
+        assert direct, statement
+        through_sqlalchemy = conn.conn.execute(statement, params).all()
+        assert direct == [tuple(row) for row in through_sqlalchemy], statement
+        assert [row._fields for row in direct] == [tuple(row._fields) for row in through_sqlalchemy]
+    own = conn.execute(queue._OWN_ACTIVE, cases[0][1]).one()
+    assert own.leased_until.tzinfo is not None and own.leased_until.utcoffset().total_seconds() == 0
+    assert own.id == task["assignment_id"]
+
+
+def test_direct_errors_are_sqlalchemys(db, make_user, make_project, token_for, api) -> None:
+    _need_postgres(db)
+    _one_round(db, make_user, make_project, token_for, api)
+    conn = core(db)
+    with pytest.raises(InvalidRequestError, match="'prompt_id'"):
+        conn.execute(queue._TASK_SHOWN, {"k": 4})
+    bogus = {"ranking_id": -1, "prompt_id": -1, "chosen_id": -1, "rejected_id": -1, "margin": 1, "source": "human",
+             "weight": 1.0, "p": 1.0}
+    with pytest.raises(IntegrityError):  # no such ranking: the foreign key refuses it
+        conn.execute(rankings._INSERT_PAIRS, [bogus])
+    db.rollback()
+
+
+def test_an_engine_with_execution_listeners_sees_every_statement(db, make_user, make_project, token_for,
+                                                                 api) -> None:
+    _need_postgres(db)
+    project, task, annotator = _one_round(db, make_user, make_project, token_for, api)
+    seen: list[str] = []
+
+    def listener(_conn, _cursor, statement, *_args) -> None:  # type: ignore[no-untyped-def]
+        seen.append(statement)
+
+    engine = db.get_bind()
+    event.listen(engine, "before_cursor_execute", listener)
+    try:
+        rows = core(db).execute(queue._TASK_SHOWN, {"prompt_id": task["prompt"]["id"], "k": 4}).all()
+    finally:
+        event.remove(engine, "before_cursor_execute", listener)
+    assert len(rows) == 4 and any("FROM prompts" in sql for sql in seen)
+    assert db.get(Assignment, task["assignment_id"]).state == "leased"
