@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import re
-from datetime import timedelta
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple
 
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
@@ -164,7 +164,17 @@ def create_token(db: Session, user: User, name: str = "") -> tuple[ApiToken, str
 # The user in the same query, built once: every API request authenticates, so this is one round trip instead of two
 # and no SQL expression to build per request.
 TOKEN_COLUMNS = (ApiToken.id, ApiToken.revoked_at, ApiToken.last_used_at, User)
-"""What `accept_token` reads of a token and its user: another query may fetch them beside what it needs."""
+"""What `accept_token` reads of a token and its user (a `TokenRow`): another query may fetch them beside what it
+needs."""
+
+
+class TokenRow(NamedTuple):
+    """A token and its user as `accept_token` reads them."""
+
+    id: int
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+    User: User
 TOKEN_USER_JOIN = User.id == ApiToken.user_id
 _TOKEN_USER = select(*TOKEN_COLUMNS).join(User, TOKEN_USER_JOIN).where(ApiToken.token_hash == bindparam("token_hash"))
 _TOUCH_TOKEN = direct(update(ApiToken).where(ApiToken.id == bindparam("token_id"))

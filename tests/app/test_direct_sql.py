@@ -100,3 +100,34 @@ def test_an_engine_with_execution_listeners_sees_every_statement(db, make_user, 
         event.remove(engine, "before_cursor_execute", listener)
     assert len(rows) == 4 and any("FROM prompts" in sql for sql in seen)
     assert db.get(Assignment, task["assignment_id"]).state == "leased"
+
+
+def test_row_loader_builds_the_instances_a_query_would(db, make_user, make_project, token_for) -> None:
+    # Both backends: the token's project comes from one Core row, built into persistent instances.
+    from sqlalchemy import inspect, select
+
+    from app.models import Project, User
+    from app.services import annotation
+
+    _, project, (annotator,) = _seed(db, make_user, make_project, n_prompts=1)
+    token = token_for(db, annotator)
+    project_id, annotator_id = project.id, annotator.id
+    db.commit()
+    db.expunge_all()
+    user, loaded = annotation.token_caller_project(db, token, project_id)
+    assert user.id == annotator_id and loaded.id == project_id
+    for instance in (user, loaded):
+        state = inspect(instance)
+        assert state.persistent and not state.modified and instance in db and not db.dirty
+    fresh = db.execute(select(Project).where(Project.id == project_id)).scalar_one()
+    assert fresh is loaded, "the session's identity map holds the built instance"
+    assert annotator_id in {m.user_id for m in loaded.members}, "its relationships load lazily, as a query's would"
+    columns = [c.key for c in inspect(Project).column_attrs]
+    built = {k: getattr(loaded, k) for k in columns}
+    db.expunge_all()
+    queried = db.get(Project, project_id)
+    assert built == {k: getattr(queried, k) for k in columns}
+    # An instance the session already holds is the one returned, not a second copy.
+    held = db.get(User, annotator_id)
+    again, _ = annotation.token_caller_project(db, token, project_id)
+    assert again is held
