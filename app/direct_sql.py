@@ -55,6 +55,8 @@ class _Plan:
     sql: str
     defaults: dict[str, Any]
     required: frozenset[str]
+    fixed: frozenset[str]
+    """IN parameters rendered into the SQL with the values the statement was built with."""
     column_defaults: tuple[tuple[str, Any], ...]
     """(parameter, ColumnDefault) of the columns whose default Python computes at insert, when not given."""
     processors: tuple[tuple[str, Callable[[Any], Any]], ...]
@@ -68,27 +70,42 @@ class _Plan:
     def of(cls, statement: Any, dialect: Any, columns: frozenset[str] | None) -> _Plan | None:
         if dialect.driver != "psycopg":
             return None
-        compiled = statement.compile(dialect=dialect, column_keys=sorted(columns) if columns is not None else None)
+        keys = sorted(columns) if columns is not None else None
+        compiled = statement.compile(dialect=dialect, column_keys=keys)
+        sql, params = compiled.string, compiled.construct_params(_check=False)
+        bind_processors = compiled._bind_processors
+        fixed = frozenset(compiled.bind_names[bind] for bind in compiled.post_compile_params)
+        if fixed and all(not bind.required and bind.callable is None for bind in compiled.post_compile_params):
+            # IN over values fixed when the statement was built (`state IN ('submitted', 'skipped')`): expanded
+            # once into a parameter per value, as SQLAlchemy expands it at each execution.
+            expanded = compiled._process_parameters_for_postcompile(params)
+            sql, params = expanded.statement, expanded.parameters
+            bind_processors = {**bind_processors, **expanded.processors}
+        elif fixed:
+            return None
         prefetch = [*compiled.insert_prefetch, *compiled.update_prefetch]
-        if (compiled.post_compile_params or compiled.literal_execute_params or compiled.escaped_bind_names
+        if (compiled.literal_execute_params or compiled.escaped_bind_names
                 or any(c.default is None or not (c.default.is_scalar or c.default.is_callable) for c in prefetch)):
             return None
-        processors = tuple((name, proc) for name, proc in compiled._bind_processors.items() if proc is not None)
+        processors = tuple((name, proc) for name, proc in bind_processors.items() if proc is not None)
         if any(not callable(proc) for _, proc in processors):  # tuple-typed binds: not on a hot path
             return None
-        keys = [entry.keyname for entry in compiled._result_columns]  # as SQLAlchemy's rows name them
-        if keys and not getattr(statement, "_returning", True) and not getattr(statement, "_return_defaults", False):
+        names = [entry.keyname for entry in compiled._result_columns]  # as SQLAlchemy's rows name them
+        if names and not getattr(statement, "_returning", True) and not getattr(statement, "_return_defaults", False):
             return None  # rows the statement did not ask for (implicit RETURNING): SQLAlchemy knows what they mean
         results = tuple(entry.type._cached_result_processor(dialect, None) for entry in compiled._result_columns)
-        row = namedtuple("Row", keys, rename=True) if keys else None  # type: ignore[misc]
+        row = namedtuple("Row", names, rename=True) if names else None  # type: ignore[misc]
         required = frozenset(name for bind, name in compiled.bind_names.items() if bind.required)
-        given = {name: value for name, value in compiled.params.items() if name not in required}
-        return cls(compiled.string, given, required,
+        given = {name: value for name, value in params.items() if name not in required and name not in fixed}
+        return cls(sql, given, required, fixed,
                    tuple((c.key, c.default) for c in prefetch), processors, results if any(results) else None,
-                   len(keys), row)
+                   len(names), row)
 
     def bind(self, params: Params) -> dict[str, Any]:
         values = self.defaults | dict(params)
+        if self.fixed and not self.fixed.isdisjoint(params):
+            raise InvalidRequestError(f"{sorted(self.fixed & params.keys())[0]!r} was fixed when the statement was "
+                                      "built (app/direct_sql.py): build another statement for other values")
         if not self.required <= values.keys():
             missing = sorted(self.required - values.keys())
             raise InvalidRequestError(f"A value is required for bind parameter {missing[0]!r}")

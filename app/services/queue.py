@@ -132,7 +132,7 @@ def _candidates_stmt(gold: bool | None, columns: str = "id", floor: bool = False
         query = query.order_by(key, Prompt.id).limit(1)
     if lock is not None:
         query = query.with_for_update(of=Prompt, skip_locked=lock == "skip")
-    return query
+    return direct(query)  # cached: one statement per combination of arguments
 
 
 def _candidates(project: Project, annotator: User, now: datetime, *, gold: bool | None):  # type: ignore[no-untyped-def]

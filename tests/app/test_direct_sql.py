@@ -58,6 +58,8 @@ def test_direct_rows_equal_sqlalchemys(db, make_user, make_project, token_for, a
         (queue._TASK_SHOWN, {"prompt_id": task["prompt"]["id"], "k": 4}),
         (rankings._TASK_LOCKED, {"assignment_id": task["assignment_id"], "k": 4}),
         (rankings._SUBMITTED, {"prompt_id": task["prompt"]["id"], "round": project.current_round}),
+        # `state IN ('submitted', 'skipped')`, expanded once when the statement is first run
+        (queue._candidates_stmt(False, "lease"), queue._params(project, annotator, datetime.now(UTC))),
     ]
     for statement, params in cases:
         direct = conn.execute(statement, params).all()
@@ -72,10 +74,13 @@ def test_direct_rows_equal_sqlalchemys(db, make_user, make_project, token_for, a
 
 def test_direct_errors_are_sqlalchemys(db, make_user, make_project, token_for, api) -> None:
     _need_postgres(db)
-    _one_round(db, make_user, make_project, token_for, api)
+    project, _, annotator = _one_round(db, make_user, make_project, token_for, api)
     conn = core(db)
     with pytest.raises(InvalidRequestError, match="'prompt_id'"):
         conn.execute(queue._TASK_SHOWN, {"k": 4})
+    with pytest.raises(InvalidRequestError, match="fixed when the statement was built"):
+        conn.execute(queue._candidates_stmt(False, "lease"),
+                     queue._params(project, annotator, datetime.now(UTC)) | {"state_1": ["leased"]})
     bogus = {"ranking_id": -1, "prompt_id": -1, "chosen_id": -1, "rejected_id": -1, "margin": 1, "source": "human",
              "weight": 1.0, "p": 1.0}
     with pytest.raises(IntegrityError):  # no such ranking: the foreign key refuses it
