@@ -54,14 +54,38 @@ _DRAFTS = AssignmentDraft.__table__
 _CLEAR_DRAFT = delete(_DRAFTS).where(_DRAFTS.c.assignment_id == bindparam("assignment_id"))
 
 
+_OTHERS = _ASSIGNMENTS.alias("others")
+# The prompt's other tasks of the round that are submitted: with this one, whether the prompt has its overlap.
+_OTHERS_SUBMITTED = (select(func.count()).select_from(_OTHERS)
+                     .where(_OTHERS.c.prompt_id == _ASSIGNMENTS.c.prompt_id, _OTHERS.c.round == _ASSIGNMENTS.c.round,
+                            _OTHERS.c.state == "submitted", _OTHERS.c.id != _ASSIGNMENTS.c.id)
+                     .scalar_subquery())
+
+
 @functools.cache
 def _complete_task(dialect: str) -> tuple[Any, ...]:
     """The statements that mark the task done and clear its draft. On Postgres one, the delete as a data-modifying
     CTE: its snapshot is taken under the task's row lock, so a draft saved just before is seen and cleared (a save
-    after waits for the lock and then finds the task done). SQLite has no DML in a CTE, and no concurrent writer."""
+    after waits for the lock and then finds the task done); it also returns how many of the prompt's other tasks
+    are submitted (`_announce_overlap` needs no count of its own). SQLite has no DML in a CTE, and no concurrent
+    writer."""
     if dialect == "postgresql":
-        return (direct(_COMPLETE_TASK.add_cte(_CLEAR_DRAFT.cte("cleared_draft"))),)
+        return (direct(_COMPLETE_TASK.add_cte(_CLEAR_DRAFT.cte("cleared_draft")).returning(_OTHERS_SUBMITTED)),)
     return _COMPLETE_TASK, _CLEAR_DRAFT
+
+
+def _complete(db: Session, assignment: Assignment, state: str) -> int | None:
+    """Mark the task done (`state`); the prompt's submitted tasks of the round now, where the statement said."""
+    completed_at, others = utcnow(), None
+    for statement in _complete_task(db.get_bind().dialect.name):
+        result = core(db).execute(statement, {"assignment_id": assignment.id, "state": state,
+                                              "completed_at": completed_at})
+        if statement.exported_columns:
+            others = result.scalar()
+    # The session's copy of the task shows what was written, without a flush of its own.
+    set_committed_value(assignment, "state", state)
+    set_committed_value(assignment, "completed_at", completed_at)
+    return None if others is None else others + (state == "submitted")
 
 
 @functools.cache
@@ -188,14 +212,9 @@ def submit(db: Session, project: Project, annotator: User, body: RankingInput) -
         refused = Conflict("you have already ranked this prompt in this round", field="prompt_id")
         return _earlier(db, project, annotator, body.submission_id, refused), False
     steps.write(db, ranking_id, step_labels)
-    state, completed_at = "skipped" if body.skipped else "submitted", utcnow()
-    for statement in _complete_task(db.get_bind().dialect.name):
-        core(db).execute(statement, {"assignment_id": assignment.id, "state": state, "completed_at": completed_at})
-    # The session's copy of the task shows what was written, without a flush of its own.
-    set_committed_value(assignment, "state", state)
-    set_committed_value(assignment, "completed_at", completed_at)
+    submitted = _complete(db, assignment, "skipped" if body.skipped else "submitted")
     if not body.skipped:
-        _announce_overlap(db, project, prompt_id)
+        _announce_overlap(db, project, prompt_id, submitted)
     return Ranking(id=ranking_id, **values), True
 
 
@@ -204,7 +223,7 @@ _SUBMITTED = direct(select(func.count(Assignment.id))
                            Assignment.state == "submitted"))
 
 
-def _announce_overlap(db: Session, project: Project, prompt_id: int) -> None:
+def _announce_overlap(db: Session, project: Project, prompt_id: int, submitted: int | None = None) -> None:
     """`overlap.reached`, once, from the submission that gives the project's last train prompt its overlap.
 
     Only a submission that completes its own prompt looks further (the hot path pays one count), and then for one
@@ -216,7 +235,9 @@ def _announce_overlap(db: Session, project: Project, prompt_id: int) -> None:
     retries from telling it again, while a new round or new prompts can reach it anew.
     """
     round_ = project.current_round
-    if core(db).scalar(_SUBMITTED, {"prompt_id": prompt_id, "round": round_}) != project.overlap:
+    if submitted is None:  # `submitted`: the prompt's submitted tasks, where the caller knows them already
+        submitted = core(db).scalar(_SUBMITTED, {"prompt_id": prompt_id, "round": round_})
+    if submitted != project.overlap:
         return
     if _any_short(db, project, round_):
         return
