@@ -151,7 +151,16 @@ def core(db: Session) -> CoreConnection:
     unflushed is flushed first, as its autoflush would before a query."""
     if db.new or db.dirty or db.deleted:
         db.flush()
-    return CoreConnection(db.connection())
+    # Kept per transaction: `Session.connection()` walks the session's transaction state on every call.
+    kept = db.info.get(_CORE)
+    transaction = db.get_transaction()
+    if transaction is None or kept is None or kept[0] is not transaction:
+        conn = CoreConnection(db.connection())  # begins the transaction when none is open
+        kept = db.info[_CORE] = (db.get_transaction(), conn)
+    return kept[1]
+
+
+_CORE = "preflab.core"
 
 
 class RowLoader:
