@@ -46,7 +46,8 @@ _TASK_COLUMNS = ("project_id", "prompt_id", "annotator_id", "round", "state", "l
 _TASK_LOCKED = direct(queue.with_task_completions(
     select(*(getattr(Assignment, name) for name in _TASK_COLUMNS)).where(Assignment.id == bindparam("assignment_id")),
     Assignment.prompt_id, Completion.id.label("completion_id")).with_for_update(of=Assignment))
-_INSERT_PAIRS = direct(insert(_PAIRS).inline())  # inline: no implicit RETURNING of the ids, unused
+_PAIR_KEYS = ("ranking_id", "prompt_id", "chosen_id", "rejected_id", "margin", "source", "weight", "p", "metadata",
+              "created_at")
 _COMPLETE_TASK = (update(_ASSIGNMENTS).where(_ASSIGNMENTS.c.id == bindparam("assignment_id"))
                   .values(state=bindparam("state"), completed_at=bindparam("completed_at")))
 # The task's server-side draft (app.services.annotation): the submitted ranking replaces it.
@@ -145,8 +146,18 @@ def write_ranking(db: Session, ranking: NewRanking) -> int | None:
         return None
     pairs = pair_rows(ranking_id, ranking)
     if pairs:
-        core(db).execute(_INSERT_PAIRS, [_columns(row) for row in pairs])
+        now = utcnow()
+        core(db).execute(_insert_pairs(len(pairs)), {
+            f"{key}_{i}": value for i, row in enumerate(pairs)
+            for key, value in _columns({"meta": {}, "created_at": now} | row).items()})
     return ranking_id
+
+
+@functools.lru_cache(maxsize=256)
+def _insert_pairs(n: int) -> Any:
+    """One INSERT of `n` pairs (a VALUES row each): the database runs one statement, not `n`."""
+    return direct(insert(_PAIRS).values([{key: bindparam(f"{key}_{i}", type_=_PAIRS.c[key].type) for key in _PAIR_KEYS}
+                                         for i in range(n)]))
 
 
 def _columns(values: dict[str, Any]) -> dict[str, Any]:

@@ -81,10 +81,10 @@ def test_direct_errors_are_sqlalchemys(db, make_user, make_project, token_for, a
     with pytest.raises(InvalidRequestError, match="fixed when the statement was built"):
         conn.execute(queue._candidates_stmt(False, "lease"),
                      queue._params(project, annotator, datetime.now(UTC)) | {"state_1": ["leased"]})
-    bogus = {"ranking_id": -1, "prompt_id": -1, "chosen_id": -1, "rejected_id": -1, "margin": 1, "source": "human",
-             "weight": 1.0, "p": 1.0}
+    bogus = {"ranking_id_0": -1, "prompt_id_0": -1, "chosen_id_0": -1, "rejected_id_0": -1, "margin_0": 1,
+             "source_0": "human", "weight_0": 1.0, "p_0": 1.0, "metadata_0": {}, "created_at_0": datetime.now(UTC)}
     with pytest.raises(IntegrityError):  # no such ranking: the foreign key refuses it
-        conn.execute(rankings._INSERT_PAIRS, [bogus])
+        conn.execute(rankings._insert_pairs(1), bogus)
     db.rollback()
 
 
