@@ -103,8 +103,8 @@ def make_engine(url: str, pool_size: int = 20, *, prepared_statements: bool = Tr
 
 def _ping_when_idle(engine: Engine) -> None:
     """Ping only connections idle for PING_AFTER_IDLE_S, not every checkout (`pool_pre_ping`): under load that
-    ping was a round trip per request, about 1 % of a ranking's CPU. A connection lost while in steady use fails
-    its statement instead, which invalidates the pool, and `is_transient` has the transaction run again."""
+    ping was a round trip per request, two per ranking. A connection lost while in steady use fails its statement
+    instead, which invalidates the pool, and `is_transient` has the transaction run again."""
 
     @event.listens_for(engine, "checkin")
     def _idle_from(_dbapi_conn: Any, record: Any) -> None:

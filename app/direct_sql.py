@@ -7,9 +7,9 @@ default parameters and bind processors are kept; `app.db.core(db)` then sends it
 connection, in the session's transaction. Errors go through SQLAlchemy's own handling (the same exception classes,
 a lost connection invalidates the pool), so callers and `app.db.is_transient` see what they always saw.
 
-Anything this does not reproduce runs through SQLAlchemy as before: SQLite, statements with expanding IN
-parameters or column defaults other than a value or a function, and every statement of an engine that has execution
-event listeners (instrumentation such as OpenTelemetry sees every statement with its context).
+Anything this does not reproduce runs through SQLAlchemy as before: SQLite, statements with an IN over values given
+at execution or with column defaults other than a value or a function, and every statement of an engine that has
+execution event listeners (instrumentation such as OpenTelemetry sees every statement with its context).
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ _PROJECT_ROLE_RUBRIC = (select(Project, ProjectMember.role, Rubric)
 # An API call's token, its user and the project with the caller's role and its current rubric, in one direct
 # statement (the annotation hot path's two lookups); the instances are built from its row (`RowLoader`).
 _USERS, _PROJECTS, _RUBRICS = RowLoader(User), RowLoader(Project), RowLoader(Rubric)
-_TOKEN_AT, _USER_AT = 0, 3
+_USER_AT = 3  # after the token's id, revoked_at and last_used_at
 _PROJECT_AT = _USER_AT + len(_USERS.columns)
 _ROLE_AT = _PROJECT_AT + len(_PROJECTS.columns)
 _TOKEN_PROJECT_ROLE_RUBRIC = direct(
