@@ -179,7 +179,11 @@ class DPOTrainer(BatchMethod):
         beta = self.config.beta
         r_c, r_r = beta * (logp_c - ref_c), beta * (logp_r - ref_r)
         label = pairs.p >= 0.5
-        correct = torch.where(r_c == r_r, torch.full_like(r_c, 0.5), ((r_c > r_r) == label).float())
+        # A tie within float32 rounding of the four log-probs counts as a tie: the policy and its reference, equal
+        # weights, give log-probs a few ulps apart when their batches are shaped differently.
+        rounding = beta * 4 * torch.finfo(torch.float32).eps * (logp_c.abs() + logp_r.abs() + ref_c.abs() + ref_r.abs())
+        tie = (r_c - r_r).abs() <= rounding
+        correct = torch.where(tie, torch.full_like(r_c, 0.5), ((r_c > r_r) == label).float())
         return {"loss": self.loss(h, pairs.p, pairs.margin, pairs.weight).item(), "accuracy": correct.mean().item(),
                 "margin": (r_c - r_r).mean().item(), "reward_chosen": r_c.mean().item(),
                 "reward_rejected": r_r.mean().item(), "pairs": len(pairs), "truncated": pairs.truncated,
