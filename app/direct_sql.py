@@ -62,8 +62,6 @@ class _Plan:
     processors: tuple[tuple[str, Callable[[Any], Any]], ...]
     results: tuple[Callable[[Any], Any] | None, ...] | None
     """Per result column, the type's result processor (None: the value as psycopg gives it); None when none has one."""
-    columns: int
-    """How many columns its rows have (0: it returns none)."""
     row: Any  # a namedtuple type of the result's keys, or None for a statement that returns no rows
 
     @classmethod
@@ -98,8 +96,7 @@ class _Plan:
         required = frozenset(name for bind, name in compiled.bind_names.items() if bind.required)
         given = {name: value for name, value in params.items() if name not in required and name not in fixed}
         return cls(sql, given, required, fixed,
-                   tuple((c.key, c.default) for c in prefetch), processors, results if any(results) else None,
-                   len(names), row)
+                   tuple((c.key, c.default) for c in prefetch), processors, results if any(results) else None, row)
 
     def bind(self, params: Params) -> dict[str, Any]:
         values = self.defaults | dict(params)
@@ -189,7 +186,7 @@ def _run(conn: Connection, plan: _Plan, params: Any, many: bool) -> Rows:
         else:
             cursor.execute(plan.sql, bound)
         # Only a statement with result columns is fetched: asking psycopg for `description` builds them anew.
-        fetched = cursor.fetchall() if plan.columns else []
+        fetched = cursor.fetchall() if plan.row is not None else []
         rowcount = cursor.rowcount
     except Exception as exc:
         # Wrapped as SQLAlchemy wraps it (DBAPIError subclasses); a lost connection invalidates the pool.

@@ -5,7 +5,7 @@ bench_annotation.py measures 32 clients against a real server, where the figures
 app in this process through ASGI, one request at a time, next-task → submit for `--rankings` rankings on a
 bench_annotation project (K=4, 300-character completions), and reports this process's CPU per ranking: all of it,
 and the median and least of 50-ranking stretches (the least is the figure a busy machine disturbs least). It also
-counts the SQL statements the app sends per ranking (BEGIN, COMMIT and the pool's connection check aside), in
+counts the SQL statements the app sends per ranking (BEGIN and COMMIT aside), in
 50 rankings after the measured ones: a statement listener makes every statement go through SQLAlchemy. Run it
 beside the code before a change to compare, and under py-spy for where the time goes
 (`py-spy record -f raw -o out.txt -- .venv/bin/python benchmarks/profile_annotation.py`).

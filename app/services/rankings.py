@@ -46,8 +46,7 @@ _TASK_COLUMNS = ("project_id", "prompt_id", "annotator_id", "round", "state", "l
 _TASK_LOCKED = direct(queue.with_task_completions(
     select(*(getattr(Assignment, name) for name in _TASK_COLUMNS)).where(Assignment.id == bindparam("assignment_id")),
     Assignment.prompt_id, Completion.id.label("completion_id")).with_for_update(of=Assignment))
-_PAIR_KEYS = ("ranking_id", "prompt_id", "chosen_id", "rejected_id", "margin", "source", "weight", "p", "metadata",
-              "created_at")
+_PAIR_KEYS = tuple(column.key for column in _PAIRS.c if not column.primary_key)
 _COMPLETE_TASK = (update(_ASSIGNMENTS).where(_ASSIGNMENTS.c.id == bindparam("assignment_id"))
                   .values(state=bindparam("state"), completed_at=bindparam("completed_at")))
 # The task's server-side draft (app.services.annotation): the submitted ranking replaces it.
@@ -229,21 +228,23 @@ def submit(db: Session, project: Project, annotator: User, body: RankingInput) -
     return Ranking(id=ranking_id, **values), True
 
 
-_SUBMITTED = direct(select(func.count(Assignment.id))
-                    .where(Assignment.prompt_id == bindparam("prompt_id"), Assignment.round == bindparam("round"),
-                           Assignment.state == "submitted"))
+# Only where the task's update did not return the count (SQLite): not a direct statement.
+_SUBMITTED = (select(func.count(Assignment.id))
+              .where(Assignment.prompt_id == bindparam("prompt_id"), Assignment.round == bindparam("round"),
+                     Assignment.state == "submitted"))
 
 
 def _announce_overlap(db: Session, project: Project, prompt_id: int, submitted: int | None = None) -> None:
     """`overlap.reached`, once, from the submission that gives the project's last train prompt its overlap.
 
-    Only a submission that completes its own prompt looks further (the hot path pays one count), and then for one
-    train prompt still short, newest first: the queue serves the oldest first, so the answer is nearly always the
-    first row read. Only when none is short does it lock the project row, FOR NO KEY UPDATE (it must not wait on,
-    or deadlock with, the key-share locks that every concurrent insert of a ranking takes on it), and check again:
-    two submissions completing the last two prompts at once check one after the other, the second sees the
-    first's ranking, and the mark in the project's settings (round and prompt count) keeps later rankings and
-    retries from telling it again, while a new round or new prompts can reach it anew.
+    Only a submission that completes its own prompt looks further (on Postgres the task's update returned the count;
+    elsewhere the hot path pays one count), and then for one train prompt still short, newest first: the queue
+    serves the oldest first, so the answer is nearly always the first row read. Only when none is short does it lock
+    the project row, FOR NO KEY UPDATE (it must not wait on, or deadlock with, the key-share locks that every
+    concurrent insert of a ranking takes on it), and check again: two submissions completing the last two prompts at
+    once check one after the other, the second sees the first's ranking, and the mark in the project's settings
+    (round and prompt count) keeps later rankings and retries from telling it again, while a new round or new
+    prompts can reach it anew.
     """
     round_ = project.current_round
     if submitted is None:  # `submitted`: the prompt's submitted tasks, where the caller knows them already

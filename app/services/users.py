@@ -161,22 +161,20 @@ def create_token(db: Session, user: User, name: str = "") -> tuple[ApiToken, str
     return row, token
 
 
-# The user in the same query, built once: every API request authenticates, so this is one round trip instead of two
-# and no SQL expression to build per request.
-TOKEN_COLUMNS = (ApiToken.id, ApiToken.revoked_at, ApiToken.last_used_at, User)
-"""What `accept_token` reads of a token and its user (a `TokenRow`): another query may fetch them beside what it
-needs."""
-
-
 class TokenRow(NamedTuple):
-    """A token and its user as `accept_token` reads them."""
+    """A token and its user as `accept_token` reads them (a query may fetch them beside what else it needs)."""
 
     id: int
     revoked_at: datetime | None
     last_used_at: datetime | None
     User: User
+
+
 TOKEN_USER_JOIN = User.id == ApiToken.user_id
-_TOKEN_USER = select(*TOKEN_COLUMNS).join(User, TOKEN_USER_JOIN).where(ApiToken.token_hash == bindparam("token_hash"))
+# The user in the same query, built once: every API request authenticates, so this is one round trip instead of two
+# and no SQL expression to build per request.
+_TOKEN_USER = (select(ApiToken.id, ApiToken.revoked_at, ApiToken.last_used_at, User).join(User, TOKEN_USER_JOIN)
+               .where(ApiToken.token_hash == bindparam("token_hash")))
 _TOUCH_TOKEN = direct(update(ApiToken).where(ApiToken.id == bindparam("token_id"))
                       .values(last_used_at=bindparam("now", type_=ApiToken.last_used_at.type))
                       .execution_options(synchronize_session=False))
@@ -187,7 +185,7 @@ def user_for_token(db: Session, token: str) -> User | None:
 
 
 def accept_token(db: Session, found: Any) -> User | None:
-    """The token's user, from a row of `TOKEN_COLUMNS` (None: no such token), or None if it was revoked or the
+    """The token's user, from a `TokenRow`-shaped row (None: no such token), or None if it was revoked or the
     account deactivated; its last use is recorded."""
     if found is None:
         return None

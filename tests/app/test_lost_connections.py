@@ -16,8 +16,7 @@ from sqlalchemy.exc import OperationalError
 
 from app import db as app_db
 from app.db import is_transient
-from app.models import Completion, Prompt
-from app.services import projects
+from tests.app.test_annotation_api import _seed
 
 
 def _need_postgres(database_url: str) -> None:
@@ -39,14 +38,7 @@ def _terminate(engine: Any, pid: int) -> None:
 
 def _annotator(db: Any, make_project: Any, make_user: Any, token_for: Any) -> tuple[int, str]:
     """A project with one prompt of two completions, and an annotator's token."""
-    lead = make_user(db, "lead")
-    project = make_project(db, lead=lead, k=2)
-    annotator = make_user(db, "annotator")
-    projects.add_member(db, project, lead, email=annotator.email, role="annotator")
-    prompt = Prompt(project_id=project.id, text="question", text_hash=f"lost-{project.id}", split="train")
-    db.add(prompt)
-    db.flush()
-    db.add_all(Completion(prompt_id=prompt.id, text=f"answer {j}") for j in range(2))
+    _, project, (annotator,) = _seed(db, make_user, make_project, n_prompts=1, k=2)
     token = token_for(db, annotator)
     db.commit()
     return project.id, token
