@@ -14,11 +14,13 @@ execution event listeners (instrumentation such as OpenTelemetry sees every stat
 
 from __future__ import annotations
 
+import re
 from collections import namedtuple
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from psycopg import RawCursor
 from sqlalchemy import Connection
 from sqlalchemy.exc import InvalidRequestError, MultipleResultsFound, NoResultFound
 from sqlalchemy.sql import ClauseElement
@@ -50,9 +52,34 @@ def _plan(plans: dict[Any, _Plan | None], statement: Any, dialect: Any, params: 
     return plans[key]
 
 
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
+
+
+def _positional(sql: str) -> tuple[bytes, tuple[str, ...]] | None:
+    """The pyformat SQL as Postgres takes it (`%(name)s` → `$n`, a name repeated keeps its number, `%%` → `%`) and
+    the parameter names in number order: sent through a raw cursor, psycopg neither parses the SQL nor maps a dict
+    to positions at each execution. None for SQL this does not fully convert."""
+    order: dict[str, int] = {}
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) is None:
+            return "%"
+        return f"${order.setdefault(match.group(1), len(order) + 1)}"
+
+    converted = _PLACEHOLDER.sub(number, sql)
+    if "%(" in _PLACEHOLDER.sub("", sql) or not converted.isascii():
+        return None
+    return converted.encode(), tuple(order)
+
+
 @dataclass(frozen=True)
 class _Plan:
     sql: str
+    """As SQLAlchemy compiled it (pyformat): what errors and logs show."""
+    query: bytes
+    """`sql` with positional placeholders, as sent."""
+    order: tuple[str, ...]
+    """The parameter names, in placeholder order."""
     defaults: dict[str, Any]
     required: frozenset[str]
     fixed: frozenset[str]
@@ -93,12 +120,16 @@ class _Plan:
             return None  # rows the statement did not ask for (implicit RETURNING): SQLAlchemy knows what they mean
         results = tuple(entry.type._cached_result_processor(dialect, None) for entry in compiled._result_columns)
         row = namedtuple("Row", names, rename=True) if names else None  # type: ignore[misc]
+        positional = _positional(sql)
+        if positional is None:
+            return None
         required = frozenset(name for bind, name in compiled.bind_names.items() if bind.required)
         given = {name: value for name, value in params.items() if name not in required and name not in fixed}
-        return cls(sql, given, required, fixed,
+        return cls(sql, *positional, given, required, fixed,
                    tuple((c.key, c.default) for c in prefetch), processors, results if any(results) else None, row)
 
     def bind(self, params: Params) -> dict[str, Any]:
+        """The statement's parameters by name: defaults, column defaults and bind processors applied."""
         values = self.defaults | dict(params)
         if self.fixed and not self.fixed.isdisjoint(params):
             raise InvalidRequestError(f"{sorted(self.fixed & params.keys())[0]!r} was fixed when the statement was "
@@ -113,6 +144,10 @@ class _Plan:
             if name in values:  # None too: a JSON column binds None as JSON null unless none_as_null
                 values[name] = proc(values[name])
         return values
+
+    def args(self, values: dict[str, Any]) -> tuple[Any, ...]:
+        """`bind`'s values in placeholder order."""
+        return tuple(values[name] for name in self.order)
 
     def rows(self, fetched: list[tuple[Any, ...]]) -> list[Any]:
         if self.results is not None:
@@ -155,10 +190,11 @@ class CoreConnection:
     """The session's connection for Core statements: registered ones straight through psycopg where they can be,
     everything else as `Connection.execute` runs it."""
 
-    __slots__ = ("conn",)
+    __slots__ = ("conn", "_cursor")
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
+        self._cursor: RawCursor[Any] | None = None
 
     def execute(self, statement: Any, params: Params | Sequence[Params] | None = None) -> Any:
         plans = _PLANS.get(statement)
@@ -168,7 +204,7 @@ class CoreConnection:
         plan = _plan(plans, statement, self.conn.dialect, (params[0] if many else params) or {})  # type: ignore[index]
         if plan is None:
             return self.conn.execute(statement, params)
-        return _run(self.conn, plan, params or {}, many)
+        return self._run(plan, params or {}, many)
 
     def scalar(self, statement: Any, params: Params | None = None) -> Any:
         return self.execute(statement, params).scalar()
@@ -176,21 +212,21 @@ class CoreConnection:
     def scalars(self, statement: Any, params: Params | None = None) -> Any:
         return self.execute(statement, params).scalars()
 
-
-def _run(conn: Connection, plan: _Plan, params: Any, many: bool) -> Rows:
-    cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-    bound: Any = [plan.bind(p) for p in params] if many else plan.bind(params)
-    try:
-        if many:
-            cursor.executemany(plan.sql, bound)
-        else:
-            cursor.execute(plan.sql, bound)
-        # Only a statement with result columns is fetched: asking psycopg for `description` builds them anew.
-        fetched = cursor.fetchall() if plan.row is not None else []
-        rowcount = cursor.rowcount
-    except Exception as exc:
-        # Wrapped as SQLAlchemy wraps it (DBAPIError subclasses); a lost connection invalidates the pool.
-        conn._handle_dbapi_exception(exc, plan.sql, bound, cursor, None)
-    finally:
-        cursor.close()
-    return Rows(plan.rows(fetched), rowcount)
+    def _run(self, plan: _Plan, params: Any, many: bool) -> Rows:
+        conn = self.conn
+        if self._cursor is None:  # one per transaction: a cursor keeps its dumpers, looked up once per type
+            self._cursor = RawCursor(conn.connection.driver_connection)  # type: ignore[arg-type]
+        cursor = self._cursor
+        bound: Any = [plan.bind(p) for p in params] if many else plan.bind(params)
+        try:
+            if many:
+                cursor.executemany(plan.query, [plan.args(values) for values in bound])
+            else:
+                cursor.execute(plan.query, plan.args(bound))
+            # Only a statement with result columns is fetched: asking psycopg for `description` builds them anew.
+            fetched = cursor.fetchall() if plan.row is not None else []
+            rowcount = cursor.rowcount
+        except Exception as exc:
+            # Wrapped as SQLAlchemy wraps it (DBAPIError subclasses); a lost connection invalidates the pool.
+            conn._handle_dbapi_exception(exc, plan.sql, bound, cursor, None)
+        return Rows(plan.rows(fetched), rowcount)

@@ -152,6 +152,22 @@ def _cpu_seconds(pid: int) -> float:
     return total
 
 
+def _postgres_cpu_seconds() -> float | None:
+    """user + system CPU of this machine's Postgres processes, the postmaster's exited backends included (their CPU
+    moves into its children's figure when they are reaped); None when no Postgres runs here."""
+    tick, total, found = os.sysconf("SC_CLK_TCK"), 0.0, False
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            comm, fields = stat.read_text().split(" (", 1)[1].rsplit(")", 1)
+        except OSError:
+            continue
+        if comm == "postgres":
+            found = True
+            values = fields.split()
+            total += sum(int(v) for v in values[11:15]) / tick
+    return total if found else None
+
+
 def start_server(url: str, workers: int, data_dir: str,
                  env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
     """uvicorn on a free port (`--workers N` when N > 1) with `env` added to its environment; (process, base URL)."""
@@ -335,10 +351,10 @@ def main() -> None:
                                          extra_share=args.extra_share)
             proc, base = start_server(url, workers, data_dir)
             try:
-                cpu0, t0 = _cpu_seconds(proc.pid), time.perf_counter()
+                cpu0, t0, db_cpu0 = _cpu_seconds(proc.pid), time.perf_counter(), _postgres_cpu_seconds()
                 client_cpu0 = time.process_time()
                 run = asyncio.run(load(base, project_id, tokens, warmup=args.warmup, seconds=args.seconds))
-                server_cpu = _cpu_seconds(proc.pid) - cpu0
+                server_cpu, db_cpu = _cpu_seconds(proc.pid) - cpu0, _postgres_cpu_seconds()
                 wall = time.perf_counter() - t0
                 # Load-independent figures: CPU the app server and the client spent per ranking (whole run,
                 # warm-up included, so divided by every ranking made in it).
@@ -346,6 +362,8 @@ def main() -> None:
                 run["server_cpu_ms_per_ranking"] = round(server_cpu / max(made, 1) * 1e3, 2)
                 run["client_cpu_ms_per_ranking"] = round((time.process_time() - client_cpu0) / max(made, 1) * 1e3, 2)
                 run["server_cpu_share"] = round(server_cpu / wall, 2)
+                if db_cpu is not None and db_cpu0 is not None:  # a local Postgres: its share of the cores
+                    run["database_cpu_ms_per_ranking"] = round((db_cpu - db_cpu0) / max(made, 1) * 1e3, 2)
             finally:
                 proc.terminate()
                 proc.wait(timeout=30)

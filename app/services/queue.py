@@ -21,9 +21,11 @@ from sqlalchemy import (
     ARRAY,
     Integer,
     Select,
+    String,
     and_,
     any_,
     bindparam,
+    cast,
     delete,
     exists,
     func,
@@ -60,7 +62,8 @@ def _active_load(prompt_id, round_, now):  # type: ignore[no-untyped-def]
 _PROJECT, _ANNOTATOR, _ROUND, _NOW = (bindparam("project_id"), bindparam("annotator_id"), bindparam("round"),
                                       bindparam("now", type_=Assignment.leased_until.type))
 _K, _OVERLAP, _FLOOR, _EXTRA = bindparam("k"), bindparam("overlap"), bindparam("floor"), bindparam("extra")
-_WINDOW = bindparam("window", type_=ARRAY(Integer))
+# Bound as Postgres's text form of an int array, made once per window (see `_array_literal`).
+_WINDOW = cast(bindparam("window", type_=String), ARRAY(Integer))
 
 
 def extra_on(project: Project) -> bool:
@@ -284,12 +287,19 @@ def _scans(db: Session, project: Project, now: datetime, gold: bool, by_priority
     return list(dict.fromkeys([*scans, (False, floor, ()), (False, 0, ())]))
 
 
+@functools.lru_cache(maxsize=64)
+def _array_literal(ids: tuple[int, ...]) -> str:
+    """`{1,2,3}`: a window as the statement binds it. psycopg dumps a list element by element at every execution,
+    in Python (a 256-id window cost more than the rest of the statement's parameters); a string is sent as it is."""
+    return "{" + ",".join(map(str, ids)) + "}"
+
+
 def _lease_first_open(db: Session, project: Project, annotator: User, now: datetime, until: datetime, gold: bool,
                       lock: str | None, scan: Scan) -> Assignment | None:
     """A lease on the first prompt of this scan with room (its row locked), or None when the scan has none."""
     by_rank, floor, window = scan
     skip: list[int] = []
-    params = _params(project, annotator, now, floor) | ({"window": list(window)} if window else {})
+    params = _params(project, annotator, now, floor) | ({"window": _array_literal(window)} if window else {})
     while True:
         query = _candidates_stmt(gold, "lease", floor=bool(floor), lock=lock, by_rank=by_rank, window=bool(window))
         if skip:  # rare: prompts found full under their lock by this very call
