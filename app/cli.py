@@ -178,8 +178,14 @@ def serve(host: Annotated[str, typer.Option(help="Interface to bind")] = "127.0.
                    "false)")] = 1,
           keep_alive: Annotated[int, typer.Option(
               help="Seconds an idle HTTP connection stays open: annotators send a request every few seconds, "
-                   "and a reused connection saves the server a new one each time")] = KEEP_ALIVE_S) -> None:
-    """Serve the web app and API with uvicorn. SQLite databases in dev/demo are migrated first."""
+                   "and a reused connection saves the server a new one each time")] = KEEP_ALIVE_S,
+          access_log: Annotated[bool, typer.Option(
+              help="Log a line per request, with its request id (unhandled errors are logged either way; "
+                   "under a load of hundreds of requests a second the lines cost CPU)")] = True) -> None:
+    """Serve the web app and API with uvicorn. SQLite databases in dev/demo are migrated first.
+
+    With --workers N each process listens on a socket of its own (SO_REUSEPORT): the kernel spreads connections
+    over them, where one shared socket gave a burst of connections all to one process."""
     import uvicorn
 
     settings = _settings()
@@ -193,8 +199,12 @@ def serve(host: Annotated[str, typer.Option(help="Interface to bind")] = "127.0.
     if workers > 1 and settings.is_sqlite:
         _fail("--workers > 1 needs Postgres; SQLite is the single-process embedded mode")
     if workers > 1:
+        from app.serving import run_workers
+
+        typer.echo(f"preflab serving on http://{host}:{port} with {workers} processes  "
+                   f"(API docs: http://{host}:{port}/docs)")
         with _shared_metrics_dir():
-            uvicorn.run("app.asgi:app", host=host, port=port, workers=workers,
+            run_workers("app.asgi:app", host=host, port=port, workers=workers, access_log=access_log,
                         proxy_headers=settings.trust_proxy_headers, timeout_keep_alive=keep_alive)
         return
     from app.main import create_app
@@ -203,7 +213,7 @@ def serve(host: Annotated[str, typer.Option(help="Interface to bind")] = "127.0.
     # log_config=None: uvicorn keeps the handler create_app installed, so its lines carry request ids (and are
     # JSON with PREFLAB_LOG_FORMAT=json) instead of going through uvicorn's own formatters.
     uvicorn.run(create_app(settings), host=host, port=port, proxy_headers=settings.trust_proxy_headers,
-                log_level="info", timeout_keep_alive=keep_alive, log_config=None)
+                log_level="info", timeout_keep_alive=keep_alive, log_config=None, access_log=access_log)
 
 
 @contextmanager

@@ -27,7 +27,7 @@ from app.security import LoginThrottle
 from app.services import outbound
 from app.services.import_formats import ImportRejected
 from app.settings import Settings, get_settings
-from app.web import STATIC_DIR, BodyLimitMiddleware, BrowserIdAndHeadersMiddleware, render
+from app.web import STATIC_DIR, BodyLimitMiddleware, BrowserIdAndHeadersMiddleware, ConnectionTurnover, render
 
 DESCRIPTION = """preflab: rank sampled completions under a versioned rubric, let a constitutional AI judge
 stand in when human labels run out, export immutable pair datasets, and train reward models and policies.
@@ -205,6 +205,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Outside the retry: a request run again keeps its id, and is counted once, under its route template.
     app.add_middleware(RequestIdMiddleware, metrics=app.state.metrics)
     app.add_middleware(openapi.VersionPrefix)  # /api/v1/... is routed as /api/...
+    if settings.keepalive_requests:
+        app.add_middleware(ConnectionTurnover, every=settings.keepalive_requests)
 
     from app.routes import (
         agreement,

@@ -35,6 +35,11 @@ class Settings(BaseSettings):
     at 1M rankings on 2 cores, 32 annotators without think time got 74 rankings/s (p95 365 ms) with 40 threads and
     98/s (p95 264 ms) with 8. Requests beyond it wait in the event loop, in order. Each busy thread holds one
     database connection, so keep `database_pool_size` at least this."""
+    keepalive_requests: int = Field(default=1000, ge=0)
+    """A keep-alive connection serves about this many requests, then the server closes it (at random, one response
+    in N; 0: never) and the client reconnects, as nginx's `keepalive_requests` (default 1000). With `--workers`,
+    a connection stays with the process it reached: clients that all reconnected while one process was up (a
+    restart) would stay there for as long as they keep sending. Reconnecting spreads them over the processes."""
     database_prepared_statements: bool = True
     """Let psycopg prepare a statement on a connection once it ran five times there (Postgres parses and plans it
     once). Set false behind PgBouncer in transaction mode (before 1.21, and without `max_prepared_statements`):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import secrets
 from pathlib import Path
 from typing import Any
@@ -204,3 +205,26 @@ def client_ip(request: Request) -> str:
         if forwarded:
             return forwarded.split(",")[-1].strip()[:64]  # the address our own proxy saw
     return request.client.host if request.client else ""
+
+
+class ConnectionTurnover:
+    """Ends about one keep-alive connection in `every` responses (`Connection: close`, chosen at random): its client
+    reconnects (browsers do, unseen), and with `--workers` the kernel hands the new connection to any process
+    (app.serving), so connections that all landed on one process drift apart again."""
+
+    def __init__(self, app: ASGIApp, *, every: int) -> None:
+        self.app = app
+        self.every = every
+        self._draw = random.Random().random
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self._draw() * self.every >= 1.0:
+            await self.app(scope, receive, send)
+            return
+
+        async def closing(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (b"connection", b"close")]
+            await send(message)
+
+        await self.app(scope, receive, closing)

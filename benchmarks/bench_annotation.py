@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import random
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +39,6 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from _http import KeepAliveClient  # noqa: E402
 
-from app.cli import KEEP_ALIVE_S  # noqa: E402 - as `preflab serve` runs it
 from app.settings import Settings  # noqa: E402
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/preflab_bench"
@@ -137,19 +138,50 @@ def _cpu_seconds(pid: int) -> float:
     """user + system CPU of a process and its children (uvicorn's workers), from /proc."""
     tick = os.sysconf("SC_CLK_TCK")
     total = 0.0
-    pids = [pid]
-    try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        pids += [int(c) for c in children]
-    except OSError:
-        pass
-    for p in pids:
+    for p in [pid, *_children(pid)]:
         try:
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
             total += (int(fields[11]) + int(fields[12])) / tick
         except OSError:
             continue
     return total
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _sockets(port: int, state: str) -> set[str]:
+    """Inodes of the TCP sockets on local port `port` in `state` (/proc/net/tcp's hex code: 01 established,
+    0A listening)."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == state:
+                inodes.add(fields[9])
+    return inodes
+
+
+def connections_per_process(pid: int, port: int) -> list[int]:
+    """Established connections to `port` that each of the server's processes holds (uvicorn's workers: which one
+    a keep-alive connection lands on is the kernel's choice at connect, and it stays there), most first."""
+    inodes = _sockets(port, "01")  # ESTABLISHED
+    counts = []
+    for p in _children(pid) or [pid]:
+        try:
+            fds = [os.readlink(f) for f in Path(f"/proc/{p}/fd").iterdir()]
+        except OSError:
+            continue
+        counts.append(sum(1 for fd in fds if fd.startswith("socket:[") and fd[8:-1] in inodes))
+    return sorted(counts, reverse=True)
 
 
 def _postgres_cpu_seconds() -> float | None:
@@ -170,20 +202,22 @@ def _postgres_cpu_seconds() -> float | None:
 
 def start_server(url: str, workers: int, data_dir: str,
                  env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
-    """uvicorn on a free port (`--workers N` when N > 1) with `env` added to its environment; (process, base URL)."""
+    """`preflab serve` on a free port (`--workers N`) with `env` added to its environment, without access lines;
+    (process, base URL)."""
     port = _free_port()
     env = os.environ | {"PREFLAB_DATABASE_URL": url, "PREFLAB_SECRET_KEY": SECRET, "PREFLAB_ENV": "dev",
                         "PREFLAB_DATA_DIR": data_dir} | (env or {})
-    cmd = [sys.executable, "-m", "uvicorn", "app.asgi:app", "--host", "127.0.0.1", "--port", str(port),
-           "--log-level", "warning", "--no-access-log", "--timeout-keep-alive", str(KEEP_ALIVE_S)]
-    if workers > 1:
-        cmd += ["--workers", str(workers)]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env)
+    cmd = [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+           "--workers", str(workers), "--no-access-log"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
-            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+            # Every worker listens on a socket of its own once its start-up is done (app.serving): clients that
+            # connected before the last one listened would all stay with the others.
+            if (httpx.get(f"{base}/healthz", timeout=1).status_code == 200
+                    and (workers == 1 or len(_sockets(port, "0A")) >= workers)):
                 return proc, base
         except httpx.HTTPError:
             pass
@@ -193,14 +227,16 @@ def start_server(url: str, workers: int, data_dir: str,
 
 
 async def load(base: str | list[str], project_id: int, tokens: list[str], *, warmup: float,
-               seconds: float, run_id: str = "") -> dict[str, Any]:
+               seconds: float, run_id: str = "", probe: Callable[[], Any] | None = None) -> dict[str, Any]:
     """Each token is one client looping next-task → submit; only requests after the warm-up are measured. Given
     several base URLs (servers on several ports), client k talks to base k mod their number. `run_id` keeps
-    submission ids apart when several runs share one project (a repeated id is an idempotent resend)."""
+    submission ids apart when several runs share one project (a repeated id is an idempotent resend). `probe` is
+    called once halfway through the measured time (in a thread); its result is the run's "probe"."""
     bases = [base] if isinstance(base, str) else base
     lat: dict[str, list[float]] = {"next": [], "submit": []}
     errors: dict[str, int] = {}
     counts = {"rankings": 0, "empty": 0}
+    per_client = [0] * len(tokens)
     t_start = time.perf_counter()
     t_measure, t_end = t_start + warmup, t_start + warmup + seconds
 
@@ -236,9 +272,17 @@ async def load(base: str | list[str], project_id: int, tokens: list[str], *, war
                     lat["next"].append(t1 - t0)
                     lat["submit"].append(t3 - t2)
                     counts["rankings"] += 1
+                    per_client[k] += 1
 
-    await asyncio.gather(*(client(t, k) for k, t in enumerate(tokens)))
-    return {"rankings": counts["rankings"], "rankings_per_s": round(counts["rankings"] / seconds, 1),
+    async def probed() -> Any:
+        await asyncio.sleep(max(0.0, t_measure + seconds / 2 - time.perf_counter()))
+        return await asyncio.to_thread(probe) if probe is not None else None
+
+    *_, probed_value = await asyncio.gather(*(client(t, k) for k, t in enumerate(tokens)), probed())
+    spread = sorted(per_client)
+    return {**({"probe": probed_value} if probe is not None else {}),
+            "rankings_per_client": {"min": spread[0], "median": spread[len(spread) // 2], "max": spread[-1]},
+            "rankings": counts["rankings"], "rankings_per_s": round(counts["rankings"] / seconds, 1),
             "next": _ms(lat["next"]), "submit": _ms(lat["submit"]),
             "all_requests": _ms(lat["next"] + lat["submit"]), "errors": errors, "empty_queue": counts["empty"]}
 
@@ -353,7 +397,10 @@ def main() -> None:
             try:
                 cpu0, t0, db_cpu0 = _cpu_seconds(proc.pid), time.perf_counter(), _postgres_cpu_seconds()
                 client_cpu0 = time.process_time()
-                run = asyncio.run(load(base, project_id, tokens, warmup=args.warmup, seconds=args.seconds))
+                port = int(base.rsplit(":", 1)[1])
+                run = asyncio.run(load(base, project_id, tokens, warmup=args.warmup, seconds=args.seconds,
+                                       probe=functools.partial(connections_per_process, proc.pid, port)))
+                run["connections_per_process"] = run.pop("probe")
                 server_cpu, db_cpu = _cpu_seconds(proc.pid) - cpu0, _postgres_cpu_seconds()
                 wall = time.perf_counter() - t0
                 # Load-independent figures: CPU the app server and the client spent per ranking (whole run,

@@ -1,0 +1,114 @@
+"""`preflab serve --workers N`: every process takes connections, and the server ends keep-alive connections now
+and then so that they can move."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from app.serving import bind
+from app.settings import Settings
+from tests.conftest import REPO, TEST_SECRET
+
+
+def _tcp_sockets(port: int, state: str) -> set[str]:
+    """Inodes of this machine's TCP sockets on local `port` in `state` (01 established, 0A listening)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == state:
+                inodes.add(fields[9])
+    return inodes
+
+
+def _held_by(pid: int, inodes: set[str]) -> int:
+    links = [os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()]
+    return sum(1 for link in links if link.startswith("socket:[") and link[8:-1] in inodes)
+
+
+def _workers_of(pid: int) -> list[int]:
+    """The uvicorn worker processes under the supervisor `pid` (not multiprocessing's resource tracker)."""
+    children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    return [c for c in children if b"resource_tracker" not in Path(f"/proc/{c}/cmdline").read_bytes()]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the sockets from /proc")
+def test_a_burst_of_connections_reaches_every_server_process(database_url, tmp_path) -> None:
+    """32 clients that connect at once and keep their connections: both processes of `--workers 2` hold some (one
+    listening socket shared by both gave all 32 to one process, which did all the work while the other idled)."""
+    if not database_url.startswith("postgresql"):
+        pytest.skip(reason="several server processes need Postgres")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFLAB_")} | {
+        "PREFLAB_DATABASE_URL": database_url, "PREFLAB_DATA_DIR": str(tmp_path / "data"), "PREFLAB_ENV": "dev",
+        "PREFLAB_SECRET_KEY": TEST_SECRET, "PREFLAB_ENCRYPTION_KEY": os.environ["PREFLAB_ENCRYPTION_KEY"],
+        "PREFLAB_KEEPALIVE_REQUESTS": "0", "PYTHONPATH": str(REPO)}
+    log = tmp_path / "server.log"
+    with open(log, "wb") as output:
+        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--workers", "2"],
+                                cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_for(what: str, condition: Any, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()
+            if condition():
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}\n{log.read_text()[-3000:]}")
+
+    clients: list[httpx.Client] = []
+    try:
+        # Each process listens on its own socket once its start-up is done.
+        wait_for("both processes to listen", lambda: len(_tcp_sockets(port, "0A")) == 2)
+        clients = [httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) for _ in range(32)]
+        for client in clients:
+            client.get("/healthz/live").raise_for_status()  # one connection each, kept open
+        established = _tcp_sockets(port, "01")
+        held = sorted(_held_by(pid, established) for pid in _workers_of(proc.pid))
+        assert len(held) == 2 and sum(held) == 32, held
+        # By a hash of each connection's address: 16 each on average; fewer than 4 on one side is a 1 in 10⁵ draw.
+        assert held[0] >= 4, held
+        # A port that something already listens on fails at once, as a plain bind does.
+        with pytest.raises(OSError):
+            bind("127.0.0.1", port)
+    finally:
+        for client in clients:
+            client.close()
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+def test_the_server_ends_about_one_keep_alive_connection_in_n(tmp_path) -> None:
+    """PREFLAB_KEEPALIVE_REQUESTS=N: about one response in N says `Connection: close` (1: every one); 0: none."""
+    url = f"sqlite:///{tmp_path}/serving.db"
+
+    def closing(every: int, requests: int) -> int:
+        settings = Settings(database_url=url, data_dir=tmp_path, secret_key=TEST_SECRET, keepalive_requests=every)
+        with TestClient(create_app(settings)) as client:
+            return sum(client.get("/healthz/live").headers.get("connection") == "close" for _ in range(requests))
+
+    assert closing(1, 20) == 20
+    assert closing(0, 200) == 0
+    # 1,000 draws at 1 in 10: 100 expected, outside 50–150 far less than once in a million.
+    assert 50 <= closing(10, 1000) <= 150
+    with pytest.raises(ValueError, match="keepalive_requests"):
+        Settings(database_url=url, keepalive_requests=-1)
