@@ -129,7 +129,8 @@ def servers(url: str, hosts: int, workers: int, data_dir: str, env: dict[str, st
 
 
 def run_config(config: str, url: str, project_id: int, tokens: list[str], args: argparse.Namespace,
-               data_dir: str) -> dict[str, Any]:
+               data_dir: str, index: int = 0) -> dict[str, Any]:
+    """One configuration; `index` (its place in --configs) keeps a repeated configuration's submission ids new."""
     hosts, workers, mode = parse_config(config)
     result: dict[str, Any] = {"bench": "scaleout", "config": config, "hosts": hosts, "workers_per_host": workers,
                               "server_processes": hosts * workers, "mode": mode, "clients": len(tokens),
@@ -152,7 +153,7 @@ def run_config(config: str, url: str, project_id: int, tokens: list[str], args: 
         t0, client_cpu0 = time.perf_counter(), time.process_time()
         with ConnectionSampler(url) as sampler:
             run = asyncio.run(load([base for _, base in started], project_id, tokens, warmup=args.warmup,
-                                   seconds=args.seconds, run_id=f"{config}-"))
+                                   seconds=args.seconds, run_id=f"{index}:{config}-"))
         wall = time.perf_counter() - t0
         cpu = {pid: _cpu_seconds(pid) - cpu0[pid] for pid in pids}
         made = max(check_database(url, project_id, args.overlap)["rankings"] - before, 1)
@@ -218,14 +219,14 @@ def main() -> None:
                                  annotators=args.clients, name="scaleout")
     results = []
     with tempfile.TemporaryDirectory() as data_dir:
-        for config in args.configs:
-            result = run_config(config, url, project_id, tokens, args, data_dir)
+        for index, config in enumerate(args.configs):
+            result = run_config(config, url, project_id, tokens, args, data_dir, index)
             results.append(result)
             print(json.dumps(result), flush=True)
     summary = {"bench": "scaleout_summary", "seconds_total": round(time.monotonic() - started, 1),
                "errors": sum(sum(r["errors"].values()) for r in results),
                "database_clean": all(clean(r["database"]) for r in results),
-               "rankings_per_s": {r["config"]: r["rankings_per_s"] for r in results},
+               "rankings_per_s": [[r["config"], r["rankings_per_s"]] for r in results],  # in order: repeats kept
                "load_after": [round(x, 2) for x in os.getloadavg()]}
     print(json.dumps(summary))
     if args.markdown:
