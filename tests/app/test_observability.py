@@ -368,44 +368,18 @@ def test_a_bad_metrics_network_is_refused_by_name() -> None:
 def test_metrics_count_the_requests_of_every_server_process(database_url, clean_engine, tmp_path) -> None:
     """`preflab serve --workers 2` (Postgres): whichever process answers a scrape, it reports the requests both
     answered (prometheus-client's multiprocess mode), not only its own."""
-    import signal
-    import socket
-    import subprocess
-    import sys
     import threading
 
-    from tests.conftest import REPO
+    from tests.support.server import Server, wait_for
 
     if not database_url.startswith("postgresql"):
         pytest.skip(reason="several server processes need Postgres")
     shared = tmp_path / "prometheus"
     shared.mkdir()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    base = f"http://127.0.0.1:{port}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFLAB_")} | {
-        "PREFLAB_DATABASE_URL": database_url, "PREFLAB_DATA_DIR": str(tmp_path / "data"), "PREFLAB_ENV": "dev",
-        "PREFLAB_SECRET_KEY": TEST_SECRET, "PREFLAB_ENCRYPTION_KEY": os.environ["PREFLAB_ENCRYPTION_KEY"],
-        "PROMETHEUS_MULTIPROC_DIR": str(shared), "PYTHONPATH": str(REPO)}
-    with open(tmp_path / "server.log", "wb") as output:
-        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--workers", "2"],
-                                cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def wait_for(what: str, condition: Any, timeout: float = 90) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, (tmp_path / "server.log").read_text()
-            if condition():
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {what}\n{(tmp_path / 'server.log').read_text()[-3000:]}")
-
-    def answers() -> bool:
-        try:
-            return httpx.get(f"{base}/healthz", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
+    # Started once /healthz answers: the counts below are of /healthz/live alone.
+    server = Server(database_url, tmp_path / "data", workers=2, probe="/healthz",
+                    PROMETHEUS_MULTIPROC_DIR=str(shared))
+    base = server.base
 
     sent = 0
     lock = threading.Lock()
@@ -429,8 +403,8 @@ def test_metrics_count_the_requests_of_every_server_process(database_url, clean_
         return len(processes_counted()) >= 2
 
     try:
-        wait_for("the server to answer", answers)
-        wait_for("both server processes to answer requests", both_counted, timeout=60)
+        server.start()
+        wait_for("both server processes to answer requests", both_counted, 60, every=0.05, detail=server.output)
         for _ in range(6):  # several scrapes: both processes answer some of them
             r = httpx.get(f"{base}/metrics", timeout=10)
             assert r.status_code == 200
@@ -440,9 +414,4 @@ def test_metrics_count_the_requests_of_every_server_process(database_url, clean_
             assert live == [sent], (live, sent)
             assert "preflab_queue_depth" in families  # the database families are there too
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+        server.stop()

@@ -4,13 +4,8 @@ and then so that they can move."""
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -19,7 +14,8 @@ from fastapi.testclient import TestClient
 from app.main import create_app
 from app.serving import bind
 from app.settings import Settings
-from tests.conftest import REPO, TEST_SECRET
+from tests.conftest import TEST_SECRET
+from tests.support.server import Server, wait_for
 
 
 def _tcp_sockets(port: int, state: str) -> set[str]:
@@ -50,51 +46,29 @@ def test_a_burst_of_connections_reaches_every_server_process(database_url, tmp_p
     listening socket shared by both gave all 32 to one process, which did all the work while the other idled)."""
     if not database_url.startswith("postgresql"):
         pytest.skip(reason="several server processes need Postgres")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFLAB_")} | {
-        "PREFLAB_DATABASE_URL": database_url, "PREFLAB_DATA_DIR": str(tmp_path / "data"), "PREFLAB_ENV": "dev",
-        "PREFLAB_SECRET_KEY": TEST_SECRET, "PREFLAB_ENCRYPTION_KEY": os.environ["PREFLAB_ENCRYPTION_KEY"],
-        "PREFLAB_KEEPALIVE_REQUESTS": "0", "PYTHONPATH": str(REPO)}
-    log = tmp_path / "server.log"
-    with open(log, "wb") as output:
-        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--workers", "2"],
-                                cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def wait_for(what: str, condition: Any, timeout: float = 90) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, log.read_text()
-            if condition():
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {what}\n{log.read_text()[-3000:]}")
-
+    server = Server(database_url, tmp_path, workers=2, PREFLAB_KEEPALIVE_REQUESTS="0")
     clients: list[httpx.Client] = []
     try:
+        server.start()
         # Each process listens on its own socket once its start-up is done.
-        wait_for("both processes to listen", lambda: len(_tcp_sockets(port, "0A")) == 2)
-        clients = [httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) for _ in range(32)]
+        wait_for("both processes to listen", lambda: len(_tcp_sockets(server.port, "0A")) == 2, 90, every=0.05,
+                 detail=server.output)
+        clients = [httpx.Client(base_url=server.base, timeout=30) for _ in range(32)]
         for client in clients:
             client.get("/healthz/live").raise_for_status()  # one connection each, kept open
-        established = _tcp_sockets(port, "01")
-        held = sorted(_held_by(pid, established) for pid in _workers_of(proc.pid))
+        established = _tcp_sockets(server.port, "01")
+        assert server.proc is not None
+        held = sorted(_held_by(pid, established) for pid in _workers_of(server.proc.pid))
         assert len(held) == 2 and sum(held) == 32, held
         # By a hash of each connection's address: 16 each on average; fewer than 4 on one side is a 1 in 10⁵ draw.
         assert held[0] >= 4, held
         # A port that something already listens on fails at once, as a plain bind does.
         with pytest.raises(OSError):
-            bind("127.0.0.1", port)
+            bind("127.0.0.1", server.port)
     finally:
         for client in clients:
             client.close()
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+        server.stop()
 
 
 def test_the_server_ends_about_one_keep_alive_connection_in_n(tmp_path) -> None:

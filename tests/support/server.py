@@ -68,7 +68,10 @@ class Server:
     `data_dir/server-output.log`. Without a worker beside it, pass PREFLAB_WORKER_HEARTBEAT_MAX_AGE_S="0" in `env`
     so that readiness checks only the database and the migrations."""
 
-    def __init__(self, database_url: str, data_dir: Path, start_deadline_s: float = 90.0, **env: str) -> None:
+    def __init__(self, database_url: str, data_dir: Path, start_deadline_s: float = 90.0, workers: int = 1,
+                 probe: str = "/healthz/live", **env: str) -> None:
+        self.workers = workers  # > 1: `--workers N` (Postgres), in a process group of its own, stopped as one
+        self.probe = probe  # what `start` polls until it answers 200
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = data_dir / "server-output.log"
@@ -79,17 +82,19 @@ class Server:
     def start(self) -> float:
         """Start it and wait until it answers; the seconds that took."""
         t0 = time.monotonic()
+        self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as output:  # the child keeps its own copy of the handle
-            self.proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(self.port)],
-                                         cwd=REPO, env=self.env, stdout=output, stderr=subprocess.STDOUT)
-        wait_for("the server to answer /healthz/live", self._live, self.start_deadline_s, every=0.05,
+            self.proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(self.port),
+                                          "--workers", str(self.workers)], cwd=REPO, env=self.env, stdout=output,
+                                         stderr=subprocess.STDOUT, start_new_session=self.workers > 1)
+        wait_for(f"the server to answer {self.probe}", self._live, self.start_deadline_s, every=0.05,
                  detail=self.output)
         return time.monotonic() - t0
 
     def _live(self) -> bool:
         assert self.proc is not None and self.proc.poll() is None, f"the server exited:\n{self.output()}"
         try:
-            return httpx.get(f"{self.base}/healthz/live", timeout=2).status_code == 200
+            return httpx.get(f"{self.base}{self.probe}", timeout=2).status_code == 200
         except httpx.TransportError:
             return False
 
@@ -106,12 +111,19 @@ class Server:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
+            self._signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                self._signal(signal.SIGKILL)
                 self.proc.wait(timeout=30)
+
+    def _signal(self, sig: signal.Signals) -> None:
+        assert self.proc is not None
+        if self.workers > 1:
+            os.killpg(self.proc.pid, sig)  # the worker processes too
+        else:
+            self.proc.send_signal(sig)
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")[-4000:] if self.log.exists() else ""
