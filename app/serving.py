@@ -11,6 +11,7 @@ none: `ConnectionTurnover` (app.web) lets connections move later.
 from __future__ import annotations
 
 import socket
+import sys
 from typing import Any
 
 
@@ -51,13 +52,14 @@ def bind(host: str, port: int) -> PerProcessSocket:
 
 
 def run_workers(app: str, *, host: str, port: int, workers: int, **options: Any) -> None:
-    """uvicorn's process supervisor (worker restarts, signals, `SIGTTIN`/`SIGTTOU`) with a socket per worker;
-    `options` are uvicorn.Config's."""
+    """uvicorn's process supervisor (worker restarts, signals, `SIGTTIN`/`SIGTTOU`) with a socket per worker on
+    Linux; `options` are uvicorn.Config's."""
     from uvicorn import Config
     from uvicorn.supervisors import Multiprocess
 
     config = Config(app, host=host, port=port, workers=workers, **options)
-    sock = bind(host, port)
+    # Elsewhere SO_REUSEPORT is missing (Windows) or does not spread connections (macOS, the BSDs): share one.
+    sock = bind(host, port) if sys.platform.startswith("linux") else config.bind_socket()
     try:
         Multiprocess(config, sockets=[sock]).run()
     finally:
