@@ -105,9 +105,8 @@ class Server:
             return False
 
     def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        assert self.proc.wait(timeout=30) == -signal.SIGKILL
+        self._signal(signal.SIGKILL)
+        assert self.proc is not None and self.proc.wait(timeout=30) == -signal.SIGKILL
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
