@@ -37,5 +37,17 @@ def main(argv: list[str] | None = None) -> int:
     return int(module.main(rest) or 0)
 
 
+def _leave_process_group() -> None:
+    """Under accelerate/torchrun: destroy the process group before the interpreter exits. Left to exit, gloo's
+    threads were torn down while still joinable, and now and then a rank died with SIGABRT ("terminate called
+    without an active exception") after its run had finished and saved, failing the whole launch."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    _leave_process_group()
+    sys.exit(code)
