@@ -8,7 +8,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from sqlalchemy import bindparam, delete, func, insert, select, update
+from sqlalchemy import (
+    ARRAY,
+    Integer,
+    String,
+    bindparam,
+    cast,
+    delete,
+    exists,
+    func,
+    insert,
+    select,
+    true,
+    update,
+)
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -82,10 +95,80 @@ def _complete(db: Session, assignment: Assignment, state: str) -> int | None:
                                               "completed_at": completed_at})
         if statement.exported_columns:
             others = result.scalar()
-    # The session's copy of the task shows what was written, without a flush of its own.
+    _show_done(assignment, state, completed_at)
+    return None if others is None else others + (state == "submitted")
+
+
+def _show_done(assignment: Assignment, state: str, completed_at: Any) -> None:
+    """The session's copy of the task shows what was written, without a flush of its own."""
     set_committed_value(assignment, "state", state)
     set_committed_value(assignment, "completed_at", completed_at)
-    return None if others is None else others + (state == "submitted")
+
+
+def _int_array(name: str) -> Any:
+    """An int array bound as Postgres's text form (`{1,2}`): psycopg sends a string as it is."""
+    return cast(bindparam(name, type_=String), ARRAY(Integer))
+
+
+def _record_statement() -> Any:
+    """Postgres: a human's ranking, its pairs, the task's done mark and its draft's clear, in one statement.
+
+    The ranking's insert is a CTE that the others read: a twin (ON CONFLICT) inserts no ranking, and then no pairs
+    and no done mark either, and the statement returns no row. The pairs are the rows of `unnest` over the chosen,
+    rejected and margin arrays (one statement for any number of pairs); their foreign key to the new ranking is
+    checked at the end of the statement. The done mark runs under the task's row lock taken earlier (`_TASK_LOCKED`)
+    in a snapshot taken after it, as `_complete_task`'s, and returns the prompt's other submitted tasks."""
+    from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+    # Named apart from every column: an UPDATE that SQLAlchemy compiles takes a parameter named for one of the
+    # table's columns as a value to SET (the done mark would set the task's project_id, round, …).
+    values = {key: bindparam(f"ranking_{key}", type_=_RANKINGS.c[key].type) for key in _HUMAN_RANKING_KEYS}
+    new = pg_insert(_RANKINGS).values(values).on_conflict_do_nothing().returning(_RANKINGS.c.id).cte("new_ranking")
+    specs = (func.unnest(_int_array("chosen"), _int_array("rejected"), _int_array("margins"))
+             .table_valued("chosen_id", "rejected_id", "margin").render_derived(name="spec"))
+    pairs = insert(_PAIRS).from_select(
+        ["ranking_id", "prompt_id", "chosen_id", "rejected_id", "margin", "source", "weight", "p", "metadata",
+         "created_at"],
+        select(new.c.id, values["prompt_id"], specs.c.chosen_id, specs.c.rejected_id, specs.c.margin,
+               values["source"], bindparam("weight", type_=_PAIRS.c.weight.type),
+               bindparam("p", type_=_PAIRS.c.p.type), bindparam("pair_metadata", type_=_PAIRS.c.metadata.type),
+               values["created_at"])
+        .select_from(new).join(specs, true())).cte("new_pairs")
+    recorded = exists(select(new.c.id))
+    cleared = _CLEAR_DRAFT.where(recorded).cte("cleared_draft")
+    done = (_COMPLETE_TASK.where(recorded).returning(_OTHERS_SUBMITTED.label("others")).cte("done"))
+    return direct(select(new.c.id, done.c.others).select_from(new).outerjoin(done, true()).add_cte(pairs, cleared))
+
+
+_HUMAN_RANKING_KEYS = ("project_id", "prompt_id", "round", "source", "annotator_id", "rubric_id", "tiers",
+                       "display_order", "flags", "skipped", "skip_reason", "seconds_spent", "client_submission_id",
+                       "metadata", "created_at")
+_RECORD = _record_statement()
+
+
+def _record(db: Session, values: dict[str, Any], assignment: Assignment, state: str
+            ) -> tuple[int | None, int | None]:
+    """Write a human's ranking and its pairs and mark its task done (`state`): (the new ranking's id, the prompt's
+    submitted tasks of the round now, where known); (None, None), writing nothing, where a twin is there already
+    (`write_ranking`)."""
+    if db.get_bind().dialect.name != "postgresql":
+        ranking_id = write_ranking(db, NewRanking(values))
+        return (None, None) if ranking_id is None else (ranking_id, _complete(db, assignment, state))
+    now = utcnow()
+    specs = expand_tiers(values["tiers"])
+    ranking = {f"ranking_{key}": value for key, value in (values | {"metadata": {}, "created_at": now}).items()}
+    row = core(db).execute(_RECORD, ranking | {
+        "assignment_id": assignment.id, "state": state, "completed_at": now,
+        "chosen": _array_text(s.chosen for s in specs), "rejected": _array_text(s.rejected for s in specs),
+        "margins": _array_text(s.margin for s in specs), "weight": 1.0, "p": 1.0, "pair_metadata": {}}).first()
+    if row is None:
+        return None, None
+    _show_done(assignment, state, now)
+    return row[0], row[1] + (state == "submitted")
+
+
+def _array_text(values: Any) -> str:
+    return "{" + ",".join(map(str, values)) + "}"
 
 
 @functools.cache
@@ -217,12 +300,11 @@ def submit(db: Session, project: Project, annotator: User, body: RankingInput) -
         flags=flags, skipped=body.skipped, skip_reason=(body.skip_reason or "").strip() if body.skipped else None,
         seconds_spent=seconds, client_submission_id=body.submission_id,
     )
-    ranking_id = write_ranking(db, NewRanking(values))
+    ranking_id, submitted = _record(db, values, assignment, "skipped" if body.skipped else "submitted")
     if ranking_id is None:  # a twin of this submission, or another ranking of the prompt, is there already
         refused = Conflict("you have already ranked this prompt in this round", field="prompt_id")
         return _earlier(db, project, annotator, body.submission_id, refused), False
     steps.write(db, ranking_id, step_labels)
-    submitted = _complete(db, assignment, "skipped" if body.skipped else "submitted")
     if not body.skipped:
         _announce_overlap(db, project, prompt_id, submitted)
     return Ranking(id=ranking_id, **values), True
