@@ -203,7 +203,9 @@ def serve(host: Annotated[str, typer.Option(help="Interface to bind")] = "127.0.
 
         typer.echo(f"preflab serving on http://{host}:{port} with {workers} processes  "
                    f"(API docs: http://{host}:{port}/docs)")
-        with _shared_metrics_dir():
+        from app.balance import board_file
+
+        with _shared_metrics_dir(), board_file():
             run_workers("app.asgi:app", host=host, port=port, workers=workers, access_log=access_log,
                         proxy_headers=settings.trust_proxy_headers, timeout_keep_alive=keep_alive)
         return

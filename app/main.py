@@ -15,6 +15,7 @@ from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException
 
 from app import __version__, openapi
+from app.balance import ConnectionBalance, board_from_environment
 from app.crypto import Keyring
 from app.db import RetryTransientErrors, make_engine, make_session_factory
 from app.deps import LoginRequired, csrf_guard
@@ -207,6 +208,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(openapi.VersionPrefix)  # /api/v1/... is routed as /api/...
     if settings.keepalive_requests:
         app.add_middleware(ConnectionTurnover, every=settings.keepalive_requests)
+    board = board_from_environment()  # one of `--workers` processes
+    if board is not None and not settings.trust_proxy_headers:
+        app.add_middleware(ConnectionBalance, board=board)
 
     from app.routes import (
         agreement,
