@@ -185,7 +185,9 @@ def serve(host: Annotated[str, typer.Option(help="Interface to bind")] = "127.0.
     """Serve the web app and API with uvicorn. SQLite databases in dev/demo are migrated first.
 
     With --workers N each process listens on a socket of its own (SO_REUSEPORT): the kernel spreads connections
-    over them, where one shared socket gave a burst of connections all to one process."""
+    over them, where one shared socket gave a burst of connections all to one process; a process serving more
+    clients than its share ends the extra ones' connections, which reconnect and are placed anew (not behind a
+    proxy: PREFLAB_TRUST_PROXY_HEADERS)."""
     import uvicorn
 
     settings = _settings()

@@ -64,7 +64,8 @@ class Settings(BaseSettings):
     session_hours: int = Field(default=12, ge=1, le=24 * 30)
     """Browser sessions expire after this many hours."""
     trust_proxy_headers: bool = False
-    """Read the client address from X-Forwarded-For (only behind a proxy you control)."""
+    """Read the client address from X-Forwarded-For (only behind a proxy you control). Also turns off the
+    connection balance of `serve --workers` (app.balance), which counts connections by client address."""
     public_origin: str | None = None
     """The site's external origin (e.g. https://preflab.example.org) when behind a TLS-terminating proxy."""
     secure_cookies: bool | None = None
