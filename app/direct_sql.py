@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import re
 from collections import namedtuple
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from psycopg import RawCursor
-from sqlalchemy import Connection
+from sqlalchemy import ARRAY, Connection, Integer, String, bindparam, cast
 from sqlalchemy.exc import InvalidRequestError, MultipleResultsFound, NoResultFound
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.dml import ValuesBase
@@ -40,6 +40,17 @@ def direct(statement: S) -> S:
     `core(db)`; returns the statement itself (it runs anywhere a statement runs)."""
     _PLANS.setdefault(statement, {})
     return statement
+
+
+def int_array(name: str) -> Any:
+    """A bind parameter `name` for a Postgres int array, bound as the array's text form (`int_array_text`): psycopg
+    dumps a list element by element at every execution, in Python; a string is sent as it is."""
+    return cast(bindparam(name, type_=String), ARRAY(Integer))
+
+
+def int_array_text(ids: Iterable[int]) -> str:
+    """`{1,2,3}`: the text form of an int array, as `int_array` binds it."""
+    return "{" + ",".join(map(str, ids)) + "}"
 
 
 def _plan(plans: dict[Any, _Plan | None], statement: Any, dialect: Any, params: Params) -> _Plan | None:

@@ -22,7 +22,6 @@ from sqlalchemy import (
     ARRAY,
     Integer,
     Select,
-    String,
     and_,
     any_,
     bindparam,
@@ -39,7 +38,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from app.db import core
-from app.direct_sql import direct
+from app.direct_sql import direct, int_array, int_array_text
 from app.errors import NotFound
 from app.models import Assignment, AssignmentDraft, Completion, Project, Prompt, Ranking, User, utcnow
 
@@ -64,7 +63,7 @@ _PROJECT, _ANNOTATOR, _ROUND, _NOW = (bindparam("project_id"), bindparam("annota
                                       bindparam("now", type_=Assignment.leased_until.type))
 _K, _OVERLAP, _FLOOR, _EXTRA = bindparam("k"), bindparam("overlap"), bindparam("floor"), bindparam("extra")
 # Bound as Postgres's text form of an int array, made once per window (see `_array_literal`).
-_WINDOW = cast(bindparam("window", type_=String), ARRAY(Integer))
+_WINDOW = int_array("window")
 
 
 def extra_on(project: Project) -> bool:
@@ -293,9 +292,9 @@ def _scans(db: Session, project: Project, now: datetime, gold: bool, by_priority
 
 @functools.lru_cache(maxsize=64)
 def _array_literal(ids: tuple[int, ...]) -> str:
-    """`{1,2,3}`: a window as the statement binds it. psycopg dumps a list element by element at every execution,
-    in Python (a 256-id window cost more than the rest of the statement's parameters); a string is sent as it is."""
-    return "{" + ",".join(map(str, ids)) + "}"
+    """`{1,2,3}`: a window as the statement binds it, made once per window (a 256-id window's list cost more than the
+    rest of the statement's parameters, `int_array`)."""
+    return int_array_text(ids)
 
 
 def _lease_first_open(db: Session, project: Project, annotator: User, now: datetime, until: datetime, gold: bool,

@@ -9,11 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
-    ARRAY,
-    Integer,
-    String,
     bindparam,
-    cast,
     delete,
     exists,
     func,
@@ -26,7 +22,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
 from app.db import core
-from app.direct_sql import direct
+from app.direct_sql import direct, int_array, int_array_text
 from app.errors import Conflict, DomainError, Invalid
 from app.models import Assignment, AssignmentDraft, Completion, Pair, Project, Prompt, Ranking, User, utcnow
 from app.services import bulk, queue, rubrics, steps, webhooks
@@ -75,28 +71,13 @@ _OTHERS_SUBMITTED = (select(func.count()).select_from(_OTHERS)
                      .scalar_subquery())
 
 
-@functools.cache
-def _complete_task(dialect: str) -> tuple[Any, ...]:
-    """The statements that mark the task done and clear its draft. On Postgres one, the delete as a data-modifying
-    CTE: its snapshot is taken under the task's row lock, so a draft saved just before is seen and cleared (a save
-    after waits for the lock and then finds the task done); it also returns how many of the prompt's other tasks
-    are submitted (`_announce_overlap` needs no count of its own). SQLite has no DML in a CTE, and no concurrent
-    writer."""
-    if dialect == "postgresql":
-        return (direct(_COMPLETE_TASK.add_cte(_CLEAR_DRAFT.cte("cleared_draft")).returning(_OTHERS_SUBMITTED)),)
-    return _COMPLETE_TASK, _CLEAR_DRAFT
-
-
-def _complete(db: Session, assignment: Assignment, state: str) -> int | None:
-    """Mark the task done (`state`); the prompt's submitted tasks of the round now, where the statement said."""
-    completed_at, others = utcnow(), None
-    for statement in _complete_task(db.get_bind().dialect.name):
-        result = core(db).execute(statement, {"assignment_id": assignment.id, "state": state,
-                                              "completed_at": completed_at})
-        if statement.exported_columns:
-            others = result.scalar()
+def _complete(db: Session, assignment: Assignment, state: str) -> None:
+    """Mark the task done (`state`) and clear its draft: SQLite's two statements (it has no DML in a CTE, and no
+    concurrent writer; on Postgres `_RECORD` does both, with the ranking)."""
+    completed_at = utcnow()
+    for statement in (_COMPLETE_TASK, _CLEAR_DRAFT):
+        core(db).execute(statement, {"assignment_id": assignment.id, "state": state, "completed_at": completed_at})
     _show_done(assignment, state, completed_at)
-    return None if others is None else others + (state == "submitted")
 
 
 def _show_done(assignment: Assignment, state: str, completed_at: Any) -> None:
@@ -105,26 +86,23 @@ def _show_done(assignment: Assignment, state: str, completed_at: Any) -> None:
     set_committed_value(assignment, "completed_at", completed_at)
 
 
-def _int_array(name: str) -> Any:
-    """An int array bound as Postgres's text form (`{1,2}`): psycopg sends a string as it is."""
-    return cast(bindparam(name, type_=String), ARRAY(Integer))
-
-
 def _record_statement() -> Any:
     """Postgres: a human's ranking, its pairs, the task's done mark and its draft's clear, in one statement.
 
     The ranking's insert is a CTE that the others read: a twin (ON CONFLICT) inserts no ranking, and then no pairs
     and no done mark either, and the statement returns no row. The pairs are the rows of `unnest` over the chosen,
     rejected and margin arrays (one statement for any number of pairs); their foreign key to the new ranking is
-    checked at the end of the statement. The done mark runs under the task's row lock taken earlier (`_TASK_LOCKED`)
-    in a snapshot taken after it, as `_complete_task`'s, and returns the prompt's other submitted tasks."""
+    checked at the end of the statement. The statement's snapshot is taken under the task's row lock (`_TASK_LOCKED`
+    took it), so a draft saved just before is seen and cleared (a save after waits for the lock, then finds the task
+    done); the done mark returns how many of the prompt's other tasks are submitted (`_announce_overlap` needs no
+    count of its own)."""
     from sqlalchemy.dialects.postgresql import insert as pg_insert
 
     # Named apart from every column: an UPDATE that SQLAlchemy compiles takes a parameter named for one of the
     # table's columns as a value to SET (the done mark would set the task's project_id, round, …).
     values = {key: bindparam(f"ranking_{key}", type_=_RANKINGS.c[key].type) for key in _HUMAN_RANKING_KEYS}
     new = pg_insert(_RANKINGS).values(values).on_conflict_do_nothing().returning(_RANKINGS.c.id).cte("new_ranking")
-    specs = (func.unnest(_int_array("chosen"), _int_array("rejected"), _int_array("margins"))
+    specs = (func.unnest(int_array("chosen"), int_array("rejected"), int_array("margins"))
              .table_valued("chosen_id", "rejected_id", "margin").render_derived(name="spec"))
     pairs = insert(_PAIRS).from_select(
         ["ranking_id", "prompt_id", "chosen_id", "rejected_id", "margin", "source", "weight", "p", "metadata",
@@ -153,22 +131,21 @@ def _record(db: Session, values: dict[str, Any], assignment: Assignment, state: 
     (`write_ranking`)."""
     if db.get_bind().dialect.name != "postgresql":
         ranking_id = write_ranking(db, NewRanking(values))
-        return (None, None) if ranking_id is None else (ranking_id, _complete(db, assignment, state))
+        if ranking_id is not None:
+            _complete(db, assignment, state)
+        return ranking_id, None
     now = utcnow()
     specs = expand_tiers(values["tiers"])
     ranking = {f"ranking_{key}": value for key, value in (values | {"metadata": {}, "created_at": now}).items()}
     row = core(db).execute(_RECORD, ranking | {
         "assignment_id": assignment.id, "state": state, "completed_at": now,
-        "chosen": _array_text(s.chosen for s in specs), "rejected": _array_text(s.rejected for s in specs),
-        "margins": _array_text(s.margin for s in specs), "weight": 1.0, "p": 1.0, "pair_metadata": {}}).first()
+        "chosen": int_array_text(s.chosen for s in specs), "rejected": int_array_text(s.rejected for s in specs),
+        "margins": int_array_text(s.margin for s in specs), "weight": _HARD.weight, "p": _HARD.p,
+        "pair_metadata": {}}).first()
     if row is None:
         return None, None
     _show_done(assignment, state, now)
     return row[0], row[1] + (state == "submitted")
-
-
-def _array_text(values: Any) -> str:
-    return "{" + ",".join(map(str, values)) + "}"
 
 
 @functools.cache
