@@ -9,7 +9,7 @@ So every process counts the clients it served in the last `ACTIVE_S` seconds (a 
 address and port), and every `CHECK_S` seconds writes the count to its slot of a small file that all the processes
 share (the board, made by the supervisor before it starts them: `board_file`), and reads the others'. A process
 above its share (all of them divided by the processes, rounded up) ends the connections of as many of its clients
-as it has too many (`Connection: close` on their next response, as `app.web.ConnectionTurnover` does), once it
+as it has too many (`Connection: close` on their next response, `app.web.closing_connection`), once it
 found them too many at two checks running. They reconnect, and the kernel places them anew: in a few rounds no
 process holds more than its share. Counts mean something once every process has counted for `ACTIVE_S`: nothing
 moves in a process's first seconds.
@@ -32,7 +32,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from app.web import closing_connection
 
 BOARD_ENV = "PREFLAB_CONNECTION_BOARD"
 """The board's path, set in the environment by the supervisor for the processes it starts."""
@@ -148,13 +150,7 @@ class ConnectionBalance:
         # It reconnects from another port: a new client, wherever the kernel places it.
         self.leaving.discard(client)
         self.seen.pop(client, None)
-
-        async def closing(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), (b"connection", b"close")]
-            await send(message)
-
-        await self.app(scope, receive, closing)
+        await self.app(scope, receive, closing_connection(send))
 
     def _check(self, now: float) -> None:
         self.next_check = now + CHECK_S

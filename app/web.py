@@ -221,10 +221,16 @@ class ConnectionTurnover:
         if scope["type"] != "http" or self._draw() * self.every >= 1.0:
             await self.app(scope, receive, send)
             return
+        await self.app(scope, receive, closing_connection(send))
 
-        async def closing(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), (b"connection", b"close")]
-            await send(message)
 
-        await self.app(scope, receive, closing)
+def closing_connection(send: Send) -> Send:
+    """`send` with `Connection: close` on the response: the server ends the keep-alive connection after it, and
+    the client reconnects."""
+
+    async def closing(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message["headers"] = [*message.get("headers", []), (b"connection", b"close")]
+        await send(message)
+
+    return closing

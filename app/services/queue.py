@@ -133,6 +133,7 @@ def _candidates_stmt(gold: bool | None, columns: str = "id", floor: bool = False
         # Read through a sub-select, the window's ids are unknown to the planner as in a generic plan: with them
         # a custom plan estimated 28 open prompts among 256 and LIMIT 1 made it look cheaper than the generic one,
         # so Postgres planned this statement anew on every call (0.48 ms, against 0.02 ms to run the cached plan).
+        # The CAST makes the sub-select one array value (`ANY (SELECT …)` alone would compare with its rows).
         query = query.where(Prompt.id == any_(cast(select(_WINDOW).scalar_subquery(), ARRAY(Integer))))
     if columns == "lease":
         query = query.order_by(key, Prompt.id).limit(1)
