@@ -186,8 +186,11 @@ def configure_logging(fmt: str = "text", level: int | str = logging.INFO) -> log
         root.setLevel(level)
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logger = logging.getLogger(name)
+        # uvicorn silences its access logger for --no-access-log (no handler, no propagation). A `--workers` process
+        # builds the app after that: it stays silent (a line per request costs CPU under load).
+        silenced = name == "uvicorn.access" and not logger.propagate and not logger.handlers
         logger.handlers = [h for h in logger.handlers if getattr(h, _HANDLER_MARK, False)]
-        logger.propagate = True
+        logger.propagate = not silenced
     return handler
 
 

@@ -86,3 +86,33 @@ def test_the_server_ends_about_one_keep_alive_connection_in_n(tmp_path) -> None:
     assert 50 <= closing(10, 1000) <= 150
     with pytest.raises(ValueError, match="keepalive_requests"):
         Settings(database_url=url, keepalive_requests=-1)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_no_access_log_holds_in_every_server_process(database_url, tmp_path, workers) -> None:
+    """`--no-access-log` leaves out the line per request, with `--workers N` too (each process builds the app after
+    uvicorn set up its logging, and the app's log set-up had turned the lines back on); without it, a request's
+    line carries its id."""
+    if workers > 1 and not database_url.startswith("postgresql"):
+        pytest.skip(reason="several server processes need Postgres")
+
+    def served(name: str, *options: str) -> Server:
+        server = Server(database_url, tmp_path / name, workers=workers, options=options,
+                        PREFLAB_WORKER_HEARTBEAT_MAX_AGE_S="0")
+        try:
+            server.start()
+            for i in range(4):  # with several processes, whichever takes the connection
+                with httpx.Client(base_url=server.base) as client:
+                    client.get("/healthz/live", headers={"X-Request-ID": f"probe-{name}-{i}"}).raise_for_status()
+            if not options:
+                wait_for("the access lines", lambda: server.log.read_text().count(f"probe-{name}-") == 4, 30,
+                         detail=server.output)
+        finally:
+            server.stop()
+        return server
+
+    logged = served("logged").log.read_text()
+    line = next(x for x in logged.splitlines() if "probe-logged-0" in x)
+    assert '"GET /healthz/live HTTP/1.1" 200' in line and "[request_id=probe-logged-0]" in line
+    quiet = served("quiet", "--no-access-log").log.read_text()  # stopped: what it wrote is all there
+    assert "uvicorn.access" not in quiet and "probe-quiet-" not in quiet

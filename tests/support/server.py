@@ -69,7 +69,8 @@ class Server:
     so that readiness checks only the database and the migrations."""
 
     def __init__(self, database_url: str, data_dir: Path, start_deadline_s: float = 90.0, workers: int = 1,
-                 probe: str = "/healthz/live", **env: str) -> None:
+                 probe: str = "/healthz/live", options: tuple[str, ...] = (), **env: str) -> None:
+        self.options = options  # more `preflab serve` options
         self.workers = workers  # > 1: `--workers N` (Postgres), in a process group of its own, stopped as one
         self.probe = probe  # what `start` polls until it answers 200
         self.port = free_port()
@@ -85,8 +86,8 @@ class Server:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as output:  # the child keeps its own copy of the handle
             self.proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(self.port),
-                                          "--workers", str(self.workers)], cwd=REPO, env=self.env, stdout=output,
-                                         stderr=subprocess.STDOUT, start_new_session=self.workers > 1)
+                                          "--workers", str(self.workers), *self.options], cwd=REPO, env=self.env,
+                                         stdout=output, stderr=subprocess.STDOUT, start_new_session=self.workers > 1)
         wait_for(f"the server to answer {self.probe}", self._live, self.start_deadline_s, every=0.05,
                  detail=self.output)
         return time.monotonic() - t0
