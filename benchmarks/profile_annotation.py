@@ -4,7 +4,8 @@ bench_annotation.py measures 32 clients against a real server, where the figures
 (other processes, the Postgres backends, the clients themselves, threads taking turns at the GIL). This drives the
 app in this process through ASGI, one request at a time, next-task → submit for `--rankings` rankings on a
 bench_annotation project (K=4, 300-character completions), and reports this process's CPU per ranking: all of it,
-and the median and least of 50-ranking stretches (the least is the figure a busy machine disturbs least). It also
+and the median and least of 50-ranking stretches (the least is the figure a busy machine disturbs least), and the
+CPU of this machine's Postgres processes over the same rankings (one request at a time: no lock waits). It also
 counts the SQL statements the app sends per ranking (BEGIN and COMMIT aside), in
 50 rankings after the measured ones: a statement listener makes every statement go through SQLAlchemy. Run it
 beside the code before a change to compare, and under py-spy for where the time goes
@@ -96,7 +97,7 @@ async def measure(app: Any, project_id: int, tokens: list[str], rankings: int) -
         for i in range(CHUNK):  # warm-up: compiled statements, pool connections, prepared statements
             await _rank_once(client, project_id, tokens[i % len(tokens)], f"w{run}-{i}")
         stretches: list[float] = []
-        cpu0, wall0 = time.process_time(), time.perf_counter()
+        cpu0, wall0, db0 = time.process_time(), time.perf_counter(), bench_annotation._postgres_cpu_seconds()
         for i in range(rankings):
             if i % CHUNK == 0:
                 stretch = time.process_time()
@@ -104,6 +105,7 @@ async def measure(app: Any, project_id: int, tokens: list[str], rankings: int) -
             if i % CHUNK == CHUNK - 1:
                 stretches.append((time.process_time() - stretch) / CHUNK)
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+        db1 = bench_annotation._postgres_cpu_seconds()
         # Counted afterwards, apart: an engine with a statement listener runs every statement through SQLAlchemy
         # (app/direct_sql.py), which would change the CPU measured above.
         statements: list[int] = []
@@ -116,6 +118,8 @@ async def measure(app: Any, project_id: int, tokens: list[str], rankings: int) -
             "cpu_ms_per_ranking_median_stretch": round(statistics.median(stretches) * 1e3, 2),
             "cpu_ms_per_ranking_least_stretch": round(min(stretches) * 1e3, 2),
             "wall_ms_per_ranking": round(wall / rankings * 1e3, 2),
+            "database_cpu_ms_per_ranking": None if db0 is None or db1 is None
+            else round((db1 - db0) / rankings * 1e3, 2),
             "statements_per_ranking": round(len(statements) / CHUNK, 2)}
 
 
