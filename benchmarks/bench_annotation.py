@@ -227,7 +227,8 @@ def start_server(url: str, workers: int, data_dir: str,
 
 
 async def load(base: str | list[str], project_id: int, tokens: list[str], *, warmup: float,
-               seconds: float, run_id: str = "", probe: Callable[[], Any] | None = None) -> dict[str, Any]:
+               seconds: float, run_id: str = "", probe: Callable[[], Any] | None = None,
+               settle: Callable[[], Any] | None = None) -> dict[str, Any]:
     """Each token is one client looping next-task → submit; only requests after the warm-up are measured. Given
     several base URLs (servers on several ports), client k talks to base k mod their number. `run_id` keeps
     submission ids apart when several runs share one project (a repeated id is an idempotent resend). `probe` is
@@ -278,13 +279,29 @@ async def load(base: str | list[str], project_id: int, tokens: list[str], *, war
         await asyncio.sleep(max(0.0, t_measure + seconds / 2 - time.perf_counter()))
         return await asyncio.to_thread(probe) if probe is not None else None
 
-    *_, probed_value = await asyncio.gather(*(client(t, k) for k, t in enumerate(tokens)), probed())
+    async def settled() -> None:
+        if settle is not None:
+            await asyncio.sleep(max(0.0, t_start + warmup / 2 - time.perf_counter()))
+            await asyncio.to_thread(settle)
+
+    *_, probed_value, _ = await asyncio.gather(*(client(t, k) for k, t in enumerate(tokens)), probed(), settled())
     spread = sorted(per_client)
     return {**({"probe": probed_value} if probe is not None else {}),
             "rankings_per_client": {"min": spread[0], "median": spread[len(spread) // 2], "max": spread[-1]},
             "rankings": counts["rankings"], "rankings_per_s": round(counts["rankings"] / seconds, 1),
             "next": _ms(lat["next"]), "submit": _ms(lat["submit"]),
             "all_requests": _ms(lat["next"] + lat["submit"]), "errors": errors, "empty_queue": counts["empty"]}
+
+
+def analyze(url: str) -> None:
+    """ANALYZE the tables a run writes, halfway through its warm-up, as autovacuum does once a table has grown (after
+    50 rows and then 10 %). Without it, every database connection keeps the plan its foreign-key checks made while
+    `rankings` was empty, a sequential scan of the whole table for each pair inserted (six per ranking), and this
+    machine's Postgres runs with autovacuum off."""
+    engine = create_engine(url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text("ANALYZE rankings, pairs, assignments"))
+    engine.dispose()
 
 
 def check_database(url: str, project_id: int, overlap: int) -> dict[str, int]:
@@ -399,7 +416,8 @@ def main() -> None:
                 client_cpu0 = time.process_time()
                 port = int(base.rsplit(":", 1)[1])
                 run = asyncio.run(load(base, project_id, tokens, warmup=args.warmup, seconds=args.seconds,
-                                       probe=functools.partial(connections_per_process, proc.pid, port)))
+                                       probe=functools.partial(connections_per_process, proc.pid, port),
+                                       settle=functools.partial(analyze, url)))
                 run["connections_per_process"] = run.pop("probe")
                 server_cpu, db_cpu = _cpu_seconds(proc.pid) - cpu0, _postgres_cpu_seconds()
                 wall = time.perf_counter() - t0
