@@ -175,7 +175,8 @@ def serve(host: Annotated[str, typer.Option(help="Interface to bind")] = "127.0.
           workers: Annotated[int, typer.Option(
               help="uvicorn worker processes (Postgres only), each with its own pool of PREFLAB_DATABASE_POOL_SIZE "
                    "connections (behind PgBouncer in transaction mode, set PREFLAB_DATABASE_PREPARED_STATEMENTS="
-                   "false)")] = 1,
+                   "false); unless PREFLAB_REQUEST_THREADS is set, they share its default's 8 request threads (at "
+                   "least 2 each)")] = 1,
           keep_alive: Annotated[int, typer.Option(
               help="Seconds an idle HTTP connection stays open: annotators send a request every few seconds, "
                    "and a reused connection saves the server a new one each time")] = KEEP_ALIVE_S,
@@ -207,7 +208,9 @@ def serve(host: Annotated[str, typer.Option(help="Interface to bind")] = "127.0.
                    f"(API docs: http://{host}:{port}/docs)")
         from app.balance import board_file
 
-        with _shared_metrics_dir(), board_file():
+        threads = str(settings.threads_per_process(workers))
+
+        with _shared_metrics_dir(), board_file(), _environment(PREFLAB_REQUEST_THREADS=threads):
             run_workers("app.asgi:app", host=host, port=port, workers=workers, access_log=access_log,
                         proxy_headers=settings.trust_proxy_headers, timeout_keep_alive=keep_alive)
         return
@@ -218,6 +221,22 @@ def serve(host: Annotated[str, typer.Option(help="Interface to bind")] = "127.0.
     # JSON with PREFLAB_LOG_FORMAT=json) instead of going through uvicorn's own formatters.
     uvicorn.run(create_app(settings), host=host, port=port, proxy_headers=settings.trust_proxy_headers,
                 log_level="info", timeout_keep_alive=keep_alive, log_config=None, access_log=access_log)
+
+
+@contextmanager
+def _environment(**values: str) -> Iterator[None]:
+    """`values` in the environment the `--workers` processes inherit (they read their settings from it), for as
+    long as they run."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @contextmanager

@@ -18,6 +18,10 @@ class SettingsError(ValueError):
     """Raised with a human-readable message when the configuration cannot start the app."""
 
 
+REQUEST_THREADS = 8
+"""The default of `request_threads`: for one server process, or shared by the processes of `serve --workers N`."""
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PREFLAB_", extra="ignore")
 
@@ -29,12 +33,13 @@ class Settings(BaseSettings):
     """Postgres connections each server process keeps open (as many again may open briefly under a burst).
     Kept connections keep their prepared statements; a pool smaller than the concurrent requests makes each
     burst open and close connections, which costs more than the requests themselves."""
-    request_threads: int = Field(default=8, ge=1, le=200)
+    request_threads: int = Field(default=REQUEST_THREADS, ge=1, le=200)
     """Threads that run the synchronous routes (almost all of them) in each server process; anyio's default is 40.
     Python runs one thread at a time, and 40 threads taking turns cost more CPU than they overlap database waits:
     at 1M rankings on 2 cores, 32 annotators without think time got 74 rankings/s (p95 365 ms) with 40 threads and
     98/s (p95 264 ms) with 8. Requests beyond it wait in the event loop, in order. Each busy thread holds one
-    database connection, so keep `database_pool_size` at least this."""
+    database connection, so keep `database_pool_size` at least this. Unset, the `serve --workers N` processes
+    share the default's 8 (`threads_per_process`)."""
     keepalive_requests: int = Field(default=1000, ge=0)
     """A keep-alive connection serves about this many requests, then the server closes it (at random, one response
     in N; 0: never) and the client reconnects, as nginx's `keepalive_requests` (default 1000). With `--workers`,
@@ -150,6 +155,15 @@ class Settings(BaseSettings):
             if len(self.secret_key) < 32:
                 raise ValueError("PREFLAB_SECRET_KEY must be at least 32 characters in production")
         return self
+
+    def threads_per_process(self, processes: int) -> int:
+        """`request_threads` of each of `processes` server processes on one host: as set, or the default shared by
+        them (at least 2 each). The threads overlap database waits, and the processes share the cores and the
+        database: on 2 cores, `--workers 2` made 13 % more rankings/s with 4 threads each than with 8, at a fifth
+        less p95 and a tenth less CPU per ranking (benchmarks/RESULTS.md, session 16)."""
+        if "request_threads" in self.model_fields_set:
+            return self.request_threads
+        return max(2, -(-REQUEST_THREADS // processes))
 
     @property
     def is_sqlite(self) -> bool:

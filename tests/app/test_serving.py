@@ -62,6 +62,9 @@ def test_a_burst_of_connections_reaches_every_server_process(database_url, tmp_p
         assert len(held) == 2 and sum(held) == 32, held
         # By a hash of each connection's address: 16 each on average; fewer than 4 on one side is a 1 in 10⁵ draw.
         assert held[0] >= 4, held
+        # The processes share the default's 8 request threads (their settings come from the environment).
+        for pid in _workers_of(server.proc.pid):
+            assert b"PREFLAB_REQUEST_THREADS=4" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         # A port that something already listens on fails at once, as a plain bind does.
         with pytest.raises(OSError):
             bind("127.0.0.1", server.port)

@@ -84,6 +84,14 @@ def test_a_relative_data_dir_is_made_absolute(tmp_path, monkeypatch) -> None:  #
     assert settings.data_dir == tmp_path / "data" and settings.data_dir.is_absolute()
 
 
+def test_server_processes_share_the_default_request_threads(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv("PREFLAB_REQUEST_THREADS", raising=False)
+    assert [load_settings().threads_per_process(n) for n in (1, 2, 3, 4, 8)] == [8, 4, 3, 2, 2]
+    monkeypatch.setenv("PREFLAB_REQUEST_THREADS", "6")  # set by the operator: each process runs that many
+    assert [load_settings().threads_per_process(n) for n in (1, 2, 4)] == [6, 6, 6]
+    assert Settings(request_threads=8).threads_per_process(2) == 8
+
+
 def test_request_threads_size_the_servers_thread_pool_and_are_validated(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     import anyio.to_thread
     from fastapi.testclient import TestClient
