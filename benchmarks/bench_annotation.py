@@ -232,7 +232,8 @@ async def load(base: str | list[str], project_id: int, tokens: list[str], *, war
     """Each token is one client looping next-task → submit; only requests after the warm-up are measured. Given
     several base URLs (servers on several ports), client k talks to base k mod their number. `run_id` keeps
     submission ids apart when several runs share one project (a repeated id is an idempotent resend). `probe` is
-    called once halfway through the measured time (in a thread); its result is the run's "probe"."""
+    called once halfway through the measured time (in a thread); its result is the run's "probe". `settle` is called
+    once halfway through the warm-up (in a thread): `analyze`."""
     bases = [base] if isinstance(base, str) else base
     lat: dict[str, list[float]] = {"next": [], "submit": []}
     errors: dict[str, int] = {}
