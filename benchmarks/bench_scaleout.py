@@ -3,7 +3,8 @@ Postgres and through PgBouncer in transaction mode.
 
 One project is seeded once (K=4, `--prompts` prompts, overlap 2, `--clients` annotators with API tokens); then each
 configuration starts its servers, spreads the clients over their ports (client k on port k mod ports), runs
-bench_annotation's next-task → submit loop for `--seconds` after a warm-up, stops the servers and checks the
+bench_annotation's next-task → submit loop for `--seconds` after a warm-up (ANALYZE halfway through it, as
+autovacuum would: bench_annotation.analyze), stops the servers and checks the
 database (no prompt over its overlap, no annotator twice on a prompt, six pairs per ranking: cumulative over every
 configuration so far). A configuration is `HOSTSxWORKERS:MODE`: HOSTS `preflab serve`-like uvicorn processes on
 their own ports, each with `--workers WORKERS`; MODE `direct` (prepared statements on, the default),
@@ -12,7 +13,7 @@ their own ports, each with `--workers WORKERS`; MODE `direct` (prepared statemen
 from pg_stat_activity during the run (the peak for the database).
 
     PREFLAB_BENCH_DATABASE_URL=postgresql://postgres@127.0.0.1:5432/preflab_bench \\
-        .venv/bin/python benchmarks/bench_scaleout.py [--seconds 8] [--configs 1x1:direct 2x2:pgbouncer …]
+        .venv/bin/python benchmarks/bench_scaleout.py [--seconds 10] [--configs 1x1:direct 2x2:pgbouncer …]
 
 Prints one JSON line per configuration (with the load average before and after it), then a summary line.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import subprocess
@@ -42,6 +44,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from bench_annotation import (  # noqa: E402
     DEFAULT_URL,
     _cpu_seconds,
+    analyze,
     check_database,
     load,
     reset_database,
@@ -153,7 +156,8 @@ def run_config(config: str, url: str, project_id: int, tokens: list[str], args: 
         t0, client_cpu0 = time.perf_counter(), time.process_time()
         with ConnectionSampler(url) as sampler:
             run = asyncio.run(load([base for _, base in started], project_id, tokens, warmup=args.warmup,
-                                   seconds=args.seconds, run_id=f"{index}:{config}-"))
+                                   seconds=args.seconds, run_id=f"{index}:{config}-",
+                                   settle=functools.partial(analyze, url)))
         wall = time.perf_counter() - t0
         cpu = {pid: _cpu_seconds(pid) - cpu0[pid] for pid in pids}
         made = max(check_database(url, project_id, args.overlap)["rankings"] - before, 1)
@@ -195,9 +199,11 @@ def markdown(results: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds per configuration")
-    parser.add_argument("--warmup", type=float, default=2.0)
-    parser.add_argument("--prompts", type=int, default=10_000)
+    parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per configuration")
+    parser.add_argument("--warmup", type=float, default=3.0)
+    # Room for every configuration: past ~90 % of prompts × overlap ranked, the queue's search for an open prompt
+    # costs Postgres several times more per task, and a queue that runs dry measures nothing.
+    parser.add_argument("--prompts", type=int, default=40_000)
     parser.add_argument("--overlap", type=int, default=2)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--pool-size", type=int, default=10,
@@ -226,6 +232,8 @@ def main() -> None:
     summary = {"bench": "scaleout_summary", "seconds_total": round(time.monotonic() - started, 1),
                "errors": sum(sum(r["errors"].values()) for r in results),
                "database_clean": all(clean(r["database"]) for r in results),
+               "empty_queue": sum(r["empty_queue"] for r in results),
+               "queue_filled": round(results[-1]["database"]["rankings"] / (args.prompts * args.overlap), 3),
                "rankings_per_s": [[r["config"], r["rankings_per_s"]] for r in results],  # in order: repeats kept
                "load_after": [round(x, 2) for x in os.getloadavg()]}
     print(json.dumps(summary))
