@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from sqlalchemy import select
+from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
 from app.errors import Forbidden, NotFound
@@ -81,10 +81,30 @@ def _action(name: str) -> Action:
         raise ValueError(f"unknown action {name!r}; the actions are {', '.join(ACTIONS)}") from None
 
 
+_ROLES = "preflab.member_roles"
+"""The key of a session's `info` under which member_role keeps the roles it read."""
+
+
 def member_role(db: Session, project: Project | int, user: User) -> str | None:
+    """The user's role in the project (None: not a member). A request asks several times (the project's
+    visibility, then each action and control on the page: the project page asked eight times), so the answer is kept
+    in the session until it next writes or ends its transaction (`_forget_roles`)."""
     project_id = project if isinstance(project, int) else project.id
-    return db.scalar(select(ProjectMember.role).where(ProjectMember.project_id == project_id,
-                                                      ProjectMember.user_id == user.id))
+    roles = db.info.setdefault(_ROLES, {})
+    key = (project_id, user.id)
+    # Unflushed changes (a member added or removed in this session) are what the query would autoflush and see.
+    if key not in roles or db.new or db.deleted or db.dirty:
+        roles[key] = db.scalar(select(ProjectMember.role).where(ProjectMember.project_id == project_id,
+                                                                ProjectMember.user_id == user.id))
+    return roles[key]
+
+
+@event.listens_for(Session, "after_flush")
+@event.listens_for(Session, "after_commit")
+@event.listens_for(Session, "after_soft_rollback")
+def _forget_roles(session: Session, *_: object) -> None:
+    """A write may change a membership, and another transaction may have changed one since: read again."""
+    session.info.pop(_ROLES, None)
 
 
 def role_allows(account_role: str, project_role: str | None, action: str) -> bool:
