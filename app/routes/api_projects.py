@@ -90,7 +90,7 @@ def set_step_options(project_id: Id, body: StepOptionsIn, db: SessionDep, user: 
 @router.get("/{project_id}/members", summary="Members of a project")
 def list_members(project_id: Id, db: SessionDep, user: CurrentUser) -> list[MemberOut]:
     project = projects.get_visible(db, project_id, user)
-    return [MemberOut(user_id=m.user_id, email=m.user.email, name=m.user.name, role=m.role)
+    return [MemberOut(user_id=m.user_id, email=m.email, name=m.name, role=m.role)
             for m in projects.list_members(db, project)]
 
 

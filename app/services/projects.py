@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session, contains_eager
+from sqlalchemy.orm import Session
 
 from app import permissions
 from app.errors import Conflict, Invalid, NotFound
@@ -90,11 +90,21 @@ def remove_member(db: Session, project: Project, actor: User, user_id: int) -> N
     audit.record(db, actor, "member.remove", project_id=project.id, object_type="user", object_id=user_id)
 
 
-def list_members(db: Session, project: Project) -> list[ProjectMember]:
-    """The members with their accounts, in one query (the page shows each one's email: 200 annotators were 200
-    lazy loads, most of the project page's time)."""
-    return list(db.scalars(select(ProjectMember).where(ProjectMember.project_id == project.id)
-                           .join(User).options(contains_eager(ProjectMember.user)).order_by(User.email)))
+@dataclass(frozen=True)
+class MemberRow:
+    user_id: int
+    email: str
+    name: str
+    role: str
+
+
+def list_members(db: Session, project: Project) -> list[MemberRow]:
+    """The members with their accounts' email and name, by email, in one query of plain rows (loading 200 members
+    and their users as ORM objects was a quarter of the project page's CPU)."""
+    rows = db.execute(select(ProjectMember.user_id, User.email, User.name, ProjectMember.role)
+                      .join(User, User.id == ProjectMember.user_id)
+                      .where(ProjectMember.project_id == project.id).order_by(User.email))
+    return [MemberRow(*row) for row in rows]
 
 
 @dataclass(frozen=True)

@@ -165,3 +165,66 @@ def test_openapi_documents_the_contract(app, api) -> None:
                  "/api/v1/projects/{project_id}/imports", "/api/v1/projects/{project_id}/members", "/api/v1/users"]:
         assert path in spec["paths"], path
     assert not any(p.startswith("/projects") for p in spec["paths"])  # pages stay out of the API docs
+
+
+def test_a_role_is_read_once_per_request_and_follows_every_membership_change(db, make_user, make_project) -> None:
+    # The project page asks for the viewer's role for every control it shows; one read serves them all, and a
+    # change in the same session (flushed or not), a commit or a rollback makes the next check read it again.
+    from sqlalchemy import event
+
+    from app import permissions
+    from app.services import projects
+
+    lead, engineer = make_user(db, "lead"), make_user(db, "engineer")
+    project = make_project(db, lead=lead)
+    projects.add_member(db, project, lead, email=engineer.email, role="engineer")
+    db.commit()
+    roles_read: list[str] = []
+
+    def listener(_conn, _cursor, statement, *_args) -> None:  # type: ignore[no-untyped-def]
+        if "FROM project_members" in statement:
+            roles_read.append(statement)
+
+    event.listen(db.get_bind(), "before_cursor_execute", listener)
+    try:
+        for action in ("project.see", "agreement.see", "export.create", "members.manage"):
+            permissions.may(db, engineer, project, action)
+        assert len(roles_read) == 1
+        assert permissions.may(db, engineer, project, "export.create")
+
+        projects.add_member(db, project, lead, email=engineer.email, role="annotator")  # flushed
+        assert permissions.member_role(db, project, engineer) == "annotator"
+        assert not permissions.may(db, engineer, project, "export.create")
+
+        projects.remove_member(db, project, lead, engineer.id)  # not flushed yet
+        assert permissions.member_role(db, project, engineer) is None
+
+        db.rollback()
+        assert permissions.member_role(db, project, engineer) == "engineer"
+    finally:
+        event.remove(db.get_bind(), "before_cursor_execute", listener)
+
+
+def test_the_project_page_lists_every_member_and_each_remove_form_works(db, make_user, make_project,
+                                                                       browser) -> None:
+    import re
+
+    from app.services import projects
+
+    lead = make_user(db, "lead", name="Lena Lead")
+    project = make_project(db, lead=lead)
+    people = [make_user(db, "annotator", name=f"Ann <{i}>") for i in range(3)]
+    for person in people:
+        projects.add_member(db, project, lead, email=person.email, role="annotator")
+    db.commit()
+    page = browser()
+    page.login(lead.email)
+    html = page.get(f"/projects/{project.id}").text
+    for person in people:
+        assert person.email in html and person.name.replace("<", "&lt;").replace(">", "&gt;") in html
+    removes = re.findall(rf'action="/projects/{project.id}/members/(\d+)/remove"', html)
+    assert sorted(map(int, removes)) == sorted([lead.id, *(p.id for p in people)])
+    assert len(set(re.findall(r'name="csrf_token" value="([0-9a-f]{64})"', html))) == 1  # one browser, one token
+    r = page.post(f"/projects/{project.id}/members/{people[0].id}/remove")
+    assert r.status_code == 303
+    assert people[0].email not in page.get(f"/projects/{project.id}").text
