@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from sqlalchemy import bindparam, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, joinedload
 
 from app import security
 from app.db import core
@@ -128,7 +128,9 @@ def start_session(db: Session, user: User, *, hours: int, ip: str = "", user_age
 def user_for_session(db: Session, token: str | None) -> User | None:
     if not token:
         return None
-    row = db.scalar(select(UserSession).where(UserSession.token_hash == security.token_hash(token)))
+    # The user in the same query: every page view asks this first.
+    row = db.scalar(select(UserSession).where(UserSession.token_hash == security.token_hash(token))
+                    .options(joinedload(UserSession.user)))
     if row is None or row.revoked_at is not None or row.expires_at <= utcnow():
         return None
     user = row.user
