@@ -114,11 +114,12 @@ def report_view(db: Session, project: Project, actor: User, *, rubric_version: i
     versions = agreement.rubric_versions(db, project)
     if rubric_version is not None and rubric_version not in versions:
         raise Invalid(f"this project has no rubric version {rubric_version}", field="rubric_version")
-    if _rankings_up_to(db, project, LIVE_LIMIT + 1) <= LIVE_LIMIT:
+    stored_row = _stored_row(db, project)
+    if _small(db, project, LIVE_LIMIT, stored_row) is not None:
         report = agreement.project_reports(db, project, versions=versions, only=rubric_version)[rubric_version]
         return ReportView(Freshness("live", utcnow(), 0.0, report.human_rankings, None, False), versions,
                           rubric_version, None, lambda: report)
-    row, age, refreshing = _rollup(db, project, actor)
+    row, age, refreshing = _rollup(db, project, actor, stored_row)
     if row is None:
         return ReportView(Freshness("rollup", None, None, None, None, refreshing), versions, rubric_version, None,
                           lambda: None)
@@ -141,9 +142,10 @@ def current_report(db: Session, project: Project, actor: User, *,
 
 def project_counts(db: Session, project: Project, actor: User) -> projects.ProjectCounts:
     """The project page's counts: exact for a small project, the rollup's (with its time) for a large one."""
-    if _rankings_up_to(db, project, COUNT_LIVE_LIMIT + 1, source=None) <= COUNT_LIVE_LIMIT:
+    stored_row = _stored_row(db, project)
+    if _small(db, project, COUNT_LIVE_LIMIT, stored_row, source=None) is not None:
         return projects.counts(db, project)
-    row, age, _ = _rollup(db, project, actor)
+    row, age, _ = _rollup(db, project, actor, stored_row)
     if row is None or not row.counts:
         return projects.counts(db, project)
     return projects.ProjectCounts(**row.counts, as_of=row.computed_at, age_seconds=age)
@@ -156,10 +158,11 @@ def judge_report(db: Session, project: Project, actor: User, *, exact_before_fir
     computed on the view (`exact_before_first`: the page, the lead's decision) or None (the API: 503, retry) while
     the rollup is queued."""
     # By all rankings, not the AI ones: the evidence is the humans' rankings and pairs of every judged prompt.
-    ai = _rankings_up_to(db, project, LIVE_LIMIT + 1, source=None)
-    if ai <= LIVE_LIMIT:
+    stored_row = _stored_row(db, project)
+    ai = _small(db, project, LIVE_LIMIT, stored_row, source=None)
+    if ai is not None:
         return judging.judge_agreement(db, project), Freshness("live", utcnow(), 0.0, ai, None, False)
-    row, age, refreshing = _rollup(db, project, actor)
+    row, age, refreshing = _rollup(db, project, actor, stored_row)
     stored = db.scalar(select(ProjectRollup.reports["judge"]).where(ProjectRollup.project_id == project.id)) \
         if row is not None else None
     if row is None or stored is None:
@@ -184,10 +187,16 @@ def set_ai_labels(db: Session, project: Project, actor: User, enabled: bool
     return dataclasses.replace(report, ai_labels_enabled=judging.ai_labels_enabled(project)), fresh
 
 
-def _rollup(db: Session, project: Project, actor: User) -> tuple[ProjectRollup | None, float | None, bool]:
-    """(the stored rollup, its age in seconds, whether a newer one is on its way), queueing one when it is due."""
-    # The reports (hundreds of KB of JSON) stay in the database: a view reads its one scope (see _stored).
-    row = db.get(ProjectRollup, project.id, options=[defer(ProjectRollup.reports)])
+def _stored_row(db: Session, project: Project) -> ProjectRollup | None:
+    """The stored rollup's times and counts. The reports (hundreds of KB of JSON) stay in the database: a view reads
+    its one scope (see _stored)."""
+    return db.get(ProjectRollup, project.id, options=[defer(ProjectRollup.reports)])
+
+
+def _rollup(db: Session, project: Project, actor: User, row: ProjectRollup | None
+            ) -> tuple[ProjectRollup | None, float | None, bool]:
+    """(the stored rollup `row`, its age in seconds, whether a newer one is on its way), queueing one when it is
+    due."""
     now = utcnow()
     age = (now - row.computed_at).total_seconds() if row is not None else None
     # Views queue a rollup only once one is due, so before that none is on its way: one query less per view.
@@ -197,6 +206,18 @@ def _rollup(db: Session, project: Project, actor: User) -> tuple[ProjectRollup |
         jobs.enqueue(db, KIND, {"requested_at": now.isoformat()}, project=project, actor=actor, max_attempts=1)
         refreshing = True
     return row, age, refreshing
+
+
+def _small(db: Session, project: Project, limit: int, row: ProjectRollup | None, *,
+           source: str | None = "human") -> int | None:
+    """The project's rankings (of one source; None: any) while they are at most `limit`, else None (a large
+    project). A stored rollup (`row`) that covered more than twice the limit answers without counting: the count
+    reads up to `limit` + 1 index entries, a millisecond of Postgres on every view of a large project, and a project
+    seldom loses half its rankings (if it does, its next rollup has the smaller figure and views count again)."""
+    if row is not None and row.rankings > 2 * limit:
+        return None
+    n = _rankings_up_to(db, project, limit + 1, source=source)
+    return n if n <= limit else None
 
 
 def _rankings_up_to(db: Session, project: Project, limit: int, *, source: str | None = "human") -> int:
@@ -230,9 +251,10 @@ def disagreements(db: Session, project: Project, actor: User, rubric_version: in
                   ) -> tuple[StoredDisagreements | None, Freshness] | None:
     """None for a small project (the caller computes them on the view); else the rollup's list of one scope and
     its freshness (None and a queued job before a rollup with that scope has finished)."""
-    if _rankings_up_to(db, project, LIVE_LIMIT + 1) <= LIVE_LIMIT:
+    stored_row = _stored_row(db, project)
+    if _small(db, project, LIVE_LIMIT, stored_row) is not None:
         return None
-    row, age, refreshing = _rollup(db, project, actor)
+    row, age, refreshing = _rollup(db, project, actor, stored_row)
     stored = db.scalar(select(ProjectRollup.reports[_disagreements_key(rubric_version)])
                        .where(ProjectRollup.project_id == project.id)) if row is not None else None
     if row is None or stored is None:

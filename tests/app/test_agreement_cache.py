@@ -11,7 +11,7 @@ import re
 import pytest
 from sqlalchemy import select
 
-from app.models import Pair, Ranking
+from app.models import Pair, ProjectRollup, Ranking
 from app.routes import agreement as agreement_routes
 from app.services import judging, projects, rollups
 from app.services.pairs import expand_tiers
@@ -241,3 +241,42 @@ def test_the_gate_refuses_on_a_rollup_without_the_evidence(
 
     assert refused.status_code == 422 and "AI labels cannot be allowed yet" in refused.text
     assert "12 of the 20 prompts" in refused.text
+
+
+def test_a_large_projects_views_take_its_size_from_the_rollup_and_count_only_near_the_limit(
+        app, db, make_user, make_project, browser, monkeypatch) -> None:
+    # A rollup that covered over twice the limit says the project is large without a count of its
+    # rankings (a millisecond of Postgres per view at 1M); nearer the limit each view counts, and a project at or
+    # under it is computed on the view although a rollup is stored.
+    from sqlalchemy import event
+
+    project, lead = _campaign(db, make_user, make_project, n_prompts=12, seed=37)
+    _large(monkeypatch)
+    rollups.store(db, project.id, rollups.compute(db, project))
+    db.commit()
+    covered = db.get(ProjectRollup, project.id).rankings
+    db.commit()  # SQLite: the test's read ends before the server's writes
+    b = browser()
+    b.login(lead.email)
+    counts: list[str] = []
+
+    def listener(_conn, _cursor, statement, *_args) -> None:  # type: ignore[no-untyped-def]
+        if "count(" in statement and "FROM rankings" in statement:
+            counts.append(statement)
+
+    def view(limit: int) -> str:
+        monkeypatch.setattr(rollups, "LIVE_LIMIT", limit)
+        monkeypatch.setattr(rollups, "COUNT_LIVE_LIMIT", limit)
+        counts.clear()
+        page = b.get(f"/projects/{project.id}/agreement")
+        assert page.status_code == 200
+        return re.search(r'data-method="(\w+)"', page.text).group(1)
+
+    event.listen(app.state.engine, "before_cursor_execute", listener)
+    try:
+        assert view(covered // 2 - 1) == "rollup" and counts == []
+        assert b.get(f"/projects/{project.id}").status_code == 200 and counts == []  # the project page's counts
+        assert view((covered + 1) // 2) == "rollup" and len(counts) == 1  # covered ≤ 2 × limit: counted; over
+        assert view(covered) == "live"
+    finally:
+        event.remove(app.state.engine, "before_cursor_execute", listener)
