@@ -27,9 +27,15 @@ def list_visible(db: Session, user: User) -> list[Project]:
 
 def get_visible(db: Session, project_id: int, user: User) -> Project:
     """The project, or NotFound when it does not exist or the user is not a member (admins see all)."""
-    project = db.get(Project, project_id)
-    if project is None:
+    # The viewer's role comes with the project: every check on the page after this one reads it from the session.
+    row = db.execute(select(Project, ProjectMember.role)
+                     .outerjoin(ProjectMember, (ProjectMember.project_id == Project.id)
+                                & (ProjectMember.user_id == user.id))
+                     .where(Project.id == project_id)).first()
+    if row is None:
         raise NotFound("no such project")
+    project, role = row
+    permissions.remember_role(db, project.id, user, role)
     permissions.require(db, user, project, "project.see")
     return project
 
