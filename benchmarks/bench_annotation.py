@@ -228,12 +228,13 @@ def start_server(url: str, workers: int, data_dir: str,
 
 async def load(base: str | list[str], project_id: int, tokens: list[str], *, warmup: float,
                seconds: float, run_id: str = "", probe: Callable[[], Any] | None = None,
-               settle: Callable[[], Any] | None = None) -> dict[str, Any]:
+               settle: Callable[[], Any] | None = None, raw: dict[str, list[float]] | None = None) -> dict[str, Any]:
     """Each token is one client looping next-task → submit; only requests after the warm-up are measured. Given
     several base URLs (servers on several ports), client k talks to base k mod their number. `run_id` keeps
     submission ids apart when several runs share one project (a repeated id is an idempotent resend). `probe` is
     called once halfway through the measured time (in a thread); its result is the run's "probe". `settle` is called
-    once halfway through the warm-up (in a thread): `analyze`."""
+    once halfway through the warm-up (in a thread): `analyze`. The measured latencies of next and submit are also
+    appended to `raw`'s lists, for figures over several runs."""
     bases = [base] if isinstance(base, str) else base
     lat: dict[str, list[float]] = {"next": [], "submit": []}
     errors: dict[str, int] = {}
@@ -286,6 +287,9 @@ async def load(base: str | list[str], project_id: int, tokens: list[str], *, war
             await asyncio.to_thread(settle)
 
     *_, probed_value, _ = await asyncio.gather(*(client(t, k) for k, t in enumerate(tokens)), probed(), settled())
+    if raw is not None:
+        raw["next"].extend(lat["next"])
+        raw["submit"].extend(lat["submit"])
     spread = sorted(per_client)
     return {**({"probe": probed_value} if probe is not None else {}),
             "rankings_per_client": {"min": spread[0], "median": spread[len(spread) // 2], "max": spread[-1]},

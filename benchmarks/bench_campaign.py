@@ -6,8 +6,8 @@ process (uvicorn, as `preflab serve` runs it) and one `preflab worker` are start
 view queues the project rollup and the bench waits for the worker to finish it (the rollup's time and the worker's
 peak RSS are reported). Then, for each page, `--views` sequential views by a logged-in lead after two warm-ups:
 p50/p95/max and the server's RSS after them. Last, side by side in one run: 32 annotators doing next → submit without
-think time for `--seconds`, alone, then with 5 leads reloading the agreement page in a loop; the p95 rise of next
-and submit.
+think time, alone and then beside 5 leads reloading the agreement page in a loop, in turn `--rounds` times
+(`--seconds` measured per side in all); the p95 rise of next and submit over the pooled turns.
 
     PREFLAB_BENCH_DATABASE_URL=postgresql://postgres@127.0.0.1:5432/preflab_campaign \\
         .venv/bin/python benchmarks/bench_campaign.py --rankings 1000000 [--views 20] [--seconds 20] \\
@@ -102,8 +102,9 @@ def measure_pages(client: httpx.Client, project_id: int, server_pid: int, views:
     return out
 
 
-async def _leads_reloading(base: str, cookies: httpx.Cookies, project_id: int, until: float) -> dict[str, Any]:
-    lat: list[float] = []
+async def _leads_reloading(base: str, cookies: httpx.Cookies, project_id: int, until: float,
+                           lat: list[float]) -> None:
+    """5 leads reloading the agreement page until `until`; each view's time is appended to `lat`."""
     # The annotators' lean client, with the lead's session cookie: httpx in this process would spend ~5 ms of the
     # shared cores per view (more on a 120 kB page), in the event loop that times the annotators.
     cookie = "; ".join(f"{name}={value}" for name, value in cookies.items())
@@ -117,17 +118,17 @@ async def _leads_reloading(base: str, cookies: httpx.Cookies, project_id: int, u
                 assert r.status_code == 200, f"agreement page: {r.status_code}"
 
     await asyncio.gather(*(lead() for _ in range(LEADS)))
-    return _ms(lat)
 
 
 async def _side(base: str, project_id: int, tokens: list[str], seconds: float, warmup: float,
-                cookies: httpx.Cookies | None) -> dict[str, Any]:
-    annotators = load(base, project_id, tokens, warmup=warmup, seconds=seconds)
+                cookies: httpx.Cookies | None, run_id: str, raw: dict[str, list[float]]) -> dict[str, Any]:
+    """One turn of one side: the annotators (with the leads, given their cookies); latencies also go to `raw`."""
+    annotators = load(base, project_id, tokens, warmup=warmup, seconds=seconds, run_id=run_id, raw=raw)
     if cookies is None:
         return await annotators
-    leads = _leads_reloading(base, cookies, project_id, time.perf_counter() + warmup + seconds)
-    result, lead_views = await asyncio.gather(annotators, leads)
-    return result | {"lead_agreement_views": lead_views}
+    leads = _leads_reloading(base, cookies, project_id, time.perf_counter() + warmup + seconds, raw["lead"])
+    result, _ = await asyncio.gather(annotators, leads)
+    return result
 
 
 def _now() -> Any:
@@ -150,24 +151,47 @@ def _rollups_between(url: str, start: Any, end: Any) -> int:
 
 
 def side_by_side(base: str, client: httpx.Client, project_id: int, tokens: list[str], seconds: float,
-                 rankings: int, url: str) -> dict[str, Any]:
-    """Two sets of 32 annotators (a client's submission ids restart each run, so the same people would only
-    replay their earlier submissions): the first alone, the second beside the leads."""
-    t0 = _now()
-    alone = asyncio.run(_side(base, project_id, tokens[:ANNOTATORS], seconds, 2.0, None))
-    t1 = _now()
-    with_leads = asyncio.run(_side(base, project_id, tokens[ANNOTATORS:], seconds, 2.0, client.cookies))
-    t2 = _now()
-    alone["rollup_jobs_running"] = _rollups_between(url, t0, t1)
-    with_leads["rollup_jobs_running"] = _rollups_between(url, t1, t2)
+                 rankings: int, url: str, rounds: int) -> dict[str, Any]:
+    """32 annotators alone, then beside the leads, in turn `rounds` times (`seconds` / `rounds` measured each, after
+    a 2 s warm-up); the rise compares each side's latencies pooled over its turns. In turn, because this machine's
+    speed drifts by ±10 % within minutes: one turn per side put the drift into the rise (+1 to +33 % for the same
+    code). Two sets of 32 annotators, one per side, and every turn's submission ids its own (a repeated id is an
+    idempotent resend)."""
+    sides = {"alone": (tokens[:ANNOTATORS], None), "with_leads": (tokens[ANNOTATORS:], client.cookies)}
+    raw = {side: {"next": [], "submit": [], "lead": []} for side in sides}
+    turns: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
+    for turn in range(rounds):
+        for side, (people, cookies) in sides.items():
+            start = _now()
+            run = asyncio.run(_side(base, project_id, people, seconds / rounds, 2.0, cookies, f"{side}{turn}-",
+                                    raw[side]))
+            turns[side].append(run | {"rollup_jobs_running": _rollups_between(url, start, _now())})
+    alone, with_leads = (_pooled(turns[side], raw[side], seconds) for side in sides)
 
-    def rise(key: str) -> float | None:
-        a, b = alone[key]["p95_ms"], with_leads[key]["p95_ms"]
+    def rise(a: float, b: float) -> float | None:
         return round(100 * (b - a) / a, 1) if a else None
 
     return {"bench": "campaign", "case": "leads_beside_annotators", "rankings": rankings, "annotators": ANNOTATORS,
-            "leads": LEADS, "seconds": seconds, "alone": alone, "with_leads": with_leads,
-            "p95_rise_pct": {"next": rise("next"), "submit": rise("submit")}}
+            "leads": LEADS, "seconds": seconds, "rounds": rounds, "alone": alone, "with_leads": with_leads,
+            "p95_rise_pct": {key: rise(alone[key]["p95_ms"], with_leads[key]["p95_ms"])
+                             for key in ("next", "submit")},
+            "p95_rise_pct_per_round": {key: [rise(a[key]["p95_ms"], b[key]["p95_ms"])
+                                             for a, b in zip(turns["alone"], turns["with_leads"], strict=True)]
+                                       for key in ("next", "submit")}}
+
+
+def _pooled(turns: list[dict[str, Any]], raw: dict[str, list[float]], seconds: float) -> dict[str, Any]:
+    """One side's figures over all its turns."""
+    errors: dict[str, int] = {}
+    for run in turns:
+        for key, n in run["errors"].items():
+            errors[key] = errors.get(key, 0) + n
+    made = sum(run["rankings"] for run in turns)
+    out = {"rankings": made, "rankings_per_s": round(made / seconds, 1),
+           "rankings_per_s_per_round": [run["rankings_per_s"] for run in turns],
+           "next": _ms(raw["next"]), "submit": _ms(raw["submit"]), "errors": errors,
+           "rollup_jobs_running": sum(run["rollup_jobs_running"] for run in turns)}
+    return out | ({"lead_agreement_views": _ms(raw["lead"])} if raw["lead"] else {})
 
 
 def _check(url: str, project_id: int) -> dict[str, int]:
@@ -223,7 +247,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rankings", type=int, default=1_000_000)
     parser.add_argument("--views", type=int, default=20)
-    parser.add_argument("--seconds", type=float, default=20.0, help="annotator load per side of the side-by-side")
+    parser.add_argument("--seconds", type=float, default=20.0,
+                        help="annotators' measured time per side of the side-by-side, over all its turns")
+    parser.add_argument("--rounds", type=int, default=4,
+                        help="turns of each side of the side-by-side, alone and beside the leads in turn")
     parser.add_argument("--open-prompts", type=int, default=20_000)
     parser.add_argument("--rollup-deadline", type=float, default=1800.0)
     parser.add_argument("--template", metavar="DATABASE",
@@ -248,7 +275,7 @@ def main() -> None:
                               "load_avg": os.getloadavg()}), flush=True)
             for line in measure_pages(client, project_id, server.pid, args.views, args.rankings):
                 print(json.dumps(line), flush=True)
-            result = side_by_side(base, client, project_id, tokens, args.seconds, args.rankings, url)
+            result = side_by_side(base, client, project_id, tokens, args.seconds, args.rankings, url, args.rounds)
             result["database_check"] = _check(url, project_id)
             result["worker_peak_rss_mb"] = _rss_mb(worker.pid, "VmHWM")
             result["server_peak_rss_mb"] = _rss_mb(server.pid, "VmHWM")
