@@ -23,6 +23,15 @@ def _large(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setattr(rollups, "LIVE_LIMIT", 10)
 
 
+def _large_with_rollup(db, make_user, make_project, monkeypatch, seed: int):  # type: ignore[no-untyped-def]
+    """A 12-prompt campaign counted as large, its rollup stored and committed: (project, lead)."""
+    project, lead = _campaign(db, make_user, make_project, n_prompts=12, seed=seed)
+    _large(monkeypatch)
+    rollups.store(db, project.id, rollups.compute(db, project))
+    db.commit()
+    return project, lead
+
+
 def _body(html: str) -> str:
     """The cached part of the page: from the attention card to the end of the annotators' card."""
     start = html.index('<section class="card agr-attention"')
@@ -32,10 +41,7 @@ def _body(html: str) -> str:
 
 def test_a_reload_is_a_lookup_and_a_new_rollup_is_shown_at_once(
         app, db, make_user, make_project, browser, monkeypatch) -> None:
-    project, lead = _campaign(db, make_user, make_project, n_prompts=12, seed=31)
-    _large(monkeypatch)
-    rollups.store(db, project.id, rollups.compute(db, project))
-    db.commit()
+    project, lead = _large_with_rollup(db, make_user, make_project, monkeypatch, seed=31)
     cache = app.state.fragments
     cache.clear()
     b = browser()
@@ -250,10 +256,7 @@ def test_a_large_projects_views_take_its_size_from_the_rollup_and_count_only_nea
     # under it is computed on the view although a rollup is stored.
     from sqlalchemy import event
 
-    project, lead = _campaign(db, make_user, make_project, n_prompts=12, seed=37)
-    _large(monkeypatch)
-    rollups.store(db, project.id, rollups.compute(db, project))
-    db.commit()
+    project, lead = _large_with_rollup(db, make_user, make_project, monkeypatch, seed=37)
     covered = db.get(ProjectRollup, project.id).rankings
     db.commit()  # SQLite: the test's read ends before the server's writes
     b = browser()
