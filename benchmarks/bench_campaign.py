@@ -258,6 +258,8 @@ def main() -> None:
                              " it (seeding 1M rankings takes minutes; a copy seconds); reseeded if --rankings or"
                              " --open-prompts differ")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds: must be at least 1, not {args.rounds}")
     url, seeded = _seeded(os.environ.get("PREFLAB_BENCH_DATABASE_URL", DEFAULT_URL), args)
     print(json.dumps(seeded), flush=True)
     project_id = seeded["project_id"]
