@@ -63,12 +63,10 @@ def safe_next(target: str | None, default: str = "/projects") -> str:
 def csrf_token(request: Request) -> str:
     """The form token of this request's browser, computed once per request (a page with a form per row, such as the
     project's 200 members, asks once per row)."""
-    bid = browser_id(request)
-    kept = getattr(request.state, "csrf", None)
-    if kept is None or kept[0] != bid:
-        kept = (bid, security.csrf_token_for(request.app.state.secret, bid))
-        request.state.csrf = kept
-    return kept[1]
+    token = getattr(request.state, "csrf", None)
+    if token is None:  # the browser id is fixed for the request (BrowserIdAndHeadersMiddleware)
+        token = request.state.csrf = security.csrf_token_for(request.app.state.secret, browser_id(request))
+    return token
 
 
 templates = Jinja2Templates(directory=str(TEMPLATES_DIR))

@@ -114,8 +114,8 @@ def report_view(db: Session, project: Project, actor: User, *, rubric_version: i
     versions = agreement.rubric_versions(db, project)
     if rubric_version is not None and rubric_version not in versions:
         raise Invalid(f"this project has no rubric version {rubric_version}", field="rubric_version")
-    stored_row = _stored_row(db, project)
-    if _small(db, project, LIVE_LIMIT, stored_row) is not None:
+    small, stored_row = _size(db, project, LIVE_LIMIT)
+    if small is not None:
         report = agreement.project_reports(db, project, versions=versions, only=rubric_version)[rubric_version]
         return ReportView(Freshness("live", utcnow(), 0.0, report.human_rankings, None, False), versions,
                           rubric_version, None, lambda: report)
@@ -142,8 +142,8 @@ def current_report(db: Session, project: Project, actor: User, *,
 
 def project_counts(db: Session, project: Project, actor: User) -> projects.ProjectCounts:
     """The project page's counts: exact for a small project, the rollup's (with its time) for a large one."""
-    stored_row = _stored_row(db, project)
-    if _small(db, project, COUNT_LIVE_LIMIT, stored_row, source=None) is not None:
+    small, stored_row = _size(db, project, COUNT_LIVE_LIMIT, source=None)
+    if small is not None:
         return projects.counts(db, project)
     row, age, _ = _rollup(db, project, actor, stored_row)
     if row is None or not row.counts:
@@ -158,8 +158,7 @@ def judge_report(db: Session, project: Project, actor: User, *, exact_before_fir
     computed on the view (`exact_before_first`: the page, the lead's decision) or None (the API: 503, retry) while
     the rollup is queued."""
     # By all rankings, not the AI ones: the evidence is the humans' rankings and pairs of every judged prompt.
-    stored_row = _stored_row(db, project)
-    ai = _small(db, project, LIVE_LIMIT, stored_row, source=None)
+    ai, stored_row = _size(db, project, LIVE_LIMIT, source=None)
     if ai is not None:
         return judging.judge_agreement(db, project), Freshness("live", utcnow(), 0.0, ai, None, False)
     row, age, refreshing = _rollup(db, project, actor, stored_row)
@@ -187,12 +186,6 @@ def set_ai_labels(db: Session, project: Project, actor: User, enabled: bool
     return dataclasses.replace(report, ai_labels_enabled=judging.ai_labels_enabled(project)), fresh
 
 
-def _stored_row(db: Session, project: Project) -> ProjectRollup | None:
-    """The stored rollup's times and counts. The reports (hundreds of KB of JSON) stay in the database: a view reads
-    its one scope (see _stored)."""
-    return db.get(ProjectRollup, project.id, options=[defer(ProjectRollup.reports)])
-
-
 def _rollup(db: Session, project: Project, actor: User, row: ProjectRollup | None
             ) -> tuple[ProjectRollup | None, float | None, bool]:
     """(the stored rollup `row`, its age in seconds, whether a newer one is on its way), queueing one when it is
@@ -208,16 +201,19 @@ def _rollup(db: Session, project: Project, actor: User, row: ProjectRollup | Non
     return row, age, refreshing
 
 
-def _small(db: Session, project: Project, limit: int, row: ProjectRollup | None, *,
-           source: str | None = "human") -> int | None:
-    """The project's rankings (of one source; None: any) while they are at most `limit`, else None (a large
-    project). A stored rollup (`row`) that covered more than twice the limit answers without counting: the count
-    reads up to `limit` + 1 index entries, a millisecond of Postgres on every view of a large project, and a project
-    seldom loses half its rankings (if it does, its next rollup has the smaller figure and views count again)."""
+def _size(db: Session, project: Project, limit: int, *, source: str | None = "human"
+          ) -> tuple[int | None, ProjectRollup | None]:
+    """(the project's rankings of one source (None: any) while they are at most `limit`, else None; the stored
+    rollup's times and counts, for _rollup: the reports, hundreds of KB of JSON, stay in the database and a view
+    reads its one scope, see _stored). A rollup that covered more than twice the limit answers without counting:
+    the count reads up to `limit` + 1 index entries, a millisecond of Postgres on every view of a large project, and
+    a project seldom loses half its rankings (if it does, its next rollup has the smaller figure and views count
+    again)."""
+    row = db.get(ProjectRollup, project.id, options=[defer(ProjectRollup.reports)])
     if row is not None and row.rankings > 2 * limit:
-        return None
+        return None, row
     n = _rankings_up_to(db, project, limit + 1, source=source)
-    return n if n <= limit else None
+    return (n if n <= limit else None), row
 
 
 def _rankings_up_to(db: Session, project: Project, limit: int, *, source: str | None = "human") -> int:
@@ -251,8 +247,8 @@ def disagreements(db: Session, project: Project, actor: User, rubric_version: in
                   ) -> tuple[StoredDisagreements | None, Freshness] | None:
     """None for a small project (the caller computes them on the view); else the rollup's list of one scope and
     its freshness (None and a queued job before a rollup with that scope has finished)."""
-    stored_row = _stored_row(db, project)
-    if _small(db, project, LIVE_LIMIT, stored_row) is not None:
+    small, stored_row = _size(db, project, LIVE_LIMIT)
+    if small is not None:
         return None
     row, age, refreshing = _rollup(db, project, actor, stored_row)
     stored = db.scalar(select(ProjectRollup.reports[_disagreements_key(rubric_version)])
