@@ -154,7 +154,7 @@ def side_by_side(base: str, client: httpx.Client, project_id: int, tokens: list[
                  rankings: int, url: str, rounds: int) -> dict[str, Any]:
     """32 annotators alone, then beside the leads, in turn `rounds` times (`seconds` / `rounds` measured each, after
     a 2 s warm-up); the rise compares each side's latencies pooled over its turns. In turn, because this machine's
-    speed drifts by ±10 % within minutes: one turn per side put the drift into the rise (+1 to +33 % for the same
+    speed drifts by ±10 % within minutes: one turn per side put the drift into the rise (+1 to +47 % for the same
     code). Two sets of 32 annotators, one per side, and every turn's submission ids its own (a repeated id is an
     idempotent resend)."""
     sides = {"alone": (tokens[:ANNOTATORS], None), "with_leads": (tokens[ANNOTATORS:], client.cookies)}
