@@ -30,5 +30,5 @@ EXPOSE 8000
 # Readiness (/healthz/ready: database reachable, migrations current, a worker seen recently), printed so that
 # `docker inspect` shows which check failed. The start period covers `preflab migrate`. Run the worker from this
 # image with `--no-healthcheck` (it serves no HTTP); an orchestrator's liveness probe is /healthz/live instead.
-HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 CMD ["python", "-m", "app.healthcheck"]
+HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 CMD ["python", "-m", "app.platform.healthcheck"]
 CMD ["sh", "-c", "preflab migrate && exec preflab serve --host 0.0.0.0 --port 8000"]

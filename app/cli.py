@@ -14,7 +14,7 @@ import click
 import typer
 import typer.core
 
-from app.settings import Settings, SettingsError, load_settings
+from app.platform.settings import Settings, SettingsError, load_settings
 
 cli = typer.Typer(help="preflab: a workbench for RLHF and RLAIF preference data.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
@@ -53,7 +53,7 @@ def _fail(message: str) -> None:
 
 
 def _session_factory(settings: Settings):  # type: ignore[no-untyped-def]
-    from app.db import make_engine, make_session_factory
+    from app.platform.db import make_engine, make_session_factory
 
     return make_session_factory(make_engine(settings.database_url,
                                              prepared_statements=settings.database_prepared_statements))
@@ -61,8 +61,8 @@ def _session_factory(settings: Settings):  # type: ignore[no-untyped-def]
 
 def _at_head(settings: Settings) -> bool:
     """Whether the schema is current; a database from a newer preflab stops the command with a message."""
-    from app.db import make_engine
-    from app.migrate import schema_status
+    from app.platform.db import make_engine
+    from app.platform.migrate import schema_status
 
     engine = make_engine(settings.database_url, prepared_statements=settings.database_prepared_statements)
     try:
@@ -80,7 +80,7 @@ def migrate(revision: Annotated[str, typer.Argument(help="Target revision")] = "
                                                 "how many revisions; change nothing. Exit 0 when current, 1 when "
                                                 "behind, 2 when a newer preflab upgraded it")] = False) -> None:
     """Upgrade the database named by PREFLAB_DATABASE_URL to the latest schema (or REVISION)."""
-    from app.migrate import upgrade
+    from app.platform.migrate import upgrade
 
     settings = _settings()
     if check:
@@ -92,8 +92,8 @@ def migrate(revision: Annotated[str, typer.Argument(help="Target revision")] = "
 
 
 def _migrate_check(settings: Settings) -> None:
-    from app.db import make_engine
-    from app.migrate import schema_status
+    from app.platform.db import make_engine
+    from app.platform.migrate import schema_status
 
     engine = make_engine(settings.database_url, prepared_statements=settings.database_prepared_statements)
     try:
@@ -114,7 +114,7 @@ def backup_cmd(dest: Annotated[Path, typer.Argument(help="New (or empty) directo
     copied (keep PREFLAB_SECRET_KEY and the key files apart)."""
     import time
 
-    from app.backup import BackupError, backup
+    from app.platform.backup import BackupError, backup
 
     settings = _settings()
     started = time.monotonic()
@@ -138,7 +138,7 @@ def restore_cmd(src: Annotated[Path, typer.Argument(help="A directory `preflab b
     replaces the database in one transaction, and verifies the rows per table. Stop the server and workers first."""
     import time
 
-    from app.backup import BackupError, restore
+    from app.platform.backup import BackupError, restore
 
     settings = _settings()
     started = time.monotonic()
@@ -194,7 +194,7 @@ def serve(host: Annotated[str, typer.Option(help="Interface to bind")] = "127.0.
     settings = _settings()
     if not _at_head(settings):
         if settings.is_sqlite and settings.env != "production":
-            from app.migrate import upgrade
+            from app.platform.migrate import upgrade
 
             upgrade(settings.database_url)
         else:
@@ -202,11 +202,11 @@ def serve(host: Annotated[str, typer.Option(help="Interface to bind")] = "127.0.
     if workers > 1 and settings.is_sqlite:
         _fail("--workers > 1 needs Postgres; SQLite is the single-process embedded mode")
     if workers > 1:
-        from app.serving import run_workers
+        from app.web.serving import run_workers
 
         typer.echo(f"preflab serving on http://{host}:{port} with {workers} processes  "
                    f"(API docs: http://{host}:{port}/docs)")
-        from app.balance import board_file
+        from app.web.balance import board_file
 
         threads = str(settings.threads_per_process(workers))
 
@@ -247,7 +247,7 @@ def _shared_metrics_dir() -> Iterator[None]:
     import shutil
     import tempfile
 
-    from app.metrics import MULTIPROC_ENV
+    from app.platform.metrics import MULTIPROC_ENV
 
     if os.environ.get(MULTIPROC_ENV):
         yield
@@ -271,7 +271,7 @@ def demo(host: Annotated[str, typer.Option(help="Interface to bind")] = "127.0.0
     The tiny policy is the default base model of the demo's policy runs (PREFLAB_DEFAULT_POLICY_MODEL)."""
     os.environ.setdefault("PREFLAB_ENV", "demo")
     settings = _settings()
-    from app.demo_setup import demo_policy_dir, setup_demo
+    from app.demo.seed import demo_policy_dir, setup_demo
 
     accounts, project_id = setup_demo(settings)
     # The server and its worker read it from the environment: policy runs without a base model start from it.
@@ -323,9 +323,9 @@ def user_add(email: str, role: Annotated[str, typer.Option(help="admin | lead | 
              password_stdin: Annotated[bool, typer.Option("--password-stdin", help="Read the password from stdin")]
              = False) -> None:
     """Create an account. The password is asked for (twice), or read from stdin with --password-stdin."""
-    from app.db import session_scope
-    from app.errors import DomainError
-    from app.services import users
+    from app.accounts import users
+    from app.platform.db import session_scope
+    from app.platform.errors import DomainError
 
     settings = _settings()
     if password_stdin:
@@ -344,8 +344,8 @@ def user_add(email: str, role: Annotated[str, typer.Option(help="admin | lead | 
 @token_cli.command("create")
 def token_create(email: str, name: Annotated[str, typer.Option(help="A label for the token")] = "cli") -> None:
     """Create a personal API token for EMAIL and print it once (only its hash is stored)."""
-    from app.db import session_scope
-    from app.services import users
+    from app.accounts import users
+    from app.platform.db import session_scope
 
     settings = _settings()
     with session_scope(_session_factory(settings)) as db:
@@ -369,9 +369,9 @@ def import_cmd(project_id: Annotated[int, typer.Argument(help="Project id")],
                                                     "metadata")] = False) -> None:
     """Import prompts with completions, preference pairs, another tool's rankings, or step labels into a project
     (all or nothing)."""
-    from app.db import session_scope
+    from app.imports import service as imports
     from app.models import Project
-    from app.services import imports
+    from app.platform.db import session_scope
 
     settings = _settings()
     data = file.read_bytes()
@@ -421,10 +421,11 @@ def export_cmd(project: Annotated[str, typer.Argument(help="Project id or name")
 
     from sqlalchemy import select
 
-    from app.db import session_scope
-    from app.errors import DomainError
+    from app.exports import service as exports
+    from app.exports import writer as export_writer
     from app.models import Export, Project
-    from app.services import export_writer, exports
+    from app.platform.db import session_scope
+    from app.platform.errors import DomainError
 
     settings = _settings()
     factory = _session_factory(settings)
@@ -479,9 +480,9 @@ def export_push_cmd(export_id: Annotated[int, typer.Argument(help="Id of a finis
                     revision: Annotated[str | None, typer.Option(help="Branch to commit to (default main)")] = None
                     ) -> None:
     """Push an export's files and its dataset card (README.md) to a dataset repo, in one commit."""
-    from app.db import session_scope
-    from app.errors import DomainError
-    from app.services import export_push
+    from app.exports import push as export_push
+    from app.platform.db import session_scope
+    from app.platform.errors import DomainError
 
     settings = _settings()
     try:
@@ -512,10 +513,11 @@ def train(ctx: typer.Context) -> None:
 def _queue_training_run(args: list[str]) -> None:
     import argparse
 
-    from app.db import session_scope
-    from app.errors import DomainError
+    from app.accounts import users
     from app.models import Project
-    from app.services import training_runs, users
+    from app.platform.db import session_scope
+    from app.platform.errors import DomainError
+    from app.runs import training_runs
     from training.config import parse_sets
 
     parser = argparse.ArgumentParser(prog="preflab train KIND --project ID")
@@ -570,10 +572,10 @@ def rotate_encryption_key(
     With PREFLAB_ENCRYPTION_KEY: set it to the new key and PREFLAB_ENCRYPTION_KEY_OLD to the old one (on the
     servers and workers too), run this, then unset PREFLAB_ENCRYPTION_KEY_OLD. Without it (dev, demo): a new key
     is generated into DATA_DIR/encryption_key. Keys stored in plain text are encrypted too."""
-    from app.crypto import Keyring, KeyringError, finish_rotation, start_rotation
-    from app.db import session_scope
-    from app.errors import Invalid
-    from app.services import endpoints
+    from app.judge import endpoints
+    from app.platform.crypto import Keyring, KeyringError, finish_rotation, start_rotation
+    from app.platform.db import session_scope
+    from app.platform.errors import Invalid
 
     settings = _settings()
     if not _at_head(settings):

@@ -14,21 +14,22 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException
 
-from app import __version__, openapi
-from app.balance import ConnectionBalance, board_from_environment
-from app.crypto import Keyring
-from app.db import RetryTransientErrors, make_engine, make_session_factory
-from app.deps import LoginRequired, csrf_guard
-from app.errors import DomainError, TooManyAttempts
-from app.fragments import FragmentCache
-from app.metrics import AppMetrics
-from app.migrate import refuse_newer
-from app.observability import RequestIdMiddleware, RouteRecorder, configure_logging
-from app.security import LoginThrottle
-from app.services import outbound
-from app.services.import_formats import ImportRejected
-from app.settings import Settings, get_settings
-from app.web import STATIC_DIR, BodyLimitMiddleware, BrowserIdAndHeadersMiddleware, ConnectionTurnover, render
+from app import __version__
+from app.accounts.security import LoginThrottle
+from app.imports.formats import ImportRejected
+from app.judge import outbound
+from app.platform.crypto import Keyring
+from app.platform.db import RetryTransientErrors, make_engine, make_session_factory
+from app.platform.errors import DomainError, TooManyAttempts
+from app.platform.metrics import AppMetrics
+from app.platform.migrate import refuse_newer
+from app.platform.observability import RequestIdMiddleware, RouteRecorder, configure_logging
+from app.platform.settings import Settings, get_settings
+from app.web import openapi
+from app.web.balance import ConnectionBalance, board_from_environment
+from app.web.deps import LoginRequired, csrf_guard
+from app.web.fragments import FragmentCache
+from app.web.rendering import STATIC_DIR, BodyLimitMiddleware, BrowserIdAndHeadersMiddleware, ConnectionTurnover, render
 
 DESCRIPTION = """preflab: rank sampled completions under a versioned rubric, let a constitutional AI judge
 stand in when human labels run out, export immutable pair datasets, and train reward models and policies.
@@ -69,14 +70,14 @@ def _refuse_newer_schema(engine: Engine) -> None:
 
 
 def _seal_plain_keys(app: FastAPI) -> None:
-    """Encrypt the model-endpoint API keys an older version stored in plain text (app/crypto.py), at every start:
-    the upgrade is done the first time the new version starts, with the encryption key only the app has."""
+    """Encrypt the model-endpoint API keys an older version stored in plain text (app/platform/crypto.py), at every
+    start: the upgrade is done the first time the new version starts, with the encryption key only the app has."""
     import logging
 
     from sqlalchemy.exc import OperationalError, ProgrammingError
 
-    from app.db import session_scope
-    from app.services import endpoints
+    from app.judge import endpoints
+    from app.platform.db import session_scope
 
     log = logging.getLogger("preflab.crypto")
     try:
@@ -107,7 +108,7 @@ async def internal_error(request: Request, exc: Exception) -> Response:
 
 
 def _install_error_handlers(app: FastAPI) -> None:
-    """Every error as the one JSON error body (`app.openapi.ERROR_BODY`) for the API, or as the error page."""
+    """Every error as the one JSON error body (`app.web.openapi.ERROR_BODY`) for the API, or as the error page."""
 
     @app.exception_handler(DomainError)
     async def domain_error(request: Request, exc: DomainError) -> Response:
@@ -190,7 +191,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.session_factory = make_session_factory(app.state.engine)
     _refuse_newer_schema(app.state.engine)
     app.state.login_throttle = LoginThrottle()
-    app.state.fragments = FragmentCache()  # rendered agreement pages, per process (app.fragments)
+    app.state.fragments = FragmentCache()  # rendered agreement pages, per process (app.web.fragments)
     app.state.keyring = Keyring(settings)
     _seal_plain_keys(app)
     configure_logging(settings.log_format)
@@ -212,23 +213,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if board is not None and not settings.trust_proxy_headers:
         app.add_middleware(ConnectionBalance, board=board)
 
-    from app.routes import (
-        agreement,
-        annotate,
-        api_projects,
-        api_users,
-        constitutions,
-        endpoints,
-        exports,
-        health,
-        jobs,
-        judge,
-        pages_admin,
-        pages_auth,
-        pages_projects,
-        training,
-        webhooks,
-    )
+    from app.accounts import admin_pages as pages_admin
+    from app.accounts import api as api_users
+    from app.accounts import pages as pages_auth
+    from app.annotation import routes as annotate
+    from app.exports import routes as exports
+    from app.jobs import routes as jobs
+    from app.judge import endpoint_routes as endpoints
+    from app.judge import routes as judge
+    from app.projects import api as api_projects
+    from app.projects import constitution_routes as constitutions
+    from app.projects import pages as pages_projects
+    from app.quality import routes as agreement
+    from app.runs import routes as training
+    from app.web import health_routes as health
+    from app.webhooks import routes as webhooks
 
     # Routes are matched in order, each one at some CPU cost: the annotation routes, the busiest by far, come first
     # (no other router serves their paths, so the order changes nothing else).

@@ -147,7 +147,7 @@ class ModelEndpoint(Base):
     base_url: Mapped[str] = mapped_column(String(1000))
     model: Mapped[str] = mapped_column(String(300))
     api_key_stored: Mapped[str | None] = mapped_column("api_key", Text)
-    """The API key encrypted (`fernet:<token>`, app/crypto.py); read it through app.services.endpoints only.
+    """The API key encrypted (`fernet:<token>`, app/platform/crypto.py); read it through app.judge.endpoints only.
     Text, since a token is about 1.4 times the key plus 80 characters."""
     allow_private: Mapped[bool] = mapped_column(Boolean, default=False)
     """The admin trusts this host although it resolves to a private or loopback address."""
@@ -280,7 +280,7 @@ class Prompt(Base):
     """Position in the priority order (0 first), written with `priority`; None: not scored, served after."""
     extra_overlap: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     """Rankings wanted beyond the project's overlap this round: the `disagreement` priorities job gives its most
-    contested prompts more annotators (app.services.selection); the queue caps the prompt at overlap + this."""
+    contested prompts more annotators (app.annotation.selection); the queue caps the prompt at overlap + this."""
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
     completions: Mapped[list[Completion]] = relationship(
@@ -305,7 +305,7 @@ class Completion(Base):
     seed: Mapped[int | None] = mapped_column(Integer)
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSONType, default=dict)
     steps: Mapped[list[str] | None] = mapped_column(NullableJSON)
-    """The completion split into steps (app.services.steps) when it entered a project that labels steps; kept as
+    """The completion split into steps (app.annotation.steps) when it entered a project that labels steps; kept as
     it was once a step is labelled, so a new separator never changes what a label refers to."""
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
@@ -546,7 +546,7 @@ class TrainingRun(Base):
 
 class ProjectRollup(Base):
     """A project's agreement reports and counts as the rollup job last computed them (too many rows to compute on
-    each view; see app.services.rollups)."""
+    each view; see app.quality.rollups)."""
 
     __tablename__ = "project_rollups"
 
@@ -554,7 +554,7 @@ class ProjectRollup(Base):
     reports: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
     """"all" and "v1", "v2", … → that scope's AgreementReport as a dict (flags are raised when it is read)."""
     counts: Mapped[dict[str, int]] = mapped_column(JSONType, default=dict)
-    """The project page's counts (app.services.projects.ProjectCounts)."""
+    """The project page's counts (app.projects.projects.ProjectCounts)."""
     rankings: Mapped[int] = mapped_column(Integer, default=0)
     """Human rankings the reports cover."""
     seconds: Mapped[float] = mapped_column(Float, default=0.0)
@@ -564,7 +564,7 @@ class ProjectRollup(Base):
 
 
 class Webhook(Base):
-    """An HTTPS URL a project's lead registered to be told of events (app.services.webhooks)."""
+    """An HTTPS URL a project's lead registered to be told of events (app.webhooks.service)."""
 
     __tablename__ = "webhooks"
 
@@ -573,7 +573,8 @@ class Webhook(Base):
     url: Mapped[str] = mapped_column(String(1000))
     events: Mapped[list[str]] = mapped_column(JSONType, default=list)
     secret_stored: Mapped[str] = mapped_column("secret", Text)
-    """The signing secret encrypted (`fernet:<token>`, app/crypto.py); shown once, in the answer that created it."""
+    """The signing secret encrypted (`fernet:<token>`, app/platform/crypto.py); shown once, in the answer that
+    created it."""
     allow_private: Mapped[bool] = mapped_column(Boolean, default=False)
     """An admin trusts this host although it resolves to a private or loopback address."""
     created_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))

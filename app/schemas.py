@@ -10,7 +10,6 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo
 from pydantic_core import PydanticCustomError
 
-from app.formats import Aggregation, Conflicts, ExportFormat, ExportKind, ExportLayout, StepNeutral
 from app.models import (
     AssignmentDraft,
     Completion,
@@ -24,9 +23,10 @@ from app.models import (
     Webhook,
     WebhookDelivery,
 )
+from app.platform.formats import Aggregation, Conflicts, ExportFormat, ExportKind, ExportLayout, StepNeutral
 
 MAX_ID = 2**31 - 1
-"""The largest id the database holds (a Postgres `integer`); `app.deps.Id` bounds path ids the same way."""
+"""The largest id the database holds (a Postgres `integer`); `app.web.deps.Id` bounds path ids the same way."""
 
 FORM = {"form": True}
 """The validation context of a page form's values (`Strict.from_form`): text is converted, not refused."""

@@ -21,14 +21,22 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db import make_engine, make_session_factory, run_transaction, session_scope
-from app.errors import DomainError
 from app.jobs import handler_for
+from app.jobs import queue as jobs
 from app.jobs.context import JobContext, JobError, JobRetry, JobStopped
+from app.judge import outbound
 from app.models import Job
-from app.observability import configure_logging, forget_worker, job_id_var, record_worker_heartbeat, request_id_var
-from app.services import iteration, jobs, outbound
-from app.settings import Settings
+from app.platform.db import make_engine, make_session_factory, run_transaction, session_scope
+from app.platform.errors import DomainError
+from app.platform.observability import (
+    configure_logging,
+    forget_worker,
+    job_id_var,
+    record_worker_heartbeat,
+    request_id_var,
+)
+from app.platform.settings import Settings
+from app.runs import iteration
 
 __all__ = ["JobContext", "JobError", "JobStopped", "Worker", "run_worker"]  # the job names stay importable here
 

@@ -7,8 +7,8 @@ def fresh_database(url: str) -> str:
     """Drop and recreate the database named by `url`, migrate it to head, and return the normalised URL."""
     from sqlalchemy import create_engine, text
 
-    from app.migrate import upgrade
-    from app.settings import Settings
+    from app.platform.migrate import upgrade
+    from app.platform.settings import Settings
 
     url = Settings(database_url=url).database_url
     base, _, name = url.rpartition("/")
@@ -56,8 +56,8 @@ def database_from_template(url: str, template: str) -> str:
     """Drop the database named by `url`, create it as a copy of `template`, and migrate it to head."""
     from sqlalchemy import text
 
-    from app.migrate import upgrade
-    from app.settings import Settings
+    from app.platform.migrate import upgrade
+    from app.platform.settings import Settings
 
     url = Settings(database_url=url).database_url
     admin, name = _admin(url)

@@ -1,6 +1,6 @@
 """The benchmarks' synthetic project: K=4 completions per prompt, three annotators' rankings, their pairs.
 
-Written by COPY on Postgres (app.services.bulk), in chunks of prompts; a tenth of the prompts are held out.
+Written by COPY on Postgres (app.projects.bulk), in chunks of prompts; a tenth of the prompts are held out.
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ def seed_pairs(url: str, n_pairs: int, *, name: str, vacuum: bool = False) -> tu
     prompts; `vacuum` leaves the tables as a long-running database has them (hint bits set, statistics fresh)."""
     from sqlalchemy import text
 
-    from app.db import make_engine, make_session_factory, session_scope
+    from app.accounts import users
+    from app.annotation.pairs import expand_tiers
     from app.models import Completion, Pair, Prompt, Ranking
-    from app.services import projects, users
-    from app.services.bulk import insert_rows
-    from app.services.pairs import expand_tiers
+    from app.platform.db import make_engine, make_session_factory, session_scope
+    from app.projects import projects
+    from app.projects.bulk import insert_rows
 
     factory = make_session_factory(make_engine(url))
     rng = random.Random(0)

@@ -21,11 +21,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.db import make_engine, make_session_factory
-from app.migrate import upgrade
+from app.accounts import users
+from app.annotation import queue, rankings, steps
+from app.annotation import tasks as annotation
+from app.exports import service as exports
+from app.imports import service as imports
 from app.models import Export, Project, User
-from app.services import annotation, exports, imports, projects, queue, rankings, steps, users
-from app.settings import Settings
+from app.platform.db import make_engine, make_session_factory
+from app.platform.migrate import upgrade
+from app.platform.settings import Settings
+from app.projects import projects
 from app.worker import Worker
 
 PASSWORD = "scripted annotator password 0123456789"

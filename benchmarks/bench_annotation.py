@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from _http import KeepAliveClient  # noqa: E402
 
-from app.settings import Settings  # noqa: E402
+from app.platform.settings import Settings  # noqa: E402
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/preflab_bench"
 SECRET = "bench-secret-key-that-is-long-enough-0123456789abcdef"
@@ -70,8 +70,8 @@ def _ms(values: list[float]) -> dict[str, float]:
 
 
 def reset_database(url: str) -> None:
-    from app.db import make_engine
-    from app.migrate import upgrade
+    from app.platform.db import make_engine
+    from app.platform.migrate import upgrade
 
     engine = make_engine(url)
     with engine.begin() as conn:
@@ -88,9 +88,9 @@ def seed(url: str, *, prompts: int, chars: int, overlap: int, annotators: int, n
     with `disagreement`, the top `extra_share` of them also get 2 extra overlap (as contested prompts would)."""
     from argon2 import PasswordHasher
 
-    from app import security
-    from app.db import make_engine, make_session_factory, session_scope
-    from app.services import bulk, projects, users
+    from app.accounts import security, users
+    from app.platform.db import make_engine, make_session_factory, session_scope
+    from app.projects import bulk, projects
 
     security._hasher = PasswordHasher(time_cost=1, memory_cost=8 * 1024, parallelism=1)  # seeding, not login
     rng = random.Random(seed_)
@@ -115,7 +115,7 @@ def seed(url: str, *, prompts: int, chars: int, overlap: int, annotators: int, n
              "meta": {}} for pid in prompt_ids for _ in range(4)])
         project_id = project.id
         if selection != "random":
-            from app.services import selection as queue_selection
+            from app.annotation import selection as queue_selection
 
             queue_selection.set_selection(db, project, lead, selection)
             scores = {pid: rng.random() for pid in prompt_ids}
@@ -214,7 +214,7 @@ def start_server(url: str, workers: int, data_dir: str,
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
-            # Every worker listens on a socket of its own once its start-up is done (app.serving): clients that
+            # Every worker listens on a socket of its own once its start-up is done (app.web.serving): clients that
             # connected before the last one listened would all stay with the others.
             if (httpx.get(f"{base}/healthz", timeout=1).status_code == 200
                     and (workers == 1 or len(_sockets(port, "0A")) >= workers)):
@@ -312,7 +312,7 @@ def analyze(url: str) -> None:
 def check_database(url: str, project_id: int, overlap: int) -> dict[str, int]:
     """What the queue promises, counted afterwards: no prompt over its overlap (plus its extra overlap), no annotator
     on a prompt twice, every ranking stored as the pairs its tiers expand to (six for K=4 without ties)."""
-    from app.services.pairs import expand_tiers
+    from app.annotation.pairs import expand_tiers
 
     engine = create_engine(url)
     with engine.connect() as conn:
@@ -358,10 +358,10 @@ def render_times(url: str, renders: int, prompts: int, data_dir: str) -> dict[st
     """Server time of GET /projects/{id}/annotate, in-process: an ASGI wrapper times the app, no network."""
     from fastapi.testclient import TestClient
 
-    from app.db import make_engine, make_session_factory, session_scope
+    from app.accounts import users
     from app.main import create_app
     from app.models import User
-    from app.services import users
+    from app.platform.db import make_engine, make_session_factory, session_scope
 
     project_id, _, (user_id,) = seed(url, prompts=prompts, chars=2000, overlap=1, annotators=1, name="render")
     engine = make_engine(url)

@@ -40,8 +40,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=1_000_000)
     args = parser.parse_args()
-    from app.backup import backup, restore
-    from app.settings import Settings
+    from app.platform.backup import backup, restore
+    from app.platform.settings import Settings
 
     url = os.environ.get("PREFLAB_BENCH_DATABASE_URL", DEFAULT_URL)
     t0 = time.perf_counter()

@@ -213,9 +213,9 @@ def _check(url: str, project_id: int) -> dict[str, int]:
 def _tokens(url: str, n: int) -> list[str]:
     from sqlalchemy import select
 
-    from app.db import make_engine, make_session_factory, session_scope
+    from app.accounts import users
     from app.models import User
-    from app.services import users
+    from app.platform.db import make_engine, make_session_factory, session_scope
 
     engine = make_engine(url)
     with session_scope(make_session_factory(engine)) as db:

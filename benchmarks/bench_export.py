@@ -33,8 +33,8 @@ from _seed import seed_pairs  # noqa: E402
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/preflab_bench_export"
 def export_child(url: str, project_id: int, fmt: str, out: str) -> None:
     """Runs in its own process: one export, then one JSON line with seconds, rows and peak RSS."""
-    from app.db import make_engine
-    from app.services.export_writer import ExportSpec, write_export
+    from app.exports.writer import ExportSpec, write_export
+    from app.platform.db import make_engine
 
     engine = make_engine(url)
     t0 = time.perf_counter()
@@ -68,7 +68,7 @@ def main() -> None:
     if args.reuse:
         from sqlalchemy import create_engine, text
 
-        from app.settings import Settings
+        from app.platform.settings import Settings
 
         url = Settings(database_url=url).database_url
         with create_engine(url).connect() as conn:

@@ -23,8 +23,8 @@ DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/preflab_bench_jobs"
 
 
 def _worker(url: str, name: str, out: mp.Queue) -> None:  # type: ignore[type-arg]
-    from app.db import make_engine, make_session_factory, session_scope
-    from app.services import jobs
+    from app.jobs import queue as jobs
+    from app.platform.db import make_engine, make_session_factory, session_scope
 
     factory = make_session_factory(make_engine(url))
     latencies: list[float] = []
@@ -44,8 +44,8 @@ def _worker(url: str, name: str, out: mp.Queue) -> None:  # type: ignore[type-ar
 
 
 def measure_jobs(n_jobs: int = 2000, workers: int = 2, url: str | None = None) -> dict:
-    from app.db import make_engine, make_session_factory, session_scope
     from app.models import Job
+    from app.platform.db import make_engine, make_session_factory, session_scope
 
     url = fresh_database(url or os.environ.get("PREFLAB_BENCH_DATABASE_URL", DEFAULT_URL))
     factory = make_session_factory(make_engine(url))

@@ -34,7 +34,7 @@ DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/preflab_bench_metrics"
 
 def _database(kind: str, tmp: Path) -> str:
     if kind == "sqlite":
-        from app.migrate import upgrade
+        from app.platform.migrate import upgrade
 
         url = f"sqlite:///{tmp}/bench.db"
         upgrade(url)
@@ -48,9 +48,10 @@ def _more_rows(url: str) -> tuple[int, str]:
     """Assignments behind the rankings, live leases, finished jobs; returns (project id, an admin's token)."""
     from sqlalchemy import text
 
-    from app.db import make_engine, make_session_factory, session_scope
+    from app.accounts import users
     from app.models import Assignment, Job, Prompt, utcnow
-    from app.services import bulk, users
+    from app.platform.db import make_engine, make_session_factory, session_scope
+    from app.projects import bulk
 
     engine = make_engine(url)
     factory = make_session_factory(engine)
@@ -88,7 +89,7 @@ def main() -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
     from app.main import create_app
-    from app.settings import Settings
+    from app.platform.settings import Settings
 
     with tempfile.TemporaryDirectory() as tmp:
         url = _database(args.database, Path(tmp))

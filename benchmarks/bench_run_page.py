@@ -45,11 +45,12 @@ def _write_run(out: Path, rows: int) -> None:
 def measure(rows: int = 1000, repeats: int = 30) -> dict:
     from fastapi.testclient import TestClient
 
+    from app.accounts import users
     from app.main import create_app
-    from app.migrate import upgrade
     from app.models import Job, TrainingRun
-    from app.services import projects, users
-    from app.settings import Settings
+    from app.platform.migrate import upgrade
+    from app.platform.settings import Settings
+    from app.projects import projects
 
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{tmp}/bench.db"

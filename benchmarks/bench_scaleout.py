@@ -52,7 +52,7 @@ from bench_annotation import (  # noqa: E402
     start_server,
 )
 
-from app.settings import Settings  # noqa: E402
+from app.platform.settings import Settings  # noqa: E402
 from tests.support.pgbouncer import Bouncer, pgbouncer  # noqa: E402
 
 DEFAULT_CONFIGS = ["1x1:direct", "1x1:unprepared", "1x1:pgbouncer", "1x2:direct", "1x2:pgbouncer",

@@ -40,7 +40,7 @@ from _http import KeepAliveClient, ProtocolError, Response, StaleConnection  # n
 from _pg import fresh_database  # noqa: E402
 from bench_annotation import REPO, SECRET, _cpu_seconds, _ms, check_database, seed, start_server  # noqa: E402
 
-from app.settings import Settings  # noqa: E402
+from app.platform.settings import Settings  # noqa: E402
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/preflab_load"
 # The annotation budget (README, Performance): p95 of next-task and of submit within 50 ms.
@@ -255,8 +255,8 @@ def start_worker(url: str, data_dir: str, kinds: str = "export") -> subprocess.P
 
 def lead_token(url: str, name: str) -> str:
     """A token for the project's lead (seeded by `seed`), who exports and starts training."""
-    from app.db import make_engine, make_session_factory, session_scope
-    from app.services import users
+    from app.accounts import users
+    from app.platform.db import make_engine, make_session_factory, session_scope
 
     engine = make_engine(url)
     with session_scope(make_session_factory(engine)) as db:

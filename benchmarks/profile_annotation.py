@@ -41,7 +41,7 @@ from sqlalchemy import create_engine, event, text  # noqa: E402
 from sqlalchemy.exc import DBAPIError  # noqa: E402
 
 from app.main import create_app  # noqa: E402
-from app.settings import Settings  # noqa: E402
+from app.platform.settings import Settings  # noqa: E402
 
 CHUNK = 50
 
@@ -107,7 +107,7 @@ async def measure(app: Any, project_id: int, tokens: list[str], rankings: int) -
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
         db1 = bench_annotation._postgres_cpu_seconds()
         # Counted afterwards, apart: an engine with a statement listener runs every statement through SQLAlchemy
-        # (app/direct_sql.py), which would change the CPU measured above.
+        # (app/platform/direct_sql.py), which would change the CPU measured above.
         statements: list[int] = []
         count = lambda *_: statements.append(1)  # noqa: E731
         event.listen(app.state.engine, "before_cursor_execute", count)
@@ -125,7 +125,7 @@ async def measure(app: Any, project_id: int, tokens: list[str], rankings: int) -
 
 def _still_there(url: str, token: str) -> bool:
     """Whether the database still holds what this script seeded (bench_annotation.py rebuilds the same one)."""
-    from app.security import token_hash
+    from app.accounts.security import token_hash
 
     engine = create_engine(url)
     try:

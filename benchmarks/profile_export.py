@@ -74,8 +74,11 @@ def backend_cpu_s(pids: list[int]) -> float:
 
 def instrument() -> None:
     """Wrap the writer's stages in timers; the sink runs synchronously so that the stage times add up."""
-    from app.services import export_card, export_queries, export_sinks, export_writer
-    from app.services.export_sinks import JsonlSink, ParquetSink
+    from app.exports import card as export_card
+    from app.exports import queries as export_queries
+    from app.exports import sinks as export_sinks
+    from app.exports import writer as export_writer
+    from app.exports.sinks import JsonlSink, ParquetSink
 
     class Synchronous:
         def __init__(self, sink: Any, depth: int = 2) -> None:
@@ -135,9 +138,9 @@ def main() -> None:
     args = parser.parse_args()
     from sqlalchemy import text
 
-    from app.db import make_engine
-    from app.services.export_writer import ExportSpec, write_export
-    from app.settings import Settings
+    from app.exports.writer import ExportSpec, write_export
+    from app.platform.db import make_engine
+    from app.platform.settings import Settings
 
     instrument()
     url = Settings(database_url=args.database_url).database_url

@@ -13,7 +13,7 @@ annotators: most careful (the true order with a little noise, ~25 s), some slopp
 fast and position-biased (the first card shown on top, ~2 s), so the agreement page has every flag to raise.
 
 Users, the project and the rubric versions go through the app's services; prompts, completions and rankings by
-COPY (`app.services.bulk`), pairs and assignments by set-based SQL from the rankings just written, in chunks of
+COPY (`app.projects.bulk`), pairs and assignments by set-based SQL from the rankings just written, in chunks of
 prompts, one transaction each. Prints one JSON line: what was written and how long it took.
 """
 
@@ -93,10 +93,10 @@ def setup(url: str, annotators: int, name: str) -> dict[str, Any]:
     """Lead, engineer, annotators (members), the project with three rubric versions and its constitution."""
     from argon2 import PasswordHasher
 
-    from app import security
-    from app.db import make_engine, make_session_factory, session_scope
+    from app.accounts import security, users
     from app.models import ProjectMember, User
-    from app.services import bulk, constitutions, projects, rubrics, users
+    from app.platform.db import make_engine, make_session_factory, session_scope
+    from app.projects import bulk, constitutions, projects, rubrics
 
     security._hasher = PasswordHasher(time_cost=1, memory_cost=8 * 1024, parallelism=1)  # seeding, not login
     engine = make_engine(url)
@@ -131,9 +131,9 @@ def _chunk(db: Any, seeded: dict[str, Any], start: int, count: int, rng: random.
     """One chunk of prompts with everything hanging off them; (human rankings, AI rankings) written."""
     from sqlalchemy import text
 
+    from app.annotation.queue import display_order
     from app.models import Completion, Prompt, Ranking
-    from app.services import bulk
-    from app.services.queue import display_order
+    from app.projects import bulk
 
     project_id, rubric_ids = seeded["project_id"], seeded["rubric_ids"]
     people, kinds = seeded["annotator_ids"], seeded["kinds"]
@@ -203,7 +203,7 @@ def _chunk(db: Any, seeded: dict[str, Any], start: int, count: int, rng: random.
 def _open_prompts(db: Any, project_id: int, start: int, count: int, rng: random.Random) -> None:
     """Prompts nobody has ranked yet (K completions each): the queue annotators draw from during a bench."""
     from app.models import Completion, Prompt
-    from app.services import bulk
+    from app.projects import bulk
 
     prompt_ids = bulk.insert_rows(db, Prompt, [
         {"project_id": project_id, "text": f"Q{start + i}: {_sentence(rng, 25)}?", "text_hash": f"{start + i:064x}",
@@ -217,8 +217,8 @@ def seed_campaign(url: str, rankings: int, *, annotators: int = 200, name: str =
                   open_prompts: int = 0, progress: bool = False) -> dict[str, Any]:
     from sqlalchemy import text
 
-    from app.db import make_engine, make_session_factory, session_scope
     from app.models import JudgeRun
+    from app.platform.db import make_engine, make_session_factory, session_scope
 
     started = time.perf_counter()
     seeded = setup(url, annotators, name)
@@ -263,7 +263,7 @@ def seed_campaign(url: str, rankings: int, *, annotators: int = 200, name: str =
 def _is_empty(url: str) -> bool:
     from sqlalchemy import text
 
-    from app.db import make_engine
+    from app.platform.db import make_engine
 
     engine = make_engine(url)
     with engine.connect() as conn:
@@ -273,7 +273,7 @@ def _is_empty(url: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from app.settings import Settings
+    from app.platform.settings import Settings
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rankings", type=int, required=True, help="human rankings to write (3 per prompt)")

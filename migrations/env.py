@@ -18,7 +18,7 @@ def _url() -> str:
     url = config.get_main_option("sqlalchemy.url")
     if url:
         return url
-    from app.settings import get_settings
+    from app.platform.settings import get_settings
 
     return get_settings().database_url
 

@@ -33,7 +33,7 @@ def _pg_unavailable(reason: str) -> None:
 
 
 def _reset_postgres(url: str) -> None:
-    from app.db import make_engine
+    from app.platform.db import make_engine
 
     engine = make_engine(url)
     try:
@@ -48,7 +48,7 @@ def _reset_postgres(url: str) -> None:
 
 def pg_url() -> str:
     """The normalised Postgres test URL, or skip/fail (in CI) when there is none."""
-    from app.settings import Settings
+    from app.platform.settings import Settings
 
     if not PG_URL:
         _pg_unavailable("PREFLAB_TEST_DATABASE_URL is not set")
@@ -58,7 +58,7 @@ def pg_url() -> str:
 @pytest.fixture(scope="session", params=["sqlite", "postgres"])
 def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
     """A database migrated to head, once per backend per test session."""
-    from app.migrate import upgrade
+    from app.platform.migrate import upgrade
 
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path_factory.mktemp('sqlite')}/preflab.db"
@@ -78,7 +78,7 @@ def only_on(db: Session | Engine, backend: str, why: str) -> None:
 
 @pytest.fixture(scope="session")
 def engine(database_url: str) -> Iterator[Engine]:
-    from app.db import make_engine
+    from app.platform.db import make_engine
 
     eng = make_engine(database_url)
     yield eng
@@ -86,8 +86,8 @@ def engine(database_url: str) -> Iterator[Engine]:
 
 
 def _empty_tables(engine: Engine) -> None:
+    from app.annotation import queue
     from app.models import Base
-    from app.services import queue
 
     # The queue's floor and progress caches are per process and keyed by ids, which the next test reuses (Postgres
     # restarts them, SQLite hands them out again): an emptied database must not leave a stale starting point.
@@ -114,7 +114,7 @@ def clean_engine(engine: Engine) -> Iterator[Engine]:
 @pytest.fixture
 def db(clean_engine: Engine) -> Iterator[Session]:
     """A session on a freshly emptied, migrated database; the test decides whether to commit."""
-    from app.db import make_session_factory
+    from app.platform.db import make_session_factory
 
     session = make_session_factory(clean_engine)()
     try:
@@ -129,7 +129,7 @@ _counter = itertools.count(1)
 
 @pytest.fixture
 def make_user() -> Callable[..., object]:
-    from app.services import users
+    from app.accounts import users
 
     def make(db: Session, role: str = "annotator", email: str | None = None, password: str = PASSWORD,
              name: str = "") -> object:
@@ -141,7 +141,7 @@ def make_user() -> Callable[..., object]:
 
 @pytest.fixture
 def make_project(make_user: Callable[..., object]) -> Callable[..., object]:
-    from app.services import projects
+    from app.projects import projects
 
     def make(db: Session, k: int = 4, overlap: int = 1, lead: object | None = None, name: str | None = None,
              rubric: str = "Rank correct answers first.", criteria: list[str] | None = None) -> object:
@@ -157,7 +157,7 @@ def make_project(make_user: Callable[..., object]) -> Callable[..., object]:
 def app_for(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], object]:
     """One FastAPI app per database URL for the whole session (engines and pools are reused)."""
     from app.main import create_app
-    from app.settings import Settings
+    from app.platform.settings import Settings
 
     apps: dict[str, object] = {}
 
@@ -233,7 +233,7 @@ def api(app: object) -> Callable[[str | None], object]:
 
 @pytest.fixture
 def token_for() -> Callable[[Session, object], str]:
-    from app.services import users
+    from app.accounts import users
 
     def make(db: Session, user: object) -> str:
         _, token = users.create_token(db, user)  # type: ignore[arg-type]
@@ -250,7 +250,7 @@ def _fast_password_hashing() -> Iterator[None]:
     """argon2id with minimal cost in tests: the same algorithm and format, a fraction of the CPU."""
     from argon2 import PasswordHasher
 
-    from app import security
+    from app.accounts import security
 
     original = security._hasher
     security._hasher = PasswordHasher(time_cost=1, memory_cost=8 * 1024, parallelism=1)

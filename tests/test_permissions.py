@@ -1,4 +1,4 @@
-"""The whole table in app/permissions.py, walked against the real app: every action × every kind of caller.
+"""The whole table in app/accounts/permissions.py, walked against the real app: every action × every kind of caller.
 
 For each action one real JSON API call performs it. Its body is well formed (so FastAPI's own validation passes)
 but fails the service's checks that come after the permission check, so an allowed caller gets a 4xx that is not
@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from app import permissions
-from app.permissions import ACTIONS
+from app.accounts import permissions
+from app.accounts.permissions import ACTIONS
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -124,8 +124,11 @@ REQUESTS: dict[str, Call] = {
 def _seed(session: Any) -> World:
     from sqlalchemy import select
 
+    from app.accounts import users
+    from app.exports import service as exports
+    from app.imports import service as imports
     from app.models import Prompt
-    from app.services import constitutions, exports, imports, projects, users
+    from app.projects import constitutions, projects
 
     people = {name: users.create_user(session, f"{name}@example.org", "correct horse battery staple", account)
               for name, (account, _) in PEOPLE.items()}
@@ -205,5 +208,5 @@ def _readme_table() -> str:
 
 def test_readme_table_is_the_table() -> None:
     assert _readme_table() == permissions.role_table_markdown(), (
-        "README.md's 'Who may do what' table differs from app/permissions.py; paste "
+        "README.md's 'Who may do what' table differs from app/accounts/permissions.py; paste "
         "`python -c 'from app import permissions; print(permissions.role_table_markdown())'` into it")

@@ -45,7 +45,7 @@ def split_steps(text: str, pattern: str = "") -> tuple[list[str], list[int]]:
     """The steps of a completion and the character offset where each ends (exclusive).
 
     `pattern` empty: one step per non-empty line; otherwise a regular expression whose matches separate steps (the
-    app's project separator, `app/services/steps.py`, cuts the same way).
+    app's project separator, `app/annotation/steps.py`, cuts the same way).
     Pieces that are only whitespace are no steps; what lies between two steps (the separator, blank lines) belongs
     to the earlier one, and the last step runs to the end of the text, so the offsets cover the whole completion.
     A text with no step gives ([], []).

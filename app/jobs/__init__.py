@@ -1,8 +1,8 @@
-"""Job handlers by kind: each is `run(ctx: JobContext) -> dict` in its own module, imported when first needed.
+"""Durable background jobs: the queue, the context a handler works with, the job pages, and the handler of each kind.
 
-This package imports nothing of the app: `python -m app.jobs.train --supervise` (the trainer's supervisor, alive
-for a whole training run) loads it, and stays a small process. The context and the job exceptions are in
-`app.jobs.context`.
+Each handler is `run(ctx: JobContext) -> dict` in its feature's package (`app.exports.job`, `app.runs.train_job`,
+…), imported when a job of its kind first arrives, so this module imports nothing of the app. The context and the
+job exceptions are in `app.jobs.context`, the queue in `app.jobs.queue`.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ if TYPE_CHECKING:
     from app.jobs.context import JobContext
 
 HANDLERS: dict[str, str] = {
-    "sample_completions": "app.jobs.sample_completions:run",
-    "judge": "app.jobs.judge:run",
-    "train": "app.jobs.train:run",
-    "revise": "app.jobs.revise:run",
-    "rm_check": "app.jobs.train:check_against_humans",
-    "export": "app.jobs.export:run",
-    "project_rollup": "app.jobs.project_rollup:run",
-    "priorities": "app.jobs.priorities:run",
-    "webhook_delivery": "app.jobs.webhook_delivery:run",
+    "sample_completions": "app.judge.sample_job:run",
+    "judge": "app.judge.judge_job:run",
+    "train": "app.runs.train_job:run",
+    "revise": "app.judge.revise_job:run",
+    "rm_check": "app.runs.train_job:check_against_humans",
+    "export": "app.exports.job:run",
+    "project_rollup": "app.quality.rollup_job:run",
+    "priorities": "app.annotation.priority_job:run",
+    "webhook_delivery": "app.webhooks.delivery_job:run",
 }
 
 Handler = Callable[["JobContext"], dict[str, Any]]

@@ -8,10 +8,11 @@ from typing import Any, Protocol, TypeVar
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.crypto import Keyring
-from app.errors import DomainError
-from app.services import endpoints, jobs
-from app.settings import Settings
+from app.jobs import queue as jobs
+from app.judge import endpoints
+from app.platform.crypto import Keyring
+from app.platform.errors import DomainError
+from app.platform.settings import Settings
 from training.hold import hold
 
 T = TypeVar("T")

@@ -2,7 +2,7 @@
 
 The keys themselves are encrypted by the app, not here: the encryption key is app configuration
 (PREFLAB_ENCRYPTION_KEY, or the dev key in the data directory) that a migration run from a bare database URL
-does not have. Every app start encrypts the keys still in plain text (app.services.endpoints.seal_plain_keys).
+does not have. Every app start encrypts the keys still in plain text (app.judge.endpoints.seal_plain_keys).
 
 Downgrade: the column goes back to VARCHAR(500), which the code before this revision reads as the plain key.
 An encrypted key would be sent as the key itself, so the downgrade refuses while any is stored; remove the

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy.exc import IntegrityError
 
-from app.db import after_commit
+from app.exports import service as exports
 from app.models import Export, Prompt
-from app.services import exports
+from app.platform.db import after_commit
 
 
 def _written_export(db, project, tmp_path: Path) -> tuple[Export, Path]:  # type: ignore[no-untyped-def]

@@ -17,10 +17,11 @@ import math
 import pytest
 from sqlalchemy import select
 
-from app.errors import Forbidden, Invalid, NotFound
 from app.models import Completion, Prompt, Ranking
-from app.services import agreement, gold, projects, rubrics
-from app.services.agreement import (
+from app.platform.errors import Forbidden, Invalid, NotFound
+from app.projects import gold, projects, rubrics
+from app.quality import agreement
+from app.quality.agreement import (
     gold_score,
     kendall_tau_b,
     krippendorff_alpha_ordinal,
@@ -325,7 +326,7 @@ def test_gold_from_metadata_marks_mixed_prompts_only(db, make_user, make_project
 def test_gold_from_the_gsm8k_demo_metadata(db, make_user, make_project) -> None:
     import json
 
-    from app.web import ROOT
+    from app.web.rendering import ROOT
 
     lines = (ROOT / "app" / "demo" / "gsm8k_demo.jsonl").read_text().splitlines()[:20]
     project = make_project(db, k=4)

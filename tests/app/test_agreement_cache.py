@@ -1,4 +1,4 @@
-"""A large project's agreement page and API are rendered once per stored rollup (app.fragments, per process): a
+"""A large project's agreement page and API are rendered once per stored rollup (app.web.fragments, per process): a
 reload is a lookup, a new rollup is shown at once, the cache is read only after the permission check, and what is
 the viewer's own (the gold form, the CSRF token, the freshness line) is not cached. And the judge's figures over
 a large project: the API and the AI-labels gate read the rollup, with its freshness; 503 before the first.
@@ -11,10 +11,12 @@ import re
 import pytest
 from sqlalchemy import select
 
+from app.annotation.pairs import expand_tiers
+from app.judge import judging
 from app.models import Pair, ProjectRollup, Ranking
-from app.routes import agreement as agreement_routes
-from app.services import judging, projects, rollups
-from app.services.pairs import expand_tiers
+from app.projects import projects
+from app.quality import rollups
+from app.quality import routes as agreement_routes
 from tests.app.test_agreement_scale import _campaign
 from tests.support.agreement_oracle import oracle_report
 

@@ -16,8 +16,11 @@ import re
 import pytest
 
 from app.models import Completion, Prompt, Ranking
-from app.services import agreement, agreement_flags, agreement_rows, gold, projects
-from app.services.agreement_flags import THRESHOLDS
+from app.projects import gold, projects
+from app.quality import agreement
+from app.quality import flags as agreement_flags
+from app.quality import rows as agreement_rows
+from app.quality.flags import THRESHOLDS
 
 
 def _setup(db, make_user, make_project, *, n_prompts: int = 6):  # type: ignore[no-untyped-def]

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from app.services import agreement_rows, rollups
+from app.quality import rollups
+from app.quality import rows as agreement_rows
 from tests.app.test_agreement_scale import KINDS, _campaign, _same
 from tests.support import agreement_rows_oracle as oracle
 

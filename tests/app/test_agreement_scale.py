@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from app.models import Completion, JudgeRun, Prompt, Ranking
-from app.services import agreement, gold, projects, rollups, rubrics
+from app.projects import gold, projects, rubrics
+from app.quality import agreement, rollups
 from tests.support.agreement_oracle import oracle_report
 
 KINDS = ["careful"] * 5 + ["sloppy", "fast", "fast"]
@@ -211,9 +212,9 @@ def test_a_large_projects_judge_figures_come_from_the_rollup_and_equal_the_compu
         app, db, make_user, make_project, browser, monkeypatch) -> None:
     from sqlalchemy import select
 
+    from app.annotation.pairs import expand_tiers
+    from app.judge import judging
     from app.models import Pair
-    from app.services import judging
-    from app.services.pairs import expand_tiers
 
     project, lead = _campaign(db, make_user, make_project, n_prompts=16, seed=17)
     for r in db.scalars(select(Ranking).where(Ranking.project_id == project.id, Ranking.source == "ai")):

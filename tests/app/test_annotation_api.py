@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import func, select
 
 from app.models import Assignment, Completion, Pair, Prompt, Ranking
-from app.services import projects
+from app.projects import projects
 
 
 def _seed(db, make_user, make_project, *, n_prompts=3, k=4, overlap=1, annotators=1, **project_kw):  # type: ignore[no-untyped-def]
@@ -127,7 +127,7 @@ def test_invalid_rankings_are_refused_and_write_nothing(db, make_user, make_proj
     elif case == "missing":
         body["tiers"] = [[ids[0]], [ids[1]]]
     elif case == "stale_rubric":
-        from app.services import rubrics
+        from app.projects import rubrics
 
         rubrics.create_version(db, project, lead, text="new rules", criteria=[], base_version=1)
         db.commit()
@@ -201,8 +201,8 @@ def test_only_members_who_annotate_get_tasks(db, make_user, make_project, token_
 
 def test_the_annotation_routes_refuse_a_revoked_or_unknown_token_before_anything_about_the_project(
         db, make_user, make_project, token_for, api) -> None:
+    from app.accounts import users
     from app.models import ApiToken
-    from app.services import users
 
     _, project, (ann,) = _seed(db, make_user, make_project, n_prompts=1)
     token = token_for(db, ann)
@@ -217,7 +217,7 @@ def test_the_annotation_routes_refuse_a_revoked_or_unknown_token_before_anything
         assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
     r = client.post(f"/api/projects/{project.id}/rankings", json=_ranking(task))
     assert r.status_code == 401 and db.scalar(select(func.count(Ranking.id))) == 0
-    db.commit()  # SQLite: the test's own transaction holds the write lock (app.db)
+    db.commit()  # SQLite: the test's own transaction holds the write lock (app.platform.db)
     assert api("pfl_bogus").get(f"/api/projects/{project.id}/tasks/next").status_code == 401
     ann.active = False
     fresh = token_for(db, ann)
@@ -227,7 +227,7 @@ def test_the_annotation_routes_refuse_a_revoked_or_unknown_token_before_anything
 
 def test_a_resend_answers_with_the_first_result_even_once_the_rubric_changed(db, make_user, make_project,
                                                                             token_for, api) -> None:
-    from app.services import rubrics
+    from app.projects import rubrics
 
     lead, project, (ann,) = _seed(db, make_user, make_project, n_prompts=2)
     client = api(token_for(db, ann))

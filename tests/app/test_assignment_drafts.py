@@ -10,9 +10,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import func, select
 
+from app.annotation import queue, rankings
+from app.annotation import tasks as annotation
 from app.models import Assignment, AssignmentDraft, Completion, Prompt
+from app.projects import projects
 from app.schemas import DraftIn
-from app.services import annotation, projects, queue, rankings
 
 
 def _seed(db, make_user, make_project, *, n_prompts=1, annotators=1, k=4):  # type: ignore[no-untyped-def]

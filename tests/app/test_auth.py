@@ -109,8 +109,8 @@ def test_api_token_authenticates_and_revoked_or_bogus_tokens_do_not(db, make_use
     assert api(token).get("/api/me").json()["email"] == user.email
     assert api("pfl_bogus").get("/api/me").status_code == 401
     assert api(None).get("/api/me").status_code == 401
+    from app.accounts import users
     from app.models import ApiToken
-    from app.services import users
 
     row = db.scalar(select(ApiToken).where(ApiToken.user_id == user.id))
     users.revoke_token(db, user, row.id)

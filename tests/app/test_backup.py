@@ -14,9 +14,9 @@ import pytest
 from sqlalchemy import create_engine, text
 from typer.testing import CliRunner
 
-from app.backup import BackupError, backup, restore
-from app.migrate import SchemaTooNew, upgrade
-from app.settings import Settings
+from app.platform.backup import BackupError, backup, restore
+from app.platform.migrate import SchemaTooNew, upgrade
+from app.platform.settings import Settings
 from tests.conftest import PASSWORD, TEST_SECRET, _reset_postgres, pg_url
 
 
@@ -49,10 +49,14 @@ def place(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str], Set
 
 def _seed(settings: Settings) -> dict[str, object]:
     """A project as months of work leave it: prompts, rankings with pairs, a written export, a finished run."""
-    from app.db import make_engine, make_session_factory, session_scope
+    from app.accounts import users
+    from app.annotation.pairs import expand_tiers
+    from app.exports import service as exports
+    from app.exports import writer as export_writer
     from app.models import Completion, Export, Job, Pair, Project, Prompt, Ranking, User
-    from app.services import export_writer, exports, projects, training_runs, users
-    from app.services.pairs import expand_tiers
+    from app.platform.db import make_engine, make_session_factory, session_scope
+    from app.projects import projects
+    from app.runs import training_runs
 
     engine = make_engine(settings.database_url)  # creates a SQLite file's directory
     upgrade(settings.database_url)
@@ -250,7 +254,7 @@ def test_a_backup_needs_a_new_directory_and_a_matching_database(tmp_path: Path) 
 
 
 def test_a_pg_dump_of_another_major_version_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from app import backup as backup_module
+    from app.platform import backup as backup_module
 
     url = scratch_postgres("backup_src")
     upgrade(url)
@@ -286,7 +290,7 @@ def test_the_backup_and_restore_commands(tmp_path: Path) -> None:
 
 
 def test_migrate_check_says_how_far_behind_and_changes_nothing(tmp_path: Path) -> None:
-    from app.migrate import current_head, revisions
+    from app.platform.migrate import current_head, revisions
 
     url = f"sqlite:///{tmp_path}/preflab.db"
     env = {"PREFLAB_DATABASE_URL": url, "PREFLAB_DATA_DIR": str(tmp_path / "data")}

@@ -1,4 +1,4 @@
-"""Connections balanced across `preflab serve --workers N` (app/balance.py): a process serving more clients than
+"""Connections balanced across `preflab serve --workers N` (app/web/balance.py): a process serving more clients than
 its share ends the connections of the extra ones, which reconnect and are placed anew by the kernel."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from app.balance import ACTIVE_S, CHECK_S, SLOTS, Board, ConnectionBalance, board_file, excess
+from app.web.balance import ACTIVE_S, CHECK_S, SLOTS, Board, ConnectionBalance, board_file, excess
 from tests.app.test_serving import _tcp_sockets, _workers_of
 from tests.support.server import Server, wait_for
 

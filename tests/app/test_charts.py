@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from app.services import charts
-from app.web import templates
+from app.quality import charts
+from app.web.rendering import templates
 
 
 def _svg(chart: charts.Chart) -> str:

@@ -191,7 +191,7 @@ def test_waiting_on_an_export_that_failed_says_why() -> None:
 @pytest.fixture(scope="module")
 def openapi(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from app.main import create_app
-    from app.settings import Settings
+    from app.platform.settings import Settings
 
     tmp = tmp_path_factory.mktemp("openapi")
     app = create_app(Settings(env="dev", database_url=f"sqlite:///{tmp}/x.db", secret_key=TEST_SECRET,
@@ -305,8 +305,8 @@ def _wait_for(what: str, condition: Callable[[], bool], timeout: float, detail: 
 
 def _seed_accounts(url: str) -> dict[str, str]:
     """Lead, annotator and engineer accounts with API tokens (as `preflab user add` / `token create` make them)."""
-    from app.db import make_engine, make_session_factory, session_scope
-    from app.services import users
+    from app.accounts import users
+    from app.platform.db import make_engine, make_session_factory, session_scope
 
     engine = make_engine(url)
     tokens = {}
@@ -321,7 +321,7 @@ def _seed_accounts(url: str) -> dict[str, str]:
 @pytest.fixture
 def live_server(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
     """uvicorn and `preflab worker` as their own processes on one migrated SQLite database."""
-    from app.migrate import upgrade
+    from app.platform.migrate import upgrade
 
     url = f"sqlite:///{tmp_path}/client.db"
     upgrade(url)

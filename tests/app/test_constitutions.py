@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from app.services import constitutions
+from app.projects import constitutions
 
 PRINCIPLE = {"name": "harmless", "rationale": "r", "priority": 1, "comparison": "Which is less harmful?",
              "critique": "Critique it.", "revision": "Revise it."}
@@ -31,7 +31,7 @@ def test_bad_principles_name_the_field(db, make_user, make_project, token_for, a
     lead, annotator = make_user(db, "lead"), make_user(db, "annotator")
     project = make_project(db, lead=lead)
     client = api(token_for(db, lead))
-    from app.services import projects
+    from app.projects import projects
 
     projects.add_member(db, project, lead, email=annotator.email, role="annotator")
     ann_client = api(token_for(db, annotator))

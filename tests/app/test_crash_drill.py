@@ -31,10 +31,10 @@ import pytest
 from sqlalchemy import insert, text
 from sqlalchemy.engine import make_url
 
-from app.db import make_engine
+from app.annotation.pairs import expand_tiers
 from app.models import Completion, Prompt
-from app.services import projects
-from app.services.pairs import expand_tiers
+from app.platform.db import make_engine
+from app.projects import projects
 from tests.support.server import Server, wait_for
 
 pytestmark = [pytest.mark.crash, pytest.mark.timeout(300)]

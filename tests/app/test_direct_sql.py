@@ -1,4 +1,4 @@
-"""Hot-path statements sent straight through psycopg (app/direct_sql.py) answer exactly what SQLAlchemy answers.
+"""Hot-path statements sent straight through psycopg (app/platform/direct_sql.py) answer exactly what SQLAlchemy answers.
 
 On Postgres the annotation path's registered statements must all take the direct path (a silent fallback would
 give the speed back); each gives the rows `Connection.execute` gives, with the same types (UTC datetimes, JSON);
@@ -15,10 +15,10 @@ import pytest
 from sqlalchemy import event
 from sqlalchemy.exc import IntegrityError, InvalidRequestError
 
-from app import direct_sql
-from app.db import core
+from app.annotation import queue, rankings
 from app.models import Assignment
-from app.services import queue, rankings
+from app.platform import direct_sql
+from app.platform.db import core
 from tests.app.test_annotation_api import _ranking, _seed
 
 
@@ -115,8 +115,8 @@ def test_row_loader_builds_the_instances_a_query_would(db, make_user, make_proje
     # Both backends: the token's project comes from one Core row, built into persistent instances.
     from sqlalchemy import inspect, select
 
+    from app.annotation import tasks as annotation
     from app.models import Project, User
-    from app.services import annotation
 
     _, project, (annotator,) = _seed(db, make_user, make_project, n_prompts=1)
     token = token_for(db, annotator)

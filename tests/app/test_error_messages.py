@@ -8,12 +8,12 @@ import re
 import pytest
 from pydantic import ValidationError
 
-from app.crypto import Keyring
-from app.errors import Invalid
-from app.forms import JudgeForm, TrainingForm
+from app.judge import endpoints
+from app.platform.crypto import Keyring
+from app.platform.errors import Invalid
+from app.platform.settings import Settings
 from app.schemas import JudgeRunIn
-from app.services import endpoints
-from app.settings import Settings
+from app.web.forms import JudgeForm, TrainingForm
 
 
 def _alert(html: str) -> str:

@@ -19,10 +19,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from app.annotation.pairs import expand_tiers
+from app.exports import sinks as export_sinks
+from app.exports import writer as export_writer
+from app.exports.sinks import DirectFile, JsonlSink, json_strings
 from app.models import Completion, Pair, Prompt, Ranking
-from app.services import export_sinks, export_writer
-from app.services.export_sinks import DirectFile, JsonlSink, json_strings
-from app.services.pairs import expand_tiers
 
 # NUL only in the unit tests: Postgres text cannot hold it.
 ALPHABET = ["a", "Z", "é", "✓", '"', "\\", "\n", "\r", "\t", "\b", "\f", "\x00", "\x01", "\x0b", "\x1f", "\x7f",

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session
 
+from app.exports import writer as export_writer
+from app.imports.service import import_file
 from app.models import Project, User
-from app.services import export_writer
-from app.services.imports import import_file
 from tests.support.chat import assistant, user
 
 PRESETS = Path(__file__).parent / "data" / "imports" / "presets"

@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
+from app.annotation.pairs import expand_tiers
+from app.exports import writer as export_writer
+from app.exports.sinks import JsonlSink
 from app.models import Completion, Export, Job, Pair, Prompt, Ranking
-from app.services import export_writer, projects
-from app.services.export_sinks import JsonlSink
-from app.services.pairs import expand_tiers
+from app.projects import projects
 
 PAIR_COLUMNS = ["pair_id", "prompt_id", "ranking_id", "prompt", "chosen", "rejected", "chosen_id", "rejected_id",
                 "source", "annotator", "rubric_version", "constitution_version", "margin", "weight", "p", "split"]
@@ -309,7 +310,7 @@ def test_chat_prompts_export_in_the_conversational_layout(db, engine, make_user,
 def test_a_concurrent_writer_does_not_change_a_postgres_export(db, engine, make_user, make_project, tmp_path) -> None:
     if engine.dialect.name != "postgresql":
         pytest.skip(reason="REPEATABLE READ snapshot: Postgres")
-    from app.db import make_session_factory
+    from app.platform.db import make_session_factory
 
     lead = make_user(db, "lead")
     project = make_project(db, lead=lead, k=3, overlap=5)
@@ -586,7 +587,7 @@ def test_sqlite_export_does_not_block_annotators(db, engine, make_user, make_pro
     """The snapshot is a deferred read on SQLite: a writer commits while the export is mid-way."""
     if engine.dialect.name != "sqlite":
         pytest.skip(reason="SQLite locking")
-    from app.db import make_session_factory
+    from app.platform.db import make_session_factory
 
     lead = make_user(db, "lead")
     ann = make_user(db, "annotator")

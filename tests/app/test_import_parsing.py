@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from app.services.import_formats import MAX_ERRORS, MAX_TEXT_CHARS
-from app.services.imports import (
+from app.imports.formats import MAX_ERRORS, MAX_TEXT_CHARS
+from app.imports.service import (
     ImportRejected,
     RowError,
     parse_import,

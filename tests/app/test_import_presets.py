@@ -14,10 +14,11 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from app.annotation import steps
+from app.imports.formats import MAX_METADATA_CHARS
+from app.imports.service import ImportRejected, import_file, parse_import
 from app.models import Completion, Pair, Project, ProjectMember, Prompt, Ranking, StepLabel, User
-from app.services import step_agreement, steps
-from app.services.import_formats import MAX_METADATA_CHARS
-from app.services.imports import ImportRejected, import_file, parse_import
+from app.quality import step_agreement
 from tests.support.chat import assistant, user
 
 PRESETS = Path(__file__).parent / "data" / "imports" / "presets"
@@ -254,7 +255,7 @@ def test_a_chat_response_is_shown_as_role_labelled_turns_escaped(
     db: Session, make_user: Callable[..., Any], make_project: Callable[..., Any], token_for: Callable[..., str],
     api: Callable[..., Any], browser: Callable[[], Any],
 ):
-    from app.services import projects
+    from app.projects import projects
 
     lead = make_user(db, "lead")
     project = make_project(db, lead=lead, k=2, overlap=2)
@@ -312,7 +313,7 @@ def test_tasks_ranked_enough_in_label_studio_are_not_handed_out_again(
     db: Session, make_user: Callable[..., Any], make_project: Callable[..., Any], token_for: Callable[..., str],
     api: Callable[..., Any],
 ):
-    from app.services import projects
+    from app.projects import projects
 
     lead = make_user(db, "lead")
     project = make_project(db, lead=lead, k=2, overlap=2)

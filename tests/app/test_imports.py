@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
+from app.imports.service import ImportRejected, import_file, prompt_text_hash
 from app.models import AuditEvent, Base, Completion, Pair, Project, Prompt, Ranking
-from app.services.imports import ImportRejected, import_file, prompt_text_hash
 
 DATA = Path(__file__).parent / "data" / "imports"
 

@@ -20,11 +20,13 @@ from typing import Any
 import pytest
 from sqlalchemy import insert, select
 
-from app.db import make_engine, make_session_factory
-from app.jobs.train import run_marker
+from app.annotation.pairs import expand_tiers
+from app.exports import writer as export_writer
 from app.models import Completion, Export, Job, Pair, Prompt, Ranking
-from app.services import export_writer, projects, training_runs
-from app.services.pairs import expand_tiers
+from app.platform.db import make_engine, make_session_factory
+from app.projects import projects
+from app.runs import training_runs
+from app.runs.train_job import run_marker
 from app.worker import Worker
 from tests.conftest import TEST_SECRET
 from tests.support.server import wait_for
@@ -362,7 +364,7 @@ def _postgres_only(database_url: str) -> None:
 
 
 def _job_row(db, make_project, n: int = 1) -> list[int]:  # type: ignore[no-untyped-def]
-    from app.services import jobs
+    from app.jobs import queue as jobs
 
     project = make_project(db)
     ids = [jobs.enqueue(db, "export", {}, project=project, actor=None).id for _ in range(n)]
@@ -373,7 +375,7 @@ def _job_row(db, make_project, n: int = 1) -> list[int]:  # type: ignore[no-unty
 def test_a_real_serialization_failure_is_retried(database_url, db, clean_engine, make_project) -> None:
     from sqlalchemy import update
 
-    from app.db import is_transient, run_transaction
+    from app.platform.db import is_transient, run_transaction
 
     _postgres_only(database_url)
     (job_id,) = _job_row(db, make_project)
@@ -392,7 +394,7 @@ def test_a_real_serialization_failure_is_retried(database_url, db, clean_engine,
         session.execute(update(Job).where(Job.id == job_id).values(progress=Job.progress + 0.25))
         return attempts
 
-    from app.db import session_scope
+    from app.platform.db import session_scope
 
     try:  # the same work without the helper: the database refuses it (40001), it is not a made-up error
         with session_scope(factory) as session:
@@ -409,7 +411,7 @@ def test_a_real_serialization_failure_is_retried(database_url, db, clean_engine,
 def test_a_real_deadlock_between_two_transactions_is_retried(database_url, db, clean_engine, make_project) -> None:
     from sqlalchemy import update
 
-    from app.db import run_transaction
+    from app.platform.db import run_transaction
 
     _postgres_only(database_url)
     first, second = _job_row(db, make_project, n=2)
@@ -452,8 +454,8 @@ def test_a_request_aborted_by_a_deadlock_runs_again(database_url, app, db, clean
     from fastapi.testclient import TestClient
     from sqlalchemy import func, text
 
-    from app.db import RetryTransientErrors
     from app.main import create_app
+    from app.platform.db import RetryTransientErrors
 
     _postgres_only(database_url)
     lead, annotator = make_user(db, "lead"), make_user(db, "annotator")

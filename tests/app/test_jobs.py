@@ -7,9 +7,9 @@ from datetime import timedelta
 
 from sqlalchemy import func, select
 
-from app.db import make_session_factory, session_scope
+from app.jobs import queue as jobs
 from app.models import Job, utcnow
-from app.services import jobs
+from app.platform.db import make_session_factory, session_scope
 
 
 def _enqueue(db, project, n: int) -> list[int]:  # type: ignore[no-untyped-def]

@@ -11,8 +11,8 @@ import pytest
 from sqlalchemy import func, select
 
 from app.models import Completion, Job, JudgeRun, Pair, Prompt, Ranking
-from app.services import projects
-from app.settings import Settings
+from app.platform.settings import Settings
+from app.projects import projects
 from app.worker import Worker
 from tests.training.tiny import char_tokenizer, save_tiny, tiny_gpt2
 
@@ -47,7 +47,7 @@ def _allow_ai_labels(db, project) -> None:  # type: ignore[no-untyped-def]
 
 
 def _worker(database_url: str, tmp_path: Path, clean_engine) -> Worker:  # type: ignore[no-untyped-def]
-    from app.db import make_session_factory
+    from app.platform.db import make_session_factory
 
     settings = Settings(database_url=database_url, data_dir=tmp_path, secret_key="x" * 40)
     return Worker(settings, session_factory=make_session_factory(clean_engine), poll_s=0.05, heartbeat_s=0.2)

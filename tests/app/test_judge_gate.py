@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from app.judge import judging
+from app.judge.judging import GATE_MIN_PROMPTS, CalibrationBin
 from app.models import Completion, JudgeRun, Pair, Prompt, Ranking
-from app.services import judging, projects
-from app.services.judging import GATE_MIN_PROMPTS, CalibrationBin
+from app.projects import projects
 
 
 def _evidence(db, project, annotator, n: int, *, judge_agrees: bool = True,  # type: ignore[no-untyped-def]

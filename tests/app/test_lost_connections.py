@@ -1,6 +1,6 @@
 """A pooled Postgres connection that died (Postgres restarted, its backend terminated) costs the annotator nothing.
 
-The pool pings only connections idle for `app.db.PING_AFTER_IDLE_S`. A connection in steady use is handed out
+The pool pings only connections idle for `app.platform.db.PING_AFTER_IDLE_S`. A connection in steady use is handed out
 unchecked: when it turns out dead, its statement fails, the pool is invalidated and the request runs again on a
 new connection (`is_transient`). Either way the client gets its answer, never a 500.
 """
@@ -14,8 +14,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
-from app import db as app_db
-from app.db import is_transient
+from app.platform import db as app_db
+from app.platform.db import is_transient
 from tests.app.test_annotation_api import _seed
 
 

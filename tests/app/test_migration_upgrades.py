@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from sqlalchemy import MetaData, create_engine, select
 
-from app.migrate import MIGRATIONS_DIR, downgrade, revisions, upgrade
+from app.platform.migrate import MIGRATIONS_DIR, downgrade, revisions, upgrade
 from tests.app.test_backup import scratch_postgres
 from tests.conftest import PASSWORD
 
@@ -37,7 +37,8 @@ def seed(url: str) -> None:
     """Rows in every table, as a team's months of work leave them (at head, through services where they exist)."""
     from datetime import UTC, datetime, timedelta
 
-    from app.db import make_engine, make_session_factory, session_scope
+    from app.accounts import users
+    from app.annotation.pairs import expand_tiers
     from app.models import (
         Assignment,
         AssignmentDraft,
@@ -58,8 +59,8 @@ def seed(url: str) -> None:
         Webhook,
         WebhookDelivery,
     )
-    from app.services import projects, users
-    from app.services.pairs import expand_tiers
+    from app.platform.db import make_engine, make_session_factory, session_scope
+    from app.projects import projects
 
     now = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
     engine = make_engine(url)

@@ -7,8 +7,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect
 
-from app.migrate import current_head, downgrade, upgrade
 from app.models import Base
+from app.platform.migrate import current_head, downgrade, upgrade
 from tests.conftest import _reset_postgres, pg_url
 
 
@@ -73,10 +73,11 @@ def _contents(url: str) -> dict[str, list[tuple]]:
 def test_upgrading_a_database_with_data_loses_nothing(empty_url: str, previous: str) -> None:
     """A database with projects, labels, pairs, jobs and exports at an earlier revision upgrades to head with every
     row and value intact (checked on the tables and columns that existed before)."""
-    from app.db import make_engine, make_session_factory, session_scope
+    from app.accounts import users
+    from app.annotation.pairs import expand_tiers
     from app.models import Completion, Export, Pair, Prompt, Ranking
-    from app.services import projects, users
-    from app.services.pairs import expand_tiers
+    from app.platform.db import make_engine, make_session_factory, session_scope
+    from app.projects import projects
 
     upgrade(empty_url)
     engine = make_engine(empty_url)

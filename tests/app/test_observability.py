@@ -17,15 +17,15 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.models import Completion, Prompt
-from app.observability import forget_worker, record_worker_heartbeat
-from app.services import projects
+from app.platform.observability import forget_worker, record_worker_heartbeat
+from app.projects import projects
 from tests.conftest import TEST_SECRET
 
 
 @pytest.fixture
 def log_lines() -> Iterator[io.StringIO]:
     """What preflab's log handler writes, as JSON lines (PREFLAB_LOG_FORMAT=json), captured in memory."""
-    from app.observability import configure_logging
+    from app.platform.observability import configure_logging
 
     buffer = io.StringIO()
     handler = configure_logging("json")
@@ -46,7 +46,7 @@ def _records(buffer: io.StringIO) -> list[dict[str, Any]]:
 def own_app(database_url: str, clean_engine: Any, tmp_path: Path) -> Iterator[Any]:
     """A fresh app (its own routes may be added) on the test database, with JSON logs."""
     from app.main import create_app
-    from app.settings import Settings
+    from app.platform.settings import Settings
 
     application = create_app(Settings(database_url=database_url, secret_key=TEST_SECRET, data_dir=tmp_path,
                                       log_format="json"))
@@ -83,7 +83,7 @@ def test_the_response_header_and_the_log_line_share_the_request_id(own_app, log_
 
 
 def test_text_logs_carry_the_request_id_too(own_app) -> None:
-    from app.observability import configure_logging
+    from app.platform.observability import configure_logging
 
     buffer = io.StringIO()
     configure_logging("text").setStream(buffer)  # type: ignore[attr-defined]
@@ -141,7 +141,7 @@ def _seed(db, make_user, make_project, *, n_prompts: int = 3, k: int = 2):  # ty
 
 def test_a_job_started_by_a_request_logs_its_request_id(app, db, api, make_user, make_project, token_for,
                                                         log_lines) -> None:
-    from app.services import jobs
+    from app.jobs import queue as jobs
     from app.worker import Worker
 
     lead, _, project = _seed(db, make_user, make_project)
@@ -199,7 +199,7 @@ def test_readiness_names_the_worker_check_until_a_worker_is_seen(app, api) -> No
 
 
 def test_the_container_health_probe_follows_readiness_and_says_why(app, server_url) -> None:
-    """The Dockerfile's HEALTHCHECK (`python -m app.healthcheck`) against a real server: unhealthy, naming the
+    """The Dockerfile's HEALTHCHECK (`python -m app.platform.healthcheck`) against a real server: unhealthy, naming the
     worker check, until a worker is seen; healthy then; unhealthy with the reason when nothing listens."""
     import subprocess
     import sys
@@ -211,7 +211,7 @@ def test_the_container_health_probe_follows_readiness_and_says_why(app, server_u
         (data_dir / "workers" / name).unlink()
 
     def probe(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "app.healthcheck", *args], cwd=REPO, capture_output=True,
+        return subprocess.run([sys.executable, "-m", "app.platform.healthcheck", *args], cwd=REPO, capture_output=True,
                               text=True, timeout=60, env=os.environ | env)
 
     unready = probe(f"{server_url}/healthz/ready")
@@ -229,7 +229,7 @@ def test_the_container_health_probe_follows_readiness_and_says_why(app, server_u
 
 def test_readiness_fails_with_the_database_named_when_it_is_down(tmp_path) -> None:
     from app.main import create_app
-    from app.settings import Settings
+    from app.platform.settings import Settings
 
     settings = Settings(database_url="postgresql://nobody@127.0.0.1:1/none", data_dir=tmp_path)
     record_worker_heartbeat(tmp_path, "w1")
@@ -242,8 +242,8 @@ def test_readiness_fails_with_the_database_named_when_it_is_down(tmp_path) -> No
 
 def test_readiness_fails_with_migrations_named_when_the_schema_is_behind(tmp_path) -> None:
     from app.main import create_app
-    from app.migrate import revisions, upgrade
-    from app.settings import Settings
+    from app.platform.migrate import revisions, upgrade
+    from app.platform.settings import Settings
 
     url = f"sqlite:///{tmp_path}/old.db"
     upgrade(url, revisions()[-2])
@@ -336,7 +336,7 @@ def test_metrics_from_a_network_not_listed_are_refused(database_url, clean_engin
     import uvicorn
 
     from app.main import create_app
-    from app.settings import Settings
+    from app.platform.settings import Settings
 
     application = create_app(Settings(database_url=database_url, secret_key=TEST_SECRET, data_dir=tmp_path,
                                       metrics_allowed_networks="10.0.0.0/8, fd00::/8"))
@@ -359,7 +359,7 @@ def test_metrics_from_a_network_not_listed_are_refused(database_url, clean_engin
 
 
 def test_a_bad_metrics_network_is_refused_by_name() -> None:
-    from app.settings import Settings
+    from app.platform.settings import Settings
 
     with pytest.raises(ValueError, match="'10.0.0/33' is not a network in CIDR notation"):
         Settings(metrics_allowed_networks="127.0.0.1/32,10.0.0/33")

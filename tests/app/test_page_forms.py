@@ -10,8 +10,13 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from app.errors import Invalid
-from app.forms import (
+from app.judge import sampling
+from app.models import Completion, Job, Prompt, TrainingRun
+from app.platform.errors import Invalid
+from app.projects import projects
+from app.runs import iteration, training_runs
+from app.schemas import SamplingJobIn
+from app.web.forms import (
     ConstitutionForm,
     EndpointForm,
     ExportForm,
@@ -21,9 +26,6 @@ from app.forms import (
     field_error,
     validation_field,
 )
-from app.models import Completion, Job, Prompt, TrainingRun
-from app.schemas import SamplingJobIn
-from app.services import iteration, projects, sampling, training_runs
 
 # --- the form models ------------------------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.services.pairs import expand_tiers
+from app.annotation.pairs import expand_tiers
 
 
 def test_k4_without_ties_gives_six_pairs_with_tier_distance_margins() -> None:

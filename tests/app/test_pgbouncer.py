@@ -17,8 +17,9 @@ import pytest
 from sqlalchemy import func, select, text
 from sqlalchemy.exc import DBAPIError
 
+from app.jobs import queue as jobs
 from app.models import Completion, Job, Pair, Prompt, Ranking
-from app.services import jobs, projects
+from app.projects import projects
 from tests.conftest import IN_CI, TEST_SECRET
 from tests.support.pgbouncer import pgbouncer, pgbouncer_binary, pgbouncer_version, transactions_served
 
@@ -41,7 +42,7 @@ def bouncer_url(database_url: str) -> Iterator[str]:
 
 
 def test_the_setting_reaches_the_driver(database_url: str) -> None:
-    from app.db import make_engine
+    from app.platform.db import make_engine
 
     for prepared, threshold in ((True, 5), (False, None)):
         engine = make_engine(database_url, pool_size=1, prepared_statements=prepared)
@@ -68,7 +69,7 @@ def _run_alternately(engine: Any, times: int) -> None:
 
 
 def test_prepared_statements_break_under_transaction_pooling_unless_turned_off(database_url: str) -> None:
-    from app.db import make_engine
+    from app.platform.db import make_engine
 
     _need_pgbouncer(database_url)
     with pgbouncer(database_url, pool_size=1) as bouncer:
@@ -125,7 +126,7 @@ def test_annotation_export_and_worker_jobs_through_pgbouncer(db, make_user, make
     from fastapi.testclient import TestClient
 
     from app.main import create_app
-    from app.settings import Settings
+    from app.platform.settings import Settings
     from app.worker import Worker
 
     n = 8

@@ -143,7 +143,7 @@ def test_healthz_reports_a_dead_database_with_503(tmp_path) -> None:  # type: ig
     from fastapi.testclient import TestClient
 
     from app.main import create_app
-    from app.settings import Settings
+    from app.platform.settings import Settings
 
     settings = Settings(database_url="postgresql://nobody@127.0.0.1:1/none", data_dir=tmp_path)
     r = TestClient(create_app(settings)).get("/healthz")
@@ -172,8 +172,8 @@ def test_a_role_is_read_once_per_request_and_follows_every_membership_change(db,
     # change in the same session (flushed or not), a commit or a rollback makes the next check read it again.
     from sqlalchemy import event
 
-    from app import permissions
-    from app.services import projects
+    from app.accounts import permissions
+    from app.projects import projects
 
     lead, engineer = make_user(db, "lead"), make_user(db, "engineer")
     project = make_project(db, lead=lead)
@@ -209,7 +209,7 @@ def test_the_project_page_lists_every_member_and_each_remove_form_works(db, make
                                                                        browser) -> None:
     import re
 
-    from app.services import projects
+    from app.projects import projects
 
     lead = make_user(db, "lead", name="Lena Lead")
     project = make_project(db, lead=lead)

@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import and_, func, or_, select
 
 from app.models import Assignment, Completion, Pair, Prompt, Ranking, utcnow
-from app.services import projects
+from app.projects import projects
 
 pytestmark = pytest.mark.crash
 
@@ -117,9 +117,9 @@ def test_a_prompt_filled_while_its_lock_was_awaited_is_recounted_and_not_leased_
     from tests.conftest import only_on
 
     only_on(db, "postgresql", "SQLite serialises writers: no request ever waits on a row lock")
-    from app.db import make_session_factory
+    from app.annotation import queue
     from app.models import User
-    from app.services import queue
+    from app.platform.db import make_session_factory
 
     lead = make_user(db, "lead")
     project = make_project(db, lead=lead, k=4, overlap=1)

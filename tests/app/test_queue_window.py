@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import func, select
 
+from app.annotation import queue
 from app.models import Assignment, Prompt
-from app.services import queue
 from tests.app.test_selection import _rank, _seed
 
 

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from app.errors import Conflict
-from app.services import rubrics, versions
+from app.platform.errors import Conflict
+from app.projects import rubrics, versions
 
 
 def test_each_save_is_a_new_version_and_the_old_one_is_kept(db, make_user, make_project, token_for, api) -> None:
@@ -30,7 +30,7 @@ def test_second_lead_saving_on_the_same_version_gets_a_conflict(db, make_user, m
                                                                 api) -> None:
     lead1, lead2 = make_user(db, "lead"), make_user(db, "lead")
     project = make_project(db, lead=lead1)
-    from app.services import projects
+    from app.projects import projects
 
     projects.add_member(db, project, lead1, email=lead2.email, role="lead")
     c1, c2 = api(token_for(db, lead1)), api(token_for(db, lead2))

@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy import func, select
 
 from app.models import Completion, Job, Prompt
-from app.services import projects
-from app.settings import Settings
+from app.platform.settings import Settings
+from app.projects import projects
 from app.worker import Worker
 from tests.conftest import only_on
 from tests.training.tiny import char_tokenizer, save_tiny, tiny_gpt2
@@ -52,7 +52,7 @@ def _trusted_endpoint(db, make_user, api, token_for, url: str, model: str, **fie
 
 
 def _worker(database_url: str, tmp_path: Path, clean_engine, **kw) -> Worker:  # type: ignore[no-untyped-def]
-    from app.db import make_session_factory
+    from app.platform.db import make_session_factory
 
     settings = Settings(database_url=database_url, data_dir=tmp_path, secret_key="x" * 40)
     return Worker(settings, session_factory=make_session_factory(clean_engine), poll_s=0.05, heartbeat_s=0.2, **kw)
@@ -284,7 +284,7 @@ def test_an_unreachable_server_fails_the_job_with_a_clear_reason(db, make_user, 
 
 def test_sampled_completions_are_split_into_steps_when_the_project_labels_steps(
         db, make_user, make_project, token_for, api, tiny_model_dir, database_url, clean_engine, tmp_path) -> None:
-    from app.services import steps
+    from app.annotation import steps
 
     lead, project = _project_with_prompts(db, make_user, make_project, n=2, k=2)
     steps.set_options(db, project, lead, enabled=True, separator=None)

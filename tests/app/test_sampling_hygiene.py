@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from app.jobs import queue as jobs
 from app.models import Completion, Prompt
-from app.services import jobs, projects
+from app.projects import projects
 from tests.app.test_sampling import _project_with_prompts, _trusted_endpoint, _worker, tiny_model_dir  # noqa: F401
 from tests.support.openai_server import OpenAICompatibleServer
 

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from app.annotation import queue
+from app.annotation.pairs import expand_tiers
 from app.models import Assignment, Pair, Project, Prompt, Ranking, Rubric
-from app.services import agreement, queue
-from app.services.pairs import expand_tiers
+from app.quality import agreement
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
@@ -23,7 +24,7 @@ def test_the_seeded_campaign_is_what_the_app_would_have_written(clean_engine, da
         pytest.skip(reason="the campaign seed writes by COPY: Postgres only")
     from seed_campaign import seed_campaign
 
-    from app.db import make_session_factory
+    from app.platform.db import make_session_factory
 
     out = seed_campaign(database_url, 600, annotators=30, open_prompts=10)
     db = make_session_factory(clean_engine)()

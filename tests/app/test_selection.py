@@ -9,10 +9,11 @@ import pytest
 import torch
 from sqlalchemy import select
 
+from app.annotation import queue, rankings, selection
+from app.annotation.rankings import RankingInput
 from app.models import Assignment, Completion, Prompt, TrainingRun
-from app.services import projects, queue, rankings, selection
-from app.services.rankings import RankingInput
-from app.services.rubrics import current as current_rubric
+from app.projects import projects
+from app.projects.rubrics import current as current_rubric
 
 
 def _seed(db, make_user, make_project, *, n: int = 6, k: int = 3, overlap: int = 1, annotators: int = 2,

@@ -10,11 +10,13 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from app.errors import Conflict
+from app.annotation import queue, rankings, selection
+from app.annotation.rankings import RankingInput
+from app.exports import writer as export_writer
 from app.models import Assignment, Prompt, Ranking
-from app.services import agreement, export_writer, queue, rankings, rollups, selection
-from app.services.rankings import RankingInput
-from app.services.rubrics import current as current_rubric
+from app.platform.errors import Conflict
+from app.projects.rubrics import current as current_rubric
+from app.quality import agreement, rollups
 from tests.app.test_queue_concurrency import _active_per_prompt, _all_at_once
 from tests.app.test_selection import _rank, _seed, _worker
 

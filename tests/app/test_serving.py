@@ -12,8 +12,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.main import create_app
-from app.serving import bind
-from app.settings import Settings
+from app.platform.settings import Settings
+from app.web.serving import bind
 from tests.conftest import TEST_SECRET
 from tests.support.server import Server, wait_for
 

@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from app.settings import Settings, SettingsError, load_settings
+from app.platform.settings import Settings, SettingsError, load_settings
 
 
 def test_production_without_secret_refuses_to_start(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -54,7 +54,7 @@ def test_production_cookies_are_secure() -> None:
 
 
 def test_the_postgres_pool_keeps_the_configured_connections(monkeypatch: pytest.MonkeyPatch) -> None:
-    from app.db import make_engine
+    from app.platform.db import make_engine
 
     monkeypatch.setenv("PREFLAB_DATABASE_POOL_SIZE", "0")
     with pytest.raises(SettingsError, match="PREFLAB_DATABASE_POOL_SIZE"):

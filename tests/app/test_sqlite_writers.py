@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import func, select
 
 from app.models import Assignment, Completion, Pair, Prompt, Ranking, Rubric
-from app.services import projects
+from app.projects import projects
 
 pytestmark = pytest.mark.crash
 
@@ -151,7 +151,7 @@ def _sqlite_only(database_url: str) -> None:
 
 
 def test_a_writer_waits_past_sqlites_own_busy_timeout(database_url, clean_engine, monkeypatch) -> None:
-    from app import db as dbmod
+    from app.platform import db as dbmod
 
     _sqlite_only(database_url)
     monkeypatch.setattr(dbmod, "SQLITE_BUSY_TIMEOUT_MS", 100)  # SQLite gives up quickly; the begin hook does not
@@ -174,8 +174,8 @@ def test_a_lock_held_too_long_is_a_clear_503_not_a_500(database_url, app, db, ma
     from fastapi.testclient import TestClient
     from sqlalchemy.engine import make_url
 
-    from app import db as dbmod
     from app.main import create_app
+    from app.platform import db as dbmod
 
     _sqlite_only(database_url)
     user = make_user(db, "lead")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.services import step_agreement
+from app.quality import step_agreement
 from tests.app.test_steps_export import BAD, GOOD, _label_everything, _seed
 
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import func, select
 
-from app.errors import Invalid
+from app.annotation import steps
+from app.imports import service as imports
 from app.models import Completion, Prompt, Ranking, StepLabel
-from app.services import imports, projects, steps
+from app.platform.errors import Invalid
+from app.projects import projects
 
 SOLUTION = "Add 2 and 3.\n\n  That gives 5.  \nSo the answer is 5."
 
@@ -281,7 +283,7 @@ def test_the_ranking_page_form_sends_step_labels_without_javascript(db, make_use
 
 
 def test_gold_step_labels_keep_their_steps_and_need_the_option(db, make_user, make_project) -> None:
-    from app.services import gold
+    from app.projects import gold
 
     lead, project, _ = _project_with_steps(db, make_user, make_project)
     _import(db, project, lead, [("2+3?", ["a. b.\nc.", "d. e."])])

@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 
+from app.annotation import steps
+from app.exports import steps as export_steps
 from app.models import Completion, Prompt
-from app.services import export_steps, projects, steps
+from app.projects import projects
 from tests.app.test_exports import _download, _export
 
 # Three steps for the good answer, two for the bad one.

@@ -1,4 +1,4 @@
-"""The trainer's supervisor (`python -m app.jobs.train --supervise`): woken by its lifeline, never by a timer.
+"""The trainer's supervisor (`python -m app.runs.train_job --supervise`): woken by its lifeline, never by a timer.
 
 Here the test plays the worker: it holds the write end of the lifeline and stays alive throughout, so a
 supervisor that polled for a new parent process would never notice anything. Only the pipe can wake it.
@@ -62,7 +62,7 @@ def supervised() -> Iterator[Callable[[str], tuple[subprocess.Popen, int]]]:  # 
 
     def start(code: str) -> tuple[subprocess.Popen, int]:  # type: ignore[type-arg]
         lifeline, keep = os.pipe()
-        proc = subprocess.Popen([sys.executable, "-m", "app.jobs.train", "--supervise", str(lifeline), "--",
+        proc = subprocess.Popen([sys.executable, "-m", "app.runs.train_job", "--supervise", str(lifeline), "--",
                                  sys.executable, "-c", code], pass_fds=(lifeline,), start_new_session=True)
         os.close(lifeline)
         started.append(proc)

@@ -6,7 +6,7 @@ import tomllib
 
 import pytest
 
-from app.jobs.train import write_toml
+from app.runs.train_job import write_toml
 
 
 def test_the_config_reads_back_with_unset_values_left_out(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -12,11 +12,12 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from app.demo_setup import DEMO_PROJECT, demo_policy_dir, setup_demo
+from app.accounts import users
+from app.demo.seed import DEMO_PROJECT, demo_policy_dir, setup_demo
 from app.main import create_app
 from app.models import Completion, Job, Project, Prompt, TrainingRun
-from app.services import training_runs, users
-from app.settings import Settings
+from app.platform.settings import Settings
+from app.runs import training_runs
 from app.worker import Worker
 
 CSRF_RE = re.compile(r'name="csrf_token" value="([0-9a-f]{64})"')

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import func, select
 
 from app.models import Export, Job, Prompt, TrainingRun
-from app.services import projects
+from app.projects import projects
 from app.worker import Worker
 from tests.conftest import only_on
 from tests.training.tiny import char_tokenizer, save_tiny, tiny_gpt2

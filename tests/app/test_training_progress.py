@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 
-from app.jobs import train
 from app.models import Export, Job, TrainingRun
-from app.services import charts, projects, training_runs
+from app.projects import projects
+from app.quality import charts
+from app.runs import train_job as train
+from app.runs import training_runs
 
 
 class _Ctx:

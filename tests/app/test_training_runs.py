@@ -17,7 +17,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
 
 from app.models import Completion, Job, Project, Prompt, TrainingRun
-from app.services import projects
+from app.projects import projects
 from app.worker import Worker
 from tests.conftest import only_on
 from tests.training.tiny import char_tokenizer, save_tiny, tiny_gpt2
@@ -333,7 +333,7 @@ def test_validating_a_run_config_does_not_import_torch() -> None:
     # The web process checks every run's config against the trainer's dataclass; importing torch for that took
     # 3 s (12 s under load) of GIL-holding work on the first training request, stalling every annotator.
     code = ("import sys\n"
-            "from app.services import training_runs\n"
+            "from app.runs import training_runs\n"
             "for kind, cfg in (('reward', {'epochs': 2}), ('grpo', {'group_size': 4}), ('ppo', {'samples_per_prompt': 2})):\n"
             "    training_runs._validate_config(kind, cfg, {})\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\n")

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from app.jobs import queue as jobs
 from app.models import Job
-from app.services import jobs
 from app.worker import Worker
 from tests.support.server import serve_in_thread
 
@@ -207,7 +207,7 @@ def test_the_webhooks_page_adds_shows_the_secret_once_and_removes(db, app, make_
     lead = make_user(db, "lead")
     project = make_project(db, lead=lead)
     annotator = make_user(db, "annotator")
-    from app.services import projects
+    from app.projects import projects
 
     projects.add_member(db, project, lead, email=annotator.email, role="annotator")
     db.commit()
@@ -245,9 +245,9 @@ def test_training_and_judge_runs_that_end_are_announced_once(db, app, make_user,
                                                              receiver) -> None:
     from types import SimpleNamespace
 
-    from app.jobs import judge as judge_job
-    from app.jobs import train as train_job
+    from app.judge import judge_job
     from app.models import JudgeRun, TrainingRun
+    from app.runs import train_job
 
     project, admin, lead = _world(db, make_user, make_project, token_for, api)
     hook = _hook(admin, project.id, receiver.url, ["training_run.finished", "training_run.failed",
@@ -276,9 +276,9 @@ def test_training_and_judge_runs_that_end_are_announced_once(db, app, make_user,
 
 def test_annotators_a_rollup_newly_flags_are_announced_once(db, app, make_user, make_project, token_for, api,
                                                             receiver) -> None:
-    from app.db import session_scope
     from app.models import Project, User
-    from app.services import rollups
+    from app.platform.db import session_scope
+    from app.quality import rollups
     from tests.app.test_agreement_scale import _campaign
 
     project, _ = _campaign(db, make_user, make_project, n_prompts=24, seed=11)  # two annotators rank in 1 s
@@ -394,8 +394,8 @@ def test_a_training_crash_the_worker_retries_is_not_announced_as_failed(db, app,
                                                                         api, receiver, monkeypatch) -> None:
     from types import SimpleNamespace
 
-    from app.jobs import train as train_job
     from app.models import TrainingRun, WebhookDelivery
+    from app.runs import train_job
 
     project, admin, _ = _world(db, make_user, make_project, token_for, api)
     _hook(admin, project.id, receiver.url, ["training_run.failed"])

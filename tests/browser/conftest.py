@@ -30,8 +30,8 @@ class LiveServer:
         import uvicorn
 
         from app.main import create_app
-        from app.migrate import upgrade
-        from app.settings import Settings
+        from app.platform.migrate import upgrade
+        from app.platform.settings import Settings
 
         url = f"sqlite:///{tmp}/browser.db"
         upgrade(url)

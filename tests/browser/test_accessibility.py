@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from app.demo_setup import setup_demo
+from app.accounts import users
+from app.demo.seed import setup_demo
+from app.exports import service as exports
 from app.models import Job, Project, TrainingRun
-from app.services import constitutions, exports, rubrics, users
+from app.projects import constitutions, rubrics
 from tests.app.test_training_demo import _rank_some
 from tests.browser.conftest import IN_CI, settle
 from tests.browser.test_annotate_page import assert_console_clean, new_page  # noqa: F401 - fixture

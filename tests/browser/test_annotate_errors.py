@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from app.models import Project, User
-from app.services import rubrics
+from app.projects import rubrics
 from tests.browser.test_annotate_page import _login, _seed, page  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.slow

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from app.demo_setup import DEMO_RUBRIC
+from app.demo.seed import DEMO_RUBRIC
 from app.models import Ranking
 from tests.browser.conftest import settle
 from tests.browser.test_annotate_page import _login, _seed, new_page, page  # noqa: F401 - fixtures

@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
+from app.accounts import users
 from app.models import Completion, Pair, Prompt, Ranking
-from app.services import projects, users
+from app.projects import projects
 
 PASSWORD = "correct horse battery staple"
 pytestmark = pytest.mark.slow
@@ -207,7 +208,7 @@ def test_a_refused_submit_keeps_the_ranking_on_screen(live_server, page) -> None
     # Meanwhile the lead saves a new rubric version: the submit is refused as stale.
     with live_server.session() as db:
         from app.models import Project, User
-        from app.services import rubrics
+        from app.projects import rubrics
 
         project = db.get(Project, project_id)
         lead = db.scalar(select(User).where(User.email == "lead@example.org"))

@@ -8,8 +8,8 @@ import itertools
 import pytest
 from sqlalchemy import select
 
+from app.annotation import steps
 from app.models import Project, Ranking
-from app.services import steps
 from tests.browser.conftest import settle
 from tests.browser.test_annotate_page import _focused_card, _login, _seed, page  # noqa: F401 - fixtures
 

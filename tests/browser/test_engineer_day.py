@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from app.demo_setup import demo_policy_dir, setup_demo
+from app.demo.seed import demo_policy_dir, setup_demo
 from app.worker import Worker
 from tests.app.test_training_demo import _rank_some
 from tests.browser.test_annotate_page import page  # noqa: F401 - fixture: fails on any console error

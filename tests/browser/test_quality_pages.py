@@ -8,8 +8,10 @@ import time
 import pytest
 from sqlalchemy import select
 
+from app.accounts import users
+from app.exports import service as exports
 from app.models import Completion, Export, Job, Prompt, Ranking
-from app.services import exports, projects, users
+from app.projects import projects
 
 PASSWORD = "correct horse battery staple"
 pytestmark = pytest.mark.slow

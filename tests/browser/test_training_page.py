@@ -9,8 +9,9 @@ import time
 
 import pytest
 
+from app.accounts import users
 from app.models import Job, TrainingRun
-from app.services import projects, users
+from app.projects import projects
 from tests.browser.conftest import settle
 
 PASSWORD = "correct horse battery staple"

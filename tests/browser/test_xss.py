@@ -13,8 +13,9 @@ import hashlib
 
 import pytest
 
+from app.accounts import users
 from app.models import Completion, Job, ModelEndpoint, Prompt
-from app.services import constitutions, projects, users
+from app.projects import constitutions, projects
 from tests.browser.conftest import settle
 
 PASSWORD = "correct horse battery staple"

@@ -55,8 +55,8 @@ def real_ids(world: Any, path_parameters: dict[str, Any] | None) -> dict[str, An
 
 def make_app(data_dir: Path) -> Any:
     from app.main import create_app
-    from app.migrate import upgrade
-    from app.settings import Settings
+    from app.platform.migrate import upgrade
+    from app.platform.settings import Settings
 
     url = f"sqlite:///{data_dir}/preflab.db"
     upgrade(url)

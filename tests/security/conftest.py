@@ -15,7 +15,7 @@ def _worker_seen(data_dir: Any) -> None:
     import os
     import time
 
-    from app.observability import WORKERS_DIR, record_worker_heartbeat
+    from app.platform.observability import WORKERS_DIR, record_worker_heartbeat
 
     record_worker_heartbeat(data_dir, "security-suite")
     later = time.time() + 24 * 3600

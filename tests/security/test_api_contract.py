@@ -1,4 +1,4 @@
-"""The API as a contract (app/openapi.py): what `/openapi.json` promises is what the server does.
+"""The API as a contract (app/web/openapi.py): what `/openapi.json` promises is what the server does.
 
 `make api-check` (tests/security/api_contract.py) fuzzes the whole schema with every Schemathesis check; these
 tests pin each promise with a request a client would send.
@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from app.deps import MAX_ID
-from app.errors import Invalid
-from app.services import outbound
+from app.judge import outbound
+from app.platform.errors import Invalid
+from app.web.deps import MAX_ID
 from tests.security.world import World
 
 UNSAFE = {"post", "put", "patch", "delete"}
@@ -105,7 +105,7 @@ def test_integers_are_json_numbers_not_strings(client: Any, world: World) -> Non
 
 def test_a_page_form_still_converts_its_text(app: Any, world: World) -> None:
     """The constitution editor posts its priorities as text; the API model it builds (strict for JSON) takes them."""
-    from app.forms import ConstitutionForm
+    from app.web.forms import ConstitutionForm
 
     form = ConstitutionForm.model_validate({"base_version": "1", "p-0-name": "Honest", "p-0-comparison": "Which?",
                                             "p-0-priority": "3"})

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from app.errors import Invalid
+from app.judge import outbound
 from app.models import User
-from app.services import outbound
+from app.platform.errors import Invalid
 from tests.security.routes import POLICY, UNSAFE, a_params, all_routes, fill, policy_key
 from tests.security.test_object_access import snapshot
 from tests.security.world import PASSWORD, World
@@ -33,7 +33,7 @@ def test_a_fresh_database_has_no_accounts(engine: Any, clean_engine: Any) -> Non
 
 
 def test_passwords_are_argon2id(db: Any, make_user: Any) -> None:
-    from app import security
+    from app.accounts import security
 
     user = make_user(db, "annotator")
     assert user.password_hash.startswith("$argon2id$")
@@ -100,7 +100,7 @@ def test_every_unsafe_route_refuses_a_cookie_without_csrf_or_from_a_foreign_orig
 
 
 def _token_of_another_browser(app: Any) -> str:
-    from app import security
+    from app.accounts import security
 
     return security.csrf_token_for(app.state.secret, "another-browser-id-0123456789")
 
@@ -128,8 +128,8 @@ def test_behind_a_tls_proxy_public_origin_decides(tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
 
     from app.main import create_app
-    from app.migrate import upgrade
-    from app.settings import Settings
+    from app.platform.migrate import upgrade
+    from app.platform.settings import Settings
     from tests.conftest import CSRF_RE, TEST_SECRET
 
     url = f"sqlite:///{tmp_path}/p.db"

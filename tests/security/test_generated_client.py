@@ -35,7 +35,7 @@ GENERATOR_CONFIG = {"post_hooks": []}
 
 def _generate(tmp_path: Path) -> None:
     from app.main import create_app
-    from app.settings import Settings
+    from app.platform.settings import Settings
 
     settings = Settings(env="dev", database_url=f"sqlite:///{tmp_path}/schema.db", data_dir=tmp_path / "schema",
                         secret_key="generated-client-" + "x" * 40)
@@ -77,9 +77,9 @@ def client_package(tmp_path: Path) -> Iterator[dict[str, ModuleType]]:
 def live(tmp_path: Path) -> Iterator[tuple[Server, dict[str, str]]]:
     """A migrated SQLite database with a lead and an annotator (their tokens), `preflab serve` on it, and a
     `preflab worker` that runs export jobs."""
-    from app.db import make_engine, make_session_factory
-    from app.migrate import upgrade
-    from app.services import users
+    from app.accounts import users
+    from app.platform.db import make_engine, make_session_factory
+    from app.platform.migrate import upgrade
 
     data_dir = tmp_path / "data"
     data_dir.mkdir()

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from app.errors import Invalid
+from app.judge import outbound
 from app.models import AuditEvent, Job, JudgeRun, ModelEndpoint
-from app.services import outbound
+from app.platform.errors import Invalid
 from tests.security.test_object_access import snapshot
 from tests.security.world import World
 
@@ -158,8 +158,8 @@ def test_a_picked_endpoint_is_stored_by_id_without_its_url_or_key(client: Any, w
 
 def test_a_grpo_run_may_sample_only_from_a_configured_server(client: Any, world: World) -> None:
     """GRPO's `server_base_url` is a fetch the trainer makes: a lead may name only a configured endpoint's URL."""
+    from app.judge import endpoints
     from app.models import User
-    from app.services import endpoints
 
     with client.app.state.session_factory() as db:
         admin, lead = db.get(User, world.user_ids["admin"]), db.get(User, world.user_ids["lead"])

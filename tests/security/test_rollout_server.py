@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
+from app.jobs import queue as jobs
+from app.judge import endpoints, outbound
 from app.models import Job, ModelEndpoint, Project, TrainingRun, User
-from app.services import endpoints, jobs, outbound, training_runs
+from app.runs import training_runs
 from tests.security.world import World
 
 HOST = "rollouts.example.test"

@@ -17,9 +17,9 @@ from cryptography.fernet import Fernet
 from sqlalchemy import MetaData, create_engine, select, text
 from typer.testing import CliRunner
 
-from app.crypto import KEY_FILE, NEXT_KEY_FILE, Keyring, KeyringError, KeyUnreadable
 from app.models import ModelEndpoint, Prompt
-from app.settings import Settings, SettingsError, load_settings
+from app.platform.crypto import KEY_FILE, NEXT_KEY_FILE, Keyring, KeyringError, KeyUnreadable
+from app.platform.settings import Settings, SettingsError, load_settings
 from tests.conftest import TEST_SECRET
 from tests.security.world import World
 from tests.support.openai_server import OpenAICompatibleServer
@@ -197,7 +197,7 @@ def test_a_tampered_value_is_unreadable_not_wrong(tmp_path: Path) -> None:
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_plain_keys_of_an_older_version_are_encrypted_when_the_new_one_starts(backend: str, tmp_path: Path) -> None:
     from app.main import create_app
-    from app.migrate import downgrade, upgrade
+    from app.platform.migrate import downgrade, upgrade
     from tests.conftest import _reset_postgres, pg_url
 
     if backend == "sqlite":

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from app.web import CSP, TEMPLATES_DIR, render_markdown, templates
+from app.web.rendering import CSP, TEMPLATES_DIR, render_markdown, templates
 from tests.conftest import TEST_SECRET
 
 APP_DIR = Path(__file__).resolve().parents[2] / "app"
@@ -43,11 +43,11 @@ def test_markup_is_built_only_by_the_markdown_sanitiser() -> None:
             if re.search(r"\bMarkup\s*\(|markupsafe\.Markup|HTMLResponse\(\s*f[\"']", line):
                 offenders.append(f"{path.relative_to(APP_DIR.parent)}:{n}")
     # The sanitiser's, and the two that mark our own autoescaped template output (a cached page fragment) as HTML.
-    assert offenders == [f"app/web.py:{n}" for n in _markup_lines()], offenders
+    assert offenders == [f"app/web/rendering.py:{n}" for n in _markup_lines()], offenders
 
 
 def _markup_lines() -> list[int]:
-    lines = (APP_DIR / "web.py").read_text().splitlines()
+    lines = (APP_DIR / "web" / "rendering.py").read_text().splitlines()
     allowed = ("return Markup(clean)", "return Markup(html)  # noqa: S704 - the autoescaped output",
                "return Markup(html)  # noqa: S704 - only ever render_fragment")
     return [i for i, line in enumerate(lines, 1) if any(a in line for a in allowed)]
@@ -123,8 +123,8 @@ def test_hsts_and_secure_cookies_outside_dev(tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
 
     from app.main import create_app
-    from app.migrate import upgrade
-    from app.settings import Settings
+    from app.platform.migrate import upgrade
+    from app.platform.settings import Settings
 
     url = f"sqlite:///{tmp_path}/prod.db"
     upgrade(url)

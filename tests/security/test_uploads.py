@@ -22,7 +22,8 @@ def _lead_client(db: Any, make_user: Any, make_project: Any, token_for: Any, api
 def test_a_2_gb_streamed_upload_is_refused_without_reading_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import httpx
 
-    from app.services import projects, users
+    from app.accounts import users
+    from app.projects import projects
     from tests.browser.conftest import LiveServer
 
     server = LiveServer(tmp_path)  # a real uvicorn server: the test client would buffer the body itself

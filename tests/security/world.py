@@ -16,10 +16,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from app.crypto import Keyring
+from app.accounts import users
 from app.models import Assignment, Completion, Export, Job, ModelEndpoint, Project, Prompt, TrainingRun, Webhook
-from app.services import constitutions, projects, users
-from app.settings import Settings
+from app.platform.crypto import Keyring
+from app.platform.settings import Settings
+from app.projects import constitutions, projects
 
 PASSWORD = "correct horse battery staple"
 IDENTITIES = ("anon", "admin", "lead", "annotator", "engineer", "outsider")

@@ -12,10 +12,10 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.errors import Invalid
 from app.models import Project, Prompt, Rubric, User
-from app.services import agreement_flags
-from app.services.agreement import (
+from app.platform.errors import Invalid
+from app.quality import flags as agreement_flags
+from app.quality.agreement import (
     AgreementReport,
     AnnotatorStats,
     Comparisons,

@@ -1,4 +1,4 @@
-"""The rows behind the agreement figures as app.services.agreement_rows computed them before they were paged:
+"""The rows behind the agreement figures as app.quality.rows computed them before they were paged:
 from every ranking of the project, on each call. Kept as the oracle the paged, bounded reads must equal."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app import permissions
-from app.errors import Invalid, NotFound
+from app.accounts import permissions
 from app.models import Completion, Project, Prompt, User
-from app.services import agreement
-from app.services.agreement import gold_orders, human_rankings
+from app.platform.errors import Invalid, NotFound
+from app.quality import agreement
+from app.quality.agreement import gold_orders, human_rankings
 
 LIMIT = 200
 """Rows shown per list: the worst first, so the ones to act on are always on the page."""

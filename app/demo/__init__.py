@@ -1,0 +1,1 @@
+"""The demo: a ready SQLite instance with an account per role and a GSM8K project from shipped data."""

@@ -1,0 +1,97 @@
+"""The demo: a migrated SQLite database, an account per role (two annotators), a GSM8K project from shipped data,
+and a tiny policy model under DATA_DIR so policy runs (GRPO, PPO, …) and *Sample into project* work offline."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.accounts import users
+from app.imports import service as imports
+from app.models import Project, User
+from app.platform.db import make_engine, make_session_factory, session_scope
+from app.platform.migrate import upgrade
+from app.platform.settings import Settings
+from app.projects import gold, projects
+
+DEMO_DATA = Path(__file__).resolve().parent / "gsm8k_demo.jsonl"
+DEMO_PROJECT = "GSM8K solutions (demo)"
+DEMO_ACCOUNTS = [
+    ("admin", "admin@example.org", "Ada Admin"),
+    ("lead", "lead@example.org", "Lee Lead"),
+    ("annotator", "annotator1@example.org", "Ann One"),
+    ("annotator", "annotator2@example.org", "Ann Two"),
+    ("engineer", "engineer@example.org", "Eng Engineer"),
+]
+# Project roles of the demo accounts other than the lead who creates it (the admin sees everything anyway).
+DEMO_MEMBERS = [("annotator1@example.org", "annotator"), ("annotator2@example.org", "annotator"),
+                ("engineer@example.org", "engineer")]
+DEMO_RUBRIC = """## Ranking grade-school maths solutions
+
+Rank the solutions from best to worst.
+
+1. **Correct first.** A solution whose final answer matches the question's true answer ranks above any
+   solution with a wrong final answer. Check the arithmetic yourself; do not trust the stated result.
+2. **Then clearly reasoned.** Among solutions with the same correctness, prefer the one whose steps
+   follow from the question, in order, without leaps or irrelevant work.
+3. **Then concise and readable.** Prefer plain steps over padding or repetition.
+
+Tie two solutions only when they are equally correct and you cannot tell their reasoning apart.
+Flag a solution as *factually wrong* when a step misreads the question, even if the answer is right.
+"""
+DEMO_CRITERIA = ["Correct final answer", "Sound step-by-step reasoning", "Concise and readable"]
+
+
+def demo_policy_dir(settings: Settings) -> Path:
+    """Where the demo keeps its tiny policy: the default base model of its policy runs."""
+    return (settings.data_dir / "models" / "demo-policy").resolve()
+
+
+def setup_demo(settings: Settings) -> tuple[list[tuple[str, str, str]], int]:
+    """Idempotent: a second run keeps the data and gives the demo accounts fresh passwords."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    from training.demo_policy import write_demo_policy  # torch: only the demo pays for the import
+
+    write_demo_policy(demo_policy_dir(settings))  # once: a complete copy already there is kept
+    upgrade(settings.database_url)
+    factory = make_session_factory(make_engine(settings.database_url,
+                                                prepared_statements=settings.database_prepared_statements))
+    printed: list[tuple[str, str, str]] = []
+    with session_scope(factory) as db:
+        accounts = {}
+        for role, email, name in DEMO_ACCOUNTS:
+            password = secrets.token_urlsafe(12)
+            user = users.get_by_email(db, email)
+            if user is None:
+                user = users.create_user(db, email, password, role, name=name)
+            else:
+                users.set_password(db, user, password)
+                user.active = True
+            accounts[email] = user
+            printed.append((role, email, password))
+        project = db.scalar(select(Project).where(Project.name == DEMO_PROJECT))
+        if project is None:
+            lead = accounts["lead@example.org"]
+            project = projects.create_project(db, lead, name=DEMO_PROJECT, completions_per_prompt=4, overlap=2,
+                                              rubric_text=DEMO_RUBRIC, criteria=DEMO_CRITERIA,
+                                              description="100 GSM8K questions, four real model solutions each.")
+            for email, role in DEMO_MEMBERS:
+                projects.add_member(db, project, lead, email=email, role=role)
+            imports.import_file(db, project, DEMO_DATA.name, DEMO_DATA.read_bytes(), actor=lead,
+                                max_rows=settings.max_import_rows)
+            # Ten questions with a known answer (correct solutions above wrong ones) become gold tasks.
+            gold.gold_from_metadata(db, project, limit=10, actor=lead)
+        else:
+            _add_missing_members(db, project, accounts["lead@example.org"])
+        project_id = project.id
+    return printed, project_id
+
+
+def _add_missing_members(db: Session, project: Project, lead: User) -> None:
+    """A demo made before an account was added to DEMO_MEMBERS gets it on its next start."""
+    for email, role in DEMO_MEMBERS:
+        if not any(m.user.email == email for m in project.members):
+            projects.add_member(db, project, lead, email=email, role=role)

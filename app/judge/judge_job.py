@@ -1,0 +1,224 @@
+"""The `judge` job: the AI judge ranks every prompt's completions like an annotator, with soft-labelled pairs.
+
+For each prompt all K(K−1)/2 pairs are compared in both orders; a Bradley–Terry (or Copeland) fit
+turns them into tiers; the ranking is stored as a ranking by the judge run, its pairs carry the soft
+label p(chosen ≻ rejected) and both raw order probabilities. With `label_steps` the judge also labels every
+step of every completion it ranks (p(Yes) to "is step N correct given the problem and the steps before it?"),
+stored as the step labels of its ranking. One transaction per prompt, so a stopped or crashed run resumes where
+it was and never writes a prompt twice.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from itertools import combinations
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.annotation import rankings, selection, steps
+from app.annotation.pairs import expand_tiers
+from app.annotation.queue import task_completion_ids
+from app.jobs.context import JobContext, JobError, JobStopped, job_row, runtime_generator
+from app.judge import steps as judge_steps
+from app.models import Completion, Constitution, JudgeRun, Project, Prompt, Ranking
+from app.platform.db import session_scope
+from app.webhooks import service as webhooks
+from training.generation import GenerationError
+from training.judge import Judge, JudgeCancelled, JudgeConfig
+from training.judge_prompts import TEMPLATE_VERSION, format_conversation
+from training.judge_ranking import rank_from_pairwise
+
+PROMPTS_PER_CALL = 4
+
+
+def run(ctx: JobContext) -> dict[str, Any]:
+    run_id = int(ctx.payload["judge_run_id"])
+    with session_scope(ctx.session_factory) as db:
+        judge_run = job_row(db, JudgeRun, run_id, "judge run")
+        constitution = db.get(Constitution, judge_run.constitution_id)
+        if constitution is None:
+            raise JobError("the judge run's constitution no longer exists")
+        principles = list(constitution.principles)
+        params = dict(judge_run.params)
+        project_id = judge_run.project_id
+        judge_run.state = "running"
+    try:
+        config = JudgeConfig(mode=params.get("mode", "logprob"), principles=params.get("principles", "sample"),
+                             seed=int(params.get("seed", 0)), low_confidence=float(params.get("low_confidence", 0.6)))
+        judge = Judge(runtime_generator(ctx, ctx.payload["generator"], "judge")[0], config)
+        judge.generator.check()
+    except JobError:  # the model endpoint is gone or its URL is refused now
+        _set_state(ctx, run_id, "failed")
+        raise
+    except (GenerationError, ValueError, TypeError) as exc:
+        _set_state(ctx, run_id, "failed")
+        raise JobError(f"judge: {exc}") from None
+
+    todo, done_before = _prompts_to_judge(ctx, project_id, run_id, ctx.payload.get("prompt_ids"))
+    total, done = len(todo) + done_before, done_before
+    ctx.progress(done, total, f"judging {len(todo)} prompts")
+    ctx.log(f"judge {judge.describe()} · constitution v{constitution.version} · templates {TEMPLATE_VERSION}")
+    written = low = routed = step_labels = 0
+    label_steps = bool(params.get("label_steps"))
+    try:
+        for start in range(0, len(todo), PROMPTS_PER_CALL):
+            ctx.check()
+            chunk = todo[start:start + PROMPTS_PER_CALL]
+            items, keys, owners = [], [], []
+            for prompt_id, prompt, completions in chunk:
+                conversation = format_conversation(prompt)
+                for (i, text_i), (j, text_j) in combinations(completions, 2):
+                    items.append((conversation, text_i, text_j))
+                    keys.append((prompt_id, i, j))
+                    owners.append(prompt_id)
+            verdicts = judge.compare(items, principles, keys=keys, should_stop=ctx.should_stop)
+            step_soft = _judge_steps(ctx, judge, project_id, chunk) if label_steps else {}
+            by_prompt: dict[int, dict[tuple[int, int], Any]] = {}
+            for key, verdict in zip(keys, verdicts, strict=True):
+                by_prompt.setdefault(key[0], {})[(key[1], key[2])] = verdict
+            with session_scope(ctx.session_factory) as db:
+                routed_now: dict[int, str] = {}
+                for prompt_id, _, completions in chunk:
+                    pair_verdicts = by_prompt.get(prompt_id, {})
+                    ids = [cid for cid, _ in completions]
+                    p = {}
+                    for (i, j), v in pair_verdicts.items():
+                        p[(i, j)], p[(j, i)] = v.p, 1.0 - v.p
+                    tiers, scores, confidence = rank_from_pairwise(ids, p, config.ranking)
+                    reason, ranking_id = _write_ranking(
+                        db, ctx, judge_run_id=run_id, project_id=project_id, constitution_id=constitution.id,
+                        prompt_id=prompt_id, ids=ids, tiers=tiers, scores=scores, confidence=confidence, p=p,
+                        verdicts=pair_verdicts, config=config)
+                    if ranking_id is not None and prompt_id in step_soft:  # in the ranking's transaction
+                        step_labels += judge_steps.write(db, ranking_id, step_soft[prompt_id])
+                    low += reason == "low_confidence"
+                    if reason is not None and params.get("route_low_confidence"):
+                        routed_now[prompt_id] = reason
+                    written += 1
+                project_row = db.get(Project, project_id)
+                assert project_row is not None
+                routed += selection.route_to_humans(db, project_row, routed_now, judge_run_id=run_id)
+            done += len(chunk)
+            ctx.progress(done, total, f"{done}/{total} prompts judged")
+    except JudgeCancelled:
+        _set_state(ctx, run_id, "cancelled" if ctx.stop_reason == "cancelled" else "queued")
+        raise JobStopped(ctx.stop_reason or "stopped") from None
+    except JobStopped:
+        _set_state(ctx, run_id, "cancelled" if ctx.stop_reason == "cancelled" else "queued")
+        raise
+    except Exception:
+        _set_state(ctx, run_id, "failed")
+        raise
+    finally:
+        judge.generator.close()
+    _set_state(ctx, run_id, "succeeded")
+    return _summary(run_id, params, total=total, written=written, low=low, routed=routed, step_labels=step_labels)
+
+
+def _summary(run_id: int, params: dict[str, Any], *, total: int, written: int, low: int, routed: int,
+             step_labels: int) -> dict[str, Any]:
+    """The job's result, with its message in words."""
+    message = f"judged {written} prompts ({low} with low confidence)"
+    if params.get("label_steps"):
+        message += f"; {step_labels} step labels"
+    if params.get("route_low_confidence"):
+        message += f"; {routed} sent to humans first (low confidence, or a verdict that flipped under A/B swap)"
+    return {"judge_run_id": run_id, "prompts": total, "rankings_written": written,
+            "low_confidence_rankings": low, "routed_to_humans": routed, "step_labels_written": step_labels,
+            "message": message}
+
+
+def _judge_steps(ctx: JobContext, judge: Judge, project_id: int, chunk: list[tuple[int, Any, list[tuple[int, str]]]]
+                 ) -> dict[int, dict[int, list[float]]]:
+    """Per prompt of the chunk, per completion, the judge's p(step correct) for each of its stored steps."""
+    with session_scope(ctx.session_factory) as db:
+        project = db.get(Project, project_id)
+        assert project is not None
+        stored = steps.task_steps(db, project, [cid for _, _, completions in chunk for cid, _ in completions])
+    items, owners = [], []
+    for prompt_id, prompt, completions in chunk:
+        conversation = format_conversation(prompt)
+        for cid, _ in completions:
+            items.append((conversation, stored.get(cid, [])))
+            owners.append((prompt_id, cid))
+    out: dict[int, dict[int, list[float]]] = defaultdict(dict)
+    for (prompt_id, cid), ps in zip(owners, judge.label_steps(items, should_stop=ctx.should_stop), strict=True):
+        out[prompt_id][cid] = ps
+    return out
+
+
+def _set_state(ctx: JobContext, run_id: int, state: str) -> None:
+    with session_scope(ctx.session_factory) as db:
+        judge_run = db.get(JudgeRun, run_id)
+        if judge_run is not None:
+            announce = state in ("succeeded", "failed") and judge_run.state != state
+            judge_run.state = state
+            if announce:  # told once, in the transaction that records the end
+                webhooks.fire(db, judge_run.project_id, "judge_run.finished",
+                              {"judge_run_id": run_id, "name": judge_run.name, "state": state})
+
+
+def _prompts_to_judge(ctx: JobContext, project_id: int, run_id: int, prompt_ids: list[int] | None
+                      ) -> tuple[list[tuple[int, Any, list[tuple[int, str]]]], int]:
+    """Prompts with ≥ 2 completions this run has not ranked yet (resume), and how many it already has."""
+    with ctx.session_factory() as db:
+        n_completions = (select(func.count(Completion.id))
+                         .where(Completion.prompt_id == Prompt.id, Completion.source != "revision").scalar_subquery())
+        query = select(Prompt).where(Prompt.project_id == project_id, n_completions >= 2).order_by(Prompt.id)
+        if prompt_ids:
+            query = query.where(Prompt.id.in_(prompt_ids))
+        prompts = list(db.scalars(query))
+        judged = set(db.scalars(select(Ranking.prompt_id).where(Ranking.judge_run_id == run_id)))
+        k = db.scalar(select(Project.completions_per_prompt).where(Project.id == project_id)) or 2
+        todo = []
+        for p in prompts:
+            if p.id in judged:
+                continue
+            # The same completions a human task shows: the K newest rankable ones (no CAI revisions).
+            shown = set(task_completion_ids(db, p.id, k))
+            todo.append((p.id, p.messages or p.text, [(c.id, c.text) for c in p.completions if c.id in shown]))
+        return todo, len(prompts) - len(todo)
+
+
+def _write_ranking(db: Session, ctx: JobContext, *, judge_run_id: int, project_id: int, constitution_id: int,
+                   prompt_id: int, ids: list[int], tiers: list[list[int]], scores: dict[int, float],
+                   confidence: float, p: dict[tuple[int, int], float], verdicts: dict[tuple[int, int], Any],
+                   config: JudgeConfig) -> tuple[str | None, int | None]:
+    """Store the judge's ranking of one prompt, each pair with its soft label and the verdict it came from. Returns
+    why a human should see the prompt: "low_confidence" (the ranking's confidence is low), "position_flip" (a
+    verdict changed when the two answers were swapped), or None; and the new ranking's id (None: already there)."""
+    ranking = rankings.NewRanking(
+        {"project_id": project_id, "prompt_id": prompt_id, "round": _round(db, project_id), "source": "ai",
+         "judge_run_id": judge_run_id, "constitution_id": constitution_id, "tiers": tiers, "display_order": ids,
+         "meta": {"method": config.ranking, "scores": {str(k): round(v, 6) for k, v in scores.items()},
+                  "confidence": round(confidence, 6), "job_id": ctx.job_id}},
+        {pair: _soft_label(pair, p[pair], verdicts, config) for pair in _ordered_pairs(tiers)},
+    )
+    ranking_id = rankings.write_ranking(db, ranking)
+    if confidence < config.low_confidence:
+        return "low_confidence", ranking_id
+    if any(getattr(v, "position_flip", False) for v in verdicts.values()):
+        return "position_flip", ranking_id
+    return None, ranking_id
+
+
+def _ordered_pairs(tiers: list[list[int]]) -> list[tuple[int, int]]:
+    return [(spec.chosen, spec.rejected) for spec in expand_tiers(tiers)]
+
+
+def _soft_label(pair: tuple[int, int], pair_p: float, verdicts: dict[tuple[int, int], Any],
+                config: JudgeConfig) -> rankings.PairLabel:
+    """p(chosen ≻ rejected) from the fit, the verdict in the order it was compared, and whether it was unsure."""
+    chosen, rejected = pair
+    shown = [chosen, rejected] if pair in verdicts else [rejected, chosen]
+    verdict = verdicts.get(pair) or verdicts.get((rejected, chosen))
+    meta = verdict.to_dict() | {"compared_as": shown} if verdict is not None else {}
+    meta.pop("p", None)
+    meta["low_confidence"] = max(pair_p, 1 - pair_p) < config.low_confidence
+    return rankings.PairLabel(p=pair_p, meta=meta)
+
+
+def _round(db: Session, project_id: int) -> int:
+    return int(db.scalar(select(Project.current_round).where(Project.id == project_id)) or 1)

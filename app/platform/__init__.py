@@ -1,0 +1,1 @@
+"""The platform every feature stands on: settings, the database, migrations, crypto, logs and metrics, backups."""

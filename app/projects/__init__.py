@@ -1,0 +1,1 @@
+"""Projects: their members, versioned rubrics and constitutions, gold tasks, and bulk inserts of their rows."""

@@ -1,0 +1,1 @@
+"""Quality: inter-annotator agreement, its flags and rows, step agreement, rollups and the charts that show them."""

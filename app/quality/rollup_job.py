@@ -1,0 +1,74 @@
+"""The `project_rollup` job: compute a large project's agreement reports, judge figures and counts from every row,
+and store them (see app.quality.rollups).
+
+The computation runs at a lower CPU priority (nice +10, in a thread of its own: on Linux a thread's niceness is its
+own), so a worker on the same host as the app processes yields the core to annotators' requests instead of taking
+it from them.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, TypeVar
+
+from sqlalchemy.orm import Session
+
+from app.jobs.context import JobContext, job_row
+from app.models import Project, ProjectRollup
+from app.platform.db import run_transaction
+from app.quality import rollups
+
+NICE = 10
+T = TypeVar("T")
+
+
+def _niced(work: Callable[[], T]) -> T:
+    """`work()` in a thread that lowered its own priority first (where the system allows it), waited for."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
+        except (AttributeError, OSError):
+            pass  # not Linux, or not permitted: run at the worker's priority
+        try:
+            out["value"] = work()
+        except BaseException as exc:  # re-raised in the worker's thread, as if it had run there
+            out["error"] = exc
+
+    thread = threading.Thread(target=run, name="project-rollup")
+    thread.start()
+    thread.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def run(ctx: JobContext) -> dict[str, Any]:
+    project_id = int(ctx.project_id or 0)
+    requested = ctx.payload.get("requested_at")
+    with ctx.session_factory() as db:
+        job_row(db, Project, project_id, "project")
+        row = db.get(ProjectRollup, project_id)
+        if row is not None and requested and row.computed_at >= datetime.fromisoformat(requested):
+            ctx.log("a rollup newer than this request is stored already: nothing to do")
+            return {"rankings": row.rankings, "skipped": True}
+        ctx.progress(0, 1, "reading every ranking")
+
+    def compute() -> rollups.Rollup:
+        # One read-only transaction, the rankings streamed from a server-side cursor; nothing written here.
+        with ctx.session_factory() as db:
+            return rollups.compute(db, job_row(db, Project, project_id, "project"))
+
+    rollup = _niced(compute)
+
+    def save(db: Session) -> None:
+        rollups.store(db, project_id, rollup)
+
+    run_transaction(ctx.session_factory, save, what="project rollup")
+    ctx.log(f"agreement of {rollup.rankings} rankings computed in {rollup.seconds:.1f} s")
+    ctx.progress(1, 1, f"{rollup.rankings} rankings in {rollup.seconds:.1f} s")
+    return {"rankings": rollup.rankings, "seconds": round(rollup.seconds, 2)}

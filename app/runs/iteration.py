@@ -1,0 +1,84 @@
+"""One round of iterative RLHF, automated: each step is a job with its own record, started when the one before it
+succeeds (in the same transaction), so the round survives worker restarts and every artefact keeps its lineage.
+
+export the new pairs (+ a replay share of earlier ones) → retrain the reward model from the previous one →
+export the prompts → train the policy again from the current one (so its reference is the current policy) with
+the new reward model (evaluation is part of the run) → sample the new policy into the next annotation round.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from app.accounts import permissions
+from app.exports import service as exports
+from app.judge import sampling
+from app.models import Export, Job, Project, TrainingRun, User
+from app.platform.errors import Invalid
+from app.runs import training_runs
+
+STEPS = ("export_pairs", "reward", "export_prompts", "policy", "sample")
+
+
+def start(db: Session, run: TrainingRun, actor: User, *, replay_share: float, k: int | None) -> Job:
+    """Begin a round from a finished policy run; returns the first step's job."""
+    project = db.get(Project, run.project_id)
+    permissions.require(db, actor, project, "training.start", doing="start an iteration")
+    if run.kind not in ("grpo", "ppo") or run.state != "succeeded":
+        raise Invalid("iterate from a finished GRPO or PPO run", field="run_id")
+    reward = db.get(TrainingRun, run.parent_run_id) if run.parent_run_id else None
+    if reward is None or reward.kind != "reward" or reward.state != "succeeded":
+        raise Invalid("the policy run has no finished reward-model run to retrain", field="run_id")
+    if not 0.0 <= replay_share <= 1.0:
+        raise Invalid("must be between 0 and 1", field="replay_share")
+    previous = db.get(Export, reward.export_id) if reward.export_id else None
+    filters: dict[str, Any] = {}
+    if previous is not None:
+        filters["created_after"] = previous.created_at.isoformat()
+        if replay_share > 0:
+            filters["replay_share"] = replay_share
+    export = exports.request_export(db, project, actor, "pairs", "jsonl", filters=filters)
+    job = db.get(Job, export.job_id)
+    job.payload = dict(job.payload) | {"iteration": {"step": "export_pairs", "actor_id": actor.id,
+                                                     "policy_run_id": run.id, "reward_run_id": reward.id, "k": k}}
+    return job
+
+
+def advance(db: Session, job: Job, data_dir: Path) -> Job | None:
+    """After `job` succeeded: start the round's next step, or None when the round is complete (or not a round)."""
+    plan = dict((job.payload or {}).get("iteration") or {})
+    if not plan or plan.get("step") not in STEPS[:-1]:
+        return None
+    actor = db.get(User, plan["actor_id"])
+    project = db.get(Project, job.project_id)
+    step = plan["step"]
+    nxt: Job
+    if step == "export_pairs":
+        previous = db.get(TrainingRun, plan["reward_run_id"])
+        run, nxt = training_runs.request_run(
+            db, project, actor, data_dir=data_dir, kind="reward", export_id=int(job.payload["export_id"]),
+            base_model=str(Path(previous.model_dir)), reward_run_id=previous.id,
+            config=dict((previous.config or {}).get("user") or {}))
+        plan |= {"step": "reward", "new_reward_run_id": run.id}
+    elif step == "reward":
+        export = exports.request_export(db, project, actor, "prompts", "jsonl")
+        nxt = db.get(Job, export.job_id)
+        plan |= {"step": "export_prompts"}
+    elif step == "export_prompts":
+        policy = db.get(TrainingRun, plan["policy_run_id"])
+        run, nxt = training_runs.request_run(
+            db, project, actor, data_dir=data_dir, kind=policy.kind, export_id=int(job.payload["export_id"]),
+            base_model=str(Path(policy.model_dir)), reward_run_id=plan["new_reward_run_id"],
+            config=dict((policy.config or {}).get("user") or {}))
+        plan |= {"step": "policy", "new_policy_run_id": run.id}
+    else:  # "policy": the new policy's answers become the next round
+        new_policy = db.get(TrainingRun, plan["new_policy_run_id"])
+        nxt = sampling.request_policy_sampling(db, project, actor, new_policy, k=plan.get("k"), seed=None)
+        project.current_round += 1
+        plan |= {"step": "sample"}
+    nxt.payload = dict(nxt.payload) | {"iteration": plan}
+    job.result = dict(job.result or {}) | {"next_job_id": nxt.id, "iteration_step": plan["step"]}
+    return nxt

