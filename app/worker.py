@@ -36,7 +36,7 @@ from app.platform.observability import (
     request_id_var,
 )
 from app.platform.settings import Settings
-from app.runs import iteration
+from app.runs import iteration, training_runs
 
 __all__ = ["JobContext", "JobError", "JobStopped", "Worker", "run_worker"]  # the job names stay importable here
 
@@ -97,7 +97,8 @@ class Worker:
     def run_one(self) -> bool:
         """Claim one job and run it to an end state; False when there was nothing to claim."""
         def take(db: Session) -> JobContext | None:
-            job = jobs.claim(db, self.worker_id, kinds=self.kinds, stale_after=self.stale_after)
+            job = jobs.claim(db, self.worker_id, kinds=self.kinds, stale_after=self.stale_after,
+                             on_given_up=training_runs.fail_given_up)
             if job is None:
                 return None
             ctx = JobContext(self, job.id, job.kind, dict(job.payload or {}), job.project_id, job.attempts,

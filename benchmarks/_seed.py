@@ -1,6 +1,6 @@
 """The benchmarks' synthetic project: K=4 completions per prompt, three annotators' rankings, their pairs.
 
-Written by COPY on Postgres (app.projects.bulk), in chunks of prompts; a tenth of the prompts are held out.
+Written by COPY on Postgres (app.platform.bulk), in chunks of prompts; a tenth of the prompts are held out.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ def seed_pairs(url: str, n_pairs: int, *, name: str, vacuum: bool = False) -> tu
     from app.accounts import users
     from app.annotation.pairs import expand_tiers
     from app.models import Completion, Pair, Prompt, Ranking
+    from app.platform.bulk import insert_rows
     from app.platform.db import make_engine, make_session_factory, session_scope
     from app.projects import projects
-    from app.projects.bulk import insert_rows
 
     factory = make_session_factory(make_engine(url))
     rng = random.Random(0)

@@ -89,8 +89,9 @@ def seed(url: str, *, prompts: int, chars: int, overlap: int, annotators: int, n
     from argon2 import PasswordHasher
 
     from app.accounts import security, users
+    from app.platform import bulk
     from app.platform.db import make_engine, make_session_factory, session_scope
-    from app.projects import bulk, projects
+    from app.projects import projects
 
     security._hasher = PasswordHasher(time_cost=1, memory_cost=8 * 1024, parallelism=1)  # seeding, not login
     rng = random.Random(seed_)

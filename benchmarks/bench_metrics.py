@@ -50,8 +50,8 @@ def _more_rows(url: str) -> tuple[int, str]:
 
     from app.accounts import users
     from app.models import Assignment, Job, Prompt, utcnow
+    from app.platform import bulk
     from app.platform.db import make_engine, make_session_factory, session_scope
-    from app.projects import bulk
 
     engine = make_engine(url)
     factory = make_session_factory(engine)

@@ -13,7 +13,7 @@ annotators: most careful (the true order with a little noise, ~25 s), some slopp
 fast and position-biased (the first card shown on top, ~2 s), so the agreement page has every flag to raise.
 
 Users, the project and the rubric versions go through the app's services; prompts, completions and rankings by
-COPY (`app.projects.bulk`), pairs and assignments by set-based SQL from the rankings just written, in chunks of
+COPY (`app.platform.bulk`), pairs and assignments by set-based SQL from the rankings just written, in chunks of
 prompts, one transaction each. Prints one JSON line: what was written and how long it took.
 """
 
@@ -95,8 +95,9 @@ def setup(url: str, annotators: int, name: str) -> dict[str, Any]:
 
     from app.accounts import security, users
     from app.models import ProjectMember, User
+    from app.platform import bulk
     from app.platform.db import make_engine, make_session_factory, session_scope
-    from app.projects import bulk, constitutions, projects, rubrics
+    from app.projects import constitutions, projects, rubrics
 
     security._hasher = PasswordHasher(time_cost=1, memory_cost=8 * 1024, parallelism=1)  # seeding, not login
     engine = make_engine(url)
@@ -133,7 +134,7 @@ def _chunk(db: Any, seeded: dict[str, Any], start: int, count: int, rng: random.
 
     from app.annotation.queue import display_order
     from app.models import Completion, Prompt, Ranking
-    from app.projects import bulk
+    from app.platform import bulk
 
     project_id, rubric_ids = seeded["project_id"], seeded["rubric_ids"]
     people, kinds = seeded["annotator_ids"], seeded["kinds"]
@@ -203,7 +204,7 @@ def _chunk(db: Any, seeded: dict[str, Any], start: int, count: int, rng: random.
 def _open_prompts(db: Any, project_id: int, start: int, count: int, rng: random.Random) -> None:
     """Prompts nobody has ranked yet (K completions each): the queue annotators draw from during a bench."""
     from app.models import Completion, Prompt
-    from app.projects import bulk
+    from app.platform import bulk
 
     prompt_ids = bulk.insert_rows(db, Prompt, [
         {"project_id": project_id, "text": f"Q{start + i}: {_sentence(rng, 25)}?", "text_hash": f"{start + i:064x}",

@@ -24,10 +24,11 @@ from sqlalchemy.orm.attributes import set_committed_value
 from app.annotation import queue, steps
 from app.annotation.pairs import expand_tiers
 from app.models import Assignment, AssignmentDraft, Completion, Pair, Project, Prompt, Ranking, User, utcnow
+from app.platform import bulk
 from app.platform.db import core
 from app.platform.direct_sql import direct, int_array, int_array_text
 from app.platform.errors import Conflict, DomainError, Invalid
-from app.projects import bulk, rubrics
+from app.projects import rubrics
 from app.webhooks import service as webhooks
 
 MAX_SECONDS = 24 * 3600.0

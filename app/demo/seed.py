@@ -15,7 +15,8 @@ from app.models import Project, User
 from app.platform.db import make_engine, make_session_factory, session_scope
 from app.platform.migrate import upgrade
 from app.platform.settings import Settings
-from app.projects import gold, projects
+from app.projects import projects
+from app.quality import gold
 
 DEMO_DATA = Path(__file__).resolve().parent / "gsm8k_demo.jsonl"
 DEMO_PROJECT = "GSM8K solutions (demo)"

@@ -33,9 +33,8 @@ from app.imports.formats import (
     render_messages,
 )
 from app.models import Assignment, Completion, Pair, Project, ProjectMember, Prompt, StepLabel, User, utcnow
-from app.platform import audit
+from app.platform import audit, bulk
 from app.platform.formats import IMPORT_PRESETS
-from app.projects import bulk
 
 __all__ = [
     "PRESETS",

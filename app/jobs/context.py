@@ -9,9 +9,6 @@ from typing import Any, Protocol, TypeVar
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.jobs import queue as jobs
-from app.judge import endpoints
-from app.platform.crypto import Keyring
-from app.platform.errors import DomainError
 from app.platform.settings import Settings
 from training.hold import hold
 
@@ -98,14 +95,3 @@ def job_row(db: Session, model: type[T], row_id: int, what: str) -> T:
     if row is None:
         raise JobError(f"{what} {row_id} no longer exists")
     return row
-
-
-def runtime_generator(ctx: JobContext, stored: dict[str, Any], what: str = "generator") -> tuple[Any, dict[str, Any]]:
-    """(generator, spec) built now: a model endpoint's URL and key are read (and the URL checked again) when the job
-    runs, so neither ever sits in the job's payload; its client checks every address it connects to as well. A key
-    no configured encryption key opens fails this job (JobError naming the endpoint), nothing else."""
-    with ctx.session_factory() as db:
-        try:
-            return endpoints.runtime_generator(db, dict(stored), field=what, keyring=Keyring(ctx.settings))
-        except DomainError as exc:
-            raise JobError(f"{what}: {exc.message}") from None

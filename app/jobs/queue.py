@@ -7,6 +7,7 @@ are capped by `max_attempts`, after which the job fails with the reason.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.accounts import permissions
-from app.models import Job, Project, TrainingRun, User, utcnow
+from app.models import Job, Project, User, utcnow
 from app.platform import audit
 from app.platform.errors import Conflict, Invalid, NotFound
 from app.platform.observability import current_request_id
@@ -24,6 +25,8 @@ from app.projects import projects
 KINDS = ("sample_completions", "judge", "export", "train", "revise", "rm_check", "project_rollup", "priorities",
          "webhook_delivery")
 TERMINAL = ("succeeded", "failed", "cancelled")
+GivenUp = Callable[[Session, list[int]], None]
+"""Told, in the claim's transaction, the ids of jobs that just failed because every attempt died."""
 STALE_AFTER = timedelta(seconds=30)
 GAVE_UP = "gave up: the worker stopped responding on every attempt"
 
@@ -46,8 +49,11 @@ def enqueue(db: Session, kind: str, payload: dict[str, Any], *, project: Project
 
 
 def claim(db: Session, worker_id: str, *, kinds: tuple[str, ...] | None = None, now: datetime | None = None,
-          stale_after: timedelta = STALE_AFTER) -> Job | None:
+          stale_after: timedelta = STALE_AFTER, on_given_up: GivenUp | None = None) -> Job | None:
     """Take the oldest runnable job (queued, or running with a stale heartbeat) for this worker, or None.
+
+    With nothing to claim, jobs whose every attempt died fail; `on_given_up(db, job_ids)` then tells their features
+    in the same transaction (the worker passes the training runs' handler, so this module imports no feature).
 
     One statement: `UPDATE … WHERE id = (SELECT … FOR UPDATE SKIP LOCKED) RETURNING`, so concurrent
     workers on Postgres skip each other's rows; on SQLite the transaction already holds the write lock.
@@ -69,28 +75,21 @@ def claim(db: Session, worker_id: str, *, kinds: tuple[str, ...] | None = None, 
             .returning(Job))
     job = db.scalars(stmt, execution_options={"synchronize_session": False, "populate_existing": True}).first()
     if job is None:
-        _fail_exhausted(db, now, stale_after)
+        given_up = _fail_exhausted(db, now, stale_after)
+        if given_up and on_given_up is not None:
+            on_given_up(db, given_up)
     return job
 
 
-def _fail_exhausted(db: Session, now: datetime, stale_after: timedelta) -> None:
+def _fail_exhausted(db: Session, now: datetime, stale_after: timedelta) -> list[int]:
     """Jobs whose every attempt died (stale heartbeat, no attempts left) fail with the reason instead of hanging;
-    a training run driven by such a job fails with it, so no page shows it "running" forever."""
-    given_up = db.scalars(
+    returns their ids."""
+    return list(db.scalars(
         update(Job)
         .where(Job.state == "running", Job.heartbeat_at < now - stale_after, Job.attempts >= Job.max_attempts)
         .values(state="failed", finished_at=now,
                 error=func.coalesce(Job.error, "") + GAVE_UP)
-        .returning(Job.id), execution_options={"synchronize_session": False}).all()
-    if not given_up:
-        return
-    from app.webhooks import service as webhooks  # not at the top: webhooks queues its deliveries through this module
-
-    runs = db.scalars(select(TrainingRun).where(TrainingRun.job_id.in_(given_up), TrainingRun.state.not_in(TERMINAL))
-                      .with_for_update()).all()
-    for run in runs:  # told in the transaction that fails it, so a run that gave up is announced once
-        run.state = "failed"
-        webhooks.training_run_ended(db, run)
+        .returning(Job.id), execution_options={"synchronize_session": False}).all())
 
 
 def heartbeat(db: Session, job_id: int, worker_id: str, *, done: int | None = None, total: int | None = None,

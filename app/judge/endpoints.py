@@ -16,11 +16,12 @@ from sqlalchemy import update as sql_update
 from sqlalchemy.orm import Session
 
 from app.accounts import permissions
+from app.jobs.context import JobContext, JobError
 from app.judge import outbound
 from app.models import ModelEndpoint, User
 from app.platform import audit
 from app.platform.crypto import Keyring, KeyringError, KeyUnreadable, encrypted_under_current, is_encrypted
-from app.platform.errors import Conflict, Invalid, NotFound
+from app.platform.errors import Conflict, DomainError, Invalid, NotFound
 from training.generation import GenerationError, make_generator
 
 NAME_MAX = 100
@@ -183,6 +184,18 @@ def runtime_generator(db: Session, spec: dict[str, Any], *, field: str = "genera
     resolved, allow_private = _resolve(db, spec, field, keyring)
     guard = outbound.address_guard(allow_private) if resolved.get("backend") == "openai" else None
     return make_generator(resolved, address_check=guard), resolved
+
+
+def job_generator(ctx: JobContext, stored: dict[str, Any], what: str = "generator") -> tuple[Any, dict[str, Any]]:
+    """(generator, spec) built now, for a running job: a model endpoint's URL and key are read (and the URL checked
+    again) when the job runs, so neither ever sits in the job's payload; its client checks every address it connects
+    to as well. A key no configured encryption key opens fails this job (JobError naming the endpoint), nothing
+    else."""
+    with ctx.session_factory() as db:
+        try:
+            return runtime_generator(db, dict(stored), field=what, keyring=Keyring(ctx.settings))
+        except DomainError as exc:
+            raise JobError(f"{what}: {exc.message}") from None
 
 
 def _resolve(db: Session, spec: dict[str, Any], field: str, keyring: Keyring | None) -> tuple[dict[str, Any], bool]:

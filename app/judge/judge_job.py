@@ -20,7 +20,8 @@ from sqlalchemy.orm import Session
 from app.annotation import rankings, selection, steps
 from app.annotation.pairs import expand_tiers
 from app.annotation.queue import task_completion_ids
-from app.jobs.context import JobContext, JobError, JobStopped, job_row, runtime_generator
+from app.jobs.context import JobContext, JobError, JobStopped, job_row
+from app.judge import endpoints
 from app.judge import steps as judge_steps
 from app.models import Completion, Constitution, JudgeRun, Project, Prompt, Ranking
 from app.platform.db import session_scope
@@ -47,7 +48,7 @@ def run(ctx: JobContext) -> dict[str, Any]:
     try:
         config = JudgeConfig(mode=params.get("mode", "logprob"), principles=params.get("principles", "sample"),
                              seed=int(params.get("seed", 0)), low_confidence=float(params.get("low_confidence", 0.6)))
-        judge = Judge(runtime_generator(ctx, ctx.payload["generator"], "judge")[0], config)
+        judge = Judge(endpoints.job_generator(ctx, ctx.payload["generator"], "judge")[0], config)
         judge.generator.check()
     except JobError:  # the model endpoint is gone or its URL is refused now
         _set_state(ctx, run_id, "failed")

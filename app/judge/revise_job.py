@@ -13,7 +13,8 @@ from typing import Any
 from sqlalchemy import select
 
 from app.annotation import steps
-from app.jobs.context import JobContext, JobError, runtime_generator
+from app.jobs.context import JobContext, JobError
+from app.judge import endpoints
 from app.models import Completion, Constitution, Project, Prompt
 from app.platform.db import session_scope
 from training.generation import GenerationError, params_from_spec
@@ -34,7 +35,7 @@ def run(ctx: JobContext) -> dict[str, Any]:
     if not principles:
         raise JobError("no principle of this constitution has both a critique and a revision request")
     try:
-        generator, spec = runtime_generator(ctx, payload["generator"])
+        generator, spec = endpoints.job_generator(ctx, payload["generator"])
         generator.check()
         params = params_from_spec({"temperature": 0.0, "max_new_tokens": 256, "seed": 0} | spec)
     except (GenerationError, ValueError) as exc:

@@ -13,7 +13,8 @@ from typing import Any
 from sqlalchemy import func, select
 
 from app.annotation import steps
-from app.jobs.context import JobContext, JobError, JobStopped, runtime_generator
+from app.jobs.context import JobContext, JobError, JobStopped
+from app.judge import endpoints
 from app.models import Completion, Project, Prompt
 from app.platform.db import session_scope
 from training.generation import (
@@ -34,7 +35,7 @@ def run(ctx: JobContext) -> dict[str, Any]:
     tries = int(payload.get("resample_duplicates", 0))
     base_seed = payload.get("seed")
     try:
-        generator, spec = runtime_generator(ctx, payload["generator"])
+        generator, spec = endpoints.job_generator(ctx, payload["generator"])
         params = params_from_spec(spec | {"seed": base_seed})
         generator.check()
     except (GenerationError, ValueError, TypeError) as exc:

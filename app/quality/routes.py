@@ -14,8 +14,8 @@ from pydantic import TypeAdapter
 from app.accounts import permissions
 from app.annotation import steps
 from app.platform.errors import DomainError
-from app.projects import gold, projects
-from app.quality import agreement, rollups, step_agreement
+from app.projects import projects
+from app.quality import agreement, gold, rollups, step_agreement
 from app.quality import flags as agreement_flags
 from app.quality import rows as agreement_rows
 from app.quality.charts import line_chart

@@ -25,6 +25,7 @@ from app.models import Completion, Export, Job, Project, Prompt, TrainingRun, Us
 from app.platform import audit
 from app.platform.errors import Conflict, Invalid, NotFound
 from app.projects import projects, versions
+from app.webhooks import service as webhooks
 from training import config
 from training.config import build_config, field_docs, known_fields
 from training.weights import UnsafeWeights, require_safetensors
@@ -334,6 +335,17 @@ def cancel(db: Session, run: TrainingRun, actor: User) -> TrainingRun:
 
 
 # --- what the training pages and actions need ---------------------------------------------------------------
+
+
+def fail_given_up(db: Session, job_ids: list[int]) -> None:
+    """The runs driven by jobs that just gave up (every attempt died) fail with them, so no page shows them
+    "running" forever; each is announced once, in the transaction that fails it."""
+    runs = db.scalars(select(TrainingRun)
+                      .where(TrainingRun.job_id.in_(job_ids), TrainingRun.state.not_in(jobs.TERMINAL))
+                      .with_for_update()).all()
+    for run in runs:
+        run.state = "failed"
+        webhooks.training_run_ended(db, run)
 
 
 def project_of(db: Session, run: TrainingRun) -> Project:

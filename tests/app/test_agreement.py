@@ -19,8 +19,8 @@ from sqlalchemy import select
 
 from app.models import Completion, Prompt, Ranking
 from app.platform.errors import Forbidden, Invalid, NotFound
-from app.projects import gold, projects, rubrics
-from app.quality import agreement
+from app.projects import projects, rubrics
+from app.quality import agreement, gold
 from app.quality.agreement import (
     gold_score,
     kendall_tau_b,

@@ -16,8 +16,8 @@ import re
 import pytest
 
 from app.models import Completion, Prompt, Ranking
-from app.projects import gold, projects
-from app.quality import agreement
+from app.projects import projects
+from app.quality import agreement, gold
 from app.quality import flags as agreement_flags
 from app.quality import rows as agreement_rows
 from app.quality.flags import THRESHOLDS

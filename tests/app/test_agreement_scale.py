@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from app.models import Completion, JudgeRun, Prompt, Ranking
-from app.projects import gold, projects, rubrics
-from app.quality import agreement, rollups
+from app.projects import projects, rubrics
+from app.quality import agreement, gold, rollups
 from tests.support.agreement_oracle import oracle_report
 
 KINDS = ["careful"] * 5 + ["sloppy", "fast", "fast"]

@@ -283,7 +283,7 @@ def test_the_ranking_page_form_sends_step_labels_without_javascript(db, make_use
 
 
 def test_gold_step_labels_keep_their_steps_and_need_the_option(db, make_user, make_project) -> None:
-    from app.projects import gold
+    from app.quality import gold
 
     lead, project, _ = _project_with_steps(db, make_user, make_project)
     _import(db, project, lead, [("2+3?", ["a. b.\nc.", "d. e."])])
