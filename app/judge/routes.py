@@ -13,6 +13,7 @@ from app.annotation import steps
 from app.judge import endpoints, judging, revisions
 from app.judge import steps as judge_steps
 from app.projects import constitutions, projects
+from app.quality import judge_agreement as human_ai
 from app.quality import rollups
 from app.quality.charts import reliability_diagram
 from app.schemas import (
@@ -69,7 +70,7 @@ def judge_agreement(project_id: Id, db: SessionDep, user: CurrentUser,
                     ) -> JudgeAgreementOut | Response:
     project = projects.get_visible(db, project_id, user)
     if constitution_version is not None or judge_run_id is not None:
-        report = judging.judge_agreement(db, project, constitution_version=constitution_version,
+        report = human_ai.judge_agreement(db, project, constitution_version=constitution_version,
                                          judge_run_id=judge_run_id)
         return JudgeAgreementOut(**report.as_dict(), computed="live", as_of=datetime.now(UTC), age_seconds=0.0)
     found, fresh = rollups.judge_report(db, project, user, exact_before_first=False)
@@ -79,7 +80,7 @@ def judge_agreement(project_id: Id, db: SessionDep, user: CurrentUser,
     return _judge_out(found, fresh)
 
 
-def _judge_out(report: judging.JudgeAgreement, fresh: rollups.Freshness) -> JudgeAgreementOut:
+def _judge_out(report: human_ai.JudgeAgreement, fresh: rollups.Freshness) -> JudgeAgreementOut:
     return JudgeAgreementOut(**report.as_dict(), computed=fresh.method, as_of=fresh.as_of,
                              age_seconds=fresh.age_seconds)
 
@@ -90,7 +91,7 @@ def _judge_out(report: judging.JudgeAgreement, fresh: rollups.Freshness) -> Judg
                         "shows (a large project's from its rollup); the answer is those figures.")
 def set_ai_labels(project_id: Id, body: AILabelsIn, db: SessionDep, user: CurrentUser) -> JudgeAgreementOut:
     project = projects.get_visible(db, project_id, user)
-    return _judge_out(*rollups.set_ai_labels(db, project, user, body.enabled))
+    return _judge_out(*judging.decide_ai_labels(db, project, user, body.enabled))
 
 
 @router.get("/api/projects/{project_id}/judge-agreement/steps", tags=["judge"],
@@ -116,12 +117,12 @@ def set_ai_step_labels(project_id: Id, body: AIStepLabelsIn, db: SessionDep, use
 def _context(db, project, user) -> dict:  # type: ignore[no-untyped-def]
     report, fresh = rollups.judge_report(db, project, user)
     return {"project": project, "runs": judging.list_runs(db, project), "report": report, "fresh": fresh,
-            "calibration_chart": reliability_diagram(judging.reliability_bins(report.calibration)),
+            "calibration_chart": reliability_diagram(human_ai.reliability_bins(report.calibration)),
             "constitution": constitutions.current(db, project), "form": {},
             "can_judge": permissions.may(db, user, project, "judge.start"),
             "can_manage": permissions.may(db, user, project, "labels.decide"),
             "can_add_endpoints": permissions.may_account(user, "endpoints.manage"),
-            "gate": {"min_prompts": judging.GATE_MIN_PROMPTS, "min_agreement": judging.GATE_MIN_AGREEMENT},
+            "gate": {"min_prompts": human_ai.GATE_MIN_PROMPTS, "min_agreement": human_ai.GATE_MIN_AGREEMENT},
             "step_labels_on": steps.options(project).enabled,
             "step_report": judge_steps.judge_step_agreement(db, project),
             "endpoints": endpoints.list_endpoints(db)}
@@ -139,7 +140,7 @@ def ai_labels_from_page(request: Request, project_id: Id, db: SessionDep, user: 
                         form: Annotated[AILabelsForm, Form()]) -> Response:
     # A refusal (the gate's evidence is missing) shows the page again with what is missing.
     return JUDGE_PAGE.submit(request, db, user, project_id, form,
-                             lambda db, project, user, body: rollups.set_ai_labels(db, project, user, body.enabled),
+                             lambda db, project, user, body: judging.decide_ai_labels(db, project, user, body.enabled),
                              redirect="/projects/{project_id}/judge")
 
 

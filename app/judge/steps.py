@@ -23,10 +23,10 @@ from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from app.accounts import permissions
-from app.judge.judging import GATE_MIN_AGREEMENT, GATE_MIN_PROMPTS
 from app.models import Project, Ranking, StepLabel, User
 from app.platform import audit
 from app.platform.errors import Invalid
+from app.quality.judge_agreement import GATE_MIN_AGREEMENT, GATE_MIN_PROMPTS
 
 SETTING = "ai_step_labels_for_training"
 """The project setting that holds the lead's decision on AI step labels (apart from AI pairs': a judge that

@@ -22,7 +22,6 @@ the stored figures are cached per process by the app (app.web.fragments), under 
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -32,13 +31,11 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, defer
 
-from app.accounts import permissions
 from app.jobs import queue as jobs
-from app.judge import judging
 from app.models import Job, Project, ProjectRollup, Ranking, User, utcnow
 from app.platform.errors import Invalid
 from app.projects import projects
-from app.quality import agreement
+from app.quality import agreement, judge_agreement
 from app.quality import flags as agreement_flags
 from app.quality.agreement import AgreementReport, AnnotatorStats, Flag, TrendPoint
 from app.webhooks import service as webhooks
@@ -157,7 +154,7 @@ def project_counts(db: Session, project: Project, actor: User) -> projects.Proje
 
 
 def judge_report(db: Session, project: Project, actor: User, *, exact_before_first: bool = True
-                 ) -> tuple[judging.JudgeAgreement | None, Freshness]:
+                 ) -> tuple[judge_agreement.JudgeAgreement | None, Freshness]:
     """The judge's human–AI figures: computed on the view up to LIVE_LIMIT rankings, else the rollup's (the lead's
     switch and the gate's verdict are always current). Before a large project's first rollup has finished they are
     computed on the view (`exact_before_first`: the page, the lead's decision) or None (the API: 503, retry) while
@@ -165,30 +162,19 @@ def judge_report(db: Session, project: Project, actor: User, *, exact_before_fir
     # By all rankings, not the AI ones: the evidence is the humans' rankings and pairs of every judged prompt.
     ai, stored_row = _size(db, project, LIVE_LIMIT, source=None)
     if ai is not None:
-        return judging.judge_agreement(db, project), Freshness("live", utcnow(), 0.0, ai, None, False)
+        return judge_agreement.judge_agreement(db, project), Freshness("live", utcnow(), 0.0, ai, None, False)
     row, age, refreshing = _rollup(db, project, actor, stored_row)
     stored = db.scalar(select(ProjectRollup.reports["judge"]).where(ProjectRollup.project_id == project.id)) \
         if row is not None else None
     if row is None or stored is None:
         if not exact_before_first:
             return None, Freshness("rollup", None, None, None, None, refreshing)
-        return judging.judge_agreement(db, project), Freshness("live", utcnow(), 0.0, ai, None, refreshing)
-    calibration = [judging.CalibrationBin(**b) for b in stored.get("calibration", [])]
-    report = judging.JudgeAgreement(**(stored | {
-        "calibration": calibration, "ai_labels_enabled": judging.ai_labels_enabled(project),
-        "gate_missing": judging.gate_missing(stored["n_prompts"], stored["pair_agreement"])}))
+        return judge_agreement.judge_agreement(db, project), Freshness("live", utcnow(), 0.0, ai, None, refreshing)
+    calibration = [judge_agreement.CalibrationBin(**b) for b in stored.get("calibration", [])]
+    report = judge_agreement.JudgeAgreement(**(stored | {
+        "calibration": calibration, "ai_labels_enabled": judge_agreement.ai_labels_enabled(project),
+        "gate_missing": judge_agreement.gate_missing(stored["n_prompts"], stored["pair_agreement"])}))
     return report, Freshness("rollup", row.computed_at, age, row.rankings, row.seconds, refreshing)
-
-
-def set_ai_labels(db: Session, project: Project, actor: User, enabled: bool
-                  ) -> tuple[judging.JudgeAgreement, Freshness]:
-    """The lead's decision on AI labels, the gate judged on the figures judge_report shows (a large project's from
-    its rollup, said how fresh); returns them with the decision in."""
-    permissions.require(db, actor, project, "labels.decide")  # before any figure is computed for this caller
-    report, fresh = judge_report(db, project, actor)
-    assert report is not None  # exact_before_first: there is always a report to decide on
-    judging.set_ai_labels(db, project, actor, enabled, evidence=report)
-    return dataclasses.replace(report, ai_labels_enabled=judging.ai_labels_enabled(project)), fresh
 
 
 def _rollup(db: Session, project: Project, actor: User, row: ProjectRollup | None
@@ -302,7 +288,7 @@ def compute(db: Session, project: Project) -> Rollup:
     stored = {_scope(v): asdict(r) for v, r in reports.items()}
     stored |= {_disagreements_key(v): {"total": w.total, "rows": [list(row) for row in w.rows]}
                for v, w in worst.items()}
-    stored["judge"] = judging.judge_agreement(db, project).as_dict()
+    stored["judge"] = judge_agreement.judge_agreement(db, project).as_dict()
     return Rollup(stored, counts, reports[None].human_rankings, started, time.perf_counter() - t0)
 
 

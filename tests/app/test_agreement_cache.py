@@ -12,10 +12,9 @@ import pytest
 from sqlalchemy import select
 
 from app.annotation.pairs import expand_tiers
-from app.judge import judging
 from app.models import Pair, ProjectRollup, Ranking
 from app.projects import projects
-from app.quality import rollups
+from app.quality import judge_agreement, rollups
 from app.quality import routes as agreement_routes
 from tests.app.test_agreement_scale import _campaign
 from tests.support.agreement_oracle import oracle_report
@@ -193,7 +192,7 @@ def test_the_judge_api_reads_a_large_projects_rollup_with_its_freshness(
     assert ready.status_code == 200, ready.text
     body = ready.json()
     assert body["computed"] == "rollup" and body["as_of"] and body["age_seconds"] is not None
-    expected = judging.judge_agreement(db, project).as_dict()
+    expected = judge_agreement.judge_agreement(db, project).as_dict()
     run_id = db.scalar(select(Ranking.judge_run_id).where(Ranking.project_id == project.id,
                                                           Ranking.source == "ai").limit(1))
     db.commit()
@@ -214,7 +213,7 @@ def test_the_ai_labels_gate_decides_on_the_rollups_figures(
     member_token = token_for(db, db.get(User, annotator))
     token = token_for(db, lead)
     _large(monkeypatch)
-    exact = judging.judge_agreement(db, project)
+    exact = judge_agreement.judge_agreement(db, project)
     assert exact.gate_missing == [] and exact.n_prompts == 24  # the evidence is there
     rollups.store(db, project.id, rollups.compute(db, project))
     db.commit()
@@ -222,7 +221,7 @@ def test_the_ai_labels_gate_decides_on_the_rollups_figures(
     def refuse(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise AssertionError("the judge's figures were computed on the request")
 
-    monkeypatch.setattr(judging, "judge_agreement", refuse)
+    monkeypatch.setattr(judge_agreement, "judge_agreement", refuse)
     client = api(token)
     assert api(member_token).put(f"/api/projects/{project.id}/ai-labels", json={"enabled": True}).status_code == 403
 

@@ -213,8 +213,8 @@ def test_a_large_projects_judge_figures_come_from_the_rollup_and_equal_the_compu
     from sqlalchemy import select
 
     from app.annotation.pairs import expand_tiers
-    from app.judge import judging
     from app.models import Pair
+    from app.quality import judge_agreement
 
     project, lead = _campaign(db, make_user, make_project, n_prompts=16, seed=17)
     for r in db.scalars(select(Ranking).where(Ranking.project_id == project.id, Ranking.source == "ai")):
@@ -228,7 +228,7 @@ def test_a_large_projects_judge_figures_come_from_the_rollup_and_equal_the_compu
     report, fresh = rollups.judge_report(db, project, lead)
 
     assert fresh.method == "rollup"
-    expected = judging.judge_agreement(db, project)
+    expected = judge_agreement.judge_agreement(db, project)
     assert expected.n_pairs > 0 and expected.n_prompts == 16
     assert report.as_dict() == expected.as_dict()
     db.commit()  # SQLite: the page's login writes

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from app.judge import judging
-from app.judge.judging import GATE_MIN_PROMPTS, CalibrationBin
 from app.models import Completion, JudgeRun, Pair, Prompt, Ranking
 from app.projects import projects
+from app.quality import judge_agreement
+from app.quality.judge_agreement import GATE_MIN_PROMPTS, CalibrationBin
 
 
 def _evidence(db, project, annotator, n: int, *, judge_agrees: bool = True,  # type: ignore[no-untyped-def]
@@ -79,7 +80,7 @@ def test_allow_is_disabled_and_refused_until_the_evidence_exists(db, make_user, 
 def test_a_judge_that_disagrees_with_humans_is_not_let_through(db, make_user, make_project) -> None:
     lead, annotator, project = _project(db, make_user, make_project)
     _evidence(db, project, annotator, GATE_MIN_PROMPTS, judge_agrees=False)
-    report = judging.judge_agreement(db, project)
+    report = judge_agreement.judge_agreement(db, project)
     assert report.n_prompts == GATE_MIN_PROMPTS and report.pair_agreement == 0.0
     assert report.gate_missing == ["the judge agrees with humans on 0% of pairs, under the 60% needed: revise the "
                                    "constitution or try a stronger judge model"]
@@ -94,7 +95,7 @@ def test_reliability_bins_fold_the_judges_calibration() -> None:
     bins = [CalibrationBin(0.0, 0.2, 4, 0.25, 0.1), CalibrationBin(0.2, 0.4, 0, None),
             CalibrationBin(0.4, 0.6, 0, None), CalibrationBin(0.6, 0.8, 2, 1.0, 0.7),
             CalibrationBin(0.8, 1.0, 6, 0.5, 0.9)]
-    out = judging.reliability_bins(bins)
+    out = judge_agreement.reliability_bins(bins)
     assert [(round(b["mean_confidence"], 6), round(b["accuracy"], 6), b["pairs"]) for b in out] == [
         (0.7, 1.0, 2), (0.9, 0.6, 10)]
 

@@ -14,10 +14,10 @@ from sqlalchemy import select
 
 from app.annotation import steps
 from app.judge import steps as judge_steps
-from app.judge.judging import GATE_MIN_PROMPTS
 from app.models import Completion, JudgeRun, Prompt, Ranking, StepLabel
 from app.projects import projects
 from app.quality import step_agreement
+from app.quality.judge_agreement import GATE_MIN_PROMPTS
 from tests.app.test_exports import _download, _export
 from tests.training.tiny import char_tokenizer, save_tiny, tiny_gpt2
 from training.judge import Judge, read_openai_answer
