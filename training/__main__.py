@@ -5,16 +5,12 @@ from __future__ import annotations
 import importlib
 import sys
 
+from training.methods import METHODS
+
 COMMANDS: dict[str, tuple[str, str]] = {
-    "sft": ("training.sft", "supervised fine-tuning on an SFT export (prompt/completion or chat messages)"),
-    "reward": ("training.reward_model", "train a Bradley–Terry reward model on a pairs export"),
-    "prm": ("training.prm", "train a process reward model (a score per step) on a steps export"),
-    "dpo": ("training.dpo", "direct preference optimisation (DPO or IPO) of a policy on a pairs export"),
-    "rft": ("training.rft", "rejection-sampling fine-tuning, offline or online, on a prompts export"),
-    "grpo": ("training.grpo", "train a policy with GRPO or GSPO on a prompts export"),
-    "ppo": ("training.ppo", "train a policy with PPO (value model, reference, reward model)"),
-    "evaluate": ("training.evaluate", "compare a policy with its reference on held-out prompts"),
-}
+    method.kind: (method.trainer, method.description) for method in METHODS
+} | {"evaluate": ("training.evaluate", "compare a policy with its reference on held-out prompts")}
+"""Each command's module and its line in `--help`: every training method, then the commands that train nothing."""
 
 
 def usage() -> str:
