@@ -24,6 +24,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from training import methods
+
 # Stable constraint names, so Alembic batch mode on SQLite can find and alter them.
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -39,7 +41,8 @@ SPLITS = ("train", "heldout")
 LABEL_SOURCES = ("human", "ai", "imported")
 ASSIGNMENT_STATES = ("leased", "submitted", "skipped", "expired", "released")
 JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
-RUN_KINDS = ("reward", "prm", "sft", "rft", "dpo", "grpo", "ppo")
+RUN_KINDS = methods.KINDS
+"""The training methods (training/methods.py); a new one also needs a migration that widens the kind check."""
 DELIVERY_STATES = ("pending", "delivered", "failed")
 RUN_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 STEP_VALUES = (1, 0, -1)

@@ -24,6 +24,7 @@ from app.models import (
     WebhookDelivery,
 )
 from app.platform.formats import Aggregation, Conflicts, ExportFormat, ExportKind, ExportLayout, StepNeutral
+from training.methods import KINDS as RUN_KINDS
 
 MAX_ID = 2**31 - 1
 """The largest id the database holds (a Postgres `integer`); `app.web.deps.Id` bounds path ids the same way."""
@@ -682,7 +683,7 @@ class JudgeStepAgreementOut(BaseModel):
 
 
 class TrainingRunIn(Strict):
-    kind: Literal["sft", "reward", "prm", "dpo", "rft", "grpo", "ppo"]
+    kind: Literal[RUN_KINDS]  # type: ignore[valid-type]  # the training methods, in the registry's order
     export_id: Id = Field(description="An SFT export for sft, a pairs export for reward and dpo, a steps "
                                       "export for prm, a prompts export for rft, grpo and ppo.")
     base_model: str | None = Field(default=None, max_length=1000,

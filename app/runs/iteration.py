@@ -27,8 +27,9 @@ def start(db: Session, run: TrainingRun, actor: User, *, replay_share: float, k:
     """Begin a round from a finished policy run; returns the first step's job."""
     project = db.get(Project, run.project_id)
     permissions.require(db, actor, project, "training.start", doing="start an iteration")
-    if run.kind not in ("grpo", "ppo") or run.state != "succeeded":
-        raise Invalid("iterate from a finished GRPO or PPO run", field="run_id")
+    if run.kind not in training_runs.ITERATING_KINDS or run.state != "succeeded":
+        kinds = " or ".join(kind.upper() for kind in training_runs.ITERATING_KINDS)
+        raise Invalid(f"iterate from a finished {kinds} run", field="run_id")
     reward = db.get(TrainingRun, run.parent_run_id) if run.parent_run_id else None
     if reward is None or reward.kind != "reward" or reward.state != "succeeded":
         raise Invalid("the policy run has no finished reward-model run to retrain", field="run_id")

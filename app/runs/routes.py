@@ -152,7 +152,8 @@ def run_page(request: Request, run_id: Id, db: SessionDep, user: PageUser) -> Re
            "samples": training_runs.latest_samples(run, samples=samples),
            "config_json": json.dumps((run.config or {}).get("user", {}), indent=2),
            "can_train": permissions.may(db, user, project, "training.start"),
-           "trackers": training_runs.read_trackers(run), "policy_kinds": training_runs.POLICY_KINDS}
+           "trackers": training_runs.read_trackers(run), "policy_kinds": training_runs.POLICY_KINDS,
+           "iterating_kinds": training_runs.ITERATING_KINDS}
     return render(request, "training_run.html", ctx, block="live")
 
 

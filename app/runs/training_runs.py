@@ -26,32 +26,31 @@ from app.platform import audit
 from app.platform.errors import Conflict, Invalid, NotFound
 from app.projects import projects, versions
 from app.webhooks import service as webhooks
-from training import config
+from training import config, methods
 from training.config import build_config, field_docs, known_fields
 from training.weights import UnsafeWeights, require_safetensors
 
-# Each run kind: the export it trains on, and the config field that export's file goes into.
-KINDS: dict[str, tuple[str, str]] = {
-    "sft": ("sft", "train"), "reward": ("pairs", "train"), "prm": ("steps", "train"), "dpo": ("pairs", "train"),
-    "rft": ("prompts", "prompts"), "grpo": ("prompts", "prompts"), "ppo": ("prompts", "prompts"),
-}
-POLICY_KINDS = ("sft", "dpo", "rft", "grpo", "ppo")
+# The run kinds are the training methods (training/methods.py); these views of the registry are what this module,
+# the pages and the CLI ask of it.
+KINDS: dict[str, tuple[str, str]] = {m.kind: (m.export_kind, m.data_field) for m in methods.METHODS}
+"""Each run kind: the export it trains on, and the config field that export's file goes into."""
+POLICY_KINDS = methods.POLICY_KINDS
 """Kinds whose model is a causal LM: they need a base model, and can sample into the project."""
-ONLINE_KINDS = ("rft", "grpo", "ppo")
+ONLINE_KINDS = methods.ONLINE_KINDS
 """Kinds that score their own samples: they need a reward run or reward functions."""
 EXPORT_KIND = {kind: export for kind, (export, _) in KINDS.items()}
 # Fields the app fills in itself: a config that sets them would point the run somewhere else.
 RESERVED = {"prompts", "train", "eval", "model", "out", "reward_model", "process_reward_model", "resume"}
-PROCESS_REWARD_KINDS = ("grpo",)
+PROCESS_REWARD_KINDS = methods.PROCESS_REWARD_KINDS
 """Kinds that can take a finished process-reward-model (prm) run as their reward: its step scores."""
+ITERATING_KINDS = methods.ITERATING_KINDS
+"""Kinds a round of iterative RLHF can start from (app/runs/iteration.py)."""
 
 
 def config_class(kind: str) -> type:
-    classes = {"sft": config.SFTConfig, "reward": config.RewardConfig, "prm": config.PRMConfig, "dpo": config.DPOConfig,
-               "rft": config.RFTConfig, "grpo": config.GRPOConfig, "ppo": config.PPOConfig}
-    if kind not in classes:
+    if kind not in methods.BY_KIND:
         raise Invalid(f"must be one of {', '.join(KINDS)}", field="kind")
-    return classes[kind]
+    return methods.BY_KIND[kind].config_class()
 
 
 FORM_HIDDEN = {"progress"}
@@ -223,7 +222,7 @@ def _reward_run(db: Session, project: Project, kind: str, reward_run_id: int | N
             raise Invalid(f"must be a finished {what} run", field="reward_run_id")
     if kind in ONLINE_KINDS and parent is None and not config.get("reward_fn"):
         raise Invalid(f"{kind.upper()} needs a reward model run or config.reward_fn", field="reward_run_id")
-    if kind in ("sft", "dpo", "prm") and parent is not None:
+    if not methods.BY_KIND[kind].takes_reward_run and parent is not None:
         raise Invalid(f"a {kind} run learns from its export and takes no reward run", field="reward_run_id")
     return parent
 
