@@ -22,17 +22,37 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import pyarrow as pa
-from sqlalchemy import Select, select
+from sqlalchemy import Connection, Select, select
 
 from app.exports.queries import ExportSpec, chunks, id_in, ranking_filters
 from app.models import Completion, Constitution, Prompt, Ranking, Rubric, StepLabel
 from app.platform.formats import STEP_NEUTRAL
 
-if TYPE_CHECKING:
-    from app.exports.writer import _Run
+
+class StepRun(Protocol):
+    """What the steps rows need of the writer's run: its snapshot, counters and streaming (the writer's `_Run`
+    offers them; a protocol keeps this module below the writer, which calls it)."""
+
+    spec: ExportSpec
+    total: int
+    batch_size: int
+    sources: Counter[str]
+    splits: Counter[str]
+    rubric_versions: set[int]
+
+    @property
+    def conn(self) -> Connection: ...
+
+    def annotator(self, annotator_id: int | None, judge_run_id: int | None) -> str | None: ...
+
+    def count(self, stmt: Select[Any]) -> int: ...
+
+    def stream(self, stmt: Select[Any]) -> Iterator[list[Any]]: ...
+
+    def advance(self, n: int) -> None: ...
 
 COLUMNS = ("prompt_id", "completion_id", "prompt", "completions", "labels", "step_labels", "first_error",
            "ranking_ids", "annotators", "source", "rubric_versions", "votes", "total_votes", "agreement", "judge_p",
@@ -136,7 +156,7 @@ class _Group:
         return out
 
 
-def _row(run: _Run, group: _Group, steps: list[str], prompt: tuple[int, str, str]) -> dict[str, Any] | None:
+def _row(run: StepRun, group: _Group, steps: list[str], prompt: tuple[int, str, str]) -> dict[str, Any] | None:
     neutral = run.spec.neutral
     agg = aggregate(list(group.rankings.values()), neutral)
     if agg is None:
@@ -157,7 +177,7 @@ def _row(run: _Run, group: _Group, steps: list[str], prompt: tuple[int, str, str
             "judge_p": group.judge_p(n), "split": prompt[2]}
 
 
-def _lookups(run: _Run, completion_ids: list[int]) -> tuple[dict[int, list[str]], dict[int, tuple[int, str, str]]]:
+def _lookups(run: StepRun, completion_ids: list[int]) -> tuple[dict[int, list[str]], dict[int, tuple[int, str, str]]]:
     """completion id → stored steps, and → (prompt id, prompt text, split), for one batch."""
     steps, prompts = {}, {}
     for chunk in chunks(completion_ids):
@@ -168,7 +188,7 @@ def _lookups(run: _Run, completion_ids: list[int]) -> tuple[dict[int, list[str]]
     return steps, prompts
 
 
-def _emit(run: _Run, groups: list[_Group]) -> dict[str, list[Any]]:
+def _emit(run: StepRun, groups: list[_Group]) -> dict[str, list[Any]]:
     steps, prompts = _lookups(run, [g.completion_id for g in groups])
     cols: dict[str, list[Any]] = {name: [] for name in COLUMNS}
     for group in groups:
@@ -183,7 +203,7 @@ def _emit(run: _Run, groups: list[_Group]) -> dict[str, list[Any]]:
     return cols
 
 
-def rows(run: _Run) -> Iterator[dict[str, list[Any]]]:
+def rows(run: StepRun) -> Iterator[dict[str, list[Any]]]:
     """The steps export's column batches, in completion id order."""
     stmt = labels_select(run.spec)
     run.total = run.count(stmt)

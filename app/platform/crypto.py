@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
+from app.platform.settings import check_key
 from training.run_info import fsync_path
 
 if TYPE_CHECKING:
-    from app.platform.settings import Settings  # settings validates keys with check_key: no import cycle at run time
+    from app.platform.settings import Settings
 
 PREFIX = "fernet:"
 KEY_FILE = "encryption_key"
@@ -38,17 +39,6 @@ class KeyringError(Exception):
 
 class KeyUnreadable(Exception):
     """A stored value that no configured key decrypts (the key was lost, or the value was tampered with)."""
-
-
-def check_key(value: str) -> bytes:
-    """The key as Fernet takes it, or ValueError saying what a valid key is."""
-    raw = value.strip().encode()
-    try:
-        Fernet(raw)
-    except (ValueError, TypeError):
-        raise ValueError("must be a Fernet key: 32 url-safe base64-encoded bytes (make one with `python -c "
-                         "'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())'`)") from None
-    return raw
 
 
 def _write_new_key(path: Path) -> None:

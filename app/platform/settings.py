@@ -6,6 +6,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
+from cryptography.fernet import Fernet
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -20,6 +21,17 @@ class SettingsError(ValueError):
 
 REQUEST_THREADS = 8
 """The default of `request_threads`: for one server process, or shared by the processes of `serve --workers N`."""
+
+
+def check_key(value: str) -> bytes:
+    """The key as Fernet takes it, or ValueError saying what a valid key is."""
+    raw = value.strip().encode()
+    try:
+        Fernet(raw)
+    except (ValueError, TypeError):
+        raise ValueError("must be a Fernet key: 32 url-safe base64-encoded bytes (make one with `python -c "
+                         "'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())'`)") from None
+    return raw
 
 
 class Settings(BaseSettings):
@@ -117,8 +129,6 @@ class Settings(BaseSettings):
     def _fernet_keys(cls, value: SecretStr | None) -> SecretStr | None:
         if value is None or not value.get_secret_value().strip():
             return None
-        from app.platform.crypto import check_key
-
         for part in value.get_secret_value().split(","):
             if part.strip():
                 check_key(part)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from app.quality.agreement import AgreementReport, AnnotatorStats, Flag
+from app.quality.report import AgreementReport, AnnotatorStats, Flag
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from app.platform.errors import Invalid
 from app.projects import projects
 from app.quality import agreement, judge_agreement
 from app.quality import flags as agreement_flags
-from app.quality.agreement import AgreementReport, AnnotatorStats, Flag, TrendPoint
+from app.quality.report import AgreementReport, AnnotatorStats, Flag, TrendPoint
 from app.webhooks import service as webhooks
 
 KIND = "project_rollup"

@@ -15,10 +15,11 @@ from app.accounts import permissions
 from app.annotation import steps
 from app.platform.errors import DomainError
 from app.projects import projects
-from app.quality import agreement, gold, rollups, step_agreement
 from app.quality import flags as agreement_flags
+from app.quality import gold, rollups, step_agreement
 from app.quality import rows as agreement_rows
 from app.quality.charts import line_chart
+from app.quality.report import AgreementReport
 from app.schemas import AgreementOut, GoldIn, GoldOut, StepAgreementOut
 from app.web.deps import MAX_ID, CurrentUser, Id, PageUser, SessionDep
 from app.web.forms import GoldFromMetadataForm
@@ -103,7 +104,7 @@ def delete_gold(project_id: Id, prompt_id: Id, db: SessionDep, user: CurrentUser
     return Response(status_code=204)
 
 
-def _charts(report: agreement.AgreementReport) -> list:  # type: ignore[type-arg]
+def _charts(report: AgreementReport) -> list:  # type: ignore[type-arg]
     """Agreement and gold accuracy over time and by rubric version (shares, so both on a 0–1 axis)."""
     out = []
     if report.trend:
@@ -157,7 +158,7 @@ def agreement_page(request: Request, project_id: Id, db: SessionDep, user: PageU
     return render(request, "agreement.html", ctx, status_code=status)
 
 
-def _render_body(project: Any, report: agreement.AgreementReport, step_report: Any, show_all: bool) -> str:
+def _render_body(project: Any, report: AgreementReport, step_report: Any, show_all: bool) -> str:
     """The figures' part of the page: everything but the viewer's (freshness line, gold form, CSRF token)."""
     rows = report.annotators
     if not show_all and len(rows) > ANNOTATOR_ROWS:

@@ -21,6 +21,7 @@ from app.quality import agreement, gold
 from app.quality import flags as agreement_flags
 from app.quality import rows as agreement_rows
 from app.quality.flags import THRESHOLDS
+from app.quality.report import AgreementReport
 
 
 def _setup(db, make_user, make_project, *, n_prompts: int = 6):  # type: ignore[no-untyped-def]
@@ -86,7 +87,7 @@ def test_too_few_rankings_raise_no_flag(db, make_user, make_project) -> None:
 
 def test_negative_alpha_is_a_project_flag() -> None:
     # Two annotators in opposite orders on five prompts of four: α is well below 0.
-    report = agreement.AgreementReport(
+    report = AgreementReport(
         project_id=1, rubric_version=None, rubric_versions=[1], overlap=2, total_prompts=5, prompts_at_overlap=5,
         human_rankings=10, skipped=0, shared_prompts=5, comparisons=5, mean_agreement=0.0, mean_kendall_tau=-1.0,
         krippendorff_alpha=agreement.ranking_alpha(
@@ -95,7 +96,7 @@ def test_negative_alpha_is_a_project_flag() -> None:
     assert report.krippendorff_alpha < 0
     flags = agreement_flags.project_flags(report)
     assert [f.kind for f in flags] == ["negative_alpha"] and "more than if they ranked at random" in flags[0].why
-    few = agreement_flags.project_flags(agreement.AgreementReport(**{**report.__dict__, "comparisons": 2}))
+    few = agreement_flags.project_flags(AgreementReport(**{**report.__dict__, "comparisons": 2}))
     assert few == []
 
 
