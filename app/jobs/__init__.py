@@ -2,7 +2,8 @@
 
 Each handler is `run(ctx: JobContext) -> dict` in its feature's package (`app.exports.job`, `app.runs.train_job`,
 …), imported when a job of its kind first arrives, so this module imports nothing of the app. The context and the
-job exceptions are in `app.jobs.context`, the queue in `app.jobs.queue`.
+job exceptions are in `app.jobs.context`, the queue in `app.jobs.queue`: with `handler_for` and `routes`, what other
+packages use.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from app.jobs.context import JobContext
+
+__all__ = ["HANDLERS", "context", "handler_for", "queue", "routes"]
 
 HANDLERS: dict[str, str] = {
     "sample_completions": "app.judge.sample_job:run",
