@@ -51,6 +51,7 @@ from training.sampling import (
     prepare_tokenizer,
     render_prompt,
 )
+from training.shared.net import AddressCheck, AddressRefused, checked_transport
 from training.weights import SAFE_LOAD, UnsafeWeights, require_safetensors
 
 Prompt = str | list[dict[str, Any]]
@@ -420,52 +421,6 @@ def _retry_after(value: str | None) -> float | None:
     return None
 
 
-AddressCheck = Callable[[str], None]
-"""Called with each IP address a client is about to connect to; raises ValueError to refuse it."""
-
-
-class AddressRefused(GenerationError):
-    """The server's host resolved to an address the caller's address check refuses."""
-
-
-def checked_transport(check: AddressCheck, max_connections: int) -> Any:
-    """An httpx transport that resolves each host itself, passes every address to `check` and connects to an
-    address it checked, so DNS cannot answer one address to a URL check and another to the connection (DNS
-    rebinding). No proxy from the environment: through a proxy the address connected to is the proxy's."""
-    import socket
-
-    import httpcore
-    import httpx
-
-    class CheckedBackend(httpcore.SyncBackend):
-        def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
-                        socket_options: Any = None) -> Any:
-            try:
-                infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-            except OSError as exc:
-                raise httpcore.ConnectError(f"{host} did not resolve: {exc}") from exc
-            addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
-            for address in addresses:
-                try:
-                    check(address)
-                except ValueError as exc:
-                    raise AddressRefused(f"refused to connect to {host} at {address}: {exc}") from None
-            error: Exception | None = None
-            for address in addresses:
-                try:
-                    return super().connect_tcp(address, port, timeout, local_address, socket_options)
-                except httpcore.ConnectError as exc:
-                    error = exc
-            raise error or httpcore.ConnectError(f"{host} has no address")
-
-    transport = httpx.HTTPTransport(trust_env=False, limits=httpx.Limits(max_connections=max_connections))
-    # HTTPTransport takes no network backend, so its pool is rebuilt with the same TLS context around ours;
-    # TLS still verifies the certificate against the URL's host name (httpcore's SNI is the origin host).
-    transport._pool = httpcore.ConnectionPool(ssl_context=transport._pool._ssl_context, max_connections=max_connections,
-                                              network_backend=CheckedBackend())
-    return transport
-
-
 class OpenAIGenerator:
     """Backend "openai": any OpenAI-compatible server (vLLM, TGI, llama.cpp, Ollama, OpenAI).
 
@@ -593,6 +548,8 @@ class OpenAIGenerator:
             wait: float | None = None
             try:
                 response = client.request(method, url, json=body)
+            except AddressRefused as exc:  # the address check said no: retrying cannot change that
+                raise GenerationError(str(exc)) from exc
             except httpx.TimeoutException as exc:
                 if last:
                     raise GenerationError(f"{url} timed out after {self.timeout_s:g} s "
@@ -816,7 +773,7 @@ def make_generator(spec: dict[str, Any], *, address_check: AddressCheck | None =
     here; any other unknown key is an error. Raises `SpecError` (a ValueError and a
     GenerationError) whose `field` names the bad key. Nothing is loaded or contacted: call
     `check()` for the cheap up-front validation. `address_check` vets every address an openai backend
-    connects to (see `checked_transport`).
+    connects to (see `training.shared.net.checked_transport`).
     """
     if not isinstance(spec, dict):
         raise SpecError("generator", "must be an object")

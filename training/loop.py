@@ -27,7 +27,8 @@ from torch import Tensor
 from training.config import OfflineConfig, TrainConfig
 from training.hold import hold
 from training.optim import lr_lambda, make_accelerator
-from training.run_info import MetricsWriter, atomic_dir, recover_dir, staged_dir, write_json, write_run_config
+from training.run_info import MetricsWriter, staged_dir, write_json, write_run_config
+from training.shared.files import atomic_dir, recover_dir
 
 TRAINER_STATE = "trainer_state.json"
 EXTRA_TENSORS = "extra.safetensors"

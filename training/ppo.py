@@ -46,7 +46,8 @@ from training.losses import (
 from training.policy import Rollouts, generate_rollouts, unwrap
 from training.rewards import RewardFunction, compute_rewards
 from training.rl import RLMethod, load_run, rl_flags, rl_summary
-from training.run_info import atomic_dir, truncate_after
+from training.run_info import truncate_after
+from training.shared.files import atomic_dir
 from training.value_head import ActorCritic, load_critic
 
 SAMPLES_FILE = "rollout_samples.jsonl"

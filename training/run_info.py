@@ -6,7 +6,6 @@ import dataclasses
 import datetime as dt
 import importlib.metadata
 import json
-import os
 import platform
 import shutil
 import subprocess
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from training.data import sha256_of
+from training.shared.files import replace_dir, write_text_atomic
 
 PACKAGES = ("preflab", "torch", "transformers", "accelerate", "peft", "datasets", "safetensors", "tokenizers", "trl")
 
@@ -60,66 +60,6 @@ def _jsonable(value: Any) -> Any:
 
 
 @contextmanager
-def atomic_dir(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary directory beside `path` to write into; on success it replaces `path` by rename.
-
-    A model directory is therefore complete or absent, never half-written: a trainer killed mid-save leaves
-    only a `.name.tmp-PID` directory, which the next save of the same path removes.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for stale in path.parent.glob(f".{path.name}.tmp-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    tmp.mkdir()
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    replace_dir(tmp, path)
-
-
-def replace_dir(tmp: Path, path: Path) -> None:
-    """Move the finished directory `tmp` to `path`, replacing what is there, durably.
-
-    Everything in `tmp` is fsynced first (a power cut must not leave a renamed directory of empty files), and the
-    parent after the rename (the rename itself). A directory cannot be swapped in one rename, so the old one is
-    moved aside first; `recover_dir` undoes a kill between the two renames. Used for model directories,
-    checkpoints and the app's exports.
-    """
-    for entry in [*tmp.rglob("*"), tmp]:
-        fsync_path(entry)
-    if path.exists():
-        aside = path.parent / f".{path.name}.old-{os.getpid()}"
-        os.replace(path, aside)
-        os.replace(tmp, path)
-        shutil.rmtree(aside, ignore_errors=True)
-    else:
-        os.replace(tmp, path)
-    fsync_path(path.parent)
-
-
-def fsync_path(path: Path) -> None:
-    """fsync a file or a directory."""
-    fd = os.open(path, os.O_RDONLY)  # directories too: on Linux fsync on a directory descriptor persists its entries
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def recover_dir(path: str | Path) -> Path:
-    """Put back the previous complete `path` when a replace was killed between its two renames."""
-    path = Path(path)
-    if not path.exists():
-        asides = sorted(path.parent.glob(f".{path.name}.old-*"), key=lambda p: p.stat().st_mtime)
-        if asides:
-            os.replace(asides[-1], path)
-    return path
-
-
-@contextmanager
 def staged_dir(path: str | Path, accelerator: Any = None) -> Iterator[Path]:
     """A checkpoint written whole or not at all, by every process of a distributed run.
 
@@ -148,9 +88,7 @@ def write_json(path: str | Path, obj: Any) -> Path:
     """Write `obj` as indented JSON atomically (a temporary file renamed into place)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(_jsonable(obj), indent=2, sort_keys=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(_jsonable(obj), indent=2, sort_keys=False) + "\n")
     return path
 
 
@@ -221,9 +159,7 @@ def truncate_after(path: Path, step: int) -> None:
             continue
         if line.endswith("\n") and row.get("step", 0) <= step:
             kept.append(line)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text("".join(kept), encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(kept))
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

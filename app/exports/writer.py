@@ -47,7 +47,7 @@ from app.exports.queries import (
 )
 from app.exports.sinks import WriteBehind, file_sha256, hf_features, make_sink, manifest_sha256
 from app.models import LABEL_SOURCES, SPLITS, Completion, Constitution, Pair, Project, Prompt, Ranking, Rubric
-from training.run_info import replace_dir
+from training.shared.files import replace_dir
 
 __all__ = ["ExportSpec", "WriteResult", "annotator_pseudonym", "hf_features", "manifest_sha256", "schema_for",
            "write_export"]

@@ -34,7 +34,7 @@ from sqlalchemy.engine import make_url
 from app import __version__
 from app.platform.migrate import database_revision, status_of
 from app.platform.settings import Settings
-from training.run_info import fsync_path
+from training.shared.files import fsync_path
 
 FORMAT = 1
 MANIFEST = "manifest.json"

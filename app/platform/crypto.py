@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
 from app.platform.settings import check_key
-from training.run_info import fsync_path
+from training.shared.files import fsync_path
 
 if TYPE_CHECKING:
     from app.platform.settings import Settings

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
-import os
 import re
 import sys
 import time
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from training.shared.files import write_text_atomic
 
 log = logging.getLogger("preflab.request")
 REQUEST_ID_HEADER = "X-Request-ID"
@@ -210,9 +211,7 @@ def record_worker_heartbeat(data_dir: Path, worker_id: str) -> None:
     """Mark `worker_id` alive now (the file's mtime is the heartbeat; its text is the worker id)."""
     path = _heartbeat_file(data_dir, worker_id)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(worker_id, encoding="utf-8")
-    os.replace(tmp, path)  # atomic: a reader never sees a half-written file
+    write_text_atomic(path, worker_id)
 
 
 def forget_worker(data_dir: Path, worker_id: str) -> None:

@@ -35,6 +35,7 @@ from app.models import Project, TrainingRun, User, Webhook, WebhookDelivery, utc
 from app.platform import audit
 from app.platform.crypto import Keyring, KeyringError
 from app.platform.errors import Invalid, NotFound
+from training.shared.net import checked_transport
 
 EVENTS = ("export.ready", "training_run.finished", "training_run.failed", "judge_run.finished",
           "overlap.reached", "annotator.flagged")
@@ -209,8 +210,6 @@ class Outcome:
 def send(request: Request, *, timeout_s: float) -> Outcome:
     """POST the body once; never raises for the receiver's faults (refused address, timeout, non-2xx)."""
     import httpx
-
-    from training.generation import checked_transport  # the model servers' connect-time address check
 
     start = time.monotonic()
     try:

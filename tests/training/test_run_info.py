@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from training.run_info import MetricsWriter, atomic_dir, read_metrics, recover_dir, staged_dir
+from training.run_info import MetricsWriter, read_metrics, staged_dir
+from training.shared.files import atomic_dir, recover_dir
 
 
 def test_a_save_that_dies_half_way_leaves_the_previous_model(tmp_path: Path) -> None:

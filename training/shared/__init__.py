@@ -1,0 +1,1 @@
+"""Helpers both `app` and `training` use: outbound connections under an address check, durable file writes."""
