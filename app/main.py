@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException
 from app import __version__
 from app.accounts.security import LoginThrottle
 from app.imports.formats import ImportRejected
-from app.judge import outbound
+from app.platform import outbound
 from app.platform.crypto import Keyring
 from app.platform.db import RetryTransientErrors, make_engine, make_session_factory
 from app.platform.errors import DomainError, TooManyAttempts

@@ -24,8 +24,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.jobs import handler_for
 from app.jobs import queue as jobs
 from app.jobs.context import JobContext, JobError, JobRetry, JobStopped
-from app.judge import outbound
 from app.models import Job
+from app.platform import outbound
 from app.platform.db import make_engine, make_session_factory, run_transaction, session_scope
 from app.platform.errors import DomainError
 from app.platform.observability import (

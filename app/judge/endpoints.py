@@ -17,9 +17,8 @@ from sqlalchemy.orm import Session
 
 from app.accounts import permissions
 from app.jobs.context import JobContext, JobError
-from app.judge import outbound
 from app.models import ModelEndpoint, User
-from app.platform import audit
+from app.platform import audit, outbound
 from app.platform.crypto import Keyring, KeyringError, KeyUnreadable, encrypted_under_current, is_encrypted
 from app.platform.errors import Conflict, DomainError, Invalid, NotFound
 from training.generation import GenerationError, make_generator

@@ -6,7 +6,7 @@ body (`attempt`), signed with the hook's secret: `X-Preflab-Signature: sha256=<h
 with `X-Preflab-Event` and `X-Preflab-Delivery` (the same id on every retry). Any 2xx answer delivers; anything
 else (or no answer) is retried after a doubling backoff until the job's attempts run out.
 
-Outbound rules are the model endpoints' (app/judge/outbound.py): https only, never a metadata or link-local
+Outbound rules are the model endpoints' (app/platform/outbound.py): https only, never a metadata or link-local
 address, and a private or loopback host (or plain http to one) only when an admin trusted the hook
 (`allow_private`). Every connection is checked again when it opens, so DNS rebinding is refused too.
 Secrets are stored encrypted (app/platform/crypto.py) and shown once, in the answer that created the hook.
@@ -30,9 +30,8 @@ from sqlalchemy.orm import Session
 
 from app.accounts import permissions
 from app.jobs import queue as jobs
-from app.judge import outbound
 from app.models import Project, TrainingRun, User, Webhook, WebhookDelivery, utcnow
-from app.platform import audit
+from app.platform import audit, outbound
 from app.platform.crypto import Keyring, KeyringError
 from app.platform.errors import Invalid, NotFound
 from training.shared.net import checked_transport

@@ -82,7 +82,7 @@ FORMATS_NOT_CLAIMED = {
     "email": "account emails are the pattern services.users.EMAIL_RE, stated as `pattern`: format checkers disagree "
              "with it and with each other (control characters, quoting, non-ASCII), so `format: email` would be a "
              "promise the server does not keep",
-    "uri": "model server URLs (base_url) are checked by app.judge.outbound (http or https, a host, no "
+    "uri": "model server URLs (base_url) are checked by app.platform.outbound (http or https, a host, no "
            "credentials, no metadata or private address unless trusted), which RFC 3986 `format: uri` neither "
            "implies nor is implied by",
 }

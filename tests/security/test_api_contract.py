@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from app.judge import outbound
+from app.platform import outbound
 from app.platform.errors import Invalid
 from app.web.deps import MAX_ID
 from tests.security.world import World

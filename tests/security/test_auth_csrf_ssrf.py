@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from app.judge import outbound
 from app.models import User
+from app.platform import outbound
 from app.platform.errors import Invalid
 from tests.security.routes import POLICY, UNSAFE, a_params, all_routes, fill, policy_key
 from tests.security.test_object_access import snapshot

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from app.judge import outbound
 from app.models import AuditEvent, Job, JudgeRun, ModelEndpoint
+from app.platform import outbound
 from app.platform.errors import Invalid
 from tests.security.test_object_access import snapshot
 from tests.security.world import World

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from app.jobs import queue as jobs
-from app.judge import endpoints, outbound
+from app.judge import endpoints
 from app.models import Job, ModelEndpoint, Project, TrainingRun, User
+from app.platform import outbound
 from app.runs import training_runs
 from tests.security.world import World
 
