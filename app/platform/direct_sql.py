@@ -11,6 +11,13 @@ saw.
 Anything this does not reproduce runs through SQLAlchemy as before: SQLite, statements with an IN over values given
 at execution or with column defaults other than a value or a function, and every statement of an engine that has
 execution event listeners (instrumentation such as OpenTelemetry sees every statement with its context).
+
+Reproducing SQLAlchemy's execution from the compiled statement needs its private names (`PRIVATE_SQLALCHEMY`):
+pyproject.toml pins SQLAlchemy below its next minor release, and tests/app/test_direct_sql.py names any of them a
+release dropped. What that buys (benchmarks/RESULTS.md, measured in-process on Postgres): the direct path
+toggled on and off every 50 rankings in one process, median CPU per ranking 13.6 ms on against 15.2 ms off (about
+11 % less); sending through a raw cursor with placeholders made once then took `profile_annotation.py`'s CPU per
+ranking from 3.50–3.61 to 3.11–3.29 ms (−8 %).
 """
 
 from __future__ import annotations
@@ -22,13 +29,32 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from psycopg import RawCursor
-from sqlalchemy import ARRAY, Connection, Integer, String, bindparam, cast
+from sqlalchemy import ARRAY, Connection, Engine, Integer, String, bindparam, cast
 from sqlalchemy.exc import InvalidRequestError, MultipleResultsFound, NoResultFound
 from sqlalchemy.sql import ClauseElement
-from sqlalchemy.sql.dml import ValuesBase
+from sqlalchemy.sql.compiler import ResultColumnsEntry, SQLCompiler
+from sqlalchemy.sql.dml import UpdateBase, ValuesBase
+from sqlalchemy.types import TypeEngine
 
 Params = Mapping[str, Any]
 S = TypeVar("S", bound=ClauseElement)
+
+PRIVATE_SQLALCHEMY: tuple[tuple[Any, str], ...] = (
+    (SQLCompiler, "_bind_processors"),
+    (SQLCompiler, "_process_parameters_for_postcompile"),  # an IN over fixed values, expanded once
+    (SQLCompiler, "_result_columns"),
+    (ResultColumnsEntry, "keyname"),  # the entries of `_result_columns`
+    (ResultColumnsEntry, "type"),
+    (SQLCompiler.construct_params, "_check"),  # a keyword parameter: the defaults without the required values
+    (TypeEngine, "_cached_result_processor"),
+    # Read with a default: were they renamed, rows a statement did not ask for would pass for its RETURNING.
+    (UpdateBase, "_returning"),
+    (UpdateBase, "_return_defaults"),
+    (Connection, "_has_events"),
+    (Engine, "_has_events"),
+    (Connection, "_handle_dbapi_exception"),  # errors wrapped, and a lost connection handled, as SQLAlchemy does
+)
+"""The private names of SQLAlchemy this module uses, as (owner, name); for a function, a keyword parameter of it."""
 
 
 _PLANS: dict[Any, dict[Any, _Plan | None]] = {}

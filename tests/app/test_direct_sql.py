@@ -8,10 +8,14 @@ through SQLAlchemy, which the rest of the suite covers.
 
 from __future__ import annotations
 
+import ast
 from datetime import UTC, datetime
+from inspect import isfunction, signature
+from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy
 from sqlalchemy import event
 from sqlalchemy.exc import IntegrityError, InvalidRequestError
 
@@ -140,3 +144,44 @@ def test_row_loader_builds_the_instances_a_query_would(db, make_user, make_proje
     held = db.get(User, annotator_id)
     again, _ = annotation.token_caller_project(db, token, project_id)
     assert again is held
+
+
+
+def _has(owner: Any, name: str, live: dict[Any, Any]) -> bool:
+    if isfunction(owner):  # a keyword parameter
+        return name in signature(owner).parameters
+    # An instance too: some names are set per instance (`Connection._has_events` in SQLAlchemy 2.0).
+    return hasattr(owner, name) or (owner in live and hasattr(live[owner], name))
+
+
+def test_the_private_sqlalchemy_names_direct_sql_uses_all_exist() -> None:
+    # The pin in pyproject.toml keeps SQLAlchemy below its next minor; this says by name what a new release broke.
+    from sqlalchemy import Connection, Engine, create_engine, literal, select
+    from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+    from sqlalchemy.sql.compiler import SQLCompiler
+
+    engine = create_engine("sqlite://")
+    try:
+        with engine.connect() as conn:
+            live = {Engine: engine, Connection: conn,
+                    SQLCompiler: select(literal(1)).compile(dialect=PGDialect_psycopg())}
+            missing = [f"{owner.__qualname__}.{name}" for owner, name in direct_sql.PRIVATE_SQLALCHEMY
+                       if not _has(owner, name, live)]
+    finally:
+        engine.dispose()
+    assert missing == [], (f"SQLAlchemy {sqlalchemy.__version__} has no {', '.join(missing)}, which "
+                           "app/platform/direct_sql.py relies on: adapt the module to this release or stay below it")
+
+def test_direct_sql_lists_every_private_sqlalchemy_name_it_uses() -> None:
+    # A private name read off a SQLAlchemy object and not in PRIVATE_SQLALCHEMY would escape the test above.
+    tree = ast.parse(Path(direct_sql.__file__).read_text(encoding="utf-8"))
+    used = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    used |= {node.arg for node in ast.walk(tree) if isinstance(node, ast.keyword) and node.arg}
+    used |= {node.args[1].value for node in ast.walk(tree) if isinstance(node, ast.Call)
+             and getattr(node.func, "id", None) == "getattr" and isinstance(node.args[1], ast.Constant)}
+    private = {name for name in used if name.startswith("_") and not name.startswith("__")}
+    own = {name for cls in (direct_sql._Plan, direct_sql.Rows, direct_sql.CoreConnection)
+           for name in [*vars(cls), *getattr(cls, "__slots__", ())]}
+    own.add("_make")  # namedtuple's documented constructor from an iterable
+    listed = {name for _, name in direct_sql.PRIVATE_SQLALCHEMY}
+    assert sorted(private - own - listed) == [], "add these to direct_sql.PRIVATE_SQLALCHEMY"
