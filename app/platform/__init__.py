@@ -1,5 +1,4 @@
-"""The platform every feature stands on: settings, the database, migrations, crypto, outbound URL checks, logs and
-metrics, backups.
+"""The platform every feature stands on: settings, database, migrations, crypto, outbound checks, logs, backups.
 
 Every module here may be used by any package above it; none imports a feature.
 """
