@@ -8,9 +8,9 @@ and, for pairs, one imported Ranking with its Pair per row, plus one AuditEvent.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -57,6 +57,7 @@ OnDuplicate = Literal["error", "skip"]
 SOURCE = "imported"
 _CHUNK = 500
 """Ids or hashes per IN (...) query: well under SQLite's bound-parameter limit."""
+_R = TypeVar("_R", PromptRow, RankedRow)
 
 
 @dataclass
@@ -178,14 +179,45 @@ def _dup_hint(on_duplicate: str) -> str:
     return "; import with on_duplicate=skip to leave duplicates out" if on_duplicate == "error" else ""
 
 
-def _prompt_values(project_id: int, row: PromptRow | PairRow, split: str) -> dict[str, Any]:
+def _prompt_values(project_id: int, row: PromptRow | PairRow | RankedRow | StepRow, split: str,
+                   **columns: Any) -> dict[str, Any]:
+    """A new prompt's row; `messages` is left out for a plain prompt (SQL NULL, not JSON null)."""
     values: dict[str, Any] = {
         "project_id": project_id,
         "text": row.text,
         "text_hash": row.text_hash,
         "split": split,
+        **columns,
     }
+    if row.messages is not None:
+        values["messages"] = row.messages
     return values
+
+
+def _set_aside(line: int, field: str, why: str, on_duplicate: str, skipped: list[int], problems: _Problems) -> None:
+    """A duplicate row: left out (its line noted) with on_duplicate=skip, else a problem on `field`."""
+    if on_duplicate == "skip":
+        skipped.append(line)
+    else:
+        problems.add(line, field, why + _dup_hint(on_duplicate))
+
+
+def _new_prompt_rows(rows: list[_R], existing: dict[str, tuple[int, str]], on_duplicate: str, problems: _Problems,
+                     skipped: list[int], *, chat_field: str) -> Iterator[_R]:
+    """The rows whose prompt is neither in the project nor on an earlier line; each other row is set aside on
+    `prompt` (on `chat_field` for a chat). Lazy, so the caller's own problems stay in file order with these."""
+    first_line: dict[str, int] = {}
+    for row in rows:
+        if row.text_hash in existing:
+            why = f"prompt already in the project (prompt id {existing[row.text_hash][0]})"
+        elif row.text_hash in first_line:
+            why = f"same prompt as line {first_line[row.text_hash]}"
+        else:
+            first_line[row.text_hash] = row.line
+            yield row
+            continue
+        field_name = chat_field if row.messages is not None else "prompt"
+        _set_aside(row.line, field_name, why, on_duplicate, skipped, problems)
 
 
 # --- prompt rows --------------------------------------------------------------------------------
@@ -196,39 +228,19 @@ def _import_prompts(
 ) -> ImportResult:
     k = project.completions_per_prompt
     existing = _existing_prompts(db, project.id, (row.text_hash for row in rows))
-    first_line: dict[str, int] = {}
     keep: list[PromptRow] = []
     skipped: list[int] = []
-    for row in rows:
-        field_name = "messages" if row.messages is not None else "prompt"
-        if row.text_hash in existing:
-            duplicate = f"prompt already in the project (prompt id {existing[row.text_hash][0]})"
-        elif row.text_hash in first_line:
-            duplicate = f"same prompt as line {first_line[row.text_hash]}"
-        else:
-            first_line[row.text_hash] = row.line
-            if len(row.completions) > k:
-                problems.add(
-                    row.line, "completions",
-                    f"{len(row.completions)} completions, but this project ranks {k} per prompt; "
-                    "remove some or raise completions_per_prompt",
-                )
-            keep.append(row)
-            continue
-        if on_duplicate == "skip":
-            skipped.append(row.line)
-        else:
-            problems.add(row.line, field_name, duplicate + _dup_hint(on_duplicate))
+    for row in _new_prompt_rows(rows, existing, on_duplicate, problems, skipped, chat_field="messages"):
+        if len(row.completions) > k:
+            problems.add(
+                row.line, "completions",
+                f"{len(row.completions)} completions, but this project ranks {k} per prompt; "
+                "remove some or raise completions_per_prompt",
+            )
+        keep.append(row)
     problems.raise_if_any()
 
-    values = []
-    for row in keep:
-        item = _prompt_values(project.id, row, row.split)
-        item["reference"] = row.reference
-        item["meta"] = row.metadata
-        if row.messages is not None:
-            item["messages"] = row.messages
-        values.append(item)
+    values = [_prompt_values(project.id, row, row.split, reference=row.reference, meta=row.metadata) for row in keep]
     prompt_ids = bulk.insert_rows(db, Prompt, values, ids=True)
     completion_values = [
         _completion_values(project, prompt_id, body)
@@ -321,10 +333,8 @@ def _rows_to_write(
         if duplicate is None:
             first_pair[(row.text_hash, row.chosen, row.rejected)] = row.line
             keep.append(row)
-        elif on_duplicate == "skip":
-            skipped.append(row.line)
         else:
-            problems.add(row.line, "chosen", duplicate + _dup_hint(on_duplicate))
+            _set_aside(row.line, "chosen", duplicate, on_duplicate, skipped, problems)
     return keep, skipped, split_from
 
 
@@ -367,12 +377,8 @@ def _create_prompts(
     for row in keep:
         if row.text_hash not in prompt_id:
             new_rows.setdefault(row.text_hash, row)
-    values = []
-    for text_hash, row in new_rows.items():
-        item = _prompt_values(project.id, row, split_from.get(text_hash, ("train", 0))[0])
-        if row.messages is not None:
-            item["messages"] = row.messages
-        values.append(item)
+    values = [_prompt_values(project.id, row, split_from.get(text_hash, ("train", 0))[0])
+              for text_hash, row in new_rows.items()]
     prompt_id.update(zip(new_rows, bulk.insert_rows(db, Prompt, values, ids=True), strict=True))
     return len(values)
 
@@ -446,19 +452,9 @@ def _import_ranked(
 ) -> ImportResult:
     k = project.completions_per_prompt
     existing = _existing_prompts(db, project.id, (row.text_hash for row in rows))
-    first_line: dict[str, int] = {}
     keep: list[RankedRow] = []
     skipped: list[int] = []
-    for row in rows:
-        if row.text_hash in existing or row.text_hash in first_line:
-            where = (f"prompt already in the project (prompt id {existing[row.text_hash][0]})"
-                     if row.text_hash in existing else f"same prompt as line {first_line[row.text_hash]}")
-            if on_duplicate == "skip":
-                skipped.append(row.line)
-            else:
-                problems.add(row.line, "prompt", where + _dup_hint(on_duplicate))
-            continue
-        first_line[row.text_hash] = row.line
+    for row in _new_prompt_rows(rows, existing, on_duplicate, problems, skipped, chat_field="prompt"):
         if len(row.completions) > k:
             problems.add(row.line, "completions", f"{len(row.completions)} responses, but this project ranks {k} "
                          "per prompt; raise completions_per_prompt")
@@ -468,13 +464,7 @@ def _import_ranked(
         keep.append(row)
     problems.raise_if_any()
 
-    values = []
-    for row in keep:
-        item = _prompt_values(project.id, row, "train")
-        item["meta"] = row.metadata
-        if row.messages is not None:
-            item["messages"] = row.messages
-        values.append(item)
+    values = [_prompt_values(project.id, row, "train", meta=row.metadata) for row in keep]
     prompt_ids = bulk.insert_rows(db, Prompt, values, ids=True)
     completion_ids = bulk.insert_rows(db, Completion, [
         {"prompt_id": pid, "text": body, "source": SOURCE}
@@ -532,8 +522,7 @@ def _import_steps(db: Session, project: Project, rows: list[StepRow], on_duplica
     for row in keep:
         first.setdefault(row.text_hash, row)
     prompt_ids = dict(zip(first, bulk.insert_rows(db, Prompt, [
-        _prompt_values(project.id, row, "train") | {"reference": row.reference, "meta": row.metadata}
-        | ({"messages": row.messages} if row.messages is not None else {})  # left out: SQL NULL, not JSON null
+        _prompt_values(project.id, row, "train", reference=row.reference, meta=row.metadata)
         for row in first.values()], ids=True), strict=True))
     paths = list(dict.fromkeys((row.text_hash, tuple(row.steps)) for row in keep))
     completion_ids = dict(zip(paths, bulk.insert_rows(db, Completion, [
@@ -582,11 +571,8 @@ def _step_rows_to_write(db: Session, project: Project, rows: list[StepRow], on_d
     skipped: list[int] = []
     for row in rows:
         if row.text_hash in existing:
-            if on_duplicate == "skip":
-                skipped.append(row.line)
-            else:
-                problems.add(row.line, "prompt", f"prompt already in the project (prompt id "
-                             f"{existing[row.text_hash][0]}){_dup_hint(on_duplicate)}")
+            _set_aside(row.line, "prompt", f"prompt already in the project (prompt id {existing[row.text_hash][0]})",
+                       on_duplicate, skipped, problems)
             continue
         key = (row.text_hash, row.annotator, tuple(row.steps))
         if key in seen:
