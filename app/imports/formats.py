@@ -752,6 +752,12 @@ class _RowCheck:
             return (text.strip(), None) if text is not None else None
         return None
 
+    def prompt_fields(self, prompt: tuple[str, list[dict[str, str]] | None]) -> dict[str, Any]:
+        """What every row kind holds of its place and prompt (`_RowPrompt`'s fields), from `prompt()`'s answer."""
+        text, messages = prompt
+        return {"line": self.line, "text": text, "messages": messages,
+                "text_hash": prompt_text_hash(text=text if messages is None else None, messages=messages)}
+
     def metadata(self, more: dict[str, Any] | None = None) -> dict[str, Any]:
         """The row's metadata object with its extra columns (and `more`) added; its own keys win."""
         value = self.record.get("metadata")
@@ -822,7 +828,7 @@ def _same_text_key(text: str) -> str:
 
 
 def _prompt_row(check: _RowCheck) -> PromptRow | None:
-    record, line = check.record, check.line
+    record = check.record
     check.unknown_fields(PROMPT_FIELDS, "prompts")
     prompt = check.prompt(required=True)
     completions: list[str] = []
@@ -850,12 +856,8 @@ def _prompt_row(check: _RowCheck) -> PromptRow | None:
     metadata = check.metadata()
     if not check.ok or prompt is None:
         return None
-    text, messages = prompt
     return PromptRow(
-        line=line,
-        text=text,
-        messages=messages,
-        text_hash=prompt_text_hash(text=text if messages is None else None, messages=messages),
+        **check.prompt_fields(prompt),
         completions=completions,
         reference=reference,
         split=split or "train",
@@ -915,10 +917,7 @@ def _pair_row(check: _RowCheck) -> PairRow | None:
         check.fail("rejected", "same text as chosen; a pair needs two different responses")
     if not check.ok or prompt is None:
         return None
-    text, messages = prompt
-    return PairRow(line=check.line, text=text, messages=messages,
-                   text_hash=prompt_text_hash(text=text if messages is None else None, messages=messages),
-                   chosen=chosen, rejected=rejected, **label)
+    return PairRow(**check.prompt_fields(prompt), chosen=chosen, rejected=rejected, **label)
 
 
 def _pair_label(check: _RowCheck) -> dict[str, Any]:
@@ -1004,9 +1003,8 @@ def _chat_pair_row(check: _RowCheck) -> PairRow | None:
     if chosen_text.strip() == rejected_text.strip():
         check.fail("rejected", "same text as chosen; a pair needs two different responses")
         return None
-    return PairRow(line=check.line, text=render_messages(prompt), messages=prompt,
-                   text_hash=prompt_text_hash(messages=prompt), chosen=chosen_text, rejected=rejected_text,
-                   chosen_messages=chosen_turns, rejected_messages=rejected_turns, **label)
+    return PairRow(**check.prompt_fields((render_messages(prompt), prompt)), chosen=chosen_text,
+                   rejected=rejected_text, chosen_messages=chosen_turns, rejected_messages=rejected_turns, **label)
 
 
 def _ranked_row(check: _RowCheck) -> RankedRow | None:
@@ -1035,10 +1033,7 @@ def _ranked_row(check: _RowCheck) -> RankedRow | None:
     metadata = check.metadata(record.get("_metadata"))
     if not check.ok or prompt is None:
         return None
-    text, messages = prompt
-    return RankedRow(line=check.line, text=text, messages=messages,
-                     text_hash=prompt_text_hash(text=text if messages is None else None, messages=messages),
-                     completions=completions, rankings=out, metadata=metadata)
+    return RankedRow(**check.prompt_fields(prompt), completions=completions, rankings=out, metadata=metadata)
 
 
 MAX_STEPS = 100
@@ -1063,11 +1058,8 @@ def _step_row(check: _RowCheck) -> StepRow | None:
     metadata = check.metadata(record.get("_metadata"))
     if not check.ok or prompt is None:
         return None
-    text, messages = prompt
-    return StepRow(line=check.line, text=text, messages=messages,
-                   text_hash=prompt_text_hash(text=text if messages is None else None, messages=messages),
-                   steps=steps, labels=list(record["step_labels"]), annotator=record["annotator"],
-                   reference=reference, meta=record["meta"], metadata=metadata)
+    return StepRow(**check.prompt_fields(prompt), steps=steps, labels=list(record["step_labels"]),
+                   annotator=record["annotator"], reference=reference, meta=record["meta"], metadata=metadata)
 
 
 def _row_kind(record: dict[str, Any]) -> Kind:
