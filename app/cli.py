@@ -8,13 +8,16 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import click
 import typer
 import typer.core
 
 from app.platform.settings import Settings, SettingsError, load_settings
+
+if TYPE_CHECKING:
+    from app.platform.migrate import SchemaStatus
 
 cli = typer.Typer(help="preflab: a workbench for RLHF and RLAIF preference data.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
@@ -59,16 +62,21 @@ def _session_factory(settings: Settings):  # type: ignore[no-untyped-def]
                                              prepared_statements=settings.database_prepared_statements))
 
 
-def _at_head(settings: Settings) -> bool:
-    """Whether the schema is current; a database from a newer preflab stops the command with a message."""
+def _schema_status(settings: Settings) -> SchemaStatus:
+    """Where the database's schema stands against this preflab's migrations (a short-lived engine of its own)."""
     from app.platform.db import make_engine
     from app.platform.migrate import schema_status
 
     engine = make_engine(settings.database_url, prepared_statements=settings.database_prepared_statements)
     try:
-        status = schema_status(engine)
+        return schema_status(engine)
     finally:
         engine.dispose()
+
+
+def _at_head(settings: Settings) -> bool:
+    """Whether the schema is current; a database from a newer preflab stops the command with a message."""
+    status = _schema_status(settings)
     if not status.known:
         _fail(status.describe())
     return status.behind == 0
@@ -92,14 +100,7 @@ def migrate(revision: Annotated[str, typer.Argument(help="Target revision")] = "
 
 
 def _migrate_check(settings: Settings) -> None:
-    from app.platform.db import make_engine
-    from app.platform.migrate import schema_status
-
-    engine = make_engine(settings.database_url, prepared_statements=settings.database_prepared_statements)
-    try:
-        status = schema_status(engine)
-    finally:
-        engine.dispose()
+    status = _schema_status(settings)
     typer.echo(f"{status.describe()}: {_redact(settings.database_url)}")
     if not status.known:
         raise typer.Exit(2)
