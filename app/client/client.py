@@ -93,6 +93,16 @@ def _refreshed(stale: T, fresh: T) -> T:
             setattr(stale, f.name, getattr(fresh, f.name))
     return stale
 
+
+def _wait_to_end(item: Export | TrainingRun, state: Callable[[], str], ended: tuple[str, ...], succeeded: str,
+                 timeout: float, what: str) -> None:
+    """Refresh `item` in place until `state()` is one of `ended`; JobFailed, with its job's reason, unless it is
+    `succeeded`."""
+    item._client._wait(item.refresh, lambda _: state() in ended, timeout, what)
+    if state() != succeeded:
+        error = item._client.job(item.job_id).error if item.job_id else None
+        raise JobFailed(what, state(), error)
+
 @dataclasses.dataclass(frozen=True)
 class ErrorDetail:
     """One entry of the server's error body `{"detail": [{"field", "message", "line"?}]}`."""
@@ -602,10 +612,7 @@ class Export:
 
     def wait(self, timeout: float = 600.0) -> Export:
         """Wait until the worker has written it; JobFailed if it failed or was cancelled."""
-        self._client._wait(self.refresh, lambda e: e.status in EXPORT_DONE, timeout, f"export {self.id}")
-        if self.status != "ready":
-            error = self._client.job(self.job_id).error if self.job_id else None
-            raise JobFailed(f"export {self.id}", self.status, error)
+        _wait_to_end(self, lambda: self.status, EXPORT_DONE, "ready", timeout, f"export {self.id}")
         return self
 
     @property
@@ -739,10 +746,7 @@ class TrainingRun:
 
     def wait(self, timeout: float = 3600.0) -> TrainingRun:
         """Wait until the run ends; JobFailed (with the job's reason) unless it succeeded."""
-        self._client._wait(self.refresh, lambda r: r.state in RUN_DONE, timeout, f"training run {self.id}")
-        if self.state != "succeeded":
-            error = self._client.job(self.job_id).error if self.job_id else None
-            raise JobFailed(f"training run {self.id}", self.state, error)
+        _wait_to_end(self, lambda: self.state, RUN_DONE, "succeeded", timeout, f"training run {self.id}")
         return self
 
     def metrics(self) -> list[dict[str, Any]]:
