@@ -30,7 +30,13 @@ from training.config import PRMConfig, check_step_pattern, require
 from training.data import StepRow, Text, load_steps, render_prompt, train_and_heldout
 from training.loop import BatchMethod, RunResult, run
 from training.losses import step_bce_loss
-from training.reward_model import collate, default_model_path, disable_dropout, prepare_tokenizer_and_model
+from training.reward_model import (
+    collate,
+    default_model_path,
+    disable_dropout,
+    prepare_tokenizer_and_model,
+    special_tokens,
+)
 from training.run_info import write_json
 from training.weights import SAFE_LOAD, require_safetensors
 
@@ -94,10 +100,7 @@ class StepEncoder:
 
     def __init__(self, tokenizer: Any, max_length: int, separator: str) -> None:
         self.tokenizer = tokenizer
-        plain = tokenizer("a", add_special_tokens=False)["input_ids"]
-        wrapped = tokenizer("a", add_special_tokens=True)["input_ids"]
-        start = next((i for i in range(len(wrapped) - len(plain) + 1) if wrapped[i:i + len(plain)] == plain), 0)
-        self.prefix, self.suffix = wrapped[:start], wrapped[start + len(plain):]
+        self.prefix, self.suffix = special_tokens(tokenizer)
         self.budget = max_length - len(self.prefix) - len(self.suffix)
         if self.budget < 2:
             raise ValueError(f"max_length={max_length} leaves no room next to the special tokens")

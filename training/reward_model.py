@@ -49,17 +49,21 @@ def default_model_path() -> str:
 # tokenisation: prompt + response, truncated from the left so the response survives
 
 
+def special_tokens(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """The ids the tokenizer puts before and after a single text (e.g. [CLS] … [SEP]), found once by example."""
+    plain = tokenizer("a", add_special_tokens=False)["input_ids"]
+    wrapped = tokenizer("a", add_special_tokens=True)["input_ids"]
+    start = next((i for i in range(len(wrapped) - len(plain) + 1) if wrapped[i:i + len(plain)] == plain), 0)
+    return wrapped[:start], wrapped[start + len(plain):]
+
+
 class PairEncoder:
     """Turns (prompt, response) into model input ids with the tokenizer's special tokens, at most `max_length`."""
 
     def __init__(self, tokenizer: Any, max_length: int) -> None:
         self.tokenizer = tokenizer
         self.max_length = max_length
-        # find the special tokens the tokenizer wraps a single text in (e.g. [CLS] … [SEP]) once, by example
-        plain = tokenizer("a", add_special_tokens=False)["input_ids"]
-        wrapped = tokenizer("a", add_special_tokens=True)["input_ids"]
-        start = next((i for i in range(len(wrapped) - len(plain) + 1) if wrapped[i:i + len(plain)] == plain), 0)
-        self.prefix, self.suffix = wrapped[:start], wrapped[start + len(plain):]
+        self.prefix, self.suffix = special_tokens(tokenizer)
         self.budget = max_length - len(self.prefix) - len(self.suffix)
         if self.budget < 1:
             raise ValueError(f"max_length={max_length} leaves no room next to the special tokens")
