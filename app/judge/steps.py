@@ -26,7 +26,7 @@ from app.accounts import permissions
 from app.models import Project, Ranking, StepLabel, User
 from app.platform import audit
 from app.platform.errors import Invalid
-from app.quality.judge_agreement import GATE_MIN_AGREEMENT, GATE_MIN_PROMPTS
+from app.quality.judge_agreement import GATE_MIN_PROMPTS, gate_shortfall
 
 SETTING = "ai_step_labels_for_training"
 """The project setting that holds the lead's decision on AI step labels (apart from AI pairs': a judge that
@@ -136,17 +136,12 @@ def figures(compared: Sequence[tuple[float, int]]) -> dict[str, float | None]:
 
 def gate_missing(n_prompts: int, step_agreement: float | None) -> list[str]:
     """What the evidence for allowing AI step labels still lacks, in words (empty: the lead may decide)."""
-    missing = []
-    if n_prompts < GATE_MIN_PROMPTS:
-        missing.append(f"the judge and humans have labelled the steps of {n_prompts} of the {GATE_MIN_PROMPTS} "
-                       "prompts in common needed to measure step agreement: run the judge with step labels on "
-                       "prompts annotators have step-labelled")
-    if step_agreement is None:
-        missing.append("no step agreement with humans measured yet")
-    elif step_agreement < GATE_MIN_AGREEMENT:
-        missing.append(f"the judge agrees with humans on {step_agreement:.0%} of steps, under the "
-                       f"{GATE_MIN_AGREEMENT:.0%} needed: try a stronger judge model")
-    return missing
+    return gate_shortfall(
+        n_prompts, step_agreement,
+        too_few=f"the judge and humans have labelled the steps of {n_prompts} of the {GATE_MIN_PROMPTS} prompts in "
+                "common needed to measure step agreement: run the judge with step labels on prompts annotators "
+                "have step-labelled",
+        unmeasured="no step agreement with humans measured yet", unit="steps", remedy="try a stronger judge model")
 
 
 def _labels(db: Session, project: Project, judge_run_id: int | None

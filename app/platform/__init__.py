@@ -4,6 +4,6 @@ Every module here may be used by any package above it; none imports a feature.
 """
 
 __all__ = [
-    "audit", "backup", "bulk", "crypto", "db", "direct_sql", "errors", "formats", "healthcheck", "metrics", "migrate",
-    "observability", "outbound", "settings",
+    "audit", "backup", "bulk", "crypto", "db", "direct_sql", "errors", "formats", "healthcheck", "metrics",
+    "middleware", "migrate", "observability", "outbound", "settings",
 ]

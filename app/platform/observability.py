@@ -25,6 +25,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.platform.middleware import HttpMiddleware
 from training.shared.files import write_text_atomic
 
 log = logging.getLogger("preflab.request")
@@ -48,18 +49,15 @@ def accept_request_id(incoming: str | None) -> str:
     return uuid.uuid4().hex
 
 
-class RequestIdMiddleware:
+class RequestIdMiddleware(HttpMiddleware):
     """Gives each request an id (scope state `request_id`, the context variable, the response header) and, with
     `metrics`, counts the request and its latency under its route template once routing has matched it."""
 
     def __init__(self, app: ASGIApp, *, metrics: Any = None) -> None:
-        self.app = app
+        super().__init__(app)
         self.metrics = metrics
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         incoming = None
         for name, value in scope.get("headers", []):
             if name == b"x-request-id":

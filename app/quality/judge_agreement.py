@@ -30,15 +30,26 @@ def ai_labels_enabled(project: Project) -> bool:
 
 def gate_missing(n_prompts: int, pair_agreement: float | None) -> list[str]:
     """What the evidence for allowing AI labels still lacks, in words (empty: the lead may decide)."""
+    return gate_shortfall(
+        n_prompts, pair_agreement,
+        too_few=f"the judge and humans have ranked {n_prompts} of the {GATE_MIN_PROMPTS} prompts in common "
+                "needed to measure agreement: run the judge on prompts annotators have ranked",
+        unmeasured="no agreement with humans measured yet", unit="pairs",
+        remedy="revise the constitution or try a stronger judge model")
+
+
+def gate_shortfall(n_prompts: int, agreement: float | None, *, too_few: str, unmeasured: str, unit: str,
+                   remedy: str) -> list[str]:
+    """The gate's two tests, on answers or on steps: enough prompts in common, and agreement with the humans at
+    GATE_MIN_AGREEMENT or more; each failed one said in the caller's words (empty: the lead may decide)."""
     missing = []
     if n_prompts < GATE_MIN_PROMPTS:
-        missing.append(f"the judge and humans have ranked {n_prompts} of the {GATE_MIN_PROMPTS} prompts in common "
-                       "needed to measure agreement: run the judge on prompts annotators have ranked")
-    if pair_agreement is None:
-        missing.append("no agreement with humans measured yet")
-    elif pair_agreement < GATE_MIN_AGREEMENT:
-        missing.append(f"the judge agrees with humans on {pair_agreement:.0%} of pairs, under the "
-                       f"{GATE_MIN_AGREEMENT:.0%} needed: revise the constitution or try a stronger judge model")
+        missing.append(too_few)
+    if agreement is None:
+        missing.append(unmeasured)
+    elif agreement < GATE_MIN_AGREEMENT:
+        missing.append(f"the judge agrees with humans on {agreement:.0%} of {unit}, under the "
+                       f"{GATE_MIN_AGREEMENT:.0%} needed: {remedy}")
     return missing
 
 

@@ -16,6 +16,7 @@ from markupsafe import Markup
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.accounts import security
+from app.platform.middleware import HttpMiddleware
 from app.web.cookies import BROWSER_COOKIE, CSRF_FIELD, CSRF_HEADER, SESSION_COOKIE, browser_id
 
 __all__ = ["BROWSER_COOKIE", "CSRF_FIELD", "CSRF_HEADER", "SESSION_COOKIE", "browser_id"]  # also importable here
@@ -105,18 +106,15 @@ def render(request: Request, name: str, context: dict[str, Any] | None = None, *
     return templates.TemplateResponse(request, name, ctx, status_code=status_code)
 
 
-class BrowserIdAndHeadersMiddleware:
+class BrowserIdAndHeadersMiddleware(HttpMiddleware):
     """Gives every browser a random id cookie (the CSRF token is an HMAC of it) and adds security headers."""
 
     def __init__(self, app: ASGIApp, *, secure_cookies: bool, hsts: bool) -> None:
-        self.app = app
+        super().__init__(app)
         self.secure = secure_cookies
         self.hsts = hsts
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope)
         existing = request.cookies.get(BROWSER_COOKIE)
         new_id = None if existing and 20 <= len(existing) <= 64 else secrets.token_urlsafe(24)
@@ -148,17 +146,14 @@ class BrowserIdAndHeadersMiddleware:
         await self.app(scope, receive, send_wrapper)
 
 
-class BodyLimitMiddleware:
+class BodyLimitMiddleware(HttpMiddleware):
     """Refuses request bodies over the limit with 413 before reading them into memory."""
 
     def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
-        self.app = app
+        super().__init__(app)
         self.max_bytes = max_bytes
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         declared = dict(scope.get("headers", [])).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             await self._reject(send)
