@@ -8,9 +8,9 @@ from sqlalchemy.orm import Session
 
 from app.annotation import selection
 from app.jobs.context import JobContext, JobError, job_row
-from app.models import Project
 from app.platform.db import run_transaction
 from app.platform.errors import DomainError
+from app.projects import projects
 
 
 def run(ctx: JobContext) -> dict[str, Any]:
@@ -24,7 +24,7 @@ def run(ctx: JobContext) -> dict[str, Any]:
         ctx.check()
 
     def work(db: Session) -> dict[str, Any]:
-        project = job_row(db, Project, project_id, "project")
+        project = job_row(db, projects.find, project_id, "project")
         try:  # all or nothing: the priorities are written in this one transaction
             return selection.compute(db, project, chosen, int(run_id) if run_id else None, progress)
         except DomainError as exc:

@@ -20,7 +20,7 @@ from app.webhooks import service as webhooks
 def run(ctx: JobContext) -> dict[str, Any]:
     export_id = int(ctx.payload["export_id"])
     with ctx.session_factory() as db:
-        export = job_row(db, Export, export_id, "export")
+        export = job_row(db, exports.find, export_id, "export")
         if export.deleted_at is not None:
             raise JobError(f"export {export_id} was deleted before it was written")
         if export.sha256:  # an earlier attempt published it and died before the job was marked done

@@ -272,6 +272,11 @@ def export_dir(data_dir: Path, export_id: int) -> Path:
     return Path(data_dir) / "exports" / str(export_id)
 
 
+def find(db: Session, export_id: int) -> Export | None:
+    """The export with this id, deleted or not, or None; no permission check (the export job acts for its requester)."""
+    return db.get(Export, export_id)
+
+
 def get_visible(db: Session, export_id: int, user: User) -> Export:
     """The export, or NotFound when it does not exist or its project is not the user's."""
     export = db.get(Export, export_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
@@ -89,9 +90,10 @@ class JobContext:
             return self._progress
 
 
-def job_row(db: Session, model: type[T], row_id: int, what: str) -> T:
-    """The row a job works on, or JobError when it was deleted since the job was queued (retrying cannot help)."""
-    row = db.get(model, row_id)
+def job_row(db: Session, find: Callable[[Session, int], T | None], row_id: int, what: str) -> T:
+    """The row a job works on, read by its feature's `find(db, row_id)`, or JobError when it was deleted since the job
+    was queued (retrying cannot help)."""
+    row = find(db, row_id)
     if row is None:
         raise JobError(f"{what} {row_id} no longer exists")
     return row

@@ -21,7 +21,7 @@ from app.annotation import rankings, selection, steps
 from app.annotation.pairs import expand_tiers
 from app.annotation.queue import task_completion_ids
 from app.jobs.context import JobContext, JobError, JobStopped, job_row
-from app.judge import endpoints
+from app.judge import endpoints, judging
 from app.judge import steps as judge_steps
 from app.models import Completion, Constitution, JudgeRun, Project, Prompt, Ranking
 from app.platform.db import session_scope
@@ -37,7 +37,7 @@ PROMPTS_PER_CALL = 4
 def run(ctx: JobContext) -> dict[str, Any]:
     run_id = int(ctx.payload["judge_run_id"])
     with session_scope(ctx.session_factory) as db:
-        judge_run = job_row(db, JudgeRun, run_id, "judge run")
+        judge_run = job_row(db, judging.find_run, run_id, "judge run")
         constitution = db.get(Constitution, judge_run.constitution_id)
         if constitution is None:
             raise JobError("the judge run's constitution no longer exists")

@@ -51,6 +51,11 @@ def request_judge_run(db: Session, project: Project, actor: User, *, constitutio
     return run, job
 
 
+def find_run(db: Session, run_id: int) -> JudgeRun | None:
+    """The judge run with this id, or None; no permission check (the judge job acts for whoever started the run)."""
+    return db.get(JudgeRun, run_id)
+
+
 def set_ai_labels(db: Session, project: Project, actor: User, enabled: bool,
                   evidence: judge_agreement.JudgeAgreement | None = None) -> None:
     """The lead's explicit decision whether AI labels may be used for training (exports exclude them otherwise).

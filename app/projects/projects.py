@@ -26,6 +26,11 @@ def list_visible(db: Session, user: User) -> list[Project]:
     return list(db.scalars(visible_query(user)))
 
 
+def find(db: Session, project_id: int) -> Project | None:
+    """The project with this id, or None; no permission check (a job acts for whoever queued it)."""
+    return db.get(Project, project_id)
+
+
 def get_visible(db: Session, project_id: int, user: User) -> Project:
     """The project, or NotFound when it does not exist or the user is not a member (admins see all)."""
     # The viewer's role comes with the project: every check on the page after this one reads it from the session.

@@ -17,8 +17,9 @@ from typing import Any, TypeVar
 from sqlalchemy.orm import Session
 
 from app.jobs.context import JobContext, job_row
-from app.models import Project, ProjectRollup
+from app.models import ProjectRollup
 from app.platform.db import run_transaction
+from app.projects import projects
 from app.quality import rollups
 
 NICE = 10
@@ -51,7 +52,7 @@ def run(ctx: JobContext) -> dict[str, Any]:
     project_id = int(ctx.project_id or 0)
     requested = ctx.payload.get("requested_at")
     with ctx.session_factory() as db:
-        job_row(db, Project, project_id, "project")
+        job_row(db, projects.find, project_id, "project")
         row = db.get(ProjectRollup, project_id)
         if row is not None and requested and row.computed_at >= datetime.fromisoformat(requested):
             ctx.log("a rollup newer than this request is stored already: nothing to do")
@@ -61,7 +62,7 @@ def run(ctx: JobContext) -> dict[str, Any]:
     def compute() -> rollups.Rollup:
         # One read-only transaction, the rankings streamed from a server-side cursor; nothing written here.
         with ctx.session_factory() as db:
-            return rollups.compute(db, job_row(db, Project, project_id, "project"))
+            return rollups.compute(db, job_row(db, projects.find, project_id, "project"))
 
     rollup = _niced(compute)
 

@@ -85,13 +85,12 @@ def run(ctx: JobContext) -> dict[str, Any]:
 
 def _run(ctx: JobContext) -> dict[str, Any]:
     from app.jobs.context import JobError, JobStopped, job_row
-    from app.models import TrainingRun
     from app.platform.db import session_scope  # not at the top: keeps the supervisor stdlib-only
     from app.runs import training_runs
 
     run_id = int(ctx.payload["training_run_id"])
     with session_scope(ctx.session_factory) as db:
-        tr = job_row(db, TrainingRun, run_id, "training run")
+        tr = job_row(db, training_runs.find, run_id, "training run")
         if tr.state == "cancelled":
             raise JobStopped("cancelled")
         tr.state = "running"

@@ -347,6 +347,11 @@ def fail_given_up(db: Session, job_ids: list[int]) -> None:
         webhooks.training_run_ended(db, run)
 
 
+def find(db: Session, run_id: int) -> TrainingRun | None:
+    """The run with this id, or None; no permission check (the train job acts for whoever started the run)."""
+    return db.get(TrainingRun, run_id)
+
+
 def project_of(db: Session, run: TrainingRun) -> Project:
     return db.get(Project, run.project_id)  # type: ignore[return-value]
 
