@@ -12,9 +12,7 @@ from app.exports import service as exports
 from app.exports import writer as export_writer
 from app.jobs import queue as jobs
 from app.jobs.context import JobContext, JobError, JobStopped, job_row
-from app.models import Export
 from app.platform.db import run_transaction
-from app.webhooks import service as webhooks
 
 
 def run(ctx: JobContext) -> dict[str, Any]:
@@ -45,21 +43,7 @@ def run(ctx: JobContext) -> dict[str, Any]:
         # must not overwrite the row after the new holder wrote the same directory.
         if not jobs.holds(db, ctx.job_id, ctx.worker.worker_id):
             return "lost"
-        export = db.get(Export, export_id, with_for_update=db.get_bind().dialect.name == "postgresql")
-        if export is None or export.deleted_at is not None:
-            return "deleted"
-        if export.sha256:  # published (and announced) already: its files and its one export.ready stand
-            return "published"
-        export.files = result.files
-        export.sha256 = result.sha256
-        export.snapshot = result.snapshot
-        export.row_count = result.row_count
-        export.row_counts = result.row_counts
-        export.path = str(result.path)
-        webhooks.fire(db, export.project_id, "export.ready", {
-            "export_id": export_id, "kind": export.kind, "format": export.format, "rows": result.row_count,
-            "sha256": result.sha256, "files": sorted(result.files), "url": f"/api/exports/{export_id}"})
-        return None
+        return exports.record_files(db, export_id, result)
 
     problem = run_transaction(ctx.session_factory, publish, what=f"recording export {export_id}")
     if problem == "lost":

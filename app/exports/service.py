@@ -16,7 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.accounts import permissions
-from app.exports.writer import ExportSpec
+from app.exports.writer import ExportSpec, WriteResult
 from app.jobs import queue as jobs
 from app.judge import steps as judge_steps
 from app.models import LABEL_SOURCES, SPLITS, Constitution, Export, Job, Project, Rubric, User, utcnow
@@ -24,6 +24,7 @@ from app.platform import audit, formats
 from app.platform.db import after_commit
 from app.platform.errors import DomainError, Invalid, NotFound
 from app.projects import projects
+from app.webhooks import service as webhooks
 
 KINDS = formats.EXPORT_KINDS
 FORMATS = formats.EXPORT_FORMATS
@@ -275,6 +276,29 @@ def export_dir(data_dir: Path, export_id: int) -> Path:
 def find(db: Session, export_id: int) -> Export | None:
     """The export with this id, deleted or not, or None; no permission check (the export job acts for its requester)."""
     return db.get(Export, export_id)
+
+
+def record_files(db: Session, export_id: int, result: WriteResult) -> str | None:
+    """Record the files the writer published on the export (locked on Postgres) and announce export.ready, once.
+
+    Returns why nothing was recorded: "deleted" (the export is gone or was deleted while it was written) or
+    "published" (an earlier attempt recorded it and its one export.ready already: its files stand); None when
+    recorded now."""
+    export = db.get(Export, export_id, with_for_update=db.get_bind().dialect.name == "postgresql")
+    if export is None or export.deleted_at is not None:
+        return "deleted"
+    if export.sha256:
+        return "published"
+    export.files = result.files
+    export.sha256 = result.sha256
+    export.snapshot = result.snapshot
+    export.row_count = result.row_count
+    export.row_counts = result.row_counts
+    export.path = str(result.path)
+    webhooks.fire(db, export.project_id, "export.ready", {
+        "export_id": export_id, "kind": export.kind, "format": export.format, "rows": result.row_count,
+        "sha256": result.sha256, "files": sorted(result.files), "url": f"/api/exports/{export_id}"})
+    return None
 
 
 def get_visible(db: Session, export_id: int, user: User) -> Export:
