@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 from sqlalchemy.orm import Session
 
 from app.jobs.context import JobContext, job_row
-from app.models import ProjectRollup
 from app.platform.db import run_transaction
 from app.projects import projects
 from app.quality import rollups
@@ -53,7 +52,7 @@ def run(ctx: JobContext) -> dict[str, Any]:
     requested = ctx.payload.get("requested_at")
     with ctx.session_factory() as db:
         job_row(db, projects.find, project_id, "project")
-        row = db.get(ProjectRollup, project_id)
+        row = rollups.latest(db, project_id)
         if row is not None and requested and row.computed_at >= datetime.fromisoformat(requested):
             ctx.log("a rollup newer than this request is stored already: nothing to do")
             return {"rankings": row.rankings, "skipped": True}

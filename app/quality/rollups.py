@@ -292,6 +292,11 @@ def compute(db: Session, project: Project) -> Rollup:
     return Rollup(stored, counts, reports[None].human_rankings, started, time.perf_counter() - t0)
 
 
+def latest(db: Session, project_id: int) -> ProjectRollup | None:
+    """The project's stored rollup (its reports loaded too), or None before the first one is stored."""
+    return db.get(ProjectRollup, project_id)
+
+
 def store(db: Session, project_id: int, rollup: Rollup) -> None:
     """Replace the project's rollup with a newer one (an older result arriving late is dropped)."""
     row = db.get(ProjectRollup, project_id, with_for_update=True)
