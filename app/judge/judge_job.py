@@ -14,18 +14,15 @@ from collections import defaultdict
 from itertools import combinations
 from typing import Any
 
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.annotation import rankings, selection, steps
 from app.annotation.pairs import expand_tiers
-from app.annotation.queue import task_completion_ids
 from app.jobs.context import JobContext, JobError, JobStopped, job_row
 from app.judge import endpoints, judging
 from app.judge import steps as judge_steps
-from app.models import Completion, Constitution, JudgeRun, Project, Prompt, Ranking
 from app.platform.db import session_scope
-from app.webhooks import service as webhooks
+from app.projects import constitutions, projects
 from training.generation import GenerationError
 from training.judge import Judge, JudgeCancelled, JudgeConfig
 from training.judge_prompts import TEMPLATE_VERSION, format_conversation
@@ -38,13 +35,13 @@ def run(ctx: JobContext) -> dict[str, Any]:
     run_id = int(ctx.payload["judge_run_id"])
     with session_scope(ctx.session_factory) as db:
         judge_run = job_row(db, judging.find_run, run_id, "judge run")
-        constitution = db.get(Constitution, judge_run.constitution_id)
+        constitution = constitutions.find(db, judge_run.constitution_id)
         if constitution is None:
             raise JobError("the judge run's constitution no longer exists")
         principles = list(constitution.principles)
         params = dict(judge_run.params)
         project_id = judge_run.project_id
-        judge_run.state = "running"
+        judging.set_run_state(db, run_id, "running")
     try:
         config = JudgeConfig(mode=params.get("mode", "logprob"), principles=params.get("principles", "sample"),
                              seed=int(params.get("seed", 0)), low_confidence=float(params.get("low_confidence", 0.6)))
@@ -98,7 +95,7 @@ def run(ctx: JobContext) -> dict[str, Any]:
                     if reason is not None and params.get("route_low_confidence"):
                         routed_now[prompt_id] = reason
                     written += 1
-                project_row = db.get(Project, project_id)
+                project_row = projects.find(db, project_id)
                 assert project_row is not None
                 routed += selection.route_to_humans(db, project_row, routed_now, judge_run_id=run_id)
             done += len(chunk)
@@ -135,7 +132,7 @@ def _judge_steps(ctx: JobContext, judge: Judge, project_id: int, chunk: list[tup
                  ) -> dict[int, dict[int, list[float]]]:
     """Per prompt of the chunk, per completion, the judge's p(step correct) for each of its stored steps."""
     with session_scope(ctx.session_factory) as db:
-        project = db.get(Project, project_id)
+        project = projects.find(db, project_id)
         assert project is not None
         stored = steps.task_steps(db, project, [cid for _, _, completions in chunk for cid, _ in completions])
     items, owners = [], []
@@ -152,35 +149,14 @@ def _judge_steps(ctx: JobContext, judge: Judge, project_id: int, chunk: list[tup
 
 def _set_state(ctx: JobContext, run_id: int, state: str) -> None:
     with session_scope(ctx.session_factory) as db:
-        judge_run = db.get(JudgeRun, run_id)
-        if judge_run is not None:
-            announce = state in ("succeeded", "failed") and judge_run.state != state
-            judge_run.state = state
-            if announce:  # told once, in the transaction that records the end
-                webhooks.fire(db, judge_run.project_id, "judge_run.finished",
-                              {"judge_run_id": run_id, "name": judge_run.name, "state": state})
+        judging.set_run_state(db, run_id, state)
 
 
 def _prompts_to_judge(ctx: JobContext, project_id: int, run_id: int, prompt_ids: list[int] | None
-                      ) -> tuple[list[tuple[int, Any, list[tuple[int, str]]]], int]:
+                      ) -> tuple[list[judging.PromptToJudge], int]:
     """Prompts with ≥ 2 completions this run has not ranked yet (resume), and how many it already has."""
     with ctx.session_factory() as db:
-        n_completions = (select(func.count(Completion.id))
-                         .where(Completion.prompt_id == Prompt.id, Completion.source != "revision").scalar_subquery())
-        query = select(Prompt).where(Prompt.project_id == project_id, n_completions >= 2).order_by(Prompt.id)
-        if prompt_ids:
-            query = query.where(Prompt.id.in_(prompt_ids))
-        prompts = list(db.scalars(query))
-        judged = set(db.scalars(select(Ranking.prompt_id).where(Ranking.judge_run_id == run_id)))
-        k = db.scalar(select(Project.completions_per_prompt).where(Project.id == project_id)) or 2
-        todo = []
-        for p in prompts:
-            if p.id in judged:
-                continue
-            # The same completions a human task shows: the K newest rankable ones (no CAI revisions).
-            shown = set(task_completion_ids(db, p.id, k))
-            todo.append((p.id, p.messages or p.text, [(c.id, c.text) for c in p.completions if c.id in shown]))
-        return todo, len(prompts) - len(todo)
+        return judging.prompts_to_judge(db, project_id, run_id, prompt_ids)
 
 
 def _write_ranking(db: Session, ctx: JobContext, *, judge_run_id: int, project_id: int, constitution_id: int,
@@ -191,8 +167,9 @@ def _write_ranking(db: Session, ctx: JobContext, *, judge_run_id: int, project_i
     why a human should see the prompt: "low_confidence" (the ranking's confidence is low), "position_flip" (a
     verdict changed when the two answers were swapped), or None; and the new ranking's id (None: already there)."""
     ranking = rankings.NewRanking(
-        {"project_id": project_id, "prompt_id": prompt_id, "round": _round(db, project_id), "source": "ai",
-         "judge_run_id": judge_run_id, "constitution_id": constitution_id, "tiers": tiers, "display_order": ids,
+        {"project_id": project_id, "prompt_id": prompt_id, "round": judging.current_round(db, project_id),
+         "source": "ai", "judge_run_id": judge_run_id, "constitution_id": constitution_id, "tiers": tiers,
+         "display_order": ids,
          "meta": {"method": config.ranking, "scores": {str(k): round(v, 6) for k, v in scores.items()},
                   "confidence": round(confidence, 6), "job_id": ctx.job_id}},
         {pair: _soft_label(pair, p[pair], verdicts, config) for pair in _ordered_pairs(tiers)},
@@ -219,7 +196,3 @@ def _soft_label(pair: tuple[int, int], pair_p: float, verdicts: dict[tuple[int, 
     meta.pop("p", None)
     meta["low_confidence"] = max(pair_p, 1 - pair_p) < config.low_confidence
     return rankings.PairLabel(p=pair_p, meta=meta)
-
-
-def _round(db: Session, project_id: int) -> int:
-    return int(db.scalar(select(Project.current_round).where(Project.id == project_id)) or 1)

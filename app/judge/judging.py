@@ -1,22 +1,27 @@
-"""The AI judge in the app: starting judge runs and the lead's decision on AI labels (the agreement it is judged on is
-quality's: `app.quality.judge_agreement`)."""
+"""The AI judge in the app: starting judge runs, what the judge job reads and records, and the lead's decision on AI
+labels (the agreement it is judged on is quality's: `app.quality.judge_agreement`)."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.accounts import permissions
+from app.annotation.queue import task_completion_ids
 from app.jobs import queue as jobs
 from app.judge import endpoints
-from app.models import Job, JudgeRun, Project, Prompt, User
+from app.models import Completion, Job, JudgeRun, Project, Prompt, Ranking, User
 from app.platform import audit
 from app.platform.errors import Invalid
 from app.projects import constitutions
 from app.quality import judge_agreement, rollups
+from app.webhooks import service as webhooks
+
+PromptToJudge = tuple[int, Any, list[tuple[int, str]]]
+"""(prompt id, its text or chat messages, [(completion id, text)] of the completions a task shows)."""
 
 
 def request_judge_run(db: Session, project: Project, actor: User, *, constitution_version: int | None,
@@ -54,6 +59,43 @@ def request_judge_run(db: Session, project: Project, actor: User, *, constitutio
 def find_run(db: Session, run_id: int) -> JudgeRun | None:
     """The judge run with this id, or None; no permission check (the judge job acts for whoever started the run)."""
     return db.get(JudgeRun, run_id)
+
+
+def set_run_state(db: Session, run_id: int, state: str) -> None:
+    """Move the judge run (if it still exists) to `state`; a run that newly succeeded or failed is announced."""
+    judge_run = db.get(JudgeRun, run_id)
+    if judge_run is not None:
+        announce = state in ("succeeded", "failed") and judge_run.state != state
+        judge_run.state = state
+        if announce:  # told once, in the transaction that records the end
+            webhooks.fire(db, judge_run.project_id, "judge_run.finished",
+                          {"judge_run_id": run_id, "name": judge_run.name, "state": state})
+
+
+def prompts_to_judge(db: Session, project_id: int, run_id: int, prompt_ids: list[int] | None
+                     ) -> tuple[list[PromptToJudge], int]:
+    """Prompts with ≥ 2 completions the run has not ranked yet (resume), oldest first, and how many it already has."""
+    n_completions = (select(func.count(Completion.id))
+                     .where(Completion.prompt_id == Prompt.id, Completion.source != "revision").scalar_subquery())
+    query = select(Prompt).where(Prompt.project_id == project_id, n_completions >= 2).order_by(Prompt.id)
+    if prompt_ids:
+        query = query.where(Prompt.id.in_(prompt_ids))
+    prompts = list(db.scalars(query))
+    judged = set(db.scalars(select(Ranking.prompt_id).where(Ranking.judge_run_id == run_id)))
+    k = db.scalar(select(Project.completions_per_prompt).where(Project.id == project_id)) or 2
+    todo = []
+    for p in prompts:
+        if p.id in judged:
+            continue
+        # The same completions a human task shows: the K newest rankable ones (no CAI revisions).
+        shown = set(task_completion_ids(db, p.id, k))
+        todo.append((p.id, p.messages or p.text, [(c.id, c.text) for c in p.completions if c.id in shown]))
+    return todo, len(prompts) - len(todo)
+
+
+def current_round(db: Session, project_id: int) -> int:
+    """The project's labelling round as stored now (the round a judge ranking written now belongs to)."""
+    return int(db.scalar(select(Project.current_round).where(Project.id == project_id)) or 1)
 
 
 def set_ai_labels(db: Session, project: Project, actor: User, enabled: bool,

@@ -83,6 +83,11 @@ def clean_principles(principles: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda p: p["priority"])
 
 
+def find(db: Session, constitution_id: int) -> Constitution | None:
+    """One constitution version by its id (a judge run or a revision job names the version it applies), or None."""
+    return db.get(Constitution, constitution_id)
+
+
 def current(db: Session, project: Project) -> Constitution | None:
     return versions.current(db, project, Constitution)
 
