@@ -10,13 +10,11 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from sqlalchemy import select
-
 from app.annotation import steps
 from app.jobs.context import JobContext, JobError
-from app.judge import endpoints
-from app.models import Completion, Constitution, Project, Prompt
+from app.judge import endpoints, revisions
 from app.platform.db import session_scope
+from app.projects import constitutions, projects
 from training.generation import GenerationError, params_from_spec
 from training.judge import critique_and_revise
 from training.judge_prompts import format_conversation
@@ -25,12 +23,12 @@ from training.judge_prompts import format_conversation
 def run(ctx: JobContext) -> dict[str, Any]:
     payload = ctx.payload
     with session_scope(ctx.session_factory) as db:
-        constitution = db.get(Constitution, payload["constitution_id"])
+        constitution = constitutions.find(db, payload["constitution_id"])
         if constitution is None:
             raise JobError("the constitution no longer exists")
         principles = [p for p in constitution.principles if p.get("critique") and p.get("revision")]
         version = constitution.version
-        project = db.get(Project, constitution.project_id)
+        project = projects.find(db, constitution.project_id)
         step_options = steps.options(project) if project is not None else steps.StepOptions()
     if not principles:
         raise JobError("no principle of this constitution has both a critique and a revision request")
@@ -51,20 +49,12 @@ def run(ctx: JobContext) -> dict[str, Any]:
             critique, revision = critique_and_revise(generator, format_conversation(prompt), text, principle,
                                                      params=params)
             with session_scope(ctx.session_factory) as db:
-                already = db.scalar(select(Completion.id).where(Completion.prompt_id == prompt_id,
-                                                                Completion.source == "revision",
-                                                                Completion.meta["original_id"].as_integer()
-                                                                == completion_id))
-                if already is None:  # a resumed job never revises the same completion twice
-                    db.add(Completion(prompt_id=prompt_id, text=revision, source="revision",
-                                      generator_name=generator.name, generator_params=generator.describe(params),
-                                      seed=params.seed,
-                                      steps=steps.split(revision, step_options.separator)
-                                      if step_options.enabled else None,
-                                      meta={"original_id": completion_id, "principle": principle["name"],
-                                            "constitution_version": version, "critique": critique,
-                                            "status": "pending", "job_id": ctx.job_id}))
-                    written += 1
+                written += revisions.add_revision(
+                    db, original_id=completion_id, prompt_id=prompt_id, text=revision,
+                    steps=steps.split(revision, step_options.separator) if step_options.enabled else None,
+                    critique=critique, principle=principle["name"], constitution_version=version,
+                    generator_name=generator.name, generator_params=generator.describe(params), seed=params.seed,
+                    job_id=ctx.job_id)
             done += 1
             ctx.progress(done, total, f"{done}/{total} revised")
     finally:
@@ -81,19 +71,4 @@ def _pick(completion_id: int, seed: int, n: int) -> int:
 def _originals(ctx: JobContext, prompt_ids: list[int] | None, limit: int) -> list[tuple[int, int, Any, str]]:
     """Non-revision completions of the project without a revision yet, oldest first, at most `limit`."""
     with ctx.session_factory() as db:
-        revised = {int((m or {}).get("original_id", 0)) for m in db.scalars(
-            select(Completion.meta).join(Prompt).where(Prompt.project_id == ctx.project_id,
-                                                       Completion.source == "revision"))}
-        query = (select(Completion.id, Prompt.id, Prompt.messages, Prompt.text, Completion.text).join(Prompt)
-                 .where(Prompt.project_id == ctx.project_id, Completion.source != "revision")
-                 .order_by(Completion.id))
-        if prompt_ids:
-            query = query.where(Prompt.id.in_(prompt_ids))
-        out = []
-        for cid, pid, messages, prompt_text, text in db.execute(query):
-            if cid in revised:
-                continue
-            out.append((cid, pid, messages or prompt_text, text))
-            if len(out) >= limit:
-                break
-        return out
+        return revisions.unrevised(db, ctx.project_id, prompt_ids, limit)

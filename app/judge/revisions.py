@@ -1,4 +1,5 @@
-"""The supervised CAI stage in the app: ask for critiques and revisions, and the lead's accept / reject."""
+"""The supervised CAI stage in the app: ask for critiques and revisions, store what the revise job writes, and the
+lead's accept / reject."""
 
 from __future__ import annotations
 
@@ -29,6 +30,45 @@ def request_revisions(db: Session, project: Project, actor: User, *, generator: 
     return jobs.enqueue(db, "revise", {"generator": generator, "constitution_id": constitution.id,
                                        "prompt_ids": prompt_ids, "limit": limit, "seed": seed},
                         project=project, actor=actor)
+
+
+def unrevised(db: Session, project_id: int, prompt_ids: list[int] | None, limit: int
+              ) -> list[tuple[int, int, Any, str]]:
+    """[(completion id, prompt id, prompt text or messages, completion text)]: the project's non-revision completions
+    without a revision yet, oldest first, at most `limit`."""
+    revised = {int((m or {}).get("original_id", 0)) for m in db.scalars(
+        select(Completion.meta).join(Prompt).where(Prompt.project_id == project_id, Completion.source == "revision"))}
+    query = (select(Completion.id, Prompt.id, Prompt.messages, Prompt.text, Completion.text).join(Prompt)
+             .where(Prompt.project_id == project_id, Completion.source != "revision")
+             .order_by(Completion.id))
+    if prompt_ids:
+        query = query.where(Prompt.id.in_(prompt_ids))
+    out = []
+    for cid, pid, messages, prompt_text, text in db.execute(query):
+        if cid in revised:
+            continue
+        out.append((cid, pid, messages or prompt_text, text))
+        if len(out) >= limit:
+            break
+    return out
+
+
+def add_revision(db: Session, *, original_id: int, prompt_id: int, text: str, steps: list[str] | None,
+                 critique: str, principle: str, constitution_version: int, generator_name: str,
+                 generator_params: dict[str, Any], seed: int | None, job_id: int) -> bool:
+    """Store `text` as a revision of completion `original_id`, pending the lead's review, unless that completion has
+    one already (a resumed job never revises the same completion twice); whether it was stored."""
+    already = db.scalar(select(Completion.id).where(Completion.prompt_id == prompt_id,
+                                                    Completion.source == "revision",
+                                                    Completion.meta["original_id"].as_integer() == original_id))
+    if already is not None:
+        return False
+    db.add(Completion(prompt_id=prompt_id, text=text, source="revision", generator_name=generator_name,
+                      generator_params=generator_params, seed=seed, steps=steps,
+                      meta={"original_id": original_id, "principle": principle,
+                            "constitution_version": constitution_version, "critique": critique,
+                            "status": "pending", "job_id": job_id}))
+    return True
 
 
 def list_revisions(db: Session, project: Project, status: str | None = None) -> list[tuple[Completion, Completion]]:
