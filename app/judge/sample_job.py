@@ -10,12 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
-
-from app.annotation import steps
 from app.jobs.context import JobContext, JobError, JobStopped
-from app.judge import endpoints
-from app.models import Completion, Project, Prompt
+from app.judge import endpoints, sampling
 from app.platform.db import session_scope
 from training.generation import (
     GenerationCancelled,
@@ -183,62 +179,25 @@ def _with_seed(cls: Any, params: Any, seed: int | None) -> Any:
                stop=list(params.stop))
 
 
-Todo = list[tuple[int, Any, int, list[str]]]
-
-
-def _prompts_needing(ctx: JobContext, k: int, prompt_ids: list[int] | None) -> tuple[Todo, int]:
+def _prompts_needing(ctx: JobContext, k: int, prompt_ids: list[int] | None) -> tuple[sampling.Todo, int]:
     """[(prompt id, text or messages, completions still needed, existing texts)] oldest first, and how many are full."""
     with ctx.session_factory() as db:
-        count_q = select(func.count(Completion.id)).where(Completion.prompt_id == Prompt.id,
-                                                          Completion.source != "revision")
-        source = ctx.payload.get("source") or "sampled"
-        if source.startswith("policy:"):
-            # A new policy's round: K answers of its own per prompt, whatever earlier rounds left there.
-            count_q = count_q.where(Completion.source == source)
-        count = count_q.scalar_subquery()
-        query = select(Prompt.id, Prompt.text, Prompt.messages, count).where(Prompt.project_id == ctx.project_id)
-        if prompt_ids:
-            query = query.where(Prompt.id.in_(prompt_ids))
-        rows = db.execute(query.order_by(Prompt.id)).all()
-        out = []
-        complete = 0
-        for prompt_id, text, messages, have in rows:
-            if have >= k:
-                complete += 1
-                continue
-            out.append((prompt_id, messages or text, k - have, _texts_in(db, prompt_id)))
-        return out, complete
-
-
-def _texts_in(db: Any, prompt_id: int) -> list[str]:
-    return list(db.scalars(select(Completion.text).where(Completion.prompt_id == prompt_id).order_by(Completion.id)))
+        return sampling.prompts_needing(db, ctx.project_id, k, prompt_ids, _source(ctx))
 
 
 def _texts(ctx: JobContext, prompt_id: int) -> list[str]:
     with ctx.session_factory() as db:
-        return _texts_in(db, prompt_id)
+        return sampling.completion_texts(db, prompt_id)
+
+
+def _source(ctx: JobContext) -> str:
+    return ctx.payload.get("source") or "sampled"
 
 
 def _write(ctx: JobContext, k: int, generator: Any, params: Any, per_prompt: list[tuple[int, list[Any]]]) -> int:
     """Insert the batch in one transaction, never more than K per prompt (re-counted under the write lock)."""
     described = generator.describe() | {"temperature": params.temperature, "top_p": params.top_p,
                                         "max_new_tokens": params.max_new_tokens, "stop": list(params.stop)}
-    created = 0
     with session_scope(ctx.session_factory) as db:
-        postgres = db.get_bind().dialect.name == "postgresql"
-        project = db.get(Project, ctx.project_id) if ctx.project_id is not None else None
-        for prompt_id, samples in per_prompt:
-            lock = select(Prompt.id).where(Prompt.id == prompt_id)
-            db.execute(lock.with_for_update() if postgres else lock)
-            mine = select(func.count(Completion.id)).where(Completion.prompt_id == prompt_id)
-            if (ctx.payload.get("source") or "sampled").startswith("policy:"):
-                mine = mine.where(Completion.source == ctx.payload["source"])
-            have = db.scalar(mine) or 0
-            for sample in samples[: max(0, k - have)]:
-                db.add(Completion(prompt_id=prompt_id, text=sample.text, source=ctx.payload.get("source") or "sampled",
-                                  generator_name=generator.name, generator_params=described, seed=sample.seed,
-                                  steps=steps.steps_for(project, sample.text) if project else None,
-                                  meta={"finish_reason": sample.finish_reason,
-                                        "completion_tokens": sample.completion_tokens, "job_id": ctx.job_id}))
-                created += 1
-    return created
+        return sampling.add_samples(db, ctx.project_id, per_prompt, k=k, source=_source(ctx),
+                                    generator_name=generator.name, generator_params=described, job_id=ctx.job_id)
