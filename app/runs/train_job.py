@@ -93,7 +93,7 @@ def _run(ctx: JobContext) -> dict[str, Any]:
         tr = job_row(db, training_runs.find, run_id, "training run")
         if tr.state == "cancelled":
             raise JobStopped("cancelled")
-        tr.state = "running"
+        training_runs.set_state(db, run_id, "running")
         kind = tr.kind
         resolved = dict((tr.config or {}).get("resolved") or {})
         if isinstance(resolved.get("server_base_url"), str):  # the trainer fetches from it: checked again now
@@ -164,12 +164,12 @@ def _run(ctx: JobContext) -> dict[str, Any]:
 def queue_priorities(ctx: JobContext, run_id: int) -> int | None:
     """A project whose queue is ordered by uncertainty gets new priorities from the reward model just trained."""
     from app.annotation import selection
-    from app.models import Project, TrainingRun
     from app.platform.db import session_scope  # not at the top: keeps the supervisor stdlib-only
+    from app.runs import training_runs
 
     with session_scope(ctx.session_factory) as db:
-        tr = db.get(TrainingRun, run_id)
-        project = db.get(Project, tr.project_id) if tr else None
+        tr = training_runs.find(db, run_id)
+        project = training_runs.project_of(db, tr) if tr else None
         if project is None or selection.selection_of(project) != "uncertainty":
             return None
         job = selection.request_priorities(db, project, None, training_run_id=run_id, check_permission=False)
@@ -206,13 +206,12 @@ def _clear_dead_attempt(ctx: JobContext, run_id: int, out: Path) -> None:
 
 def write_human_check(ctx: JobContext, run_id: int) -> dict[str, Any]:
     """Score the project's held-out human pairs and the pairs labelled since the export; saved beside the run."""
-    from app.models import Export, TrainingRun
     from app.platform.db import session_scope  # not at the top: keeps the supervisor stdlib-only
     from app.runs import rm_check, training_runs
 
     with session_scope(ctx.session_factory) as db:
-        tr = db.get(TrainingRun, run_id)
-        export = db.get(Export, tr.export_id) if tr and tr.export_id else None
+        tr = training_runs.find(db, run_id)
+        export = training_runs.export_of(db, tr) if tr else None
         report = rm_check.check(db, tr.project_id, tr.model_dir, export.created_at if export else None)
     report["checked_at"] = datetime.now(UTC).isoformat()
     path = training_runs.run_dir(ctx.settings.data_dir, run_id) / "human_check.json"
@@ -401,17 +400,11 @@ def _tail(path: Path, lines: int = 25) -> str:
 
 
 def _set_state(ctx: JobContext, run_id: int, state: str) -> None:
-    from app.models import TrainingRun
     from app.platform.db import session_scope  # not at the top: keeps the supervisor stdlib-only
-    from app.webhooks import service as webhooks
+    from app.runs import training_runs
 
     with session_scope(ctx.session_factory) as db:
-        tr = db.get(TrainingRun, run_id)
-        if tr is not None and not (tr.state == "cancelled" and state != "cancelled"):
-            announce = state in ("succeeded", "failed") and tr.state != state
-            tr.state = state
-            if announce:  # told once, in the transaction that records the end
-                webhooks.training_run_ended(db, tr)
+        training_runs.set_state(db, run_id, state)
 
 
 def check_against_humans(ctx: JobContext) -> dict[str, Any]:

@@ -352,6 +352,22 @@ def find(db: Session, run_id: int) -> TrainingRun | None:
     return db.get(TrainingRun, run_id)
 
 
+def set_state(db: Session, run_id: int, state: str) -> None:
+    """Move the run (if it still exists) to `state`, except out of "cancelled" (a cancel always wins over what the job
+    reports after it); a run that newly succeeded or failed is announced."""
+    run = db.get(TrainingRun, run_id)
+    if run is not None and not (run.state == "cancelled" and state != "cancelled"):
+        announce = state in ("succeeded", "failed") and run.state != state
+        run.state = state
+        if announce:  # told once, in the transaction that records the end
+            webhooks.training_run_ended(db, run)
+
+
+def export_of(db: Session, run: TrainingRun) -> Export | None:
+    """The export the run trained on (None for a run without one, or once it is gone)."""
+    return db.get(Export, run.export_id) if run.export_id else None
+
+
 def project_of(db: Session, run: TrainingRun) -> Project:
     return db.get(Project, run.project_id)  # type: ignore[return-value]
 
