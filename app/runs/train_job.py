@@ -23,8 +23,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import tomli_w
-
 if TYPE_CHECKING:
     from app.jobs.context import JobContext
 
@@ -45,6 +43,8 @@ def run_marker(run_dir: Path) -> bytes:
 
 def write_toml(path: Path, config: dict[str, Any]) -> None:
     """The run's config as the trainer's TOML file; an unset value (None), which TOML cannot say, is left out."""
+    import tomli_w  # not at the top: the supervisor runs this module with the stdlib alone
+
     path.write_text(tomli_w.dumps(_without_none(config)), encoding="utf-8")
 
 
