@@ -101,3 +101,14 @@ def test_sigterm_reaches_the_trainer_and_the_supervisor_reports_it(supervised) -
         assert proc.wait(timeout=30) == 128 + signal.SIGTERM
     finally:
         os.close(keep)
+
+
+def test_the_supervisor_module_loads_the_standard_library_alone() -> None:
+    # It lives for a whole training run beside the trainer: no database driver, web framework or TOML writer.
+    code = ("import sys\nimport app.runs.train_job\n"
+            "third = sorted({m.split('.')[0] for m in sys.modules if not m.startswith('_')}\n"
+            "               - set(sys.stdlib_module_names) - {'app'})\n"
+            "print(','.join(third))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == ""
