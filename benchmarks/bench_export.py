@@ -95,7 +95,7 @@ def main() -> None:
                            "vmhwm_mb": max((round(r["vmhwm_mb"], 1) for r in runs if r["vmhwm_mb"]), default=None),
                            "mb_on_disk": round(best["bytes"] / 1e6, 1),
                            "loadavg_after": [round(x, 2) for x in os.getloadavg()]}
-    # Issue #25: 6M pairs at >= 150k pairs/s (JSONL and Parquet) with the exporting process's peak RSS <= 500 MB.
+    # The budget: 6M pairs at >= 150k pairs/s (JSONL and Parquet) with the exporting process's peak RSS <= 500 MB.
     report["targets"] = {"jsonl_pairs_per_s": 150_000, "parquet_pairs_per_s": 150_000, "peak_rss_mb": 500}
     print(json.dumps(report))
 

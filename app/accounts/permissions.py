@@ -92,7 +92,7 @@ def member_role(db: Session, project: Project | int, user: User) -> str | None:
     project_id = project if isinstance(project, int) else project.id
     roles = db.info.setdefault(_ROLES, {})
     key = (project_id, user.id)
-    # Unflushed changes (a member added or removed in this session) are what the query would autoflush and see.
+    # Unflushed changes (a member added or removed in the same session) are what the query would autoflush and see.
     if key not in roles or db.new or db.deleted or db.dirty:
         roles[key] = db.scalar(select(ProjectMember.role).where(ProjectMember.project_id == project_id,
                                                                 ProjectMember.user_id == user.id))

@@ -170,7 +170,7 @@ class Settings(BaseSettings):
         """`request_threads` of each of `processes` server processes on one host: as set, or the default shared by
         them (at least 2 each). The threads overlap database waits, and the processes share the cores and the
         database: on 2 cores, `--workers 2` made 13 % more rankings/s with 4 threads each than with 8, at a fifth
-        less p95 and a tenth less CPU per ranking (benchmarks/RESULTS.md, session 16)."""
+        less p95 and a tenth less CPU per ranking (docs/benchmarks.md, bench_annotation.py)."""
         if "request_threads" in self.model_fields_set:
             return self.request_threads
         return max(2, -(-REQUEST_THREADS // processes))

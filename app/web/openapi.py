@@ -195,7 +195,8 @@ def _json_schema_bounds(node: Any) -> None:
 
 def _binary_uploads(node: Any) -> None:
     """A file part (`UploadFile`) says so in OpenAPI 3.0's words too, `format: binary`, beside 3.1's
-    `contentMediaType`: generators that read only the former (openapi-python-client 0.29, its issue #1417) would
+    `contentMediaType`: generators that read only the former (openapi-python-client 0.29:
+    https://github.com/openapi-generators/openapi-python-client/issues/1417) would
     otherwise type the part as text and send it without a file name, which the upload refuses."""
     if isinstance(node, dict):
         if node.get("type") == "string" and node.get("contentMediaType") == "application/octet-stream":
