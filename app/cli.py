@@ -14,6 +14,7 @@ import click
 import typer
 import typer.core
 
+from app import __version__
 from app.platform.settings import Settings, SettingsError, load_settings
 
 if TYPE_CHECKING:
@@ -25,6 +26,18 @@ user_cli = typer.Typer(help="Manage accounts.", no_args_is_help=True)
 token_cli = typer.Typer(help="Manage personal API tokens.", no_args_is_help=True)
 cli.add_typer(user_cli, name="user")
 cli.add_typer(token_cli, name="token")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"preflab {__version__}")
+        raise typer.Exit()
+
+
+@cli.callback()
+def _options(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                                    help="Print the version and exit")] = False) -> None:
+    """preflab: a workbench for RLHF and RLAIF preference data."""
 
 
 class _ExportGroup(typer.core.TyperGroup):
