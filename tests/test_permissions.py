@@ -195,9 +195,12 @@ def test_the_table_holds(walk: tuple[Any, World], action: str, caller: str) -> N
         assert response.json()["detail"][0]["message"] == permissions.refusal(action, call.doing).message, where
 
 
-def _readme_table() -> str:
-    lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
-    start = lines.index("## Who may do what")
+ROLES_PAGE = REPO / "docs" / "reference" / "roles.md"
+
+
+def _docs_table() -> str:
+    lines = ROLES_PAGE.read_text(encoding="utf-8").splitlines()
+    start = lines.index("## The table")
     section = []
     for line in lines[start + 1:]:
         if line.startswith("## "):
@@ -206,7 +209,7 @@ def _readme_table() -> str:
     return "\n".join(line for line in section if line.startswith("|"))
 
 
-def test_readme_table_is_the_table() -> None:
-    assert _readme_table() == permissions.role_table_markdown(), (
-        "README.md's 'Who may do what' table differs from app/accounts/permissions.py; paste "
-        "`python -c 'from app import permissions; print(permissions.role_table_markdown())'` into it")
+def test_the_docs_table_is_the_table() -> None:
+    assert _docs_table() == permissions.role_table_markdown(), (
+        "docs/reference/roles.md's table differs from app/accounts/permissions.py; paste "
+        "`python -c 'from app.accounts import permissions; print(permissions.role_table_markdown())'` into it")

@@ -3,7 +3,8 @@
 Two kinds of action. A *project action* is allowed by the caller's role in that project (lead, engineer,
 annotator); a caller who is not a member does not see the project at all (404), a member whose role lacks the
 action gets 403. An *account action* is allowed by the account's own role. Admins may do everything everywhere.
-The README's "Who may do what" table is printed from `ACTIONS` (`role_table_markdown`) and a test keeps it so.
+The docs' "Who may do what" table (docs/reference/roles.md) is printed from `ACTIONS` (`role_table_markdown`) and a
+test keeps it so.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ class Action:
     roles: frozenset[str]
     # How a refusal names it: "you may not <verb> in this project".
     verb: str
-    # The README's wording.
+    # The docs table's wording.
     summary: str
     scope: Literal["project", "account"] = "project"
 
@@ -159,7 +160,7 @@ def project_capabilities(db: Session, user: User, project: Project) -> dict[str,
 
 
 def role_table_markdown() -> str:
-    """The README's "Who may do what" table."""
+    """The docs' "Who may do what" table (docs/reference/roles.md)."""
     head = "| action | what it covers | " + " | ".join(("admin", *PROJECT_ROLES)) + " |"
     rows = [head, "|---|---|" + "---|" * (1 + len(PROJECT_ROLES))]
     for name, rule in ACTIONS.items():
