@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: demo test lint audit setup setup-dev vendor browser serve bench soak clean api-check api-fuzz
+.PHONY: demo test lint audit setup setup-dev vendor browser serve bench soak clean api-check api-fuzz docs screenshots
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' \
@@ -35,7 +35,7 @@ setup: $(BIN)/.torch vendor
 	$(BIN)/pip install -q -e .
 
 setup-dev: $(BIN)/.torch vendor
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -e ".[dev,docs]"
 
 demo: setup
 	$(BIN)/preflab demo --host $(HOST) --port $(PORT)
@@ -77,9 +77,19 @@ audit: setup-dev
 	$(BIN)/bandit -r app training -q -ll -c pyproject.toml
 	$(BIN)/python .ci/audit.py
 
+# The docs site in site/: the reference pages written from the code (docs/gen_reference.py), then MkDocs with --strict,
+# which fails on a broken link or anchor and on a page missing from the navigation.
+docs: setup-dev
+	$(BIN)/python docs/gen_reference.py
+	$(BIN)/mkdocs build --strict
+
+# The README's and the docs' screenshots, taken from the demo in headless Chromium (Debian's, never a downloaded one).
+screenshots: setup-dev browser
+	$(BIN)/python docs/screenshots.py --out docs/img
+
 bench: setup-dev
 	$(BIN)/pip install -q -e ".[bench]"
 	$(BIN)/python benchmarks/bench_training.py
 
 clean:
-	rm -rf $(VENV) node_modules app/static/vendor
+	rm -rf $(VENV) node_modules app/static/vendor site

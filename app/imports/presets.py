@@ -2,7 +2,7 @@
 
 Each preset turns one record of the file (a JSONL line, a CSV or Parquet row, a task of a JSON array) into the
 record preflab's own layout would have held, so validation, line numbers and error messages stay one thing. The
-field mapping of every preset is in the README ("Import presets") and in the docstrings below.
+field mapping of every preset is in docs/engineers/imports.md and in the docstrings below.
 
 - `preflab`: preflab's own fields (prompt rows, or pair rows with chosen/rejected as text or as message lists).
 - `ultrafeedback`: UltraFeedback-binarized (`prompt`, `prompt_id`, `chosen`/`rejected` as chats that open with

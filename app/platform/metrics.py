@@ -5,7 +5,7 @@ Each app gets its own registry (tests build many apps in one process). The datab
 whichever process answers the scrape. With several server processes (`preflab serve --workers N`), the HTTP
 families use prometheus-client's multiprocess mode: `serve` sets PROMETHEUS_MULTIPROC_DIR to a fresh directory
 before the processes start, each writes its counts there, and a scrape from any of them sums them all
-(README, "Metrics").
+(docs/operators/monitoring.md).
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ def _worker(app, **settings: Any) -> Worker:  # type: ignore[no-untyped-def]
 
 
 def _verify(secret: str, got: Received) -> dict[str, Any]:
-    """What a receiver does (the README's recipe): HMAC the raw body, compare in constant time, then parse."""
+    """What a receiver does (the docs' recipe): HMAC the raw body, compare in constant time, then parse."""
     want = "sha256=" + hmac.new(secret.encode(), got.body, hashlib.sha256).hexdigest()
     assert hmac.compare_digest(want, got.headers["X-Preflab-Signature"])
     return json.loads(got.body)
