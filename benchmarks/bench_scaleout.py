@@ -180,7 +180,7 @@ def clean(database: dict[str, int]) -> bool:
 
 
 def markdown(results: list[dict[str, Any]]) -> str:
-    """The README's table of one run: a row per configuration."""
+    """The benchmarks page's table of one run: a row per configuration."""
     rows = ["| configuration | processes | rankings/s | next p50 / p95 | submit p50 / p95 | server CPU per ranking "
             "| Postgres CPU per ranking | Postgres connections (peak) | errors | load before → after |",
             "|---|---|---|---|---|---|---|---|---|---|"]

@@ -43,7 +43,7 @@ from bench_annotation import REPO, SECRET, _cpu_seconds, _ms, check_database, se
 from app.platform.settings import Settings  # noqa: E402
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/preflab_load"
-# The annotation budget (README, Performance): p95 of next-task and of submit within 50 ms.
+# The annotation budget (docs/benchmarks.md): p95 of next-task and of submit within 50 ms.
 P95_BUDGET_MS = 50.0
 # How long past the end of the load the lead still waits for the export to be ready (a busy machine is slow).
 EXPORT_GRACE_S = 60.0

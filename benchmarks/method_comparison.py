@@ -17,7 +17,8 @@ alone is the reward, and this tiny PRM is then exploited).
 Prints one JSON line per method and seed, `{"bench": "methods", "method": ..., "seed": n, "accuracy": ...,
 "maj_at_k": ..., "pass_at_k": ..., "kl": ..., "cpu_s": ..., "curve": [[step, accuracy], ...]}`, then a Markdown table
 of the means over seeds, and writes the curves (held-out accuracy by training step, mean over seeds; `--curve-k`
-samples per prompt, every `--curve-every` steps) as a PNG drawn by `_png` (`--plot`, default beside RESULTS.md).
+samples per prompt, every `--curve-every` steps) as a PNG drawn by `_png` (`--plot`, default
+docs/img/method_comparison.png, which the benchmarks page shows).
 
     .venv/bin/python benchmarks/method_comparison.py [--seeds 0 1 2] [--steps 40] [--k 8] [--plot PATH]
 """
@@ -318,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--curve-every", type=int, default=5,
                         help="evaluate held-out accuracy every this many steps for the curves (0: only the end)")
     parser.add_argument("--curve-k", type=int, default=4, help="samples per held-out prompt at each curve point")
-    parser.add_argument("--plot", type=Path, default=ROOT / "benchmarks" / "method_comparison.png",
+    parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "method_comparison.png",
                         help="where the PNG of the curves goes ('-': no plot)")
     parser.add_argument("--replot", type=Path, default=None,
                         help="read the JSON lines of an earlier run from this file and only redraw the plot and table")
