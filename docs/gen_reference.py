@@ -192,8 +192,8 @@ def api_page(spec: dict[str, Any]) -> str:
                 by_tag.setdefault(tag, []).append(f"| `{method.upper()}` | `{path}` | {cell(op.get('summary', ''))} |")
     lines = [GENERATED, "# HTTP API", "",
              f"preflab {spec['info']['version']}'s JSON API, rendered from the [OpenAPI schema](openapi.json) that "
-             "the app serves at `/openapi.json` (and browsable at `/docs` on a running server). How to authenticate, "
-             "errors, versioning and a generated client: [Scripts and clients](../engineers/client.md).", "",
+             "the app serves at `/openapi.json`. How to authenticate, errors, versioning and a generated client: "
+             "[Scripts and the Python client](../engineers/client.md).", "",
              "## Operations", ""]
     for tag in sorted(by_tag):
         lines += [f"### {tag.capitalize()}", "", "| method | path | what |", "|---|---|---|", *by_tag[tag], ""]
