@@ -16,7 +16,8 @@ EXPORT_KINDS = ("pairs", "steps", "sft", "prompts")
 
 @dataclass(frozen=True)
 class Method:
-    """One training method: a `python -m training` command, a kind of training run in the app."""
+    """One training method: a `python -m training` command, a kind of training run in the app. Its properties are
+    off unless the entry turns them on."""
 
     kind: str
     """Its name everywhere: the command, the run's kind, the API's `kind`, the database's value."""
@@ -26,20 +27,20 @@ class Method:
     """The module whose `main(argv)` runs it ("training.sft") and whose `COMMAND` declares its flags."""
     export_kind: str
     """The export it trains on: pairs, steps, sft or prompts."""
-    trains_policy: bool
-    """Its model is a causal LM: it needs a base model and can sample into a project. Otherwise it trains a reward
-    model (an encoder with a new head, the shipped MiniLM unless one is named)."""
-    online: bool
-    """It samples rollouts and scores them while training, so it needs a reward-model run or reward functions."""
-    takes_reward_run: bool
-    """A run may name a finished reward-model run: the reward an online method optimises, or the model a reward
-    model is retrained from. The others learn from their export alone."""
-    process_rewards: bool
-    """Its reward may be a process reward model's (a prm run's) step scores instead of one score per answer."""
-    iterates: bool
-    """A round of iterative RLHF can start from a finished run: retrain its reward model, then it, then sample."""
     description: str
     """One line for `python -m training --help`."""
+    trains_policy: bool = False
+    """Its model is a causal LM: it needs a base model and can sample into a project. Otherwise it trains a reward
+    model (an encoder with a new head, the shipped MiniLM unless one is named)."""
+    online: bool = False
+    """It samples rollouts and scores them while training, so it needs a reward-model run or reward functions."""
+    takes_reward_run: bool = False
+    """A run may name a finished reward-model run: the reward an online method optimises, or the model a reward
+    model is retrained from. The others learn from their export alone."""
+    process_rewards: bool = False
+    """Its reward may be a process reward model's (a prm run's) step scores instead of one score per answer."""
+    iterates: bool = False
+    """A round of iterative RLHF can start from a finished run: retrain its reward model, then it, then sample."""
 
     def __post_init__(self) -> None:
         if self.export_kind not in EXPORT_KINDS:
@@ -64,27 +65,26 @@ class Method:
 
 
 METHODS: tuple[Method, ...] = (
-    Method("sft", "training.config.SFTConfig", "training.sft", "sft", trains_policy=True, online=False,
-           takes_reward_run=False, process_rewards=False, iterates=False,
-           description="supervised fine-tuning on an SFT export (prompt/completion or chat messages)"),
-    Method("reward", "training.config.RewardConfig", "training.reward_model", "pairs", trains_policy=False,
-           online=False, takes_reward_run=True, process_rewards=False, iterates=False,
-           description="train a Bradley–Terry reward model on a pairs export"),
-    Method("prm", "training.config.PRMConfig", "training.prm", "steps", trains_policy=False, online=False,
-           takes_reward_run=False, process_rewards=False, iterates=False,
-           description="train a process reward model (a score per step) on a steps export"),
-    Method("dpo", "training.config.DPOConfig", "training.dpo", "pairs", trains_policy=True, online=False,
-           takes_reward_run=False, process_rewards=False, iterates=False,
-           description="direct preference optimisation (DPO or IPO) of a policy on a pairs export"),
-    Method("rft", "training.config.RFTConfig", "training.rft", "prompts", trains_policy=True, online=True,
-           takes_reward_run=True, process_rewards=False, iterates=False,
-           description="rejection-sampling fine-tuning, offline or online, on a prompts export"),
-    Method("grpo", "training.config.GRPOConfig", "training.grpo", "prompts", trains_policy=True, online=True,
-           takes_reward_run=True, process_rewards=True, iterates=True,
-           description="train a policy with GRPO or GSPO on a prompts export"),
-    Method("ppo", "training.config.PPOConfig", "training.ppo", "prompts", trains_policy=True, online=True,
-           takes_reward_run=True, process_rewards=False, iterates=True,
-           description="train a policy with PPO (value model, reference, reward model)"),
+    Method("sft", "training.config.SFTConfig", "training.sft", "sft",
+           "supervised fine-tuning on an SFT export (prompt/completion or chat messages)",
+           trains_policy=True),
+    Method("reward", "training.config.RewardConfig", "training.reward_model", "pairs",
+           "train a Bradley–Terry reward model on a pairs export",
+           takes_reward_run=True),
+    Method("prm", "training.config.PRMConfig", "training.prm", "steps",
+           "train a process reward model (a score per step) on a steps export"),
+    Method("dpo", "training.config.DPOConfig", "training.dpo", "pairs",
+           "direct preference optimisation (DPO or IPO) of a policy on a pairs export",
+           trains_policy=True),
+    Method("rft", "training.config.RFTConfig", "training.rft", "prompts",
+           "rejection-sampling fine-tuning, offline or online, on a prompts export",
+           trains_policy=True, online=True, takes_reward_run=True),
+    Method("grpo", "training.config.GRPOConfig", "training.grpo", "prompts",
+           "train a policy with GRPO or GSPO on a prompts export",
+           trains_policy=True, online=True, takes_reward_run=True, process_rewards=True, iterates=True),
+    Method("ppo", "training.config.PPOConfig", "training.ppo", "prompts",
+           "train a policy with PPO (value model, reference, reward model)",
+           trains_policy=True, online=True, takes_reward_run=True, iterates=True),
 )
 """Every method, in the order the CLI, the API and the training form list them."""
 
