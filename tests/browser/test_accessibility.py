@@ -57,7 +57,7 @@ def demo_world(live_server):  # type: ignore[no-untyped-def]
         if IN_CI:
             pytest.fail(f"{AXE} missing: run `make vendor`", pytrace=False)
         pytest.skip(reason="axe.min.js not vendored (make vendor)")
-    accounts, pid = setup_demo(live_server.settings)
+    accounts, pid = setup_demo(live_server.settings, "tiny")
     passwords = {role: password for role, _, password in accounts}
     emails = {role: email for role, email, _ in accounts}
     _rank_some(live_server.app, {email: password for _, email, password in accounts}, pid, per_annotator=6)

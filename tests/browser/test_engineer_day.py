@@ -31,7 +31,7 @@ def worker(live_server):  # type: ignore[no-untyped-def]
 
 def test_an_engineer_exports_trains_a_reward_model_then_a_policy_and_watches_their_curves(live_server, worker,
                                                                                           page) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
-    accounts, pid = setup_demo(live_server.settings)
+    accounts, pid = setup_demo(live_server.settings, "tiny")
     passwords = {email: password for _, email, password in accounts}
     _rank_some(live_server.app, passwords, pid, per_annotator=8)
     base = live_server.base
@@ -82,7 +82,7 @@ def test_an_engineer_exports_trains_a_reward_model_then_a_policy_and_watches_the
     prompts = page.locator("select[name=export_id] option", has_text="prompts").first.get_attribute("value")
     page.select_option("select[name=export_id]", prompts)
     page.select_option("select[name=reward_run_id]", reward_run)
-    page.fill("input[name=base_model]", str(demo_policy_dir(live_server.settings)))
+    page.fill("input[name=base_model]", str(demo_policy_dir(live_server.settings, "tiny")))
     page.fill("textarea[name=config]", "steps = 2\ngroup_size = 2\nprompts_per_step = 2\nmax_new_tokens = 8\n"
                                         "eval_max_prompts = 3\neval_k = 2")
     page.get_by_role("button", name="Start run").click()
