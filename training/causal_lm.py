@@ -4,8 +4,8 @@ the way rollouts are, batches in the rollout layout, packed rows, the target tok
 The layout is the one `training.policy` uses for rollouts: prompts left-padded to a common width P, targets
 right-padded to R, so target token t of every row sits at column P + t and `token_logprobs` computes logits for
 the R target positions only. A model fine-tuned here therefore sees prompts tokenised exactly as GRPO, PPO and
-evaluation will show them to it (rendered with the chat template when they are chat messages, no special tokens
-added to plain text).
+evaluation will show them to it (`training.sampling.render_prompt`: through the chat template when the tokenizer
+has one, a plain-text prompt as one user turn; no special tokens added).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from training.data import Text, render_prompt
+from training.data import Text
+from training.sampling import choose_chat_template, render_prompt
 
 ADAPTER_DIR = "adapter"
 """Under LoRA, OUT/model holds the merged model (plain transformers loads it) and OUT/model/adapter the adapter."""
@@ -45,7 +46,7 @@ def encode_examples(tokenizer: Any, prompts: Sequence[Text], targets: Sequence[s
     A long prompt loses its oldest tokens first (down to a quarter of max_length), then the target its last ones;
     `max_prompt_length` caps the prompt before that. Prompts shared by several targets are tokenised once.
     """
-    rendered = [render_prompt(p, tokenizer) for p in prompts]
+    rendered = [render_prompt(tokenizer, p) for p in prompts]
     unique = list(dict.fromkeys(rendered))
     prompt_ids = dict(zip(unique, _tokenize(tokenizer, unique), strict=True))
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
@@ -168,12 +169,13 @@ def packed_logprobs(model: torch.nn.Module, rows: Sequence[PackedRow], pad_id: i
 
 def model_to_train(config: Any, model: torch.nn.Module | None, tokenizer: Any) -> tuple[torch.nn.Module, Any]:
     """The causal LM a method fine-tunes: the one given (tests, callers holding one), else `config.model`, wrapped
-    in a LoRA adapter when the config asks for one."""
-    if model is not None:
-        return model, tokenizer
-    from training.policy import load_policy
+    in a LoRA adapter when the config asks for one; its tokenizer keeps its chat template only when the config
+    uses it."""
+    if model is None:
+        from training.policy import load_policy
 
-    return load_policy(config.model, lora=config.lora_settings)
+        model, tokenizer = load_policy(config.model, lora=config.lora_settings)
+    return model, choose_chat_template(tokenizer, config.use_chat_template)
 
 
 

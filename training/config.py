@@ -272,6 +272,18 @@ class TrainConfig:
 
 
 @dataclasses.dataclass
+class ChatTemplateFields:
+    """How the methods that train a causal LM (sft, dpo, grpo, ppo, rft) render their prompts. Mixed in like
+    LoraFields."""
+
+    use_chat_template: bool = setting(
+        True, "Render prompts through the tokenizer's chat template when it has one (a plain-text prompt becomes "
+        "one user turn), in rollouts, evaluation and the loss alike. False for a base model: prompts as they are, "
+        "chat messages as \"role: content\" lines; the trained model is then saved without a template, so sampling "
+        "from it renders prompts the same way.")
+
+
+@dataclasses.dataclass
 class LoraFields:
     """LoRA fields of the methods that train a causal LM (sft, dpo, grpo, ppo, rft). Mixed in first
     (`class SFTConfig(LoraFields, OfflineConfig)`), so these fields come after the base's in `--help`."""
@@ -422,7 +434,7 @@ def check_step_pattern(pattern: str, name: str) -> None:
 
 @renamed(tensorboard=("report_to", lambda on: ["tensorboard"] if on else []))
 @dataclasses.dataclass
-class SFTConfig(LoraFields, OfflineConfig):
+class SFTConfig(LoraFields, ChatTemplateFields, OfflineConfig):
     """Supervised fine-tuning of a causal LM on (prompt, completion) rows or chat `messages` (the SFT export)."""
 
     max_length: int = setting(
@@ -436,7 +448,7 @@ class SFTConfig(LoraFields, OfflineConfig):
 
 
 @dataclasses.dataclass
-class DPOConfig(LoraFields, OfflineConfig):
+class DPOConfig(LoraFields, ChatTemplateFields, OfflineConfig):
     """Direct preference optimisation of a causal LM on chosen/rejected pairs (the pairs export)."""
 
     lr: float = setting(
@@ -474,7 +486,7 @@ class DPOConfig(LoraFields, OfflineConfig):
 
 @renamed(tensorboard=("report_to", lambda on: ["tensorboard"] if on else []))
 @dataclasses.dataclass
-class RLConfig(LoraFields, TrainConfig):
+class RLConfig(LoraFields, ChatTemplateFields, TrainConfig):
     """Fields every method that samples from the policy shares (GRPO, PPO, RFT): prompts, rewards, sampling and
     evaluation. Each trainer adds its own fields and checks after these."""
 

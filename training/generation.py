@@ -318,18 +318,13 @@ class HFGenerator:
     def render(self, prompt: Prompt) -> tuple[str, bool]:
         """Prompt text and whether it came from the chat template (then no special tokens are added)."""
         self._load()
+        try:
+            text = render_prompt(self._tokenizer, prompt, self.use_chat_template)
+        except ValueError:
+            raise GenerationError(f"use_chat_template is set but the tokenizer in {self.path} has no chat "
+                                  "template") from None
         has_template = bool(getattr(self._tokenizer, "chat_template", None))
-        use = has_template if self.use_chat_template is None else self.use_chat_template
-        if use and not has_template:
-            raise GenerationError(f"use_chat_template is set but the tokenizer in {self.path} has no chat template")
-        if isinstance(prompt, str):
-            if use:
-                return render_prompt(self._tokenizer, [{"role": "user", "content": prompt}]), True
-            return prompt, False
-        if use:
-            return render_prompt(self._tokenizer, prompt), True
-        # render_prompt would use the template if there is one; "never" means plain lines
-        return "".join(f"{m['role']}: {m['content']}\n" for m in prompt) + "assistant: ", False
+        return text, has_template if self.use_chat_template is None else self.use_chat_template
 
     def generate(self, prompts: Sequence[Prompt], n: int, params: GenerationParams, *,
                  progress: Progress | None = None, should_stop: ShouldStop | None = None) -> list[list[Sample]]:

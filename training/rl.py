@@ -25,6 +25,7 @@ from training.evaluate import EvalConfig, eval_metrics, evaluate, public
 from training.loop import Method
 from training.policy import Reference, load_policy, unwrap
 from training.rewards import RewardFunction, build_reward_functions
+from training.sampling import choose_chat_template
 
 T = TypeVar("T")
 
@@ -49,7 +50,7 @@ class RLMethod(Method):
         super().__init__(config, accelerator)
         for name in (self.batch_field, *self.divisible_fields):
             self.check_divides_over_processes(name)
-        self.tokenizer = tokenizer
+        self.tokenizer = choose_chat_template(tokenizer, config.use_chat_template)
         self.functions = list(functions)
         self.train_rows = list(train_rows)
         self.eval_rows = list(eval_rows)

@@ -56,10 +56,31 @@ def prepare_tokenizer(tokenizer: Any) -> Any:
     return tokenizer
 
 
-def render_prompt(tokenizer: Any, prompt: Prompt) -> str:
-    """Text to condition on: chat messages through the tokenizer's chat template (else "role: content" lines);
-    plain strings unchanged. `training.data.render_prompt` with the tokenizer first."""
-    return _render_text(prompt, tokenizer)
+def render_prompt(tokenizer: Any, prompt: Prompt, use_chat_template: bool | None = None) -> str:
+    """Text to condition a causal LM on, rendered one way for sampling, judging, rollouts and the prompts of SFT and
+    DPO examples, so an instruct model sees the same tokens wherever it meets a prompt.
+
+    Through the tokenizer's chat template, with the generation prompt appended, when it has one (`use_chat_template`
+    None) or when asked (True); a plain string is then one user turn. Otherwise (a base model, or False) a string
+    is used as it is and chat messages become "role: content" lines. ValueError when asked for a template that the
+    tokenizer lacks."""
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    use = has_template if use_chat_template is None else use_chat_template
+    if not use:
+        return _render_text(prompt)
+    if not has_template:
+        raise ValueError("use_chat_template is set but the tokenizer has no chat template")
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def choose_chat_template(tokenizer: Any, use_chat_template: bool) -> Any:
+    """The tokenizer a training run renders its prompts with: as it is when the run uses the chat template, without
+    its template when not (a base model). The trained model is saved with this tokenizer, so sampling from it later
+    renders prompts the way it was trained on them."""
+    if not use_chat_template:
+        tokenizer.chat_template = None
+    return tokenizer
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
