@@ -1,7 +1,8 @@
-"""A tiny causal LM built in code, so the demo can run GRPO, PPO, RFT and *Sample into project* offline.
+"""A tiny causal LM built in code, the demo's stand-in for SmolLM2-135M-Instruct where speed matters (tests run the
+demo's GRPO, PPO, RFT and *Sample into project* on it: `setup_demo(settings, "tiny")`).
 
 It is a 2-layer GPT-2 over a byte-level tokenizer (any text encodes, nothing is unknown), randomly initialised:
-its answers are noise until it is trained, which is the point of a demo of the training loop, not of a model.
+its answers are noise until it is trained, which is enough to exercise the training loop, not to show a model.
 Built in a second or two on a CPU; a few megabytes on disk.
 """
 
