@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: demo test lint audit setup setup-dev vendor browser serve bench soak clean api-check api-fuzz docs screenshots
+.PHONY: demo test lint typecheck audit setup setup-dev vendor browser serve bench soak clean api-check api-fuzz docs screenshots
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' \
@@ -73,10 +73,16 @@ api-check: setup-dev
 api-fuzz: setup-dev
 	$(BIN)/python -m tests.security.api_contract --seed random --examples $(API_FUZZ_EXAMPLES)
 
-# ruff (style, and no function above complexity 15) and the import rules in pyproject.toml's [tool.importlinter].
-lint: setup-dev
+# ruff (style, and no function above complexity 15), the import rules in pyproject.toml's [tool.importlinter] and
+# the type checker.
+lint: setup-dev typecheck
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+
+# mypy over app/ and training/ as [tool.mypy] in pyproject.toml configures it (strict for the platform, the losses
+# and the run-method registry).
+typecheck: setup-dev
+	$(BIN)/mypy
 
 # Static scan and known-vulnerability audit of the installed packages (pip-audit needs pypi.org).
 audit: setup-dev
