@@ -107,7 +107,10 @@ def _count_rows(conn: Connection) -> dict[str, int]:
             for name in sorted(inspect(conn).get_table_names())}
 
 
-def _live_exports(conn: Connection) -> list[tuple[int, str, dict[str, str]]]:
+LiveExports = list[tuple[int, str, dict[str, str]]]
+
+
+def _live_exports(conn: Connection) -> LiveExports:
     """(id, path, {file: sha256}) of every export whose files should exist."""
     if "exports" not in inspect(conn).get_table_names():
         return []
@@ -164,7 +167,7 @@ def _run(argv: list[str], env: dict[str, str], what: str, **kw: Any) -> None:
 # ------------------------------------------------------------------------------------------------------ backup
 
 
-def _dump_postgres(engine: Engine, staging: Path) -> tuple[dict[str, Any], dict[str, int], list]:
+def _dump_postgres(engine: Engine, staging: Path) -> tuple[dict[str, Any], dict[str, int], LiveExports]:
     """pg_dump under a snapshot this transaction exported, so counts and export rows are those of the dump."""
     uri, env = _libpq(engine.url.render_as_string(hide_password=False))
     with engine.connect() as conn:
@@ -183,7 +186,7 @@ def _dump_postgres(engine: Engine, staging: Path) -> tuple[dict[str, Any], dict[
     return info, counts, exports
 
 
-def _dump_sqlite(url: str, staging: Path) -> tuple[dict[str, Any], dict[str, int], list]:
+def _dump_sqlite(url: str, staging: Path) -> tuple[dict[str, Any], dict[str, int], LiveExports]:
     source = _sqlite_path(url)
     if not source.exists():
         raise BackupError(f"no SQLite database at {source} (PREFLAB_DATABASE_URL)")
@@ -228,7 +231,7 @@ def _skipped_paths(settings: Settings, dest: Path, staging: Path) -> set[Path]:
     return skip
 
 
-def _check_exports(exports: list, data_dir: Path, copied: dict[str, str]) -> list[str]:
+def _check_exports(exports: LiveExports, data_dir: Path, copied: dict[str, str]) -> list[str]:
     """Every export the database calls ready must be in the backup with the bytes its row records."""
     notes = []
     for export_id, path, files in exports:
@@ -303,7 +306,7 @@ def read_manifest(src: Path) -> dict[str, Any]:
     if not path.is_file():
         raise BackupError(f"{src} is not a preflab backup: it has no {MANIFEST}")
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        manifest: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BackupError(f"{path}: not valid JSON ({exc}); the backup is damaged") from None
     for key in ("format", "revision", "database", "counts", "files", "data_dir"):
@@ -379,10 +382,10 @@ def _swap_in(staging: Path, data_dir: Path, keep: set[Path]) -> None:
 
 
 def _relocation_sql(table_columns: dict[str, dict[str, bool]], old: str, new: str, *,
-                    json_type: str = "TEXT") -> list[tuple[str, dict]]:
+                    json_type: str = "TEXT") -> list[tuple[str, dict[str, Any]]]:
     """UPDATEs that rewrite `old/…` paths to `new/…` in PATH_COLUMNS (both backends: substr, replace, ||).
     JSON is rewritten as its text and cast back to `json_type` (SQLite stores JSON as text)."""
-    statements = []
+    statements: list[tuple[str, dict[str, Any]]] = []
     for table, columns in PATH_COLUMNS.items():
         present = table_columns.get(table, {})
         for column in columns:
@@ -470,6 +473,11 @@ def _pg_literal(value: Any) -> str:
     return "'" + str(value).replace("'", "''") + "'"
 
 
+def _pg_bind(sql: str, params: dict[str, Any]) -> str:
+    # One pass, so a path that itself holds ":n" is never substituted again.
+    return re.sub(r":(\w+)", lambda m: _pg_literal(params[m.group(1)]), sql)
+
+
 def _pg_postamble(conn: Connection, manifest: dict[str, Any], relocate: tuple[str, str] | None) -> str:
     """SQL run after the restored script, in its transaction: the relocation, then a count check that aborts."""
     lines = ["SET search_path = public;"]
@@ -477,8 +485,7 @@ def _pg_postamble(conn: Connection, manifest: dict[str, Any], relocate: tuple[st
         # The columns as the backup's revision has them: the dump recreates exactly that schema.
         cols = {t: dict(c) for t, c in _pg_columns_at(manifest).items()}
         for sql, params in _relocation_sql(cols, *relocate, json_type="JSONB"):
-            # One pass, so a path that itself holds ":n" is never substituted again.
-            lines.append(re.sub(r":(\w+)", lambda m, p=params: _pg_literal(p[m.group(1)]), sql) + ";")
+            lines.append(_pg_bind(sql, params) + ";")
     checks = " ".join(
         f"IF (SELECT count(*) FROM {conn.dialect.identifier_preparer.quote(t)}) <> {int(n)} THEN RAISE EXCEPTION "  # nosec B608
         f"'table {t}: % rows restored, the manifest says {int(n)}', (SELECT count(*) FROM "

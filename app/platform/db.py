@@ -7,7 +7,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Engine, create_engine, event, inspect
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, InvalidatePoolError
-from sqlalchemy.orm import Session, SessionTransaction, make_transient_to_detached, sessionmaker
+from sqlalchemy.orm import Mapper, Session, SessionTransaction, make_transient_to_detached, sessionmaker
 from sqlalchemy.orm.util import identity_key
 
 from app.platform.direct_sql import CoreConnection
@@ -170,7 +170,7 @@ class RowLoader:
     returned."""
 
     def __init__(self, model: type) -> None:
-        mapper = inspect(model)
+        mapper: Mapper[Any] = inspect(model)
         self.model = model
         self.columns = tuple(mapper.local_table.columns)
         self._keys = tuple(mapper.get_property_by_column(column).key for column in self.columns)
@@ -310,7 +310,7 @@ class RetryTransientErrors:
                 await asyncio.sleep(min(0.5, 0.02 * 2 ** attempt) * (0.5 + random.random()))
 
 
-def _replaying(recorded: list[dict[str, Any]], receive: Any) -> Callable[[], Any]:
+def _replaying(recorded: list[dict[str, Any]], receive: Callable[[], Awaitable[dict[str, Any]]]) -> Callable[[], Any]:
     """A `receive` that first hands out the messages an earlier attempt read, then reads on (and records)."""
     replay = iter(list(recorded))
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 from collections import namedtuple
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -157,7 +157,7 @@ class _Plan:
         if names and not getattr(statement, "_returning", True) and not getattr(statement, "_return_defaults", False):
             return None  # rows the statement did not ask for (implicit RETURNING): SQLAlchemy knows what they mean
         results = tuple(entry.type._cached_result_processor(dialect, None) for entry in compiled._result_columns)
-        row = namedtuple("Row", names, rename=True) if names else None  # type: ignore[misc]
+        row = namedtuple("Row", names, rename=True) if names else None
         positional = _positional(sql)
         if positional is None:
             return None
@@ -234,12 +234,12 @@ class CoreConnection:
         self.conn = conn
         self._cursor: RawCursor[Any] | None = None
 
-    def execute(self, statement: Any, params: Params | Sequence[Params] | None = None) -> Any:
+    def execute(self, statement: Any, params: Params | list[Params] | None = None) -> Any:
         plans = _PLANS.get(statement)
         if plans is None or self.conn._has_events or self.conn.engine._has_events:
             return self.conn.execute(statement, params)
         many = isinstance(params, list)
-        plan = _plan(plans, statement, self.conn.dialect, (params[0] if many else params) or {})  # type: ignore[index]
+        plan = _plan(plans, statement, self.conn.dialect, (params[0] if isinstance(params, list) else params) or {})
         if plan is None:
             return self.conn.execute(statement, params)
         return self._run(plan, params or {}, many)
@@ -266,5 +266,6 @@ class CoreConnection:
             rowcount = cursor.rowcount
         except Exception as exc:
             # Wrapped as SQLAlchemy wraps it (DBAPIError subclasses); a lost connection invalidates the pool.
-            conn._handle_dbapi_exception(exc, plan.sql, bound, cursor, None)
+            # psycopg's cursor is the DB-API cursor SQLAlchemy means; its stubs differ from SQLAlchemy's protocol.
+            conn._handle_dbapi_exception(exc, plan.sql, bound, cursor, None)  # type: ignore[arg-type]
         return Rows(plan.rows(fetched), rowcount)

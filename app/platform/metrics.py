@@ -20,7 +20,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest, values
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
-from sqlalchemy import Engine, and_, func, literal_column, select
+from sqlalchemy import ColumnElement, Engine, and_, func, literal_column, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.models import Assignment, Job, Project, Prompt, Ranking, utcnow
@@ -61,7 +61,7 @@ class AppMetrics:
         if shared:
             from prometheus_client.multiprocess import MultiProcessCollector
 
-            MultiProcessCollector(self.registry, path=shared)
+            MultiProcessCollector(self.registry, path=shared)  # type: ignore[no-untyped-call]  # untyped upstream
         self.registry.register(DatabaseCollector(engine, session_factory, data_dir))
 
     def observe_request(self, method: str, route: Any, status: int, seconds: float) -> None:
@@ -191,7 +191,7 @@ class DatabaseCollector(Collector):
             by_state.add_metric([kind, state], count)
         yield by_state
         seconds = _duration_seconds(db.get_bind().dialect.name)
-        columns = [func.count(), func.coalesce(func.sum(seconds), 0.0)]
+        columns: list[ColumnElement[Any]] = [func.count(), func.coalesce(func.sum(seconds), 0.0)]
         columns += [func.count(Job.id).filter(seconds <= bound) for bound in JOB_BUCKETS]
         finished = and_(Job.state.in_(("succeeded", "failed", "cancelled")), Job.started_at.is_not(None),
                         Job.finished_at.is_not(None))

@@ -11,6 +11,7 @@ from alembic import command
 from alembic.config import Config
 
 if TYPE_CHECKING:
+    from alembic.script import ScriptDirectory
     from sqlalchemy import Connection, Engine
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
@@ -65,7 +66,7 @@ class SchemaStatus:
         return f"the database is {at}, {self.behind} revision{plural} behind {self.head}: run `preflab migrate`"
 
 
-def _script():  # type: ignore[no-untyped-def]
+def _script() -> ScriptDirectory:
     from alembic.script import ScriptDirectory
 
     return ScriptDirectory.from_config(alembic_config("sqlite://"))

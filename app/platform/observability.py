@@ -161,7 +161,7 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
         self._own: Any = None
         super().__init__()
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> Any:
         return self._own if self._own is not None else sys.stderr
 
