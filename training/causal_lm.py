@@ -182,8 +182,9 @@ def model_to_train(config: Any, model: torch.nn.Module | None, tokenizer: Any) -
 def save_policy(model: torch.nn.Module, tokenizer: Any, path: Path) -> None:
     """save_pretrained (safetensors) and the tokenizer into `path`; under LoRA the merged model, with the adapter
     alone in path/adapter."""
-    if hasattr(model, "merge_and_unload"):
-        model.save_pretrained(path / ADAPTER_DIR)
-        model = copy.deepcopy(model).merge_and_unload()
-    model.save_pretrained(path, safe_serialization=True)
+    pretrained: Any = model  # save_pretrained and merge_and_unload are transformers' and peft's, not nn.Module's
+    if hasattr(pretrained, "merge_and_unload"):
+        pretrained.save_pretrained(path / ADAPTER_DIR)
+        pretrained = copy.deepcopy(pretrained).merge_and_unload()
+    pretrained.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)

@@ -40,7 +40,7 @@ class Command:
     """One `python -m training` command."""
 
     name: str
-    config: type
+    config: type[Any]
     description: str
     flags: Sequence[Flag]
     train: Callable[[Any], Any]

@@ -143,7 +143,7 @@ def translate(cls: type, values: dict[str, Any]) -> dict[str, Any]:
 
 def known_fields(cls: type) -> set[str]:
     """Field names a config accepts: its fields and the deprecated names still mapped to them."""
-    return {f.name for f in dataclasses.fields(cls)} | set(getattr(cls, "RENAMED", {}))  # type: ignore[arg-type]
+    return {f.name for f in dataclasses.fields(cls)} | set(getattr(cls, "RENAMED", {}))
 
 
 def build_config(cls: type[T], *sources: dict[str, Any]) -> T:

@@ -256,6 +256,7 @@ def load_pairs(path: str | Path, split: str | None = None) -> list[PairRow]:
         for name in ("chosen", "rejected"):
             if record.get(name) is None:
                 raise DataError(f"{where}: missing field {name!r}")
+        prompt: Text
         if record.get("prompt") is None:
             chosen_full = _text(where, "chosen", record["chosen"], allow_messages=False)
             rejected_full = _text(where, "rejected", record["rejected"], allow_messages=False)

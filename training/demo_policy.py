@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 PAD, EOS = "<pad>", "<eos>"
 # GSM8K questions run to ~900 bytes; the rest is room for an answer.
 CONTEXT = 2048
 
 
-def byte_tokenizer():  # type: ignore[no-untyped-def]
+def byte_tokenizer() -> PreTrainedTokenizerFast:
     """One token per byte (GPT-2's printable byte alphabet), plus pad and end-of-sequence."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast

@@ -96,11 +96,11 @@ def reward_columns(rows: Sequence[PromptRow], repeat: int) -> dict[str, list[Any
     return _columns(rows, repeat)
 
 
-def _curves_over_k(texts: list[str], rows: Sequence[PromptRow], graded: list[int], correct: list[list[bool]],
+def _curves_over_k(texts: list[str], references: dict[int, str], graded: list[int], correct: list[list[bool]],
                    k: int) -> dict[str, dict[str, float]]:
     """Pass@j (unbiased, from all k samples) and Maj@j (a vote over the first j) for j = 1…k: the run page's curves."""
     pass_at = {str(j): sum(pass_at_k(k, sum(c), j) for c in correct) / len(graded) for j in range(1, k + 1)}
-    maj_at = {str(j): sum(majority_correct(texts[i * k:i * k + j], rows[i].reference) for i in graded) / len(graded)
+    maj_at = {str(j): sum(majority_correct(texts[i * k:i * k + j], references[i]) for i in graded) / len(graded)
               for j in range(1, k + 1)}
     return {"pass_at": pass_at, "maj_at": maj_at}
 
@@ -130,12 +130,13 @@ def best_of_n(rows: Sequence[PromptRow], texts: Sequence[str], k: int, prm: Step
     "oracle": any sample right (Pass@K), the ceiling every reranker is under."""
     from training.prm import aggregate
 
-    graded = [i for i, r in enumerate(rows) if r.reference is not None]
+    references = {i: r.reference for i, r in enumerate(rows) if r.reference is not None}
+    graded = list(references)
     if not graded:
         return {"n": k, "prompts": 0, "accuracy": {}}
     prompts = [rows[i].prompt for i in graded for _ in range(k)]
     samples = [texts[i * k + j] for i in graded for j in range(k)]
-    right = [answer_key(texts[i * k + j]) == reference_key(rows[i].reference)  # type: ignore[arg-type]
+    right = [answer_key(texts[i * k + j]) == reference_key(references[i])
              for i in graded for j in range(k)]
     picks: dict[str, list[int]] = {"first": [0] * len(graded)}
     if prm is not None:
@@ -148,7 +149,7 @@ def best_of_n(rows: Sequence[PromptRow], texts: Sequence[str], k: int, prm: Step
         picks["orm"] = [_argmax(scores[g * k:(g + 1) * k]) for g in range(len(graded))]
     accuracy = {name: sum(right[g * k + j] for g, j in enumerate(chosen)) / len(graded)
                 for name, chosen in picks.items()}
-    accuracy["majority"] = sum(majority_correct(samples[g * k:(g + 1) * k], rows[i].reference)  # type: ignore[arg-type]
+    accuracy["majority"] = sum(majority_correct(samples[g * k:(g + 1) * k], references[i])
                                for g, i in enumerate(graded)) / len(graded)
     accuracy["oracle"] = sum(any(right[g * k:(g + 1) * k]) for g in range(len(graded))) / len(graded)
     return {"n": k, "prompts": len(graded), "accuracy": accuracy}
@@ -193,19 +194,20 @@ def _side(model: torch.nn.Module, tokenizer: Any, rows: Sequence[PromptRow], fun
     for name, scores in rewards.per_function.items():
         if len(functions) > 1:
             summary[f"reward/{name}"] = torch.nanmean(scores).item()
-    graded = [i for i, r in enumerate(rows) if r.reference is not None]
+    references = {i: r.reference for i, r in enumerate(rows) if r.reference is not None}
+    graded = list(references)
     if graded:
-        correct = [[answer_key(texts[i * k + j]) == reference_key(rows[i].reference) for j in range(k)]
+        correct = [[answer_key(texts[i * k + j]) == reference_key(references[i]) for j in range(k)]
                    for i in graded]
         summary["accuracy"] = sum(map(sum, correct)) / (len(graded) * k)
         summary["pass_at_k"] = sum(pass_at_k(k, sum(c), k) for c in correct) / len(graded)
-        summary["maj_at_k"] = sum(majority_correct(texts[i * k:(i + 1) * k], rows[i].reference)
+        summary["maj_at_k"] = sum(majority_correct(texts[i * k:(i + 1) * k], references[i])
                                   for i in graded) / len(graded)
-        summary.update(_curves_over_k(texts, rows, graded, correct, k))
+        summary.update(_curves_over_k(texts, references, graded, correct, k))
         if config.greedy:
             greedy = generate_rollouts(model, tokenizer, [rows[i].prompt for i in graded], n=1, greedy=True,
                                        max_new_tokens=config.max_new_tokens, stop=config.stop or None)
-            summary["greedy_accuracy"] = sum(answer_key(t) == reference_key(rows[i].reference)
+            summary["greedy_accuracy"] = sum(answer_key(t) == reference_key(references[i])
                                              for t, i in zip(greedy.texts, graded, strict=True)) / len(graded)
     rollouts = parts[0] if len(parts) == 1 else _concat(parts)
     return summary, rollouts, rewards.total, texts
@@ -384,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     write_run_config(out, config, data={"prompts": args.prompts},
                      extra={"policy": args.policy, "reference": args.reference, "reward_fn": args.reward_fn,
                             "reward_model": args.reward_model, "process_reward_model": args.process_reward_model})
-    summary = {k: result[k] for k in ("reward_mean", "kl", "win_rate", "pass_at_k", "maj_at_k") if k in result}
+    summary: dict[str, Any] = {k: result[k] for k in ("reward_mean", "kl", "win_rate", "pass_at_k", "maj_at_k")
+                               if k in result}
     if "best_of_n" in result:
         summary["best_of_n"] = result["best_of_n"]["accuracy"]
     print(json.dumps(summary))

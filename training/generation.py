@@ -295,7 +295,8 @@ class HFGenerator:
             tokenizer = prepare_tokenizer(tokenizer)
         except ValueError as exc:
             raise GenerationError(f"tokenizer in {self.path}: {exc}") from exc
-        model.to(device)
+        # transformers wraps `to` with functools.wraps(nn.Module.to), whose type takes self as the first argument
+        model.to(device)  # type: ignore[arg-type]
         model.eval()
         self._model, self._tokenizer, self._device = model, tokenizer, device
 

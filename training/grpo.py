@@ -175,6 +175,7 @@ class GRPOTrainer(RLMethod):
     def _optimise(self, rollouts: Rollouts, adv: Tensor, ref_logp: Tensor | None, loss_mask: Tensor
                   ) -> dict[str, Any]:
         c = self.config
+        assert c.clip_eps is not None  # GRPOConfig.__post_init__ sets the loss type's default
         n = len(rollouts)
         world = self.accelerator.num_processes
         size = c.micro_batch_size or n
@@ -242,7 +243,10 @@ class GRPOTrainer(RLMethod):
 def train(config: GRPOConfig) -> RunResult:
     """Run GRPO/GSPO end to end from `config` (paths in it): OUT/model, eval.json, metrics.jsonl, run.json."""
     functions, train_rows, eval_rows, model, tokenizer = load_run(config)
-    server = rollout_server(config.server_base_url, config.server_model) if config.server_base_url else None
+    server = None
+    if config.server_base_url:
+        assert config.server_model is not None  # GRPOConfig takes the two together
+        server = rollout_server(config.server_base_url, config.server_model)
     trainer = GRPOTrainer(config, model, tokenizer, functions, train_rows, eval_rows, server=server)
     return run(trainer, data={"prompts": config.prompts})
 

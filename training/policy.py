@@ -82,7 +82,7 @@ def load_policy(path: str | Path, lora: LoraSettings | None = None, dtype: torch
     kwargs: dict[str, Any] = dict(SAFE_LOAD)
     if dtype is not None:
         kwargs["dtype"] = dtype
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    model: Any = AutoModelForCausalLM.from_pretrained(path, **kwargs)  # then, under LoRA, peft's wrapper
     fuse_activations(model)
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:
         model.resize_token_embeddings(len(tokenizer))
@@ -143,7 +143,8 @@ class Reference:
             yield self.model
             return
         if self._snapshot is None:
-            with self.model.disable_adapter():
+            peft_model: Any = self.model  # disable_adapter is peft's, not nn.Module's
+            with peft_model.disable_adapter():
                 yield self.model
             return
         params = dict(self.model.named_parameters())
@@ -213,7 +214,7 @@ class Rollouts:
         return self.response_ids.shape[0]
 
     def to(self, device: torch.device | str) -> Rollouts:
-        moved = {k: (v.to(device) if isinstance(v, Tensor) else v) for k, v in self.__dict__.items()}
+        moved: dict[str, Any] = {k: (v.to(device) if isinstance(v, Tensor) else v) for k, v in self.__dict__.items()}
         return Rollouts(**moved)
 
     def select(self, idx: Tensor | Sequence[int]) -> Rollouts:
@@ -322,11 +323,13 @@ def generate_rollouts(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[
         prompt_ids, prompt_mask = left_pad(encoded[start:start + size], tokenizer.pad_token_id, device)
         uniforms = None
         if not greedy:
+            assert seed is not None  # drawn above
             seeds = [row_seed(seed, prompt_offset + start + i, j) for i in range(len(prompt_ids)) for j in range(n)]
             uniforms = draw_uniforms(seeds, max_new_tokens).to(device)
         response_ids, old_logp = decode(model, tokenizer, prompt_ids, prompt_mask, max_new_tokens=max_new_tokens,
                                         eos_ids=eos_ids, uniforms=uniforms, temperature=temperature, top_p=top_p,
                                         stop=stop, reps=reps, with_logprobs=True)
+        assert old_logp is not None  # with_logprobs
         chunks.append((prompt_ids.repeat_interleave(n, 0), prompt_mask.repeat_interleave(n, 0),
                        response_ids.repeat_interleave(n // reps, 0), old_logp.repeat_interleave(n // reps, 0)))
     return _assemble(tokenizer, rendered, n, chunks, stop, eos_ids, device)

@@ -318,7 +318,7 @@ class PPOTrainer(RLMethod):
         kl_seq = masked_sum(kl_k1(batch.old_logp, batch.ref_logp), mask, dim=-1)  # (N,) Σ_t log π/π_ref
         k3_seq = masked_sum(kl_k3(batch.old_logp, batch.ref_logp), mask, dim=-1)  # (N,)
         non_score = -beta * kl_seq
-        metrics = self.update(batch)
+        metrics: dict[str, Any] = self.update(batch)
         elapsed = time.perf_counter() - started
         self.finish_step()
         kl_global = float(self.accelerator.reduce(kl_seq.mean().reshape(1), reduction="mean"))

@@ -369,7 +369,8 @@ class PRMTrainer(BatchMethod):
 
     def save_model(self, path: Path, state_dict: dict[str, Tensor]) -> None:
         c = self.config
-        self.unwrapped().save_pretrained(str(path), state_dict=state_dict)
+        model: Any = self.unwrapped()  # save_pretrained is the transformers model's own, not nn.Module's
+        model.save_pretrained(str(path), state_dict=state_dict)
         self.tokenizer.save_pretrained(str(path))
         write_json(path / META_FILE, {"kind": "prm", "max_length": c.max_length, "step_separator": c.step_separator,
                                       "separator_ids": self.encoder.separator, "step_pattern": c.step_pattern,

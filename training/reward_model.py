@@ -263,19 +263,20 @@ def pairwise_metrics(r_c: Tensor, r_r: Tensor, p: Tensor, margin: Tensor, weight
     correct = torch.where(delta == 0, torch.full_like(delta, 0.5), ((delta > 0) == label).double())
     prob = torch.sigmoid(delta)
     confidence = torch.maximum(prob, 1 - prob)  # probability the model gives its own preferred answer
-    calibration, ece = [], 0.0
+    calibration: list[dict[str, Any]] = []
+    ece = 0.0
     edges = torch.linspace(0.5, 1.0, calibration_bins + 1, dtype=torch.float64)
     for i in range(calibration_bins):
         upper = confidence <= edges[i + 1] if i == calibration_bins - 1 else confidence < edges[i + 1]
         members = (confidence >= edges[i]) & upper
         n = int(members.sum())
-        row = {"confidence": [round(edges[i].item(), 4), round(edges[i + 1].item(), 4)], "pairs": n}
+        row: dict[str, Any] = {"confidence": [round(edges[i].item(), 4), round(edges[i + 1].item(), 4)], "pairs": n}
         if n:
             row["mean_confidence"] = confidence[members].mean().item()
             row["accuracy"] = correct[members].mean().item()
             ece += n / len(delta) * abs(row["accuracy"] - row["mean_confidence"])
         calibration.append(row)
-    by_length = []
+    by_length: list[dict[str, Any]] = []
     cuts = torch.quantile(lengths.double(), torch.linspace(0, 1, length_buckets + 1, dtype=torch.float64))
     for i in range(length_buckets):
         lo, hi = int(cuts[i].floor()), int(cuts[i + 1].ceil())
@@ -442,7 +443,8 @@ class RewardTrainer(BatchMethod):
         return super().eval_row({k: v for k, v in result.items() if k not in ("train_pairs", "train_truncated")})
 
     def save_model(self, path: Path, state_dict: dict[str, Tensor]) -> None:
-        self.unwrapped().save_pretrained(str(path), state_dict=state_dict)
+        model: Any = self.unwrapped()  # save_pretrained is the transformers model's own, not nn.Module's
+        model.save_pretrained(str(path), state_dict=state_dict)
         self.tokenizer.save_pretrained(str(path))
         write_json(path / META_FILE, {"kind": "reward", "max_length": self.config.max_length,
                                       "heads": self.config.ensemble})

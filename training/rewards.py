@@ -15,7 +15,7 @@ import importlib
 import importlib.util
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -254,7 +254,7 @@ def split_steps(completion: str) -> list[int]:
 
 
 def compute_rewards(functions: Sequence[RewardFunction], prompts: Sequence[Any], completions: Sequence[str],
-                    columns: dict[str, Sequence[Any]] | None = None) -> RewardResult:
+                    columns: Mapping[str, Sequence[Any]] | None = None) -> RewardResult:
     """Call every reward function on the batch and combine: total = Σ_f w_f · r_f (None counts 0).
 
     When any function returns per-step lists, the outcome scores are put on each completion's last

@@ -24,7 +24,7 @@ import inspect
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from training.data import render_prompt as _render_text
 
@@ -111,7 +111,7 @@ def eos_token_ids(model: torch.nn.Module | None, tokenizer: Any) -> list[int]:
     return sorted(ids)
 
 
-def _positive_int(value: Any) -> bool:
+def _positive_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
@@ -266,6 +266,7 @@ def finish_row(tokenizer: Any, ids: Sequence[int], stop: Sequence[str] | None, e
     cut = first_stop(text, stop) if stop else None
     if cut is None:
         return Finished(text=text, length=length, ended=end is not None)
+    assert stop  # a stop string was found
     return Finished(text=text[:cut], length=_cut_at_stop(tokenizer, ids[:length], stop), ended=True)
 
 
@@ -288,7 +289,8 @@ def finish_rows(tokenizer: Any, response_ids: Tensor, stop: Sequence[str] | None
 def _cache_argument(model: torch.nn.Module) -> str:
     """The forward argument that takes the KV cache: `cache` in transformers 5, `past_key_values` in 4.x
     (peft's wrapper passes either through **kwargs, so its base model's signature decides)."""
-    bare = model.get_base_model() if hasattr(model, "get_base_model") else model
+    get_base_model = getattr(model, "get_base_model", None)
+    bare = get_base_model() if get_base_model is not None else model
     return "cache" if "cache" in inspect.signature(bare.forward).parameters else "past_key_values"
 
 
@@ -330,7 +332,8 @@ def decode(model: torch.nn.Module, tokenizer: Any, input_ids: Tensor, attention_
     tokens: list[Tensor] = []
     logps: list[Tensor] = []
     for t in range(max_new_tokens):
-        choice = choose_tokens(logits, uniforms[:, t:t + 1] if sampling else None, temperature, top_p)
+        choice = choose_tokens(logits, uniforms[:, t:t + 1] if sampling and uniforms is not None else None,
+                               temperature, top_p)
         choice = torch.where(done.unsqueeze(1), pad, choice)
         tokens.append(choice)
         if with_logprobs:

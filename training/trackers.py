@@ -51,7 +51,8 @@ def start_trackers(accelerator: Any, config: Any, out: Path, resumed: bool) -> d
 
 def hyperparameters(config: Any) -> dict[str, Any]:
     """The config's fields as tracker hyper-parameters: scalars as they are, lists and tables as JSON text."""
-    values = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
+    is_instance = dataclasses.is_dataclass(config) and not isinstance(config, type)
+    values = dataclasses.asdict(config) if is_instance else dict(config)
     return {k: v if isinstance(v, int | float | str | bool) else json.dumps(v)
             for k, v in values.items() if v is not None}
 

@@ -33,7 +33,7 @@ ENCODERS = {"bert", "roberta", "deberta", "deberta-v2", "xlm-roberta", "distilbe
 
 def hidden_size(model: nn.Module) -> int:
     """Width of the last hidden state of a (possibly peft-wrapped) transformers model."""
-    config = unwrap(model).config
+    config: Any = unwrap(model).config
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
     for name in ("hidden_size", "n_embd", "d_model"):
         if getattr(config, name, None):
@@ -85,7 +85,7 @@ class ActorCritic(nn.Module):
             logits = logits / temperature
         logp = logprobs_from_logits(logits, input_ids[:, -width:]) * mask  # (B, R)
         entropy = entropy_from_logits(logits) * mask if with_entropy else None
-        if self.shared:
+        if self.critic is None:  # shared
             hidden = out.hidden_states[-1][:, -width - 1:-1, :]  # (B, R, H), after the final norm
         else:
             hidden = self.critic(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
@@ -102,7 +102,8 @@ class ActorCritic(nn.Module):
         save_file({k: v.detach().cpu().contiguous() for k, v in self.value_head.state_dict().items()},
                   str(path / HEAD_FILE))
         if self.critic is not None:
-            self.critic.save_pretrained(path, safe_serialization=True)
+            critic: Any = self.critic  # save_pretrained is the transformers model's own, not nn.Module's
+            critic.save_pretrained(path, safe_serialization=True)
 
     def load_value_model(self, path: str | Path) -> None:
         from safetensors.torch import load_file
