@@ -72,7 +72,7 @@ def _iso_datetime(value: Any, info: ValidationInfo) -> Any:
 CompletionKey = Annotated[str, Field(pattern=r"^[0-9]{1,10}$")]
 """A completion id as a JSON object's key (`flags`)."""
 
-_ONLY_COMPLETION_KEYS = {"additionalProperties": False}
+_ONLY_COMPLETION_KEYS: dict[str, Any] = {"additionalProperties": False}
 
 Timestamp = Annotated[datetime, Field(strict=False), BeforeValidator(_iso_datetime)]
 
@@ -307,7 +307,7 @@ class WebhookDeliveryOut(BaseModel):
 
     @classmethod
     def from_model(cls, d: WebhookDelivery) -> WebhookDeliveryOut:
-        return cls(id=d.id, delivery_id=d.uid, event=d.event, state=d.state, attempts=d.attempts,  # type: ignore[arg-type]
+        return cls(id=d.id, delivery_id=d.uid, event=d.event, state=d.state, attempts=d.attempts,
                    status_code=d.status_code, error=d.error, log=[WebhookAttempt(**a) for a in d.log],
                    created_at=d.created_at, delivered_at=d.delivered_at)
 
@@ -518,7 +518,7 @@ class JobOut(BaseModel):
     @classmethod
     def from_model(cls, job: Job) -> JobOut:
         result = dict(job.result or {})
-        return cls(id=job.id, kind=job.kind, state=job.state,  # type: ignore[arg-type]
+        return cls(id=job.id, kind=job.kind, state=job.state,
                    progress=JobProgress(done=int(result.get("done", 0)), total=int(result.get("total", 0))),
                    message=result.get("message"), error=job.error, attempts=job.attempts, project_id=job.project_id,
                    created_at=job.created_at, started_at=job.started_at, finished_at=job.finished_at,

@@ -13,7 +13,7 @@ import tomllib
 from abc import abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from fastapi import Request, UploadFile
 from fastapi.responses import RedirectResponse, Response
@@ -208,7 +208,7 @@ class MemberForm(ApiForm):
     role: str = Field("", max_length=20)
 
     def to_api(self) -> MemberIn:
-        return MemberIn.from_form(email=self.email, role=self.role)  # type: ignore[arg-type]
+        return MemberIn.from_form(email=self.email, role=self.role)
 
 
 class WebhookForm(ApiForm):
@@ -254,7 +254,7 @@ class ImportForm(PageForm):
         return self.strict == "on"
 
     @property
-    def policy(self) -> str:
+    def policy(self) -> Literal["error", "skip"]:
         return "skip" if self.on_duplicate == "skip" else "error"
 
 
@@ -293,7 +293,7 @@ class UserForm(ApiForm):
     name: str = Field("", max_length=200)
 
     def to_api(self) -> UserIn:
-        return UserIn.from_form(email=self.email, password=self.password, role=self.role, name=self.name)  # type: ignore[arg-type]
+        return UserIn.from_form(email=self.email, password=self.password, role=self.role, name=self.name)
 
 
 class UserUpdateForm(ApiForm):
@@ -303,7 +303,7 @@ class UserUpdateForm(ApiForm):
     active: bool = False
 
     def to_api(self) -> UserPatch:
-        return UserPatch.from_form(role=self.role, active=self.active)  # type: ignore[arg-type]
+        return UserPatch.from_form(role=self.role, active=self.active)
 
     def values(self) -> dict[str, Any]:
         return {}  # a row's edit: the page's one form to fill again is "Add a user", which this is not
@@ -399,7 +399,7 @@ class SamplingForm(GeneratorForm, ApiForm):
         generator = self.generator(temperature=self.temperature, top_p=self.top_p,
                                    max_new_tokens=self.max_new_tokens)
         # The page's tries field is a hint, not a request to refuse: it is kept within the API's range.
-        return SamplingJobIn.from_form(generator=generator, seed=seed, resample_duplicates=max(0, min(tries, 5)))  # type: ignore[arg-type]
+        return SamplingJobIn.from_form(generator=generator, seed=seed, resample_duplicates=max(0, min(tries, 5)))
 
 
 class JudgeForm(GeneratorForm, ApiForm):
@@ -415,7 +415,7 @@ class JudgeForm(GeneratorForm, ApiForm):
     label_steps: bool = False
 
     def to_api(self) -> JudgeRunIn:
-        return JudgeRunIn.from_form(generator=self.generator(), mode=self.mode, principles=self.principles,  # type: ignore[arg-type]
+        return JudgeRunIn.from_form(generator=self.generator(), mode=self.mode, principles=self.principles,
                                     seed=self.seed, route_low_confidence=self.route_low_confidence,
                                     label_steps=self.label_steps)
 
@@ -429,7 +429,7 @@ class RevisionsForm(ApiForm):
     limit: int = Field(20, ge=1, le=10_000)
 
     def to_api(self) -> RevisionJobIn:
-        return RevisionJobIn.from_form(generator={"backend": "hf", "model": self.model}, limit=self.limit)  # type: ignore[arg-type]
+        return RevisionJobIn.from_form(generator={"backend": "hf", "model": self.model}, limit=self.limit)
 
 
 class GoldFromMetadataForm(PageForm):
@@ -559,7 +559,7 @@ class ConstitutionForm(FieldsetForm, ApiForm):
         return out
 
     def to_api(self) -> ConstitutionIn:
-        return ConstitutionIn.from_form(principles=self.principles(), base_version=self.base_version or None,  # type: ignore[arg-type]
+        return ConstitutionIn.from_form(principles=self.principles(), base_version=self.base_version or None,
                               note=self.note)
 
     def label(self, field: str) -> str | None:
@@ -701,10 +701,10 @@ class ExportForm(ApiForm):
         return filters
 
     def to_api(self) -> ExportIn:
-        return ExportIn.from_form(kind=self.kind, format=self.format, filters=self.filters(),  # type: ignore[arg-type]
-                        aggregation=self.aggregation if self.kind == "pairs" else "raw",  # type: ignore[arg-type]
-                        conflicts=self.conflicts, layout=self.layout or None,  # type: ignore[arg-type]
-                        neutral=self.neutral if self.kind == "steps" else "positive")  # type: ignore[arg-type]
+        return ExportIn.from_form(kind=self.kind, format=self.format, filters=self.filters(),
+                        aggregation=self.aggregation if self.kind == "pairs" else "raw",
+                        conflicts=self.conflicts, layout=self.layout or None,
+                        neutral=self.neutral if self.kind == "steps" else "positive")
 
 
 class TrainingForm(ApiForm):
