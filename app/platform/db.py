@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy import Connection, Engine, create_engine, event, inspect
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, InvalidatePoolError
 from sqlalchemy.orm import Mapper, Session, SessionTransaction, make_transient_to_detached, sessionmaker
@@ -73,7 +73,7 @@ def make_engine(url: str, pool_size: int = 20, *, prepared_statements: bool = Tr
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
 
         @event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
             cur = dbapi_conn.cursor()
             cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")  # first: the next pragmas may wait
             cur.execute("PRAGMA foreign_keys=ON")
@@ -85,11 +85,11 @@ def make_engine(url: str, pool_size: int = 20, *, prepared_statements: bool = Tr
         # on the busy wait instead of failing with "database is locked" when a reader upgrades to a writer
         # (SQLite does not wait in that case). SQLite has one writer at a time: every transaction queues here.
         @event.listens_for(engine, "begin")
-        def _sqlite_begin(conn) -> None:  # type: ignore[no-untyped-def]
+        def _sqlite_begin(conn: Connection) -> None:
             _begin_immediate(conn)
 
         @event.listens_for(engine, "connect")
-        def _no_pysqlite_autobegin(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+        def _no_pysqlite_autobegin(dbapi_conn: Any, _record: Any) -> None:
             dbapi_conn.isolation_level = None
 
         return engine
