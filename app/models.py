@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from sqlalchemy import (
     JSON,
@@ -16,6 +16,7 @@ from sqlalchemy import (
     Integer,
     MetaData,
     String,
+    Table,
     Text,
     TypeDecorator,
     UniqueConstraint,
@@ -82,6 +83,10 @@ def _in(column: str, values: tuple[str, ...]) -> str:
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
+
+    if TYPE_CHECKING:
+        # Every model maps a Table (none a join or a select), so Core's insert/update/delete take `__table__`.
+        __table__: ClassVar[Table]
 
 
 class User(Base):

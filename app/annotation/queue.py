@@ -20,6 +20,7 @@ from typing import Any
 
 from sqlalchemy import (
     ARRAY,
+    BindParameter,
     Integer,
     Select,
     and_,
@@ -46,7 +47,7 @@ GOLD_RATE_DEFAULT = 0.1
 """Share of tasks drawn from gold prompts, when the annotator has unseen ones."""
 
 
-def _active_load(prompt_id, round_, now):  # type: ignore[no-untyped-def]
+def _active_load(prompt_id, round_, now):
     """Assignments that occupy one unit of a prompt's overlap: submitted, or leased and not yet expired."""
     return (
         select(func.count(Assignment.id))
@@ -59,6 +60,13 @@ def _active_load(prompt_id, round_, now):  # type: ignore[no-untyped-def]
 
 # The hot path's statements are built once with bind parameters: building a SQLAlchemy expression and its cache key
 # costs more CPU than the database spends running it. Every one of them takes these parameters by name.
+_PROJECT: BindParameter[int]
+_ANNOTATOR: BindParameter[int]
+_ROUND: BindParameter[int]
+_K: BindParameter[int]
+_OVERLAP: BindParameter[int]
+_FLOOR: BindParameter[int]
+_EXTRA: BindParameter[int]
 _PROJECT, _ANNOTATOR, _ROUND, _NOW = (bindparam("project_id"), bindparam("annotator_id"), bindparam("round"),
                                       bindparam("now", type_=Assignment.leased_until.type))
 _K, _OVERLAP, _FLOOR, _EXTRA = bindparam("k"), bindparam("overlap"), bindparam("floor"), bindparam("extra")
@@ -80,7 +88,7 @@ def cap_of(project: Project, extra_overlap: int) -> int:
     return project.overlap + (extra_overlap if extra_on(project) else 0)
 
 
-def _cap():  # type: ignore[no-untyped-def]
+def _cap():
     """A prompt's cap in SQL: the overlap, plus its extra while extras are live (`extra` = 1, else 0)."""
     return _OVERLAP + Prompt.extra_overlap * _EXTRA
 
@@ -97,7 +105,8 @@ ROUTED = "routed"
 
 @functools.cache
 def _candidates_stmt(gold: bool | None, columns: str = "id", floor: bool = False,
-                     lock: str | None = None, by_rank: bool | str = False, window: bool = False) -> Select[Any]:
+                     lock: str | None = None, by_rank: bool | str = False, window: bool = False
+                     ) -> Select[*tuple[Any, ...]]:
     """Prompts the annotator may get next, by id (or, `by_rank`, only prompts with a priority, by `queue_rank`: the
     floor then applies to the rank; `ROUTED`: only the prompts a judge run sent to humans, whose ranks are < 0).
     `columns`: "id", or "lease" (id, the caller's own earlier assignment on it, and its extra overlap); `lock`:
@@ -142,7 +151,7 @@ def _candidates_stmt(gold: bool | None, columns: str = "id", floor: bool = False
     return direct(query)  # cached: one statement per combination of arguments
 
 
-def _candidates(project: Project, annotator: User, now: datetime, *, gold: bool | None):  # type: ignore[no-untyped-def]
+def _candidates(project: Project, annotator: User, now: datetime, *, gold: bool | None):
     """`_candidates_stmt` with this caller's values bound (for counting what is left)."""
     return _candidates_stmt(gold).params(_params(project, annotator, now))
 
@@ -203,7 +212,7 @@ _floors: dict[tuple[int, int, int, bool, bool], tuple[int, float, float, tuple[i
 _floors_lock = threading.Lock()
 
 
-def _floor_scan(key: Any, limit: int = 1) -> Select[Any]:
+def _floor_scan(key: Any, limit: int = 1) -> Select[*tuple[Any, ...]]:
     return (select(key).where(Prompt.project_id == _PROJECT, key >= _FLOOR, Prompt.gold_tiers.is_(None),
                               _active_load(Prompt.id, _ROUND, _NOW) < _cap())
             .order_by(key).limit(limit))
@@ -444,7 +453,7 @@ def _left(db: Session, project: Project, annotator: User, now: datetime) -> tupl
     return left_for_you, left_in_project
 
 
-def _task_completions(*columns: Any) -> Select[Any]:
+def _task_completions(*columns: Any) -> Select[*tuple[Any, ...]]:
     return (select(*columns).where(Completion.prompt_id == bindparam("prompt_id"), _RANKABLE)
             .order_by(Completion.id.desc()).limit(bindparam("k")))
 
@@ -454,7 +463,7 @@ _TASK_IDS = direct(_task_completions(Completion.id))
 _TASK_TEXTS = direct(_task_completions(Completion.id, Completion.text))
 
 
-def with_task_completions(query: Select[Any], prompt_id: Any, *columns: Any) -> Select[Any]:
+def with_task_completions(query: Select[*tuple[Any, ...]], prompt_id: Any, *columns: Any) -> Select[*tuple[Any, ...]]:
     """`query` (one row) joined to the completions `task_completion_ids` gives for the prompt `prompt_id` names, with
     their `columns`: a row per completion, or one row with NULLs when there is none; `k` binds K."""
     return (query.add_columns(*columns).outerjoin(Completion, and_(Completion.prompt_id == prompt_id, _RANKABLE))
@@ -511,7 +520,7 @@ _LEASE_SHOWN = direct(with_task_completions(
     Prompt.id, Completion.id, Completion.text, Completion.meta))
 
 
-def _rankable_count():  # type: ignore[no-untyped-def]
+def _rankable_count():
     """A prompt's completions that can be ranked (CAI revisions are SFT material, never ranked)."""
     return (select(func.count(Completion.id))
             .where(Completion.prompt_id == Prompt.id, Completion.source != "revision").scalar_subquery())

@@ -156,10 +156,12 @@ def _insert_ranking(dialect: str) -> Any:
     """INSERT … ON CONFLICT DO NOTHING RETURNING id: a twin submission or a second ranking of the prompt inserts
     nothing and says so, instead of an IntegrityError that would need a savepoint around the insert."""
     if dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as dialect_insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert as dialect_insert
-    return direct(dialect_insert(_RANKINGS).on_conflict_do_nothing().returning(_RANKINGS.c.id))
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return direct(pg_insert(_RANKINGS).on_conflict_do_nothing().returning(_RANKINGS.c.id))
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    return direct(sqlite_insert(_RANKINGS).on_conflict_do_nothing().returning(_RANKINGS.c.id))
 
 
 class PairLabel(NamedTuple):
@@ -282,8 +284,8 @@ def submit(db: Session, project: Project, annotator: User, body: RankingInput) -
     )
     ranking_id, submitted = _record(db, values, assignment, "skipped" if body.skipped else "submitted")
     if ranking_id is None:  # a twin of this submission, or another ranking of the prompt, is there already
-        refused = Conflict("you have already ranked this prompt in this round", field="prompt_id")
-        return _earlier(db, project, annotator, body.submission_id, refused), False
+        conflict = Conflict("you have already ranked this prompt in this round", field="prompt_id")
+        return _earlier(db, project, annotator, body.submission_id, conflict), False
     steps.write(db, ranking_id, step_labels)
     if not body.skipped:
         _announce_overlap(db, project, prompt_id, submitted)
@@ -401,7 +403,7 @@ def _resolve_task(db: Session, project: Project, annotator: User, body: RankingI
         raise Conflict("you have already ranked this prompt in this round", field="prompt_id")
     own_active = assignment is not None and assignment.state == "leased" and assignment.leased_until > now
     if not own_active and prompt.gold_tiers is None:
-        load = db.scalar(select(queue._active_load(prompt.id, project.current_round, now)))
+        load = db.scalar(select(queue._active_load(prompt.id, project.current_round, now))) or 0  # a count
         if load >= queue.cap_of(project, int(extra_overlap or 0)):
             raise Conflict("this prompt already has all the rankings it needs", field="prompt_id")
     if assignment is None:

@@ -113,7 +113,7 @@ def put_draft(assignment_id: Id, body: DraftIn, request: Request) -> Response:
 
 # --- the ranking page ----------------------------------------------------------------------------
 
-def _page_context(db, project, user, assignment, **extra) -> dict:  # type: ignore[no-untyped-def]
+def _page_context(db, project, user, assignment, **extra) -> dict:
     ctx = {"project": project, "rubric": rubrics.current(db, project),
            "progress": queue.progress(db, project, user), "letters": RESPONSE_LETTERS,
            "k": project.completions_per_prompt, "task": None}

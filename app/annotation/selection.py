@@ -167,6 +167,7 @@ def request_priorities(db: Session, project: Project, actor: User | None, *,
     """Enqueue the priorities job for the active selection (`uncertainty`: with the given reward run, or the
     project's newest finished one)."""
     if check_permission:
+        assert actor is not None  # only the system's own calls skip the check, and they name no actor
         permissions.require(db, actor, project, "selection.manage", doing="compute queue priorities")
     selection = selection_of(project)
     if selection == "random":

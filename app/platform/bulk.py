@@ -47,7 +47,7 @@ def _copy_rows(db: Session, model: type[Base], rows: list[dict[str, Any]], *, id
     from psycopg import sql
 
     mapper = sa_inspect(model)
-    table = mapper.local_table
+    table = model.__table__
     id_column = mapper.primary_key[0]
     given = {key for row in rows for key in row}
     columns: list[tuple[str, str]] = []  # (column name, attribute key) of the values the rows give

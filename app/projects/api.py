@@ -33,7 +33,7 @@ from app.web.deps import CurrentUser, Id, SessionDep
 router = APIRouter(prefix="/api/projects", tags=["projects"])
 
 
-def _out(db, project) -> ProjectOut:  # type: ignore[no-untyped-def]
+def _out(db, project) -> ProjectOut:
     current = rubrics.current(db, project)
     return ProjectOut.from_model(project, current.version if current else None)
 
@@ -43,7 +43,7 @@ def create_project(body: ProjectIn, db: SessionDep, user: CurrentUser) -> Projec
     return _out(db, create_from(db, user, body))
 
 
-def create_from(db, user, body: ProjectIn):  # type: ignore[no-untyped-def]
+def create_from(db, user, body: ProjectIn):
     """The API's and the page's new project: one mapping of the request model onto the service."""
     return projects.create_project(
         db, user, name=body.name, completions_per_prompt=body.completions_per_prompt, overlap=body.overlap,

@@ -19,7 +19,7 @@ router = APIRouter()
 _out = ConstitutionOut.from_model
 
 
-def _save(db, project, user, body: ConstitutionIn):  # type: ignore[no-untyped-def]
+def _save(db, project, user, body: ConstitutionIn):
     """The API's and the editor's save: one mapping of the request model onto the service."""
     return constitutions.create_version(db, project, user, principles=[p.model_dump() for p in body.principles],
                                         base_version=body.base_version, note=body.note)

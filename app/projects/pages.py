@@ -39,7 +39,7 @@ DEFAULT_RUBRIC = """Rank the responses from best to worst.
 """
 
 
-def _list_context(db, user) -> dict:  # type: ignore[no-untyped-def]
+def _list_context(db, user) -> dict:
     return {"items": [(p, rollups.project_counts(db, p, user)) for p in projects.list_visible(db, user)]}
 
 
@@ -57,7 +57,7 @@ def create_project(request: Request, db: SessionDep, user: PageUser,
                         context=lambda _: _list_context(db, user))
 
 
-def _project_context(db, project, user) -> dict:  # type: ignore[no-untyped-def]
+def _project_context(db, project, user) -> dict:
     return {
         "project": project,
         "counts": rollups.project_counts(db, project, user),

@@ -15,7 +15,7 @@ from app.platform.errors import Conflict, Invalid, NotFound
 from app.projects import rubrics
 
 
-def visible_query(user: User):  # type: ignore[no-untyped-def]
+def visible_query(user: User):
     query = select(Project).order_by(Project.name)
     if user.role != permissions.ADMIN:
         query = query.join(ProjectMember).where(ProjectMember.user_id == user.id)
@@ -132,7 +132,7 @@ class ProjectCounts:
 
 
 def counts(db: Session, project: Project) -> ProjectCounts:
-    def n(stmt) -> int:  # type: ignore[no-untyped-def]
+    def n(stmt) -> int:
         return int(db.scalar(stmt) or 0)
 
     return ProjectCounts(
