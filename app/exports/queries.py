@@ -123,11 +123,11 @@ def snapshot(engine: Engine) -> Iterator[Snapshot]:
     reader = create_engine(engine.url, poolclass=NullPool, connect_args={"check_same_thread": False, "timeout": 30})
 
     @event.listens_for(reader, "connect")
-    def _autocommit_driver(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+    def _autocommit_driver(dbapi_conn, _record) -> None:
         dbapi_conn.isolation_level = None
 
     @event.listens_for(reader, "begin")
-    def _deferred_begin(conn) -> None:  # type: ignore[no-untyped-def]
+    def _deferred_begin(conn) -> None:
         conn.exec_driver_sql("BEGIN DEFERRED")
 
     try:
@@ -149,7 +149,8 @@ def lo_hi(conn: Connection, a: Any, b: Any) -> tuple[Any, Any]:
     return func.min(a, b), func.max(a, b)  # SQLite's scalar min/max with two arguments
 
 
-def ranking_filters(stmt: Select[Any], filters: dict[str, Any], *, pair_level: bool) -> Select[Any]:
+def ranking_filters(stmt: Select[*tuple[Any, ...]], filters: dict[str, Any], *, pair_level: bool
+                    ) -> Select[*tuple[Any, ...]]:
     """Apply the validated filters that concern rankings, prompts and (for pairs) the pair itself."""
     if "source" in filters:
         stmt = stmt.where((Pair.source if pair_level else Ranking.source).in_(filters["source"]))
@@ -179,7 +180,7 @@ def ranking_filters(stmt: Select[Any], filters: dict[str, Any], *, pair_level: b
     return stmt
 
 
-def pairs_select(spec: ExportSpec) -> Select[Any]:
+def pairs_select(spec: ExportSpec) -> Select[*tuple[Any, ...]]:
     """Pair rows without any text: ids and numbers only, so the stream stays narrow.
 
     The pairs table alone is streamed; the rankings that pass the filters are a semi-join, and each batch
@@ -210,7 +211,7 @@ def pairs_select(spec: ExportSpec) -> Select[Any]:
     return stmt
 
 
-def rankings_select(spec: ExportSpec, conversational: bool) -> Select[Any]:
+def rankings_select(spec: ExportSpec, conversational: bool) -> Select[*tuple[Any, ...]]:
     stmt = (
         select(Ranking.id.label("ranking_id"), Ranking.prompt_id,
                (Prompt.messages if conversational else Prompt.text).label("prompt"),
@@ -227,7 +228,7 @@ def rankings_select(spec: ExportSpec, conversational: bool) -> Select[Any]:
 
 
 
-def pair_scan_select(spec: ExportSpec, conn: Connection) -> Select[Any]:
+def pair_scan_select(spec: ExportSpec, conn: Connection) -> Select[*tuple[Any, ...]]:
     """The raw pairs export's one big scan: the filtered pairs with their labeller, versions and split, in pair
     id order. No text: prompts and responses are looked up once per batch by id."""
     base = pairs_select(spec)
@@ -283,7 +284,7 @@ class PackedScan:
     codes: dict[str, tuple[str, ...]]
     block: int
 
-    def sql(self, conn: Connection, scan: Select[Any]) -> tuple[str, dict[str, Any]]:
+    def sql(self, conn: Connection, scan: Select[*tuple[Any, ...]]) -> tuple[str, dict[str, Any]]:
         compiled = scan.order_by(None).compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
         parts = []
         for f in self.schema:

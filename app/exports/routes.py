@@ -19,11 +19,11 @@ from app.web.forms import ExportForm
 router = APIRouter()
 
 
-def export_out(db, export) -> ExportOut:  # type: ignore[no-untyped-def]
+def export_out(db, export) -> ExportOut:
     return ExportOut.from_model(export, exports.status(db, export))
 
 
-def _request_export(db, project, user, body: ExportIn):  # type: ignore[no-untyped-def]
+def _request_export(db, project, user, body: ExportIn):
     """The API's and the page's export request: one mapping of the request model onto the service."""
     return exports.request_export(db, project, user, body.kind, body.format, body.filters, body.aggregation,
                                   body.conflicts, body.layout, body.neutral)
@@ -83,7 +83,7 @@ def delete_export(export_id: Id, request: Request, db: SessionDep, user: Current
 # --- pages --------------------------------------------------------------------------------------
 
 
-def _page_context(db, project, user) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+def _page_context(db, project, user) -> dict[str, Any]:
     rows = [(e, exports.status(db, e)) for e in exports.list_for_project(db, project)]
     return {"project": project, "rows": rows, "can_export": permissions.may(db, user, project, "export.create"),
             "can_delete": permissions.may(db, user, project, "export.delete"),

@@ -18,7 +18,7 @@ import queue
 import struct
 import threading
 from abc import ABC, abstractmethod
-from json.encoder import encode_basestring  # type: ignore[attr-defined]  # the C encoder, ensure_ascii=False
+from json.encoder import encode_basestring  # the C encoder, ensure_ascii=False
 from pathlib import Path
 from typing import Any
 
@@ -458,9 +458,10 @@ class HfSink(_Sink):
         self.sink.close()
         info = {"citation": "", "description": f"preflab {self.kind} export", "homepage": "",
                 "features": hf_features(self.schema), "license": self.license_id}
-        state = {"_data_files": [{"filename": self.DATA}], "_fingerprint": file_sha256(self.dir / self.DATA)[:16],
-                 "_format_columns": None, "_format_kwargs": {}, "_format_type": None,
-                 "_output_all_columns": False, "_split": None}
+        state: dict[str, Any] = {
+            "_data_files": [{"filename": self.DATA}], "_fingerprint": file_sha256(self.dir / self.DATA)[:16],
+            "_format_columns": None, "_format_kwargs": {}, "_format_type": None,
+            "_output_all_columns": False, "_split": None}
         (self.dir / "dataset_info.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
         (self.dir / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
 

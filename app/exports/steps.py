@@ -86,7 +86,7 @@ def schema() -> pa.Schema:
         ("agreement", pa.float64()), ("judge_p", pa.list_(pa.float64())), ("split", pa.string())])
 
 
-def labels_select(spec: ExportSpec) -> Select[Any]:
+def labels_select(spec: ExportSpec) -> Select[*tuple[Any, ...]]:
     """Every step label of the project's (filtered, not skipped) rankings, grouped by completion, then ranking."""
     stmt = (select(StepLabel.completion_id, StepLabel.ranking_id, StepLabel.label, StepLabel.p, Ranking.source,
                    Ranking.annotator_id, Ranking.judge_run_id, Rubric.version.label("rubric_version"))

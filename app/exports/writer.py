@@ -21,7 +21,7 @@ import shutil
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
@@ -188,7 +188,7 @@ class _Run:
 
     def ranking_labels(self, ranking_ids: list[int]) -> dict[int, tuple[str | None, int | None, int | None]]:
         """ranking id → (annotator pseudonym, rubric version, constitution version), for one batch."""
-        out = {}
+        out: dict[int, tuple[str | None, int | None, int | None]] = {}
         for chunk in chunks(ranking_ids):
             stmt = (select(Ranking.id, Ranking.annotator_id, Ranking.judge_run_id, Rubric.version, Constitution.version)
                     .outerjoin(Rubric, Ranking.rubric_id == Rubric.id)
@@ -220,12 +220,12 @@ class _Run:
         cols["chosen"] = _lookup(texts, cols["chosen_id"])
         cols["rejected"] = _lookup(texts, cols["rejected_id"])
 
-    def stream(self, stmt: Select[Any]) -> Iterator[list[Any]]:
+    def stream(self, stmt: Select[*tuple[Any, ...]]) -> Iterator[Sequence[Any]]:
         # Per statement: Connection.execution_options() would switch every later lookup to a server-side cursor.
         result = self.conn.execute(stmt, execution_options={"stream_results": True, "yield_per": self.batch_size})
         yield from result.partitions(self.batch_size)
 
-    def scan(self, stmt: Select[Any], schema: pa.Schema, packed: PackedScan | None = None
+    def scan(self, stmt: Select[*tuple[Any, ...]], schema: pa.Schema, packed: PackedScan | None = None
              ) -> Iterator[pa.RecordBatch]:
         """The rows of `stmt` as Arrow batches of exactly `batch_size` rows (the last one shorter).
 
@@ -243,7 +243,7 @@ class _Run:
             yield pa.RecordBatch.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)],
                                              schema=schema)
 
-    def lookup(self, stmt: Select[Any]) -> list[tuple[Any, ...]]:
+    def lookup(self, stmt: Select[*tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         """A keyed lookup's rows; on Postgres from a binary psycopg cursor, without SQLAlchemy's row objects."""
         if self.conn.dialect.name != "postgresql":
             return [tuple(r) for r in self.conn.execute(stmt).all()]
@@ -265,7 +265,7 @@ class _Run:
         dictionary = pa.array([make(*r[1:]) for r in rows], value_type)
         return pa.DictionaryArray.from_arrays(pc.index_in(column, value_set=found), dictionary)
 
-    def count(self, stmt: Select[Any]) -> int:
+    def count(self, stmt: Select[*tuple[Any, ...]]) -> int:
         return int(self.conn.execute(select(func.count()).select_from(stmt.order_by(None).subquery())).scalar() or 0)
 
     def advance(self, n: int) -> None:
@@ -440,9 +440,9 @@ def _lookup(mapping: dict[Any, Any], keys: list[Any]) -> list[Any]:
     return list(itemgetter(*keys)(mapping))
 
 
-def _unzip(rows: list[Any], width: int) -> list[list[Any]]:
-    """Rows → columns (zip(*rows) in C), with `width` empty columns for an empty batch."""
-    return list(zip(*rows, strict=True)) if rows else [() for _ in range(width)]  # type: ignore[list-item]
+def _unzip(rows: Sequence[Any], width: int) -> list[Any]:
+    """Rows → columns, as tuples (zip(*rows) in C), with `width` empty columns for an empty batch."""
+    return list(zip(*rows, strict=True)) if rows else [() for _ in range(width)]
 
 
 def _completion_texts_by_id(conn: Connection, completion_ids: list[int]) -> dict[int, str]:

@@ -334,8 +334,9 @@ def _argilla_ranked(record: Record, ranked: dict[str, Any], fields: list[str]) -
             for option in tier:
                 if option not in fields:
                     raise PresetError(f"{name}.responses", f"ranks {option!r}, which is not a text field of the record")
-    rankings = [{"annotator": f"argilla:{user}", "tiers": [[used.index(o) for o in tier] for tier in order],
-                 "meta": {**_argilla_meta(record), "question": name}} for user, order in orders]
+    rankings: list[dict[str, Any]] = [
+        {"annotator": f"argilla:{user}", "tiers": [[used.index(o) for o in tier] for tier in order],
+         "meta": {**_argilla_meta(record), "question": name}} for user, order in orders]
     return used, rankings
 
 
