@@ -8,9 +8,8 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
-import click
 import typer
 import typer.core
 
@@ -43,7 +42,7 @@ def _options(version: Annotated[bool, typer.Option("--version", callback=_print_
 class _ExportGroup(typer.core.TyperGroup):
     """`preflab export PROJECT …` stays the create command; `preflab export push …` names the subcommand."""
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:  # click's Context, vendored by newer typers
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
             args = ["create", *args]
         return super().parse_args(ctx, args)
@@ -66,12 +65,12 @@ def _settings() -> Settings:
         raise typer.Exit(2) from None
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     typer.echo(f"preflab: {message}", err=True)
     raise typer.Exit(1)
 
 
-def _session_factory(settings: Settings):  # type: ignore[no-untyped-def]
+def _session_factory(settings: Settings):
     from app.platform.db import make_engine, make_session_factory
 
     return make_session_factory(make_engine(settings.database_url,
@@ -576,7 +575,7 @@ def _queue_training_run(args: list[str]) -> None:
     typer.echo(f"queued {ns.kind} run {run_id} (job {job_id}); `preflab worker` runs it")
 
 
-def _literal(value: str):  # type: ignore[no-untyped-def]
+def _literal(value: str):
     """`--set` values as TOML would read them: numbers, booleans, lists; anything else stays text."""
     import tomllib
 

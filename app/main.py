@@ -163,9 +163,9 @@ def _install_error_handlers(app: FastAPI) -> None:
         return render(request, "error.html", {"status": 422, "message": message}, status_code=422)
 
 
-def _lifespan(threads: int):  # type: ignore[no-untyped-def]
+def _lifespan(threads: int):
     @asynccontextmanager
-    async def lifespan(app: FastAPI):  # type: ignore[no-untyped-def]
+    async def lifespan(app: FastAPI):
         # The limiter belongs to the server's event loop, so it is sized once that loop runs.
         anyio.to_thread.current_default_thread_limiter().total_tokens = threads
         # What start-up built (modules, the app, its caches' skeletons) lives as long as the process: out of the

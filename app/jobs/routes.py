@@ -18,7 +18,7 @@ from app.web.rendering import render
 router = APIRouter()
 
 
-def _request_sampling(db, project, user, body: SamplingJobIn):  # type: ignore[no-untyped-def]
+def _request_sampling(db, project, user, body: SamplingJobIn):
     """The API's and the page's sampling request: one mapping of the request model onto the service."""
     return sampling.request_sampling(db, project, user, generator=body.generator.model_dump(), k=body.k,
                                      prompt_ids=body.prompt_ids, seed=body.seed,
@@ -50,7 +50,7 @@ def cancel_job(job_id: Id, db: SessionDep, user: CurrentUser) -> JobOut:
     return JobOut.from_model(jobs.cancel(db, job, user))
 
 
-def _require_manage(db, job, user) -> None:  # type: ignore[no-untyped-def]
+def _require_manage(db, job, user) -> None:
     if job.project_id is not None:
         project = projects.get_visible(db, job.project_id, user)
         permissions.require(db, user, project, "sampling.start", doing="cancel jobs")
@@ -58,7 +58,7 @@ def _require_manage(db, job, user) -> None:  # type: ignore[no-untyped-def]
 
 # --- pages --------------------------------------------------------------------------------------
 
-def _jobs_context(db, project, user) -> dict:  # type: ignore[no-untyped-def]
+def _jobs_context(db, project, user) -> dict:
     items = jobs.list_for_project(db, project)
     return {"project": project, "jobs": items, "can_sample": permissions.may(db, user, project, "sampling.start"),
             "active": any(j.state in ("queued", "running") for j in items), "form": {},

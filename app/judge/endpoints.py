@@ -264,7 +264,7 @@ def seal_plain_keys(db: Session, keyring: Keyring) -> int:
     key meanwhile, never lose a write. 0, with nothing changed, when there is no key to encrypt with."""
     rows = db.execute(select(ModelEndpoint.id, ModelEndpoint.api_key_stored).where(
         ModelEndpoint.api_key_stored.is_not(None))).all()
-    plain = [(endpoint_id, value) for endpoint_id, value in rows if not is_encrypted(value)]
+    plain = [(endpoint_id, value) for endpoint_id, value in rows if value is not None and not is_encrypted(value)]
     if not plain or keyring.keys().encrypt is None:
         return 0
     for endpoint_id, value in plain:
@@ -275,7 +275,7 @@ def seal_plain_keys(db: Session, keyring: Keyring) -> int:
 
 def plain_key_count(db: Session) -> int:
     values = db.scalars(select(ModelEndpoint.api_key_stored).where(ModelEndpoint.api_key_stored.is_not(None)))
-    return sum(1 for value in values if not is_encrypted(value))
+    return sum(1 for value in values if value is not None and not is_encrypted(value))
 
 
 @dataclass

@@ -71,8 +71,9 @@ def add_revision(db: Session, *, original_id: int, prompt_id: int, text: str, st
     return True
 
 
-def list_revisions(db: Session, project: Project, status: str | None = None) -> list[tuple[Completion, Completion]]:
-    """(revision, original) pairs, newest first."""
+def list_revisions(db: Session, project: Project, status: str | None = None
+                   ) -> list[tuple[Completion, Completion | None]]:
+    """(revision, original) pairs, newest first; the original None when it was deleted."""
     rows = list(db.scalars(select(Completion).join(Prompt).where(Prompt.project_id == project.id,
                                                                  Completion.source == "revision")
                            .order_by(Completion.id.desc())))

@@ -35,7 +35,7 @@ from app.web.forms import AILabelsForm, AIStepLabelsForm, DecisionForm, JudgeFor
 router = APIRouter()
 
 
-def _request_judge_run(db, project, user, body: JudgeRunIn):  # type: ignore[no-untyped-def]
+def _request_judge_run(db, project, user, body: JudgeRunIn):
     """The API's and the page's judge run: one mapping of the request model onto the service."""
     return judging.request_judge_run(
         db, project, user, constitution_version=body.constitution_version, generator=body.generator.model_dump(),
@@ -44,7 +44,7 @@ def _request_judge_run(db, project, user, body: JudgeRunIn):  # type: ignore[no-
         label_steps=body.label_steps)
 
 
-def _request_revisions(db, project, user, body: RevisionJobIn):  # type: ignore[no-untyped-def]
+def _request_revisions(db, project, user, body: RevisionJobIn):
     return revisions.request_revisions(db, project, user, generator=body.generator.model_dump(),
                                        constitution_version=body.constitution_version, prompt_ids=body.prompt_ids,
                                        limit=body.limit, seed=body.seed)
@@ -114,8 +114,9 @@ def set_ai_step_labels(project_id: Id, body: AIStepLabelsIn, db: SessionDep, use
 
 # --- pages --------------------------------------------------------------------------------------
 
-def _context(db, project, user) -> dict:  # type: ignore[no-untyped-def]
+def _context(db, project, user) -> dict:
     report, fresh = rollups.judge_report(db, project, user)
+    assert report is not None  # exact_before_first: computed on the view while there is no rollup yet
     return {"project": project, "runs": judging.list_runs(db, project), "report": report, "fresh": fresh,
             "calibration_chart": reliability_diagram(human_ai.reliability_bins(report.calibration)),
             "constitution": constitutions.current(db, project), "form": {},
@@ -180,7 +181,7 @@ def decide_revision(project_id: Id, revision_id: Id, body: RevisionDecisionIn, d
     return RevisionOut.from_model(revision, revisions.original_of(db, revision))
 
 
-def _revisions_context(db, project, user) -> dict:  # type: ignore[no-untyped-def]
+def _revisions_context(db, project, user) -> dict:
     return {"project": project, "items": revisions.list_revisions(db, project), "form": {},
             "can_manage": permissions.may(db, user, project, "labels.decide"),
             "can_revise": permissions.may(db, user, project, "revisions.start")}

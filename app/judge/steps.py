@@ -156,6 +156,7 @@ def _labels(db: Session, project: Project, judge_run_id: int | None
     sums: dict[Key, list[float]] = defaultdict(lambda: [0.0, 0.0])
     prompt_of: dict[int, int] = {}
     for cid, index, p, prompt_id in db.execute(ai):
+        assert p is not None  # the query keeps labels with a p
         acc = sums[(cid, index)]
         acc[0] += p
         acc[1] += 1
@@ -178,7 +179,7 @@ def judge_step_agreement(db: Session, project: Project, *, judge_run_id: int | N
     n_prompts, n_completions, neutral, n_steps, compared = compare(judge, humans, prompt_of)
     numbers = figures(compared)
     return JudgeStepAgreement(n_prompts=n_prompts, n_completions=n_completions, n_steps=n_steps,
-                              neutral_steps=neutral, **numbers,  # type: ignore[arg-type]
+                              neutral_steps=neutral, **numbers,
                               ai_step_labels_enabled=ai_step_labels_enabled(project),
                               gate_missing=gate_missing(n_prompts, numbers["step_agreement"]))
 

@@ -91,7 +91,7 @@ def kendall_tau_b(a: Tiers, b: Tiers) -> float | None:
     return (n_c - n_d) / denominator if denominator else None
 
 
-def krippendorff_alpha_ordinal(units: Mapping[Hashable, Mapping[Hashable, float]]) -> float | None:
+def krippendorff_alpha_ordinal(units: Mapping[Any, Mapping[Hashable, float]]) -> float | None:
     """Krippendorff's α = 1 − D_o/D_e with the ordinal metric δ²_ck = (Σ_{g=c..k} n_g − (n_c + n_k)/2)².
 
     `units` maps unit → {coder: value}. Coincidences o_ck = Σ_u (c–k pairs in u)/(m_u − 1) over units with
@@ -101,7 +101,7 @@ def krippendorff_alpha_ordinal(units: Mapping[Hashable, Mapping[Hashable, float]
     return alpha_from_coincidences(coincidences(units))
 
 
-def coincidences(units: Mapping[Hashable, Mapping[Hashable, float]],
+def coincidences(units: Mapping[Any, Mapping[Hashable, float]],
                  into: dict[tuple[float, float], float] | None = None) -> dict[tuple[float, float], float]:
     """The coincidence matrix o_ck of α, added to `into`: a sum over units, so it can be built unit by unit."""
     coincidence: dict[tuple[float, float], float] = defaultdict(float) if into is None else into

@@ -214,8 +214,8 @@ def reliability_diagram(bins: list[dict[str, Any]]) -> Chart | None:
     """Calibration: accuracy against the model's confidence per bin; the diagonal is a perfectly calibrated model.
 
     Each bin is {"mean_confidence", "accuracy", "pairs"} (the reward model's held-out evaluation)."""
-    points = [(b.get("mean_confidence"), b.get("accuracy"), b.get("pairs", 0)) for b in bins]
-    points = [(c, a, n) for c, a, n in points if isinstance(c, int | float) and isinstance(a, int | float) and n]
+    found = [(b.get("mean_confidence"), b.get("accuracy"), b.get("pairs", 0)) for b in bins]
+    points = [(c, a, n) for c, a, n in found if isinstance(c, int | float) and isinstance(a, int | float) and n]
     if not points:
         return None
     sx, sy = _Scale(0.5, 1.0, LEFT, WIDTH - RIGHT), _Scale(0.0, 1.0, HEIGHT - BOTTOM, TOP)

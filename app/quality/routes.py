@@ -31,7 +31,7 @@ RubricVersionQuery = Annotated[int | None, Query(ge=1, le=MAX_ID,
                                                  description="Only rankings made under this rubric version.")]
 
 
-def _readable_project(db, project_id: Id, user):  # type: ignore[no-untyped-def]
+def _readable_project(db, project_id: Id, user):
     project = projects.get_visible(db, project_id, user)  # 404 for non-members
     permissions.require(db, user, project, "agreement.see")
     return project
@@ -104,7 +104,7 @@ def delete_gold(project_id: Id, prompt_id: Id, db: SessionDep, user: CurrentUser
     return Response(status_code=204)
 
 
-def _charts(report: AgreementReport) -> list:  # type: ignore[type-arg]
+def _charts(report: AgreementReport) -> list:
     """Agreement and gold accuracy over time and by rubric version (shares, so both on a 0–1 axis)."""
     out = []
     if report.trend:

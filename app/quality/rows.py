@@ -79,7 +79,7 @@ def _emails(db: Session, user_ids: set[int]) -> dict[int, str]:
 
 # --- reading a page's rankings ------------------------------------------------------------------------------
 
-def _rankings_query(project: Project, rubric_version: int | None):  # type: ignore[no-untyped-def]
+def _rankings_query(project: Project, rubric_version: int | None):
     """The project's human rankings (of one rubric version) with what the rows need, as human_rankings reads them."""
     query = (select(Ranking.id, Ranking.prompt_id, Ranking.round, Ranking.annotator_id, Ranking.tiers,
                     Ranking.display_order, Ranking.skipped, Ranking.seconds_spent, Ranking.created_at,

@@ -19,7 +19,7 @@ from app.models import Project, Prompt, Ranking, Rubric, StepLabel, User
 from app.quality.agreement import krippendorff_alpha_ordinal
 
 # completion id → annotator id → labels in step order
-Labelled = Mapping[int, Mapping[Hashable, list[int]]]
+Labelled = Mapping[int, Mapping[int, list[int]]]
 
 
 @dataclass(frozen=True)
@@ -118,6 +118,7 @@ def human_step_labels(db: Session, project: Project, rubric_version: int | None 
         stmt = stmt.join(Rubric, Ranking.rubric_id == Rubric.id).where(Rubric.version == rubric_version)
     out: dict[int, dict[int, list[int]]] = defaultdict(dict)
     for cid, annotator_id, label in db.execute(stmt):
+        assert annotator_id is not None  # a human ranking names its annotator
         out[cid].setdefault(annotator_id, []).append(label)
     return dict(out)
 
@@ -129,9 +130,9 @@ def gold_step_labels(db: Session, project: Project) -> dict[int, list[int]]:
     return {int(cid): list(labels) for known in rows for cid, labels in (known or {}).items()}
 
 
-def gold_scores(labelled: Labelled, gold: Mapping[int, list[int]]) -> dict[Hashable, tuple[int, int, int, int]]:
+def gold_scores(labelled: Labelled, gold: Mapping[int, list[int]]) -> dict[int, tuple[int, int, int, int]]:
     """annotator → (gold completions labelled, steps compared, steps agreed, first errors agreed)."""
-    out: dict[Hashable, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    out: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     for cid, known in gold.items():
         for annotator, labels in labelled.get(cid, {}).items():
             shared = min(len(labels), len(known))

@@ -25,7 +25,7 @@ STEPS = ("export_pairs", "reward", "export_prompts", "policy", "sample")
 
 def start(db: Session, run: TrainingRun, actor: User, *, replay_share: float, k: int | None) -> Job:
     """Begin a round from a finished policy run; returns the first step's job."""
-    project = db.get(Project, run.project_id)
+    project = db.get_one(Project, run.project_id)
     permissions.require(db, actor, project, "training.start", doing="start an iteration")
     if run.kind not in training_runs.ITERATING_KINDS or run.state != "succeeded":
         kinds = " or ".join(kind.upper() for kind in training_runs.ITERATING_KINDS)
@@ -42,7 +42,7 @@ def start(db: Session, run: TrainingRun, actor: User, *, replay_share: float, k:
         if replay_share > 0:
             filters["replay_share"] = replay_share
     export = exports.request_export(db, project, actor, "pairs", "jsonl", filters=filters)
-    job = db.get(Job, export.job_id)
+    job = db.get_one(Job, export.job_id)
     job.payload = dict(job.payload) | {"iteration": {"step": "export_pairs", "actor_id": actor.id,
                                                      "policy_run_id": run.id, "reward_run_id": reward.id, "k": k}}
     return job
@@ -53,12 +53,13 @@ def advance(db: Session, job: Job, data_dir: Path) -> Job | None:
     plan = dict((job.payload or {}).get("iteration") or {})
     if not plan or plan.get("step") not in STEPS[:-1]:
         return None
-    actor = db.get(User, plan["actor_id"])
-    project = db.get(Project, job.project_id)
+    actor = db.get_one(User, plan["actor_id"])
+    project = db.get_one(Project, job.project_id)
     step = plan["step"]
     nxt: Job
     if step == "export_pairs":
-        previous = db.get(TrainingRun, plan["reward_run_id"])
+        previous = db.get_one(TrainingRun, plan["reward_run_id"])
+        assert previous.model_dir is not None  # `start` took a finished run: its model is saved
         run, nxt = training_runs.request_run(
             db, project, actor, data_dir=data_dir, kind="reward", export_id=int(job.payload["export_id"]),
             base_model=str(Path(previous.model_dir)), reward_run_id=previous.id,
@@ -66,17 +67,18 @@ def advance(db: Session, job: Job, data_dir: Path) -> Job | None:
         plan |= {"step": "reward", "new_reward_run_id": run.id}
     elif step == "reward":
         export = exports.request_export(db, project, actor, "prompts", "jsonl")
-        nxt = db.get(Job, export.job_id)
+        nxt = db.get_one(Job, export.job_id)
         plan |= {"step": "export_prompts"}
     elif step == "export_prompts":
-        policy = db.get(TrainingRun, plan["policy_run_id"])
+        policy = db.get_one(TrainingRun, plan["policy_run_id"])
+        assert policy.model_dir is not None  # `start` took a finished run: its model is saved
         run, nxt = training_runs.request_run(
             db, project, actor, data_dir=data_dir, kind=policy.kind, export_id=int(job.payload["export_id"]),
             base_model=str(Path(policy.model_dir)), reward_run_id=plan["new_reward_run_id"],
             config=dict((policy.config or {}).get("user") or {}))
         plan |= {"step": "policy", "new_policy_run_id": run.id}
     else:  # "policy": the new policy's answers become the next round
-        new_policy = db.get(TrainingRun, plan["new_policy_run_id"])
+        new_policy = db.get_one(TrainingRun, plan["new_policy_run_id"])
         nxt = sampling.request_policy_sampling(db, project, actor, new_policy, k=plan.get("k"), seed=None)
         project.current_round += 1
         plan |= {"step": "sample"}

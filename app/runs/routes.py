@@ -21,7 +21,7 @@ from app.web.rendering import render
 router = APIRouter()
 
 
-def _out(db, run, last: int = 50) -> TrainingRunOut:  # type: ignore[no-untyped-def]
+def _out(db, run, last: int = 50) -> TrainingRunOut:
     return TrainingRunOut(
         id=run.id, kind=run.kind, state=run.state, export_id=run.export_id, parent_run_id=run.parent_run_id,
         base_model=run.base_model, job_id=run.job_id, created_at=run.created_at,
@@ -31,7 +31,7 @@ def _out(db, run, last: int = 50) -> TrainingRunOut:  # type: ignore[no-untyped-
         lineage=training_runs.lineage(db, run))
 
 
-def _request_run(request: Request, db, project, user, body: TrainingRunIn):  # type: ignore[no-untyped-def]
+def _request_run(request: Request, db, project, user, body: TrainingRunIn):
     """The API's and the page's training request: one mapping of the request model onto the service."""
     settings = request.app.state.settings
     return training_runs.request_run(db, project, user, data_dir=settings.data_dir,
@@ -72,7 +72,7 @@ def cancel_run(run_id: Id, db: SessionDep, user: CurrentUser) -> TrainingRunOut:
     return _out(db, training_runs.cancel(db, run, user))
 
 
-def _sample_into_project(db, run, user, body: SampleIntoProjectIn):  # type: ignore[no-untyped-def]
+def _sample_into_project(db, run, user, body: SampleIntoProjectIn):
     return training_runs.sample_into_project(db, run, user, k=body.k, seed=body.seed, new_round=body.new_round,
                                              max_new_tokens=body.max_new_tokens, temperature=body.temperature)
 
@@ -101,7 +101,7 @@ def sample_into_project(run_id: Id, body: SampleIntoProjectIn, db: SessionDep, u
 
 # --- pages --------------------------------------------------------------------------------------
 
-def _list_context(db, project, user, default_policy=None) -> dict:  # type: ignore[no-untyped-def]
+def _list_context(db, project, user, default_policy=None) -> dict:
     runs = training_runs.list_for_project(db, project)
     rows = [(r, training_runs.read_eval(r), (training_runs.read_metrics(r, last=1) or [{}])[-1]) for r in runs]
     return {"project": project, "rows": rows, "exports": training_runs.ready_exports(db, project), "form": {},

@@ -211,7 +211,8 @@ def write_human_check(ctx: JobContext, run_id: int) -> dict[str, Any]:
 
     with session_scope(ctx.session_factory) as db:
         tr = training_runs.find(db, run_id)
-        export = training_runs.export_of(db, tr) if tr else None
+        assert tr is not None and tr.model_dir is not None  # checked after the run saved its model
+        export = training_runs.export_of(db, tr)
         report = rm_check.check(db, tr.project_id, tr.model_dir, export.created_at if export else None)
     report["checked_at"] = datetime.now(UTC).isoformat()
     path = training_runs.run_dir(ctx.settings.data_dir, run_id) / "human_check.json"
@@ -220,7 +221,7 @@ def write_human_check(ctx: JobContext, run_id: int) -> dict[str, Any]:
     return report
 
 
-def _stop_group(proc: subprocess.Popen, ctx: JobContext) -> None:  # type: ignore[type-arg]
+def _stop_group(proc: subprocess.Popen, ctx: JobContext) -> None:
     """SIGTERM the trainer's whole process group (accelerate children too), SIGKILL after a grace period."""
     ctx.log(f"stopping the trainer ({ctx.stop_reason})")
     try:

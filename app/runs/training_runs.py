@@ -47,7 +47,7 @@ ITERATING_KINDS = methods.ITERATING_KINDS
 """Kinds a round of iterative RLHF can start from (app/runs/iteration.py)."""
 
 
-def config_class(kind: str) -> type:
+def config_class(kind: str) -> type[Any]:
     if kind not in methods.BY_KIND:
         raise Invalid(f"must be one of {', '.join(KINDS)}", field="kind")
     return methods.BY_KIND[kind].config_class()
@@ -63,7 +63,8 @@ def config_fields(kind: str) -> list[dict[str, Any]]:
     cls = config_class(kind)
     docs = field_docs(cls)
     shared = {f.name for f in dataclasses.fields(config.TrainConfig)}
-    defaults = {f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())  # type: ignore[misc]
+    # A field has a default or a default factory, never both.
+    defaults = {f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
                 for f in dataclasses.fields(cls)
                 if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
     rows = [{"name": name, "default": _shown_default(defaults.get(name)), "doc": doc, "shared": name in shared}
@@ -143,6 +144,7 @@ def request_run(db: Session, project: Project, actor: User, *, data_dir: Path, k
     out = run_dir(data_dir, run.id)
     filled: dict[str, Any] = {"model": model_path, "out": str(out), KINDS[kind][1]: str(export_file(data_dir, export))}
     if parent is not None:
+        assert parent.model_dir is not None  # _reward_run refuses a run without one
         filled["process_reward_model" if parent.kind == "prm" else "reward_model"] = str(Path(parent.model_dir))
     if kind == "prm":
         filled |= _project_step_rule(project)
@@ -285,7 +287,7 @@ def lineage(db: Session, run: TrainingRun) -> dict[str, Any]:
     """Back to the labels (export → rubric/constitution versions, sources) and forward to sampled completions."""
     export = db.get(Export, run.export_id) if run.export_id else None
     card = (export.row_counts or {}) if export else {}
-    chain = []
+    chain: list[dict[str, Any]] = []
     parent = db.get(TrainingRun, run.parent_run_id) if run.parent_run_id else None
     while parent is not None and len(chain) < 20:
         chain.append({"run_id": parent.id, "kind": parent.kind, "export_id": parent.export_id})
@@ -323,7 +325,7 @@ def _card_versions(export: Export) -> dict[str, list[int]]:
 
 
 def cancel(db: Session, run: TrainingRun, actor: User) -> TrainingRun:
-    project = db.get(Project, run.project_id)
+    project = db.get_one(Project, run.project_id)
     permissions.require(db, actor, project, "training.start", doing="cancel training runs")
     if run.state in ("succeeded", "failed", "cancelled"):
         raise Conflict(f"the run already {run.state}", field="state")
@@ -370,7 +372,7 @@ def export_of(db: Session, run: TrainingRun) -> Export | None:
 
 
 def project_of(db: Session, run: TrainingRun) -> Project:
-    return db.get(Project, run.project_id)  # type: ignore[return-value]
+    return db.get_one(Project, run.project_id)
 
 
 def job_of(db: Session, run: TrainingRun) -> Job | None:
@@ -494,7 +496,8 @@ def compare(db: Session, project: Project, runs: list[TrainingRun]) -> dict[str,
     def config_lines(run: TrainingRun) -> list[str]:
         return json.dumps((run.config or {}).get("resolved", {}), indent=1, sort_keys=True).splitlines()
 
-    rows = [{"run": run, "eval": read_eval(run) or {}, "last": (read_metrics(run, last=1) or [{}])[-1],
-             "lineage": lineage(db, run)} for run in runs]
+    rows: list[dict[str, Any]] = [
+        {"run": run, "eval": read_eval(run) or {}, "last": (read_metrics(run, last=1) or [{}])[-1],
+         "lineage": lineage(db, run)} for run in runs]
     keys = sorted({k for r in rows for k, v in r["eval"].items() if isinstance(v, int | float)})
     return {"rows": rows, "eval_keys": keys, "diff": versions.diff_lines(config_lines(runs[0]), config_lines(runs[1]))}

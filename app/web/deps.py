@@ -103,7 +103,7 @@ def page_user(request: Request, user: Annotated[User | None, Depends(optional_us
     return user
 
 
-def _account_action(action: str, caller: Callable[..., User] = api_user):  # type: ignore[no-untyped-def]
+def _account_action(action: str, caller: Callable[..., User] = api_user):
     """403 unless the account's role allows `action` (app.accounts.permissions); the caller found as `caller` finds
     it (for pages, `page_user`: a visitor who is not logged in is sent to the login page first)."""
     def check(user: User = Depends(caller)) -> User:  # a default, not Annotated: `caller` is no module global

@@ -111,7 +111,7 @@ def error_statuses(route: RouteContext) -> set[int]:
     account_role = _account_role(route)
     has_path = _path_params(route.dependant)
     has_body = route.body_field is not None
-    writes = bool(route.methods & UNSAFE)
+    writes = bool((route.methods or set()) & UNSAFE)
     codes: set[int] = set()
     if authenticated_:
         codes.add(401)
@@ -129,7 +129,7 @@ def error_statuses(route: RouteContext) -> set[int]:
 
 
 def _document_errors(schema: dict[str, Any], routes: list[RouteContext]) -> None:
-    by_operation = {(m.lower(), r.path_format): r for r in routes for m in r.methods}
+    by_operation = {(m.lower(), r.path_format): r for r in routes for m in r.methods or ()}
     for path, operations in schema.get("paths", {}).items():
         for method, operation in operations.items():
             route = by_operation.get((method, path))
@@ -161,7 +161,7 @@ def _document_errors(schema: dict[str, Any], routes: list[RouteContext]) -> None
 def _short_operation_ids(schema: dict[str, Any], routes: list[RouteContext]) -> None:
     """A generated client's method names: the handler's own name (`create_project`, `submit_ranking`) rather than
     FastAPI's `create_project_api_projects_post`; a name two handlers share keeps FastAPI's unique form."""
-    by_operation = {(m.lower(), r.path_format): r.name for r in routes for m in r.methods}
+    by_operation = {(m.lower(), r.path_format): r.name for r in routes for m in r.methods or ()}
     operations = [(by_operation.get((method, path)), op) for path, ops in schema.get("paths", {}).items()
                   for method, op in ops.items()]
     counts: dict[str, int] = {}

@@ -54,7 +54,7 @@ def list_deliveries(project_id: Id, webhook_id: Id, db: SessionDep, user: Curren
 # --- the project's webhooks page ----------------------------------------------------------------------------
 
 
-def _page_context(db, project, user) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+def _page_context(db, project, user) -> dict[str, Any]:
     hooks = webhooks.list_hooks(db, user, project)
     return {"project": project, "hooks": hooks, "events": webhooks.EVENTS, "form": {"events": ["export.ready"]},
             "deliveries": {h.id: webhooks.list_deliveries(db, user, project, h, limit=10) for h in hooks},
@@ -76,7 +76,7 @@ def add_from_page(request: Request, project_id: Id, body: Annotated[WebhookForm,
     the page again with the error, as every form does."""
     made: list[webhooks.Created] = []
 
-    def add(db, project, user, hook: WebhookIn):  # type: ignore[no-untyped-def]
+    def add(db, project, user, hook: WebhookIn):
         made.append(webhooks.create(db, user, keyring, project, url=hook.url, events=hook.events,
                                     allow_private=hook.allow_private))
 
