@@ -21,7 +21,7 @@ The AI judge's step labels (a judge run with `label_steps`) vote like a labeller
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -48,9 +48,9 @@ class StepRun(Protocol):
 
     def annotator(self, annotator_id: int | None, judge_run_id: int | None) -> str | None: ...
 
-    def count(self, stmt: Select[Any]) -> int: ...
+    def count(self, stmt: Select[*tuple[Any, ...]]) -> int: ...
 
-    def stream(self, stmt: Select[Any]) -> Iterator[list[Any]]: ...
+    def stream(self, stmt: Select[*tuple[Any, ...]]) -> Iterator[Sequence[Any]]: ...
 
     def advance(self, n: int) -> None: ...
 

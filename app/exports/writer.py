@@ -608,7 +608,9 @@ def _sft(run: _Run) -> Iterator[Columns]:
 def _producer(spec: ExportSpec) -> Callable[[_Run], Iterator[Columns | pa.RecordBatch]]:
     if spec.kind == "pairs":
         return _pairs_aggregated if spec.aggregation == "aggregated" else _pairs_raw
-    return {"rankings": _rankings, "prompts": _prompts, "sft": _sft, "steps": export_steps.rows}[spec.kind]
+    producers: dict[str, Callable[[_Run], Iterator[Columns | pa.RecordBatch]]] = {
+        "rankings": _rankings, "prompts": _prompts, "sft": _sft, "steps": export_steps.rows}
+    return producers[spec.kind]
 
 
 # ---------------------------------------------------------------------------------------------------------

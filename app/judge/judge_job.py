@@ -35,7 +35,8 @@ def run(ctx: JobContext) -> dict[str, Any]:
     run_id = int(ctx.payload["judge_run_id"])
     with session_scope(ctx.session_factory) as db:
         judge_run = job_row(db, judging.find_run, run_id, "judge run")
-        constitution = constitutions.find(db, judge_run.constitution_id)
+        constitution = (constitutions.find(db, judge_run.constitution_id)
+                        if judge_run.constitution_id is not None else None)
         if constitution is None:
             raise JobError("the judge run's constitution no longer exists")
         principles = list(constitution.principles)

@@ -70,5 +70,6 @@ def _pick(completion_id: int, seed: int, n: int) -> int:
 
 def _originals(ctx: JobContext, prompt_ids: list[int] | None, limit: int) -> list[tuple[int, int, Any, str]]:
     """Non-revision completions of the project without a revision yet, oldest first, at most `limit`."""
+    assert ctx.project_id is not None  # a revise job is enqueued for its project
     with ctx.session_factory() as db:
         return revisions.unrevised(db, ctx.project_id, prompt_ids, limit)
