@@ -104,4 +104,5 @@ bench: setup-dev
 	$(BIN)/python benchmarks/bench_training.py
 
 clean:
-	rm -rf $(VENV) node_modules app/static/vendor site
+	rm -rf $(VENV) node_modules site
+	find app/static/vendor -mindepth 1 ! -name README.md -delete

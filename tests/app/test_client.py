@@ -258,11 +258,12 @@ def test_each_answer_type_has_the_fields_and_types_of_its_schema(cls: type, open
 
 
 def test_the_client_is_shipped_as_preflab_and_imports_only_stdlib_and_httpx() -> None:
-    from setuptools import find_packages
+    from setuptools import find_namespace_packages
 
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert config["package-dir"] == {"preflab": "app/client"}
-    found = find_packages(str(REPO), include=["app*", "training*", "migrations*"])
+    # Every folder that ships, with or without an __init__.py (app/static, its vendor/, migrations/versions).
+    found = find_namespace_packages(str(REPO), include=["app*", "training*", "migrations*"], exclude=["*__pycache__*"])
     assert sorted(config["packages"]) == sorted([*found, "preflab"]), "a new package is missing from pyproject"
     allowed = set(sys.stdlib_module_names) | {"httpx", "datasets", "pandas", "pyarrow"}
     for source in (REPO / "app" / "client").glob("*.py"):
