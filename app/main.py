@@ -181,7 +181,7 @@ def _lifespan(threads: int):
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     app = FastAPI(title="preflab", version=__version__, description=DESCRIPTION,
-                  dependencies=[Depends(csrf_guard)], docs_url="/docs", redoc_url=None,
+                  dependencies=[Depends(csrf_guard)], docs_url=None, redoc_url=None,
                   lifespan=_lifespan(settings.request_threads))
     app.state.settings = settings
     outbound.refuse_every_host(settings.outbound_hosts == "none")

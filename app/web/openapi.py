@@ -1,7 +1,7 @@
 """The API's contract, decided in one place: the error answers every operation documents, the links between
 operations, short operationIds, JSON Schema's own names for bounds, file parts that OpenAPI 3.0 readers know, the
-`Allow` header of a 405, and the `/api/v1` prefix (`install` makes `app.openapi()` return it; `create_app` calls
-it).
+`Allow` header of a 405, and the `/api/v1` prefix (`install` makes `app.openapi()` return it and serves it at /docs;
+`create_app` calls it).
 
 Routes declare only what is particular to them (`responses={410: ...}`); the rest is read from the route itself, so
 a new route is documented truthfully without a line of its own:
@@ -24,12 +24,14 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.dependencies.models import Dependant
+from fastapi.responses import Response
 from fastapi.routing import APIRoute, RouteContext, iter_route_contexts
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.web.deps import api_user
+from app.web.deps import OptionalUser, api_user
+from app.web.rendering import render
 
 API_PREFIX = "/api"
 VERSION_PREFIX = "/api/v1"
@@ -332,3 +334,10 @@ def install(app: FastAPI) -> None:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+    def docs_page(request: Request, user: OptionalUser) -> Response:
+        """Swagger UI over /openapi.json, for everyone (the schema is public): `user` only fills the page's header."""
+        return render(request, "api_docs.html")
+
+    # Not FastAPI's own /docs: it loads Swagger UI from a CDN with an inline script, both refused by the CSP.
+    app.add_api_route("/docs", docs_page, methods=["GET"], include_in_schema=False)

@@ -88,7 +88,6 @@ def _endpoint(form: bool = False) -> dict[str, Any]:
 POLICY: dict[tuple[str, str], Policy] = {
     ("GET", "/openapi.json"): Policy(ALL, object_scoped=False),
     ("GET", "/docs"): Policy(ALL, object_scoped=False),
-    ("GET", "/docs/oauth2-redirect"): Policy(ALL, object_scoped=False),
     ("GET", "/healthz"): Policy(ALL, object_scoped=False),
     ("GET", "/healthz/live"): Policy(ALL, object_scoped=False),
     ("GET", "/healthz/ready"): Policy(ALL, object_scoped=False),  # the world's reseed records a worker heartbeat
