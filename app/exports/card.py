@@ -93,6 +93,21 @@ def agreement_section(conn: Connection, project_id: int) -> list[str]:
     return lines + [""]
 
 
+MIXED_SPLIT = "train_and_heldout"
+"""The Hub split name of a data file that holds rows of both splits. Not "all": `datasets` reserves that name for
+the union of every split."""
+
+
+def hub_split(splits: Counter[str], spec: ExportSpec) -> str:
+    """The split the card's front matter gives the one data file, from the rows written: theirs when they all share
+    one (an export filtered to a split, or a project without held-out prompts), else MIXED_SPLIT. Calling the whole
+    file `train` would hand held-out rows to whoever trains on the Hub's train split."""
+    present = sorted(name for name, n in splits.items() if n)
+    if not present and spec.filters.get("split"):
+        present = [str(spec.filters["split"])]
+    return present[0] if len(present) == 1 else MIXED_SPLIT
+
+
 def render_card(conn: Connection, spec: ExportSpec, *, project_name: str, description: str, license_id: str,
                 schema: pa.Schema, rows: int, sources: Counter[str], splits: Counter[str],
                 rubric_versions: list[int], constitution_versions: list[int], data_files: dict[str, str],
@@ -107,8 +122,9 @@ def render_card(conn: Connection, spec: ExportSpec, *, project_name: str, descri
 
     lines = ["---", f"license: {json.dumps(license_id)}", f"pretty_name: {json.dumps('preflab: ' + project_name)}"]
     data_file = next((n for n in data_files if n.endswith((".jsonl", ".parquet"))), None)
+    file_split = hub_split(splits, spec)
     if data_file:
-        lines += ["configs:", "- config_name: default", "  data_files:", "  - split: train",
+        lines += ["configs:", "- config_name: default", "  data_files:", f"  - split: {file_split}",
                   f"    path: {json.dumps(data_file)}"]
     lines += ["---", "", f"# {project_name}: {spec.kind} export", ""]
     if description:
@@ -123,7 +139,11 @@ def render_card(conn: Connection, spec: ExportSpec, *, project_name: str, descri
     lines += [f"- source {k}: {v}" for k, v in sorted(sources.items())]
     lines += [f"- split {k}: {v}" for k, v in sorted(splits.items())]
     lines += ["", "Splits are by prompt: every row of a held-out prompt is `heldout`, so held-out prompts never "
-              "reach the train split.", ""]
+              "reach the train split."]
+    if data_file and file_split == MIXED_SPLIT:
+        lines += ["", f"The data file holds both splits, so the Hub loads it as `{MIXED_SPLIT}`: keep the rows whose "
+                  "`split` column is `train` to train, and the `heldout` ones to evaluate."]
+    lines += [""]
     lines += ["## Columns", "", "| column | type | meaning |", "|---|---|---|"]
     docs = COLUMN_DOCS | (export_steps.COLUMN_DOCS if spec.kind == "steps" else {})
     lines += [f"| `{f.name}` | `{f.type}` | {docs.get(f.name, '')} |" for f in schema]
