@@ -82,4 +82,6 @@ def history(request: Request, project_id: Id, db: SessionDep, user: PageUser) ->
     items = constitutions.list_versions(db, project)
     entries = [(v, versions.diff_lines(constitutions.as_lines(items[i + 1] if i + 1 < len(items) else None),
                                        constitutions.as_lines(v))) for i, v in enumerate(items)]
-    return render(request, "constitution_history.html", {"project": project, "entries": entries})
+    return render(request, "constitution_history.html", {
+        "project": project, "entries": entries,
+        "can_edit": permissions.may(db, user, project, "constitution.edit")})

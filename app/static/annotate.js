@@ -287,6 +287,12 @@
         }
       } else if (ev.key === "=" && inRanked && allowTies && cards(ranked).indexOf(li) > 0) {
         li.dataset.tie = li.dataset.tie === "true" ? "false" : "true";
+      } else if (ev.key === "=" && !inRanked && allowTies) {
+        // Not ranked yet: "tie with the card above" ranks it last, tied with the last ranked card (if any).
+        after = nextUnranked(li) || li;
+        var tied = cards(ranked).length > 0;
+        ranked.appendChild(li);
+        li.dataset.tie = tied ? "true" : "false";
       } else if ((ev.key === "0" || ev.key === "Backspace" || ev.key === "Delete") && inRanked) {
         li.dataset.tie = "false";
         unranked.appendChild(li);
@@ -420,6 +426,25 @@
       keymap.querySelector("#keys-close").addEventListener("click", function () { keymap.close(); });
     }
 
+    // Where the card is let go decides, not only where Sortable last put it: Sortable moves a card when its timer
+    // looks under the pointer (every 50 ms) and the cards there stand still, so a card released soon after it
+    // reached the empty strip under a list (or another list) stayed where it was passing. Released below a list's
+    // last card, it goes last; released over a list it is not in, it goes to that list's end.
+    function dropWhereReleased(evt) {
+      var e = evt.originalEvent;
+      var at = e && e.changedTouches && e.changedTouches.length ? e.changedTouches[0] : e;
+      if (!at || typeof at.clientX !== "number") return;
+      [ranked, unranked].forEach(function (list) {
+        var box = list.getBoundingClientRect();
+        if (at.clientX < box.left || at.clientX > box.right || at.clientY < box.top || at.clientY > box.bottom) return;
+        var others = cards(list).filter(function (c) { return c !== evt.item; });
+        var last = others[others.length - 1];
+        if (!last || at.clientY > last.getBoundingClientRect().bottom || evt.item.parentNode !== list) {
+          list.appendChild(evt.item);
+        }
+      });
+    }
+
     if (window.Sortable) {
       // forceFallback: pointer events instead of native HTML5 drag, the same on mouse, pen and touch. A finger drags
       // by the card's head only (touch-action: none there), so a swipe on the answer text still scrolls the page.
@@ -432,6 +457,7 @@
                      return Boolean(touch) && !t.closest(".resp-head");
                    },
                    onEnd: function (evt) {
+                     dropWhereReleased(evt);
                      evt.item.dataset.tie = "false";
                      if (evt.item.dataset.pinned !== "true") { evt.item.classList.remove("open"); paintShowAll(evt.item); }
                      sync();

@@ -39,7 +39,8 @@ _ALLOWED_TAGS = {"p", "br", "strong", "em", "code", "pre", "ul", "ol", "li", "bl
 def render_markdown(text: str | None) -> Markup:
     """Markdown → HTML through an allowlist sanitiser: raw HTML is off and only http(s)/mailto links survive."""
     html = _md.render(text or "")
-    clean = nh3.clean(html, tags=_ALLOWED_TAGS, attributes={"a": {"href", "title"}},
+    # `start` keeps a list that begins at "4." numbered from 4, as its author wrote it.
+    clean = nh3.clean(html, tags=_ALLOWED_TAGS, attributes={"a": {"href", "title"}, "ol": {"start"}},
                       url_schemes={"http", "https", "mailto"}, link_rel="noopener noreferrer nofollow")
     return Markup(clean)  # noqa: S704 - sanitised above; the only Markup built from user text
 
