@@ -104,7 +104,10 @@ def sample_into_project(run_id: Id, body: SampleIntoProjectIn, db: SessionDep, u
 def _list_context(db, project, user, default_policy=None) -> dict:
     runs = training_runs.list_for_project(db, project)
     rows = [(r, training_runs.read_eval(r), (training_runs.read_metrics(r, last=1) or [{}])[-1]) for r in runs]
-    return {"project": project, "rows": rows, "exports": training_runs.ready_exports(db, project), "form": {},
+    exports = training_runs.ready_exports(db, project)
+    return {"project": project, "rows": rows, "exports": exports, "form": {},
+            "small_data": {e.id: training_runs.small_data(e) for e in exports},
+            "export_kind": training_runs.EXPORT_KIND,
             "reward_runs": [r for r in runs if r.kind in ("reward", "prm") and r.state == "succeeded"],
             "can_train": permissions.may(db, user, project, "training.start"),
             "kinds": training_runs.KINDS, "fields": {k: training_runs.config_fields(k) for k in training_runs.KINDS},
@@ -149,6 +152,7 @@ def run_page(request: Request, run_id: Id, db: SessionDep, user: PageUser) -> Re
            "eval_rows": charts.eval_table(evaluation), "lineage": training_runs.lineage(db, run),
            "job": training_runs.job_of(db, run), "human_check": training_runs.read_human_check(run),
            "log": training_runs.log_tail(request.app.state.settings.data_dir, run.job_id),
+           "small_data": training_runs.small_data(training_runs.export_of(db, run)),
            "samples": training_runs.latest_samples(run, samples=samples),
            "config_json": json.dumps((run.config or {}).get("user", {}), indent=2),
            "can_train": permissions.may(db, user, project, "training.start"),

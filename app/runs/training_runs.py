@@ -385,6 +385,29 @@ def ready_exports(db: Session, project: Project) -> list[Export]:
                                                 Export.sha256.is_not(None)).order_by(Export.id.desc())))
 
 
+LEARNABLE_ROWS = {"pairs": 200, "steps": 100, "sft": 100, "prompts": 20}
+"""Fewer training rows than this (an export's train split) and a run has too little to learn from: a reward model
+on 17 pairs takes 2 steps and its loss may rise. Rough floors for a first run worth reading, per export kind."""
+_ROWS_NAMED = {"pairs": "pairs", "steps": "step-labelled answers", "sft": "SFT rows", "prompts": "prompts"}
+
+
+def small_data(export: Export | None) -> str | None:
+    """Why the export is too small to learn from (its training rows, the held-out ones, what to expect), or None."""
+    needed = LEARNABLE_ROWS.get(export.kind) if export is not None else None
+    if export is None or needed is None:
+        return None
+    counts = export.row_counts or {}
+    split = any(name.startswith("split.") for name in counts)
+    train = int(counts.get("split.train", 0)) if split else export.row_count
+    if train >= needed:
+        return None
+    heldout = int(counts.get("split.heldout", 0))
+    what = _ROWS_NAMED[export.kind]
+    return (f"Export #{export.id} holds {train} training {what}" + (f" ({heldout} more held out)" if heldout else "")
+            + f": too few to learn from. Expect a few steps, a loss that wanders and held-out figures near chance; "
+            f"a first run worth reading wants {needed} or more (rank more, or let the AI judge label some).")
+
+
 def sample_into_project(db: Session, run: TrainingRun, actor: User, *, k: int | None, seed: int | None,
                         new_round: bool, max_new_tokens: int | None = None, temperature: float | None = None) -> Job:
     """Sample a finished policy's answers into its project; with `new_round` every prompt is ranked again."""
@@ -435,9 +458,14 @@ def progress(run: TrainingRun) -> dict[str, Any] | None:
     return {"step": found["step"], "total": int(found.get("total") or found["step"]), "eta_s": eta}
 
 
+# What a library writes to colour its output or move the cursor (ECMA-48 CSI and OSC sequences, other escapes):
+# a terminal acts on them, a web page would show them as litter ("[32mINFO[0m").
+_TERMINAL_CODES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[ -/]*[0-~]")
+
+
 def log_tail(data_dir: Path, job_id: int | None, lines: int = 200) -> str:
     """The end of the run's job log as a terminal shows it: a line redrawn with carriage returns (a progress bar
-    written by a library) is its last drawing, not one line per redraw."""
+    written by a library) is its last drawing, not one line per redraw, and colour codes are gone."""
     if job_id is None:
         return ""
     path = jobs.log_path(data_dir, job_id)
@@ -448,6 +476,7 @@ def log_tail(data_dir: Path, job_id: int | None, lines: int = 200) -> str:
             text = fh.read().decode("utf-8", errors="replace")
     except OSError:
         return ""
+    text = _TERMINAL_CODES.sub("", text)
     shown = [line.rstrip("\r").rsplit("\r", 1)[-1] for line in text.split("\n")]
     return "\n".join(shown[-lines:]).strip("\n")
 
