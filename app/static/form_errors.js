@@ -1,6 +1,6 @@
-// A page shown again with a refusal (templates/_error.html, p.refusal) brings it into view: the message is scrolled
-// to the middle of the screen and the field it names takes the focus, marked invalid and described by the message,
-// so a click that was refused never looks like a click that did nothing. The ranking page shows its own errors.
+// A page shown again with a refusal (templates/_error.html, p[data-refusal]) brings it into view: the message is
+// scrolled to the middle of the screen and the field it names takes the focus, marked invalid and described by the
+// message, so a click that was refused never looks like a click that did nothing. The ranking page shows its own errors.
 (function () {
   "use strict";
 
@@ -22,7 +22,7 @@
   }
 
   function bringIntoView(root) {
-    var error = (root || document).querySelector("p.refusal:not([hidden])");
+    var error = (root || document).querySelector("p[data-refusal]:not([hidden])");
     if (!error || error.closest("#ranking-form")) return;
     if (!error.id) error.id = "form-error";
     error.scrollIntoView({ block: "center" });
