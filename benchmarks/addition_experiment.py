@@ -5,8 +5,8 @@ A tiny GPT-2 is fitted by SFT to targets with a systematic slip (3 of 5 answers 
 Every method samples the same number of answers (steps × 16 prompts × 8): GRPO/GSPO one group per prompt per
 step, RFT one round per step (`steps_per_round` = 1) keeping the right answers. Prints a JSON line per method
 and a Markdown table: sampled accuracy, Pass@K, Maj@K, greedy accuracy, KL to the SFT model, CPU seconds.
-The lecture's picture is SFT < RFT < online RFT < GRPO; Maj@K should move much more than Pass@K (DeepSeekMath
-§5.2.2).
+The expected order (DeepSeekMath §5.2.1) is SFT < RFT < online RFT < GRPO; Maj@K should move much more than
+Pass@K (DeepSeekMath §5.2.2).
 
     .venv/bin/python benchmarks/addition_experiment.py [--steps 80] [--k 16]
 """

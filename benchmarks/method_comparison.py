@@ -1,4 +1,4 @@
-"""The lecture's method comparison on CPU: SFT, RFT, online RFT, GRPO with outcome reward, GRPO with process reward.
+"""Methods compared on CPU (after DeepSeekMath §5.2.1): SFT, RFT, online RFT, GRPO with outcome or process reward.
 
 The task is verifiable and multi-step: a prompt "a+b+c=" is answered in two lines, "a+b=s" then "s+c=t", each line
 a step a script can check. A tiny GPT-2 is fitted by SFT to careless solutions (per problem 2 right, 1 with a slip

@@ -702,7 +702,7 @@ class PPOConfig(RLConfig):
 @dataclasses.dataclass
 class RFTConfig(RLConfig):
     """Rejection-sampling fine-tuning: sample N answers per prompt, keep the ones the reward accepts, fine-tune on
-    them (SFT on the kept set). Offline, the samples come once from the starting model; online (the lecture's online
+    them (SFT on the kept set). Offline, the samples come once from the starting model; online (DeepSeekMath's online
     RFT), every round resamples from the current policy. Both sample the same number of answers in all."""
 
     lr: float = setting(1e-5, "AdamW learning rate of the fine-tuning steps.")

@@ -9,8 +9,8 @@ so both draw the same number of samples. metrics.jsonl rows carry `loss`, `rewar
 current round's samples and `samples` (how many it drew); eval.json is the held-out comparison with the starting
 model (Pass@K, Maj@K, KL, win rate), as for GRPO and PPO.
 
-In the lecture's terms RFT puts weight 1 on the log-probability gradient of accepted samples and 0 on the rest: SFT
-on the model's own best answers.
+Seen as a weighting of the log-probability gradient (DeepSeekMath §5.2.1's unified view), RFT puts weight 1 on
+accepted samples and 0 on the rest: SFT on the model's own best answers.
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ of the completion tokens (`losses.sft_loss`), optionally packed and optionally u
 (plain transformers loads it; under LoRA the merged model, the adapter in OUT/model/adapter), metrics.jsonl (`step`,
 `loss`, …), eval.json (held-out loss and perplexity) and run.json.
 
-In the lecture's terms SFT puts weight 1 on every target token of the log-probability gradient; RFT
-(`training/rft.py`) puts 1 on accepted samples and 0 on the rest, GRPO a continuous advantage.
+Seen as a weighting of the log-probability gradient (DeepSeekMath §5.2.1's unified view), SFT puts weight 1 on
+every target token; RFT (`training/rft.py`) puts 1 on accepted samples and 0 on the rest, GRPO a continuous
+advantage.
 """
 
 from __future__ import annotations

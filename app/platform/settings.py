@@ -86,7 +86,7 @@ class Settings(BaseSettings):
     public_origin: str | None = None
     """The site's external origin (e.g. https://preflab.example.org) when behind a TLS-terminating proxy."""
     secure_cookies: bool | None = None
-    """Mark cookies Secure; defaults to true outside dev/demo."""
+    """Mark cookies Secure; defaults to true in production only (PREFLAB_ENV=production)."""
     default_policy_model: Path | None = None
     """Model directory (a causal LM) that sft, dpo, rft, grpo and ppo runs start from when the run names none.
     Unset, it is SmolLM2-135M-Instruct once `preflab models prepare` (or `preflab demo`) has prepared it under
