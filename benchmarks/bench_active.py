@@ -9,7 +9,7 @@ annotators answered with the data set's own labels: lines 1–1800 are the pool 
 at random, then adds `--round` labels per round for `--rounds` rounds, retraining the reward model each round and
 choosing the next pairs by the strategy:
 
-- `random`: uniformly from the unlabelled pool (today's queue order);
+- `random`: uniformly from the unlabelled pool (the queue's `random` selection);
 - `uncertainty`: the pairs the reward model is least sure about, the spread (standard deviation) of the heads'
   preference probabilities σ(Δ_h) (the ensemble's epistemic uncertainty, query by committee; the app's
   `uncertainty` priority, `RewardModel.compare(...).spread`);
