@@ -34,12 +34,14 @@ _ID_FIELDS = {"project_id": "project_id", "prompt_id": "prompt_id", "job_id": "j
 
 def real_ids(world: Any, path_parameters: dict[str, Any] | None) -> dict[str, Any] | None:
     """Swap generated integer ids for project A's or B's real ones, chosen by the generated value itself (so a
-    failing example replays): n % 3 == 0 keeps the generated id, 1 takes A's, 2 takes B's."""
+    failing example replays): n % 3 == 0 keeps the generated id, 1 takes A's, 2 takes B's. An id below 1 breaks the
+    schema (every id is at least 1) and stays: a negative case must stay negative, or a request that only looks
+    invalid to Schemathesis is counted as wrongly accepted."""
     if not path_parameters:
         return path_parameters
     out = dict(path_parameters)
     for name, value in path_parameters.items():
-        if not isinstance(value, int) or isinstance(value, bool):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             continue
         if name == "user_id":
             out[name] = (value, world.user_ids["victim"], world.user_ids["outsider"])[value % 3]

@@ -54,6 +54,9 @@ EXCEPTIONS: list[tuple[str, str, str]] = [
     ("POST /api/v1/projects/{project_id}/rankings", "give assignment_id or prompt_id",
      "a ranking names its task by assignment_id or by prompt_id (a rule across fields)"),
     ("*", "not both", "a generator names endpoint_id or base_url, not both (a rule across fields)"),
+    ("*", "the endpoint's own API key is used",
+     "a generator naming an endpoint_id uses the key stored with it; an api_key beside it is refused (a rule across "
+     "fields)"),
     ("*", "must name the model the server serves",
      "a generator given a base_url names its model; with an endpoint_id the endpoint's model is the default (a rule "
      "across fields)"),
