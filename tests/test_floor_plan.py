@@ -29,9 +29,14 @@ def _contracts() -> list[dict]:
     return tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
 
 
-def _layered(name_starts: str) -> list[str]:
+def _layers(name_starts: str) -> list[list[str]]:
+    """The modules of each layer of the contract whose name starts so, top layer first."""
     contract = next(c for c in _contracts() if c["name"].startswith(name_starts))
-    return [m.strip() for layer in contract["layers"] for m in layer.replace("|", ":").split(":")]
+    return [[m.strip() for m in layer.replace("|", ":").split(":")] for layer in contract["layers"]]
+
+
+def _layered(name_starts: str) -> list[str]:
+    return [m for layer in _layers(name_starts) for m in layer]
 
 
 def _in_plan(module: str) -> bool:
@@ -103,7 +108,7 @@ def test_every_module_of_app_is_placed_in_the_layers(graph: grimp.ImportGraph) -
 
 
 def test_every_service_module_of_a_feature_is_ordered_among_the_features(graph: grimp.ImportGraph) -> None:
-    entry_layer = _contracts_layer("layers: main, cli and worker", 1)
+    entry_layer = set(_layers("layers: main, cli and worker")[1])
     services = _layered("features' services, one way")
     for module in sorted(graph.modules):
         parts = module.split(".")
@@ -112,11 +117,6 @@ def test_every_service_module_of_a_feature_is_ordered_among_the_features(graph: 
             continue
         assert any(module == s or module.startswith(s + ".") for s in services), \
             f"{module} is a service: place it in the features' one-way contract in pyproject.toml"
-
-
-def _contracts_layer(name_starts: str, n: int) -> set[str]:
-    contract = next(c for c in _contracts() if c["name"].startswith(name_starts))
-    return {m.strip() for m in contract["layers"][n].split(":")}
 
 
 def test_app_root_holds_only_the_shell() -> None:
