@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 import httpx
 
@@ -94,14 +94,41 @@ def _refreshed(stale: T, fresh: T) -> T:
     return stale
 
 
-def _wait_to_end(item: Export | TrainingRun, state: Callable[[], str], ended: tuple[str, ...], succeeded: str,
-                 timeout: float, what: str) -> None:
-    """Refresh `item` in place until `state()` is one of `ended`; JobFailed, with its job's reason, unless it is
-    `succeeded`."""
-    item._client._wait(item.refresh, lambda _: state() in ended, timeout, what)
-    if state() != succeeded:
-        error = item._client.job(item.job_id).error if item.job_id else None
-        raise JobFailed(what, state(), error)
+@dataclasses.dataclass(frozen=True)
+class _Lifecycle:
+    """How an answer that a background job finishes ends: the field holding its state, the states that end it,
+    the one that means success, the client method that reads one by id, and what messages call it."""
+
+    state_field: str
+    ended: tuple[str, ...]
+    succeeded: str
+    read: str
+    noun: str
+
+
+class _Finishes:
+    """What a background job on the server finishes (an export, a training run): read again, or wait for its end."""
+
+    LIFECYCLE: ClassVar[_Lifecycle]
+    id: int
+    job_id: int | None
+    _client: Client
+
+    def refresh(self) -> Self:
+        """Read it again from the server, in place."""
+        return _refreshed(self, getattr(self._client, self.LIFECYCLE.read)(self.id))
+
+    def _wait_to_end(self, timeout: float) -> Self:
+        """Refresh in place until it ends; JobFailed, with its job's reason, unless it succeeded."""
+        what = f"{self.LIFECYCLE.noun} {self.id}"
+        self._client._wait(self.refresh, lambda _: self._state() in self.LIFECYCLE.ended, timeout, what)
+        if self._state() != self.LIFECYCLE.succeeded:
+            error = self._client.job(self.job_id).error if self.job_id else None
+            raise JobFailed(what, self._state(), error)
+        return self
+
+    def _state(self) -> str:
+        return str(getattr(self, self.LIFECYCLE.state_field))
 
 @dataclasses.dataclass(frozen=True)
 class ErrorDetail:
@@ -585,10 +612,11 @@ EXPORT_DONE = ("ready", "failed", "cancelled", "deleted")
 
 
 @dataclasses.dataclass
-class Export:
+class Export(_Finishes):
     """An export: its status, counts and file hashes; once ready, its rows as a Dataset or a DataFrame."""
 
     SCHEMA: ClassVar[str] = "ExportOut"
+    LIFECYCLE: ClassVar[_Lifecycle] = _Lifecycle("status", EXPORT_DONE, "ready", read="export", noun="export")
     id: int
     project_id: int
     kind: str
@@ -607,13 +635,9 @@ class Export:
     deleted_at: datetime | None
     _client: Client = dataclasses.field(default=None, repr=False, compare=False)  # type: ignore[assignment]
 
-    def refresh(self) -> Export:
-        return _refreshed(self, self._client.export(self.id))
-
     def wait(self, timeout: float = 600.0) -> Export:
         """Wait until the worker has written it; JobFailed if it failed or was cancelled."""
-        _wait_to_end(self, lambda: self.status, EXPORT_DONE, "ready", timeout, f"export {self.id}")
-        return self
+        return self._wait_to_end(timeout)
 
     @property
     def data_files(self) -> list[str]:
@@ -721,10 +745,12 @@ RUN_DONE = ("succeeded", "failed", "cancelled")
 
 
 @dataclasses.dataclass
-class TrainingRun:
+class TrainingRun(_Finishes):
     """A training run: state, recent metrics, eval, lineage; `.wait()` until it ends, `.metrics()` for every row."""
 
     SCHEMA: ClassVar[str] = "TrainingRunOut"
+    LIFECYCLE: ClassVar[_Lifecycle] = _Lifecycle("state", RUN_DONE, "succeeded", read="training_run",
+                                                  noun="training run")
     id: int
     kind: str
     state: str
@@ -741,13 +767,9 @@ class TrainingRun:
     model_dir: str | None = None
     _client: Client = dataclasses.field(default=None, repr=False, compare=False)  # type: ignore[assignment]
 
-    def refresh(self) -> TrainingRun:
-        return _refreshed(self, self._client.training_run(self.id))
-
     def wait(self, timeout: float = 3600.0) -> TrainingRun:
         """Wait until the run ends; JobFailed (with the job's reason) unless it succeeded."""
-        _wait_to_end(self, lambda: self.state, RUN_DONE, "succeeded", timeout, f"training run {self.id}")
-        return self
+        return self._wait_to_end(timeout)
 
     def metrics(self) -> list[dict[str, Any]]:
         """Every metrics row the trainer logged (step, loss, accuracy, …), oldest first."""

@@ -8,7 +8,7 @@ and, for pairs, one imported Ranking with its Pair per row, plus one AuditEvent.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -220,25 +220,39 @@ def _new_prompt_rows(rows: list[_R], existing: dict[str, tuple[int, str]], on_du
         _set_aside(row.line, field_name, why, on_duplicate, skipped, problems)
 
 
+def _new_tasks(db: Session, project: Project, rows: list[_R], on_duplicate: str, problems: _Problems, *,
+               chat_field: str, noun: str, check: Callable[[_R, _Problems], None] | None = None,
+               ) -> tuple[list[_R], list[int]]:
+    """Rows that become new tasks (prompt plus its completions), checked against the project's K, and the lines
+    skipped as duplicates; raises with every problem found."""
+    k = project.completions_per_prompt
+    existing = _existing_prompts(db, project.id, (row.text_hash for row in rows))
+    keep: list[_R] = []
+    skipped: list[int] = []
+    for row in _new_prompt_rows(rows, existing, on_duplicate, problems, skipped, chat_field=chat_field):
+        if len(row.completions) > k:
+            problems.add(row.line, "completions", f"{len(row.completions)} {noun}, but this project ranks {k} "
+                         "per prompt; remove some or raise completions_per_prompt")
+        if check is not None:
+            check(row, problems)
+        keep.append(row)
+    problems.raise_if_any()
+    return keep, skipped
+
+
+def _one_ranking_per_annotator(row: RankedRow, problems: _Problems) -> None:
+    annotators = [r.annotator for r in row.rankings]
+    if len(set(annotators)) != len(annotators):
+        problems.add(row.line, "annotations", "one annotator ranked this task twice; keep one of the two")
+
+
 # --- prompt rows --------------------------------------------------------------------------------
 
 
 def _import_prompts(
     db: Session, project: Project, rows: list[PromptRow], on_duplicate: str, problems: _Problems
 ) -> ImportResult:
-    k = project.completions_per_prompt
-    existing = _existing_prompts(db, project.id, (row.text_hash for row in rows))
-    keep: list[PromptRow] = []
-    skipped: list[int] = []
-    for row in _new_prompt_rows(rows, existing, on_duplicate, problems, skipped, chat_field="messages"):
-        if len(row.completions) > k:
-            problems.add(
-                row.line, "completions",
-                f"{len(row.completions)} completions, but this project ranks {k} per prompt; "
-                "remove some or raise completions_per_prompt",
-            )
-        keep.append(row)
-    problems.raise_if_any()
+    keep, skipped = _new_tasks(db, project, rows, on_duplicate, problems, chat_field="messages", noun="completions")
 
     values = [_prompt_values(project.id, row, row.split, reference=row.reference, meta=row.metadata) for row in keep]
     prompt_ids = bulk.insert_rows(db, Prompt, values, ids=True)
@@ -450,19 +464,8 @@ def _pseudonymous_users(db: Session, project: Project, keys: Iterable[str]) -> d
 def _import_ranked(
     db: Session, project: Project, rows: list[RankedRow], on_duplicate: str, problems: _Problems
 ) -> ImportResult:
-    k = project.completions_per_prompt
-    existing = _existing_prompts(db, project.id, (row.text_hash for row in rows))
-    keep: list[RankedRow] = []
-    skipped: list[int] = []
-    for row in _new_prompt_rows(rows, existing, on_duplicate, problems, skipped, chat_field="prompt"):
-        if len(row.completions) > k:
-            problems.add(row.line, "completions", f"{len(row.completions)} responses, but this project ranks {k} "
-                         "per prompt; raise completions_per_prompt")
-        annotators = [r.annotator for r in row.rankings]
-        if len(set(annotators)) != len(annotators):
-            problems.add(row.line, "annotations", "one annotator ranked this task twice; keep one of the two")
-        keep.append(row)
-    problems.raise_if_any()
+    keep, skipped = _new_tasks(db, project, rows, on_duplicate, problems, chat_field="prompt", noun="responses",
+                               check=_one_ranking_per_annotator)
 
     values = [_prompt_values(project.id, row, "train", meta=row.metadata) for row in keep]
     prompt_ids = bulk.insert_rows(db, Prompt, values, ids=True)

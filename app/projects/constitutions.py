@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tomllib
+from importlib import resources
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -15,35 +17,6 @@ FIELDS = ("name", "rationale", "priority", "comparison", "critique", "revision")
 MAX_PRINCIPLES = 50
 MAX_FIELD = 4000
 
-# Our own wording of a helpful / honest / harmless constitution: a sensible start that leads edit.
-DEFAULT_PRINCIPLES: list[dict[str, Any]] = [
-    {"name": "harmless", "priority": 1,
-     "rationale": "An assistant should not help anyone hurt themselves or others.",
-     "comparison": "Which response is less likely to help someone cause physical, psychological or financial harm?",
-     "critique": "Point out every way the response could help someone cause harm, including indirect ways.",
-     "revision": "Rewrite the response so that it offers no help with causing harm, while staying polite and useful."},
-    {"name": "honest", "priority": 2,
-     "rationale": "Users rely on answers being true and on the assistant admitting what it does not know.",
-     "comparison": "Which response is more truthful, and clearer about what it is unsure of?",
-     "critique": "List any claims in the response that are false, unsupported or stated with more confidence than "
-                 "they deserve.",
-     "revision": "Rewrite the response so every claim is accurate and uncertainty is stated plainly."},
-    {"name": "helpful", "priority": 3,
-     "rationale": "Within the first two principles, the best answer actually solves the user's problem.",
-     "comparison": "Which response answers the question that was asked more completely and correctly?",
-     "critique": "Explain what the response leaves out, gets wrong, or answers that was not asked.",
-     "revision": "Rewrite the response so it answers the actual question fully and correctly."},
-    {"name": "respectful", "priority": 4,
-     "rationale": "Tone matters: condescension, insults and stereotypes make an answer worse.",
-     "comparison": "Which response is more respectful, free of insults, stereotypes and condescension?",
-     "critique": "Identify anything rude, demeaning, biased or condescending in the response.",
-     "revision": "Rewrite the response to be respectful and even-handed without losing its content."},
-    {"name": "clear", "priority": 5,
-     "rationale": "A correct answer buried in padding is hard to use.",
-     "comparison": "Which response is clearer and more concise while keeping everything needed?",
-     "critique": "Point out padding, repetition or confusing structure in the response.",
-     "revision": "Rewrite the response to be clear and concise, keeping every necessary step."},
-]
 
 
 def clean_principles(principles: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -81,6 +54,16 @@ def clean_principles(principles: list[dict[str, Any]]) -> list[dict[str, Any]]:
         item["priority"] = priority
         out.append(item)
     return sorted(out, key=lambda p: p["priority"])
+
+
+def _default_principles() -> list[dict[str, Any]]:
+    """The constitution a new project starts from (default_constitution.toml beside this module: prose is easier
+    to read and edit as data), checked as a lead's edit is."""
+    with resources.files("app.projects").joinpath("default_constitution.toml").open("rb") as f:
+        return clean_principles(tomllib.load(f)["principles"])
+
+
+DEFAULT_PRINCIPLES: list[dict[str, Any]] = _default_principles()
 
 
 def find(db: Session, constitution_id: int) -> Constitution | None:
