@@ -446,7 +446,7 @@ def export_cmd(project: Annotated[str, typer.Argument(help="Project id or name")
 
     from app.exports import service as exports
     from app.exports import writer as export_writer
-    from app.models import Export, Project
+    from app.models import Project
     from app.platform.db import session_scope
     from app.platform.errors import DomainError
 
@@ -473,11 +473,8 @@ def export_cmd(project: Annotated[str, typer.Argument(help="Project id or name")
     out_dir = exports.export_dir(settings.data_dir, export_id)
     result = export_writer.write_export(factory.kw["bind"], spec, out_dir, secret=settings.resolved_secret())
     with session_scope(factory) as db:
-        row = db.get(Export, export_id)
-        assert row is not None
-        row.files, row.sha256, row.path = result.files, result.sha256, str(result.path)
-        row.snapshot = result.snapshot
-        row.row_count, row.row_counts = result.row_count, result.row_counts
+        # Recorded as the export job records it, so webhooks hear export.ready from a CLI export too.
+        exports.record_files(db, export_id, result)
     out.mkdir(parents=True, exist_ok=True)
     for name in result.files:
         (out / name).parent.mkdir(parents=True, exist_ok=True)

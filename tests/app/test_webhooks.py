@@ -417,3 +417,25 @@ def test_a_training_crash_the_worker_retries_is_not_announced_as_failed(db, app,
         assert db.get(TrainingRun, run_id).state == ("failed" if attempt == 3 else "queued")
         db.rollback()
     assert db.scalars(select(WebhookDelivery.event)).all() == ["training_run.failed"]
+
+
+def test_an_export_made_from_the_command_line_is_announced_too(db, app, make_user, make_project, token_for, api,
+                                                               receiver, tmp_path, monkeypatch, database_url) -> None:
+    from typer.testing import CliRunner
+
+    from app.cli import cli
+
+    project, admin, _ = _world(db, make_user, make_project, token_for, api)
+    hook = _hook(admin, project.id, receiver.url, ["export.ready"])
+    settings = app.state.settings
+    monkeypatch.setenv("PREFLAB_DATABASE_URL", database_url)
+    monkeypatch.setenv("PREFLAB_SECRET_KEY", settings.resolved_secret())
+    monkeypatch.setenv("PREFLAB_DATA_DIR", str(settings.data_dir))
+    result = CliRunner().invoke(cli, ["export", str(project.id), "--format", "jsonl", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    export_id = int(result.output.split()[1].rstrip(":"))
+
+    assert _worker(app).run_one()  # the delivery the CLI's export queued
+    [got] = receiver.wait_for(1)
+    body = _verify(hook["secret"], got)
+    assert body["event"] == "export.ready" and body["data"]["export_id"] == export_id
