@@ -8,6 +8,7 @@ detached inside the losses: they are data from rollout time, never something to 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
@@ -288,26 +289,144 @@ def group_advantages(rewards: Tensor, group_size: int, scale: AdvantageScale = "
     return adv.reshape(-1), zero_std_fraction
 
 
+def _groups(step_values: list[list[float]], group_size: int) -> list[list[list[float]]]:
+    """The ragged per-step values cut into contiguous groups of `group_size` completions."""
+    if len(step_values) % group_size != 0:
+        raise ValueError(f"got {len(step_values)} completions, not a multiple of group_size={group_size}")
+    return [step_values[start:start + group_size] for start in range(0, len(step_values), group_size)]
+
+
+def _group_stats(group: list[list[float]]) -> tuple[Tensor, Tensor]:
+    """Mean and unbiased std over every step of every completion of one group (0 when there are too few)."""
+    flat = torch.tensor([r for steps in group for r in steps], dtype=torch.float64)
+    mean = flat.mean() if flat.numel() else torch.tensor(0.0, dtype=torch.float64)
+    std = flat.std() if flat.numel() > 1 else torch.tensor(0.0, dtype=torch.float64)
+    return mean, std
+
+
+def _normalised(group: list[list[float]], eps: float) -> list[Tensor]:
+    """Each completion's steps as (r − mean) / (std + eps), mean and std over the group's steps."""
+    mean, std = _group_stats(group)
+    return [(torch.tensor(steps, dtype=torch.float64) - mean) / (std + eps) for steps in group]
+
+
 def process_advantages(step_rewards: list[list[float]], group_size: int, eps: float = 1e-4) -> list[list[float]]:
     """A_j = Σ_{k ≥ j} r̃_k, r̃ = (r − mean) / (std + eps) over the group's steps (DeepSeekMath §4.1.3, process RL).
 
     `step_rewards[i]` holds the per-step rewards of completion i; completions come in contiguous groups
     of `group_size`. The result has the same ragged shape: the advantage of step j of each completion,
-    which every token of that step receives.
+    which every token of that step receives. Its size grows with the steps left after j.
     """
-    if len(step_rewards) % group_size != 0:
-        raise ValueError(f"got {len(step_rewards)} completions, not a multiple of group_size={group_size}")
     out: list[list[float]] = []
-    for start in range(0, len(step_rewards), group_size):
-        group = step_rewards[start:start + group_size]
-        flat = torch.tensor([r for steps in group for r in steps], dtype=torch.float64)
-        mean = flat.mean() if flat.numel() else torch.tensor(0.0, dtype=torch.float64)
-        std = flat.std() if flat.numel() > 1 else torch.tensor(0.0, dtype=torch.float64)
-        for steps in group:
-            normed = (torch.tensor(steps, dtype=torch.float64) - mean) / (std + eps)
+    for group in _groups(step_rewards, group_size):
+        for normed in _normalised(group, eps):
             # reverse cumulative sum: each step is credited with every normalised reward from it onwards
             out.append(normed.flip(0).cumsum(0).flip(0).tolist())
     return out
+
+
+def mean_process_advantages(step_rewards: list[list[float]], group_size: int, eps: float = 1e-4
+                            ) -> list[list[float]]:
+    """A_j = Σ_{k ≥ j} r̃_k / (n − j): DeepSeekMath's process credit (§4.1.3) divided by the n − j steps it sums.
+
+    The sum form grows with the steps left, like a larger learning rate early in a long answer; the mean keeps
+    every step's credit on the scale of one normalised reward. r̃ is normalised over the group as in the sum form.
+    """
+    out: list[list[float]] = []
+    for group in _groups(step_rewards, group_size):
+        for normed in _normalised(group, eps):
+            left = torch.arange(normed.numel(), 0, -1, dtype=torch.float64)  # n − j for j = 0 … n − 1
+            out.append((normed.flip(0).cumsum(0).flip(0) / left).tolist())
+    return out
+
+
+def min_process_advantages(step_rewards: list[list[float]], group_size: int, eps: float = 1e-4
+                           ) -> list[list[float]]:
+    """A_j = (G_j − mean) / (std + eps), G_j = min_{k ≥ j} r_k (Cheng et al. 2025, PURE, "Stop Summation: Min-Form
+    Credit Assignment"): a step's return is the worst step reward from it onwards, normalised over the group's steps.
+
+    PURE's PRM+VR adds the verifiable (outcome) reward to the last step's reward before the minimum, as
+    `compute_rewards` puts outcome rewards on the last step. Its code baselines with RLOO per token; this
+    normalises over the group's step returns, as the other forms here do.
+    """
+    returns: list[list[float]] = []
+    for steps in step_rewards:
+        r = torch.tensor(steps, dtype=torch.float64)
+        # reverse running minimum: the smallest reward from each step to the end
+        returns.append(torch.cummin(r.flip(0), dim=0).values.flip(0).tolist() if r.numel() else [])
+    return [normed.tolist() for group in _groups(returns, group_size) for normed in _normalised(group, eps)]
+
+
+def first_error_advantages(step_rewards: list[list[float]], group_size: int, threshold: float = 0.5,
+                           eps: float = 1e-4) -> list[list[float]]:
+    """A_j = (v_j − mean) / (std + eps), v_j = 1 while every step up to j has r ≥ τ, else 0: the verified prefix is
+    credited, the first wrong step and every step after it penalised (the prefix form of step-verified rewards:
+    Uesato et al. 2022 and Lightman et al. 2023 label a step good only when every step up to it is).
+
+    Mean and std are over the group's steps of v, so a group whose steps are all verified (or all not) gets 0.
+    """
+    verified: list[list[float]] = []
+    for steps in step_rewards:
+        ok = torch.tensor([r >= threshold for r in steps], dtype=torch.float64)
+        verified.append(torch.cumprod(ok, dim=0).tolist() if ok.numel() else [])
+    return [normed.tolist() for group in _groups(verified, group_size) for normed in _normalised(group, eps)]
+
+
+def progress_advantages(values: list[list[float]], v0: Sequence[float], group_size: int, eps: float = 1e-4
+                        ) -> list[list[float]]:
+    """A_j = (V_j − V_{j−1}) / (rms + eps) (Setlur et al. 2024, "Rewarding Progress"): a step's credit is the change
+    in the estimated probability of success across it, V_j after step j and V_0 = `v0[i]` before the first step.
+
+    `values[i][j]` is V after step j of completion i (a Monte-Carlo estimate, a soft-label PRM's score, or the
+    outcome for the last step). The progress is an advantage already (Q − V), so it is not centred: it is only
+    rescaled to unit root-mean-square over the group's steps, so its size matches the other forms'.
+    """
+    if len(v0) != len(values):
+        raise ValueError(f"v0 has {len(v0)} values for {len(values)} completions")
+    gains: list[list[float]] = []
+    for start, steps in zip(v0, values, strict=True):
+        v = torch.tensor([start, *steps], dtype=torch.float64)
+        gains.append((v[1:] - v[:-1]).tolist())
+    out: list[list[float]] = []
+    for group in _groups(gains, group_size):
+        flat = torch.tensor([g for steps in group for g in steps], dtype=torch.float64)
+        rms = flat.pow(2).mean().sqrt() if flat.numel() else torch.tensor(0.0, dtype=torch.float64)
+        out += [(torch.tensor(steps, dtype=torch.float64) / (rms + eps)).tolist() for steps in group]
+    return out
+
+
+def _unit_rms(values: Tensor, eps: float) -> Tensor:
+    return values / (values.pow(2).mean().sqrt() + eps) if values.numel() else values
+
+
+def mixed_advantages(outcome_adv: Sequence[float], process_adv: list[list[float]], group_size: int, alpha: float,
+                     eps: float = 1e-4) -> list[list[float]]:
+    """A_ij = Â^o_i + α·Â^p_ij, each part rescaled to unit root-mean-square over its group (Setlur et al. 2024 train
+    on Q + α·A^μ, the outcome's value plus α times a process advantage; PURE mixes its verifiable reward in too).
+
+    `outcome_adv[i]` is completion i's outcome advantage, `process_adv[i][j]` its step j's process advantage; the
+    result is per step, every step of a completion carrying its outcome part.
+    """
+    if len(outcome_adv) != len(process_adv):
+        raise ValueError(f"{len(outcome_adv)} outcome advantages for {len(process_adv)} completions")
+    out: list[list[float]] = []
+    outcome = torch.tensor(list(outcome_adv), dtype=torch.float64)
+    for g, group in enumerate(_groups(process_adv, group_size)):
+        a_o = _unit_rms(outcome[g * group_size:(g + 1) * group_size], eps)  # (G,)
+        flat = _unit_rms(torch.tensor([a for steps in group for a in steps], dtype=torch.float64), eps)
+        k = 0
+        for i, steps in enumerate(group):
+            out.append((a_o[i] + alpha * flat[k:k + len(steps)]).tolist())
+            k += len(steps)
+    return out
+
+
+def clip_advantages(adv: Tensor, clip: float) -> Tensor:
+    """A ← clip(A, −c, c) per token: bounds any one token's credit, so a long chain's summed process credit cannot
+    act as a larger learning rate against a fixed β (the scale control for the sum form)."""
+    if clip <= 0:
+        raise ValueError(f"clip must be positive, got {clip}")
+    return adv.clamp(-clip, clip)
 
 
 Aggregation = Literal["sequence", "token", "dr_grpo"]

@@ -7,10 +7,12 @@ import torch
 
 from training.losses import (
     bradley_terry_loss,
+    clip_advantages,
     clip_fraction,
     dpo_logits,
     dpo_loss,
     entropy_from_logits,
+    first_error_advantages,
     gae,
     group_advantages,
     grpo_loss,
@@ -25,9 +27,13 @@ from training.losses import (
     masked_mean,
     masked_sum,
     masked_whiten,
+    mean_process_advantages,
+    min_process_advantages,
+    mixed_advantages,
     per_token_rewards,
     ppo_clip_loss,
     process_advantages,
+    progress_advantages,
     reward_centering_loss,
     sft_loss,
     soft_bradley_terry_loss,
@@ -299,6 +305,98 @@ def test_process_advantages_sum_normalised_rewards_of_later_steps():
     assert out[1] == pytest.approx([-0.577350], abs=1e-6)
     with pytest.raises(ValueError, match="group_size"):
         process_advantages([[1.0]], group_size=2)
+
+
+def _sum_form_as_it_was(step_rewards, group_size, eps=1e-4):
+    """The sum form as `process_advantages` computed it before the other credit forms joined it, kept verbatim."""
+    out = []
+    for start in range(0, len(step_rewards), group_size):
+        group = step_rewards[start:start + group_size]
+        flat = torch.tensor([r for steps in group for r in steps], dtype=torch.float64)
+        mean = flat.mean() if flat.numel() else torch.tensor(0.0, dtype=torch.float64)
+        std = flat.std() if flat.numel() > 1 else torch.tensor(0.0, dtype=torch.float64)
+        for steps in group:
+            normed = (torch.tensor(steps, dtype=torch.float64) - mean) / (std + eps)
+            out.append(normed.flip(0).cumsum(0).flip(0).tolist())
+    return out
+
+
+def test_sum_form_is_unchanged_to_1e_9():
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 9, (24,), generator=gen).tolist()
+    rewards = [torch.rand(n, generator=gen, dtype=torch.float64).tolist() for n in lengths]
+    rewards[3] = [0.5] * len(rewards[3])
+    for got, want in zip(process_advantages(rewards, 8), _sum_form_as_it_was(rewards, 8), strict=True):
+        assert got == pytest.approx(want, abs=1e-9, rel=0)
+
+
+# One group of two: a = [1, 0, 1] (its middle step wrong), b = [1, 1]. Five steps, mean 0.8, unbiased std √0.2:
+# a reward of 1 normalises to 0.2/√0.2 = 0.447214, a 0 to −0.8/√0.2 = −1.788854.
+CREDIT_GROUP = [[1.0, 0.0, 1.0], [1.0, 1.0]]
+
+
+def test_sum_form_by_hand():
+    a, b = process_advantages(CREDIT_GROUP, group_size=2, eps=0.0)
+    # a: [0.447 − 1.789 + 0.447, −1.789 + 0.447, 0.447]; b: [0.447 + 0.447, 0.447]
+    assert a == pytest.approx([-0.894427, -1.341641, 0.447214], abs=1e-6)
+    assert b == pytest.approx([0.894427, 0.447214], abs=1e-6)
+
+
+def test_mean_form_divides_the_sum_by_the_steps_left():
+    a, b = mean_process_advantages(CREDIT_GROUP, group_size=2, eps=0.0)
+    # a: [−0.894427 / 3, −1.341641 / 2, 0.447214 / 1]; b: [0.894427 / 2, 0.447214 / 1]
+    assert a == pytest.approx([-0.298142, -0.670820, 0.447214], abs=1e-6)
+    assert b == pytest.approx([0.447214, 0.447214], abs=1e-6)
+
+
+def test_min_form_credits_each_step_with_the_worst_step_after_it():
+    # returns G_j = min over k ≥ j: a [0, 0, 1], b [1, 1]; five returns, mean 0.6, unbiased std √0.3 = 0.547723:
+    # 0 → −1.095445, 1 → +0.730297. a's first step is right, yet the wrong step after it sets its return.
+    a, b = min_process_advantages(CREDIT_GROUP, group_size=2, eps=0.0)
+    assert a == pytest.approx([-1.095445, -1.095445, 0.730297], abs=1e-6)
+    assert b == pytest.approx([0.730297, 0.730297], abs=1e-6)
+    # PURE's PRM+VR: an outcome of 1 on b's last step (1 + 1 = 2) lifts that step only, the first keeps min = 1.
+    # Returns a [0, 0], b [1, 2]: mean 0.75, std √(2.75 / 3) = 0.957427 → b [0.261116, 1.305582]
+    assert min_process_advantages([[1.0, 0.0], [1.0, 2.0]], 2, eps=0.0)[1] == pytest.approx(
+        [0.261116, 1.305582], abs=1e-6)
+
+
+def test_first_error_form_credits_the_verified_prefix_and_penalises_from_the_first_error_on():
+    # verified prefix v: a [1, 0, 0] (its third step is right but follows the error), b [1, 1];
+    # five values, mean 0.6, std √0.3: 1 → +0.730297, 0 → −1.095445
+    a, b = first_error_advantages(CREDIT_GROUP, group_size=2, threshold=0.5, eps=0.0)
+    assert a == pytest.approx([0.730297, -1.095445, -1.095445], abs=1e-6)
+    assert b == pytest.approx([0.730297, 0.730297], abs=1e-6)
+    # a PRM's probabilities: 0.4 is below the threshold, so the second step is the first error
+    assert first_error_advantages([[0.9, 0.4], [0.9, 0.9]], 2, eps=0.0)[0][1] < 0
+    # every step verified everywhere: nothing to tell apart, no credit
+    assert first_error_advantages([[1.0], [1.0, 1.0]], 2) == [[0.0], [0.0, 0.0]]
+
+
+def test_progress_form_is_the_change_in_success_probability_at_unit_rms():
+    # V_0 = 0.5 for both; a: V = [0.5, 0.25, 0] → gains [0, −0.25, −0.25]; b: V = [0.5, 1] → gains [0, +0.5].
+    # Not centred; rms over the five gains = √((0.0625·2 + 0.25) / 5) = √0.075 = 0.273861
+    a, b = progress_advantages([[0.5, 0.25, 0.0], [0.5, 1.0]], [0.5, 0.5], group_size=2, eps=0.0)
+    assert a == pytest.approx([0.0, -0.912871, -0.912871], abs=1e-6)
+    assert b == pytest.approx([0.0, 1.825742], abs=1e-6)
+    with pytest.raises(ValueError, match="v0"):
+        progress_advantages([[1.0]], [0.5, 0.5], group_size=1)
+
+
+def test_mix_adds_alpha_times_the_process_advantage_each_at_unit_rms():
+    # outcome [1, −1] has rms 1; process a [2, 0], b [−2] has rms √(8/3) = 1.632993 → [1.224745, 0, −1.224745].
+    # α = 0.5: a [1 + 0.612372, 1 + 0], b [−1 − 0.612372]
+    a, b = mixed_advantages([1.0, -1.0], [[2.0, 0.0], [-2.0]], group_size=2, alpha=0.5, eps=0.0)
+    assert a == pytest.approx([1.612372, 1.0], abs=1e-6)
+    assert b == pytest.approx([-1.612372], abs=1e-6)
+    # α = 0 is the outcome advantage on every step
+    assert mixed_advantages([2.0, -2.0], [[5.0, 1.0], [3.0]], 2, alpha=0.0, eps=0.0) == [[1.0, 1.0], [-1.0]]
+
+
+def test_advantage_clip_bounds_every_token():
+    assert clip_advantages(t([[3.0, -0.5, -2.0]]), 1.0).tolist() == [[1.0, -0.5, -1.0]]
+    with pytest.raises(ValueError, match="clip"):
+        clip_advantages(t([1.0]), 0.0)
 
 
 # --- GRPO / GSPO -------------------------------------------------------------------------------
