@@ -207,6 +207,8 @@ def one_of(config: Any, name: str, choices: tuple[str, ...]) -> None:
 
 
 TRACKERS = ("tensorboard", "mlflow", "wandb")
+PROCESS_CREDITS = ("sum", "mean", "min", "first_error", "progress")
+"""GRPO's process credit forms (`GRPOConfig.process_credit`, `training.losses`)."""
 PRECISIONS = ("auto", "no", "bf16", "fp16")
 SCHEDULES = ("constant", "linear", "cosine")
 
@@ -590,17 +592,43 @@ class GRPOConfig(RLConfig):
     process_reward_weight: float = setting(
         1.0, "Weight of the process reward model's step scores; outcome rewards (reward_fn, reward_model) are added "
         "on each rollout's last step with their own weights.")
+    process_credit: Literal["sum", "mean", "min", "first_error", "progress"] = setting(
+        "sum", "How step rewards become each step's advantage when a reward scores steps: \"sum\", the normalised "
+        "rewards of every step from it on (DeepSeekMath §4.1.3; its size grows with the steps left); \"mean\", that "
+        "sum divided by the steps left; \"min\", the worst step reward from it on (PURE, Cheng et al. 2025); "
+        "\"first_error\", credit for the verified prefix and a penalty from the first step scored below "
+        "process_threshold on; \"progress\", the change in the estimated chance of success across the step "
+        "(Setlur et al. 2024), reading step rewards as success probabilities. sum, mean and min add outcome rewards "
+        "to the last step's reward; first_error and progress read the outcome as the last step's verdict and value.")
+    process_outcome_mix: float | None = setting(
+        None, "α: when set, the advantage is A_outcome + α·A_process, each rescaled to unit spread over its group, and "
+        "outcome rewards stay out of the step rewards (needs an outcome reward, reward_fn or reward_model, beside the "
+        "process one). Unset: outcome rewards enter the step rewards as process_credit says.")
+    process_threshold: float = setting(
+        0.5, "process_credit first_error: a step whose reward is below this is wrong (0.5 suits a process reward "
+        "model's probabilities and 0/1 labels); the outcome counts as the last step's verdict on the same scale.")
+    advantage_clip: float | None = setting(
+        None, "Clip every token's advantage to [-c, c], outcome and process alike (unset: no clip): a control for "
+        "the sum form, whose size grows with the steps left.")
 
     def check_reward(self) -> None:
         """ValueError unless a reward is configured: reward functions, a reward model or a process reward model."""
         if not self.reward_fn and not self.reward_model and not self.process_reward_model:
             raise ValueError("reward_fn: give --reward-fn, --reward-model and/or --process-reward-model")
+        if self.process_outcome_mix is not None and not self.reward_fn and not self.reward_model:
+            raise ValueError("process_outcome_mix: mixes an outcome reward in; give --reward-fn or --reward-model "
+                             "beside the process reward")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         one_of(self, "loss_type", ("grpo", "gspo"))
         if self.process_reward_weight < 0:
             raise ValueError(f"process_reward_weight must be >= 0, got {self.process_reward_weight}")
+        one_of(self, "process_credit", PROCESS_CREDITS)
+        if self.process_outcome_mix is not None and self.process_outcome_mix < 0:
+            raise ValueError(f"process_outcome_mix must be >= 0, got {self.process_outcome_mix}")
+        if self.advantage_clip is not None and self.advantage_clip <= 0:
+            raise ValueError(f"advantage_clip must be positive, got {self.advantage_clip}")
         if self.group_size < 2:
             raise ValueError(f"group_size must be at least 2 to compare answers, got {self.group_size}")
         at_least(self, 1, "prompts_per_step", "mu")

@@ -2,8 +2,9 @@
 
 One step: sample G responses for each of a batch of prompts → score them → group-relative
 advantages (outcome, or process when a reward scores steps: a process reward function or a process reward model,
-`--process-reward-model`, whose step scores are weighted by `process_reward_weight` and to whose last step the
-outcome rewards are added) → μ optimisation passes of `grpo_loss` / `gspo_loss`. The math
+`--process-reward-model`, whose step scores are weighted by `process_reward_weight`, credited to each step as
+`process_credit` says and mixed with the outcome advantage when `process_outcome_mix` is set) → μ optimisation
+passes of `grpo_loss` / `gspo_loss`. The math
 lives in `training/losses.py`, the loop (checkpoints, logging, evaluation, saving) in `training/loop.py`; this
 module moves tensors between the losses. `accelerate launch --num_processes N -m training grpo ...` runs it
 data-parallel (on a machine without GPUs add `--multi_gpu`, so that accelerate starts N gloo processes: `--cpu`
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,12 +26,14 @@ from torch import Tensor
 
 from training import cli
 from training.cli import Command, Flag
-from training.config import GRPOConfig
+from training.config import PROCESS_CREDITS, GRPOConfig
 from training.data import PromptRow
 from training.evaluate import reward_columns
 from training.loop import RunResult, run
 from training.losses import (
+    clip_advantages,
     clip_fraction,
+    first_error_advantages,
     group_advantages,
     grpo_loss,
     gspo_clip_fraction,
@@ -37,7 +41,11 @@ from training.losses import (
     kl_k1,
     kl_k3,
     masked_sum,
+    mean_process_advantages,
+    min_process_advantages,
+    mixed_advantages,
     process_advantages,
+    progress_advantages,
 )
 from training.policy import Rollouts, generate_rollouts, rollout_server, token_logprobs, unwrap
 from training.rewards import RewardFunction, RewardResult, compute_rewards
@@ -73,21 +81,116 @@ def token_step_index(tokenizer: Any, response_ids: Tensor, response_mask: Tensor
     return index
 
 
+@dataclass(frozen=True)
+class Credit:
+    """How process rewards become per-step advantages: `GRPOConfig`'s process_credit, process_outcome_mix and
+    process_threshold (the defaults are DeepSeekMath's sum form with the outcome on the last step)."""
+
+    form: str = "sum"
+    mix: float | None = None
+    threshold: float = 0.5
+
+    @classmethod
+    def of(cls, config: GRPOConfig) -> Credit:
+        return cls(config.process_credit, config.process_outcome_mix, config.process_threshold)
+
+
+def _group_means(values: Sequence[float], group_size: int) -> list[float]:
+    """Each completion's group mean of `values` (the Monte-Carlo estimate of the prompt's value from its G samples)."""
+    out: list[float] = []
+    for start in range(0, len(values), group_size):
+        group = list(values[start:start + group_size])
+        out += [sum(group) / len(group)] * len(group)
+    return out
+
+
+def _with_last(steps: list[list[float]], last: Sequence[float], pick: Any) -> list[list[float]]:
+    """`steps` with each completion's last step replaced by pick(its last step, last[i])."""
+    return [s[:-1] + [pick(s[-1], v)] if s else [] for s, v in zip(steps, last, strict=True)]
+
+
+def step_advantages(rewards: RewardResult, group_size: int, eps: float, credit: Credit = Credit()
+                    ) -> list[list[float]]:
+    """The per-step advantages of process rewards under `credit` (ragged, one list per completion).
+
+    sum, mean and min read `steps` (outcome rewards added to the last step) unless a mix is set; first_error reads
+    the outcome as the last step's verdict (the step is wrong when either is below the threshold), progress as the
+    value after the last step, with V_0 the group's mean outcome (its G samples are Monte-Carlo rollouts of the
+    prompt); a mix adds the group-normalised outcome advantage to α times the process credit of the step scores.
+    """
+    assert rewards.steps is not None
+    process = rewards.process_steps if rewards.process_steps is not None else rewards.steps
+    outcome = rewards.outcome.tolist() if rewards.outcome is not None else None
+    if credit.mix is not None and outcome is None:
+        raise ValueError("process_outcome_mix: no outcome reward to mix in; give a reward function or reward model "
+                         "that scores whole answers beside the process reward")
+    folded = rewards.steps if credit.mix is None else process
+    form = credit.form
+    if form == "sum":
+        adv = process_advantages(folded, group_size, eps=eps)
+    elif form == "mean":
+        adv = mean_process_advantages(folded, group_size, eps=eps)
+    elif form == "min":
+        adv = min_process_advantages(folded, group_size, eps=eps)
+    elif form == "first_error":
+        verdicts = process if outcome is None or credit.mix is not None else _with_last(process, outcome, min)
+        adv = first_error_advantages(verdicts, group_size, threshold=credit.threshold, eps=eps)
+    elif form == "progress":
+        values = process if outcome is None else _with_last(process, outcome, lambda _v, o: o)
+        v0 = _group_means(outcome if outcome is not None else [v[-1] for v in values], group_size)
+        adv = progress_advantages(values, v0, group_size, eps=eps)
+    else:
+        raise ValueError(f"process_credit must be one of {', '.join(PROCESS_CREDITS)}, got {form!r}")
+    if credit.mix is None:
+        return adv
+    assert rewards.outcome is not None
+    outcome_adv, _ = group_advantages(rewards.outcome, group_size, scale="group", eps=eps)
+    return mixed_advantages(outcome_adv.tolist(), adv, group_size, credit.mix, eps=eps)
+
+
 def compute_advantages(rewards: RewardResult, group_size: int, scale: str, eps: float, tokenizer: Any = None,
-                       rollouts: Rollouts | None = None) -> tuple[Tensor, float]:
-    """Outcome advantages (N,) from the total reward, or process advantages (N, R) when per-step rewards exist."""
+                       rollouts: Rollouts | None = None, credit: Credit = Credit(), clip: float | None = None
+                       ) -> tuple[Tensor, float]:
+    """Outcome advantages (N,) from the total reward, or process advantages (N, R) when per-step rewards exist
+    (credited as `credit` says); every token's advantage clipped to [−clip, clip] when `clip` is given."""
+    adv, zero_std, _ = advantages_by_step(rewards, group_size, scale, eps, tokenizer, rollouts, credit, clip)
+    return adv, zero_std
+
+
+def advantages_by_step(rewards: RewardResult, group_size: int, scale: str, eps: float, tokenizer: Any = None,
+                       rollouts: Rollouts | None = None, credit: Credit = Credit(), clip: float | None = None
+                       ) -> tuple[Tensor, float, list[list[float]] | None]:
+    """`compute_advantages` and, for process rewards, the per-step advantages it spread over the tokens."""
     if rewards.steps is None:
-        return group_advantages(rewards.total, group_size, scale=scale, eps=eps)  # type: ignore[arg-type]
+        adv, zero_std = group_advantages(rewards.total, group_size, scale=scale, eps=eps)  # type: ignore[arg-type]
+        return (adv if clip is None else clip_advantages(adv, clip)), zero_std, None
     if tokenizer is None or rollouts is None or rewards.step_ends is None:
         raise ValueError("process rewards need the tokenizer and rollouts to map steps to tokens")
-    step_adv = process_advantages(rewards.steps, group_size, eps=eps)
+    step_adv = step_advantages(rewards, group_size, eps, credit)
     index = token_step_index(tokenizer, rollouts.response_ids.cpu(), rollouts.response_mask.cpu(), rewards.step_ends)
     adv = torch.zeros(index.shape)
     for i, values in enumerate(step_adv):
         adv[i] = torch.tensor(values, dtype=torch.float32)[index[i].clamp(max=len(values) - 1)]
+    if clip is not None:
+        adv = clip_advantages(adv, clip)
     zero_std = sum(len(set(sum(rewards.steps[g:g + group_size], []))) <= 1
                    for g in range(0, len(rewards.steps), group_size)) / (len(rewards.steps) // group_size)
-    return adv.to(rollouts.response_ids.device) * rollouts.response_mask, zero_std
+    return adv.to(rollouts.response_ids.device) * rollouts.response_mask, zero_std, step_adv
+
+
+STEP_INDICES_LOGGED = 16
+"""Step indices whose mean reward and advantage a process run logs (`step_reward/j`, `step_adv/j`)."""
+
+
+def step_index_sums(step_rewards: list[list[float]], step_adv: list[list[float]]) -> Tensor:
+    """(3, J) sums over completions of each step index's reward and advantage, and how many completions reach it."""
+    sums = torch.zeros(3, STEP_INDICES_LOGGED, dtype=torch.float64)
+    for rewards, adv in zip(step_rewards, step_adv, strict=True):
+        for j, (r, a) in enumerate(zip(rewards[:STEP_INDICES_LOGGED], adv, strict=False)):
+            sums[0, j] += r
+            sums[1, j] += a
+            sums[2, j] += 1
+    return sums
 
 
 class GRPOTrainer(RLMethod):
@@ -130,9 +233,11 @@ class GRPOTrainer(RLMethod):
             everyone = self.accelerator.gather(rewards.total.to(self.accelerator.device)).float().cpu()
             adv, zero_std = group_advantages(rewards.total, c.group_size, scale="none", eps=c.advantage_eps)
             adv = adv / (everyone.std() + c.advantage_eps)
+            adv = adv if c.advantage_clip is None else clip_advantages(adv, c.advantage_clip)
+            step_adv = None
         else:
-            adv, zero_std = compute_advantages(rewards, c.group_size, c.scale_rewards, c.advantage_eps,
-                                               self.tokenizer, rollouts)
+            adv, zero_std, step_adv = advantages_by_step(rewards, c.group_size, c.scale_rewards, c.advantage_eps,
+                                                         self.tokenizer, rollouts, Credit.of(c), c.advantage_clip)
         device = self.accelerator.device
         adv = adv.to(device)
         mask = rollouts.response_mask.float()
@@ -167,7 +272,27 @@ class GRPOTrainer(RLMethod):
         )
         for k, name in enumerate(names):
             metrics[f"reward/{name}"] = torch.nanmean(table[:, 3 + k]).item()
+        if step_adv is not None:
+            metrics.update(self._step_figures(rewards, step_adv))
         return metrics
+
+    def _step_figures(self, rewards: RewardResult, step_adv: list[list[float]]) -> dict[str, float]:
+        """Per step index j, the mean step reward (process scores alone) and advantage over the rollouts that reach
+        step j (`step_reward/j`, `step_adv/j`); and the share of groups whose outcome reward does not vary."""
+        assert rewards.process_steps is not None
+        device = self.accelerator.device
+        sums = self.accelerator.reduce(step_index_sums(rewards.process_steps, step_adv).float().to(device),
+                                       reduction="sum").cpu()
+        out: dict[str, float] = {}
+        for j in range(STEP_INDICES_LOGGED):
+            if sums[2, j] > 0:
+                out[f"step_reward/{j}"] = (sums[0, j] / sums[2, j]).item()
+                out[f"step_adv/{j}"] = (sums[1, j] / sums[2, j]).item()
+        if rewards.outcome is not None:
+            grouped = rewards.outcome.view(-1, self.config.group_size)
+            flat = (grouped.max(dim=1).values - grouped.min(dim=1).values < 1e-8).float().mean().reshape(1)
+            out["outcome_zero_std_frac"] = self.accelerator.reduce(flat.to(device), reduction="mean").item()
+        return out
 
     def postfix(self, metrics: dict[str, Any]) -> dict[str, str]:
         return {"reward": f"{metrics['reward_mean']:.3f}", "kl": f"{metrics.get('kl', 0.0):.4f}"}
@@ -185,8 +310,8 @@ class GRPOTrainer(RLMethod):
             # micro-batch is weighted by its share of the global token count, times the number of processes
             total_tokens = self.accelerator.reduce(loss_mask.sum(), reduction="sum").clamp(min=1.0) / world
         full = rollouts.response_mask.float()
-        # running sums as tensors (no host sync per micro-batch): loss, clipfrac, entropy, k3, k1, |A|
-        sums = torch.zeros(6, device=device)
+        # running sums as tensors (no host sync per micro-batch): loss, clipfrac, entropy, k3, k1, |A|, A²
+        sums = torch.zeros(7, device=device)
         for _pass in range(c.mu):
             for start in range(0, n, size):
                 rows = slice(start, start + size)
@@ -224,12 +349,14 @@ class GRPOTrainer(RLMethod):
             grad_norm = self.optimizer_step()
             if _pass == 0:
                 grad_norm_first = grad_norm
-        sums[5] = masked_sum(adv.abs() if adv.dim() == 2 else adv.abs().unsqueeze(1).expand_as(full), full)
+        per_token = adv if adv.dim() == 2 else adv.unsqueeze(1).expand_as(full)
+        sums[5] = masked_sum(per_token.abs(), full)
+        sums[6] = masked_sum(per_token ** 2, full)
         # one all-reduce for every logged figure: means over processes, sums over the global batch's tokens
         mean_part = self.accelerator.reduce(sums[:2], reduction="mean")
         totals = self.accelerator.reduce(torch.cat([sums[2:], full.sum().reshape(1)]), reduction="sum")
         loss_value, clipfrac = mean_part.tolist()
-        entropy_sum, k3_sum, k1_sum, adv_sum, tokens = totals.tolist()
+        entropy_sum, k3_sum, k1_sum, adv_sum, adv_sq_sum, tokens = totals.tolist()
         tokens = max(tokens, 1.0)
         stats: dict[str, Any] = {"loss": loss_value, "clipfrac": clipfrac, "entropy": entropy_sum / tokens}
         if ref_logp is not None:
@@ -238,6 +365,7 @@ class GRPOTrainer(RLMethod):
         if c.max_grad_norm > 0:
             stats["grad_norm"] = grad_norm_first
         stats["adv_abs_mean"] = adv_sum / tokens
+        stats["adv_rms"] = (adv_sq_sum / tokens) ** 0.5  # the advantage's scale, which acts like a learning rate
         return stats
 
 def train(config: GRPOConfig) -> RunResult:

@@ -243,6 +243,11 @@ class RewardResult:
     """Per completion, the weighted reward of each step when a function returned per-step scores."""
     step_ends: list[list[int]] | None = field(default=None)
     """Per completion, the character offset where each step ends (exclusive)."""
+    outcome: Tensor | None = field(default=None)
+    """(N,) weighted sum of the functions that score whole answers (one number each), beside per-step scores; None
+    when every function scored steps, or none did."""
+    process_steps: list[list[float]] | None = field(default=None)
+    """Per completion, the weighted per-step scores of the process functions alone (`steps` less the outcome)."""
 
 
 def split_steps(completion: str) -> list[int]:
@@ -258,13 +263,16 @@ def compute_rewards(functions: Sequence[RewardFunction], prompts: Sequence[Any],
     """Call every reward function on the batch and combine: total = Σ_f w_f · r_f (None counts 0).
 
     When any function returns per-step lists, the outcome scores are put on each completion's last
-    step, so `steps` carries every function's contribution for process advantages.
+    step, so `steps` carries every function's contribution for process advantages; `process_steps` and `outcome`
+    keep the two apart for the credit forms that read them separately.
     """
     columns = columns or {}
     n = len(completions)
     per_function: dict[str, Tensor] = {}
     total = torch.zeros(n, dtype=torch.float64)
     step_lists: list[list[float]] | None = None
+    outcome = torch.zeros(n, dtype=torch.float64)  # the functions that scored whole answers
+    outcomes = 0
     splitters = {f.step_split for f in functions if f.step_split is not None}
     if len(splitters) > 1:
         raise ValueError("process rewards that cut completions into steps differently cannot be combined")
@@ -291,11 +299,16 @@ def compute_rewards(functions: Sequence[RewardFunction], prompts: Sequence[Any],
             scores = torch.tensor(sums, dtype=torch.float64)
         else:
             scores = torch.tensor([math.nan if r is None else float(r) for r in raw], dtype=torch.float64)
+            outcomes += 1
+            outcome += f.weight * torch.nan_to_num(scores, nan=0.0)
         per_function[f.name] = scores
         total += f.weight * torch.nan_to_num(scores, nan=0.0)
-    if step_lists is not None:
-        # outcome functions score the whole answer: their weighted part of the total lands on the last step
-        for i in range(n):
-            step_lists[i][-1] += float(total[i]) - sum(step_lists[i])
+    if step_lists is None:
+        return RewardResult(total=total.float(), per_function={k: v.float() for k, v in per_function.items()})
+    process_only = [list(steps) for steps in step_lists]
+    # outcome functions score the whole answer: their weighted part of the total lands on the last step
+    for i in range(n):
+        step_lists[i][-1] += float(outcome[i])
     return RewardResult(total=total.float(), per_function={k: v.float() for k, v in per_function.items()},
-                        steps=step_lists, step_ends=step_ends if step_lists is not None else None)
+                        steps=step_lists, step_ends=step_ends, outcome=outcome.float() if outcomes else None,
+                        process_steps=process_only)

@@ -14,9 +14,9 @@ import torch
 from tests.training.tiny import addition_split, char_tokenizer, save_tiny, tiny_gpt2
 from training.data import PromptRow
 from training.evaluate import EvalConfig, evaluate
-from training.grpo import GRPOConfig, GRPOTrainer, compute_advantages, main, token_step_index
+from training.grpo import Credit, GRPOConfig, GRPOTrainer, compute_advantages, main, step_advantages, token_step_index
 from training.policy import load_policy, prepare_tokenizer
-from training.rewards import RewardResult, build_reward_functions
+from training.rewards import RewardFunction, RewardResult, build_reward_functions, compute_rewards
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,7 +26,9 @@ REPO = Path(__file__).resolve().parents[2]
     [({"group_size": 1}, "group_size"), ({"beta": -1}, "beta"), ({"clip_eps": 1.5}, "clip_eps"),
      ({"aggregation": "mean"}, "aggregation"), ({"scale_rewards": "x"}, "scale_rewards"), ({"mu": 0}, "mu"),
      ({"temperature": 0}, "temperature"), ({"reward_fn": ["a"], "reward_weights": [1, 2]}, "reward_weights"),
-     ({"server_base_url": "http://x"}, "server_model"), ({"loss_type": "ppo"}, "loss_type")],
+     ({"server_base_url": "http://x"}, "server_model"), ({"loss_type": "ppo"}, "loss_type"),
+     ({"process_credit": "max"}, "process_credit"), ({"process_outcome_mix": -0.1}, "process_outcome_mix"),
+     ({"advantage_clip": 0}, "advantage_clip")],
 )
 def test_config_errors_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
@@ -68,6 +70,53 @@ def test_process_advantages_reach_the_tokens_of_their_step():
     assert adv[1, :3].tolist() == pytest.approx([0.0] * 3, abs=1e-5)
     assert adv[1, 3:5].tolist() == pytest.approx([s] * 2, abs=1e-5)
     assert zero_std == 0.0
+
+
+def _lines_ok(prompts, completions, **row):
+    """A process reward: 1 for each line that says ok."""
+    return [[1.0 if line == "ok" else 0.0 for line in c.split("\n")] for c in completions]
+
+
+def _right(prompts, completions, reference=None, **row):
+    """An outcome reward: whether the answer's tag matches the reference."""
+    return [1.0 if c.endswith(ref) else 0.0 for c, ref in zip(completions, reference, strict=True)]
+
+
+# one group of two answers whose lines all say ok; the first answer's final answer is wrong all the same
+ANSWERS = ["ok\nok", "ok\nok"]
+SCORED = compute_rewards([RewardFunction("lines", _lines_ok), RewardFunction("right", _right)], ["q", "q"],
+                         ["ok\nok#a", "ok\nok#b"], {"reference": ["#b", "#b"]})
+
+
+def test_first_error_credit_reads_the_outcome_as_the_last_steps_verdict():
+    scored = RewardResult(total=SCORED.total, per_function={}, steps=[[1.0, 1.0], [1.0, 2.0]],
+                          step_ends=[[3, 5], [3, 5]], outcome=torch.tensor([0.0, 1.0]),
+                          process_steps=[[1.0, 1.0], [1.0, 1.0]])
+    # verdicts: the first answer's last step is wrong by its outcome → v [1, 0] and [1, 1];
+    # mean 0.75, std 0.5 → [0.5, −1.5] and [0.5, 0.5]
+    a, b = step_advantages(scored, 2, eps=0.0, credit=Credit("first_error"))
+    assert a == pytest.approx([0.5, -1.5]) and b == pytest.approx([0.5, 0.5])
+
+
+def test_progress_credit_starts_from_the_groups_success_rate_and_ends_at_the_outcome():
+    scored = RewardResult(total=torch.zeros(2), per_function={}, steps=[[1.0, 1.0], [1.0, 2.0]],
+                          step_ends=[[3, 5], [3, 5]], outcome=torch.tensor([0.0, 1.0]),
+                          process_steps=[[1.0, 1.0], [1.0, 1.0]])
+    # V_0 = mean outcome 0.5; V = [1, 0] and [1, 1] → gains [0.5, −1] and [0.5, 0]; rms √0.375 = 0.612372
+    a, b = step_advantages(scored, 2, eps=0.0, credit=Credit("progress"))
+    assert a == pytest.approx([0.816497, -1.632993], abs=1e-6) and b == pytest.approx([0.816497, 0.0], abs=1e-6)
+
+
+def test_mix_needs_an_outcome_reward_and_keeps_it_out_of_the_step_rewards():
+    process_only = compute_rewards([RewardFunction("lines", _lines_ok)], ["q", "q"], ANSWERS)
+    with pytest.raises(ValueError, match="process_outcome_mix"):
+        step_advantages(process_only, 2, eps=1e-4, credit=Credit("sum", mix=0.3))
+    # SCORED: both answers' process steps are [1, 0]: sum form [0, −0.866] each, [0, −1.414214] at unit rms, the
+    # same for both, so the outcome alone (−1 and +1 at unit rms) separates them: −1 + 0.3·(−1.414214) = −1.424264
+    a, b = step_advantages(SCORED, 2, eps=0.0, credit=Credit("sum", mix=0.3))
+    assert a == pytest.approx([-1.0, -1.424264], abs=1e-6) and b == pytest.approx([1.0, 0.575736], abs=1e-6)
+    with pytest.raises(ValueError, match="process_outcome_mix"):
+        GRPOConfig(reward_model=None, process_reward_model="prm", process_outcome_mix=0.1).check_reward()
 
 
 # ------------------------------------------------------------------------------------------------

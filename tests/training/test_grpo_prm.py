@@ -109,13 +109,18 @@ def test_cli_runs_grpo_with_a_prm_beside_an_outcome_reward(char_prm, tmp_path, c
     code = main(["--prompts", str(prompts), "--model", str(policy), "--out", str(out), "--process-reward-model",
                  str(char_prm), "--reward-fn", "tests.training.tiny:digit_share", "--set", "process_reward_weight=0.5",
                  "--set", "group_size=4", "--set", "prompts_per_step=2", "--set", "max_new_tokens=6", "--set",
-                 "steps=2", "--set", "eval_k=2", "--quiet"])
+                 "steps=2", "--set", "eval_k=2", "--set", "process_credit=min", "--set", "process_outcome_mix=0.3",
+                 "--set", "advantage_clip=2", "--quiet"])
     assert code == 0, capsys.readouterr().err
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert "reward/process_reward_model" in rows[0] and "reward/digit_share" in rows[0]
+    # the step figures beside the outcome's: mean step reward and advantage by step index, the advantage's scale
+    assert 0.0 <= rows[0]["step_reward/0"] <= 0.5 and "step_adv/0" in rows[0]
+    assert 0.0 < rows[0]["adv_rms"] and 0.0 <= rows[0]["outcome_zero_std_frac"] <= 1.0
     run = json.loads((out / "run.json").read_text())["config"]
     assert run["process_reward_model"] == str(char_prm) and run["process_reward_weight"] == 0.5
+    assert (run["process_credit"], run["process_outcome_mix"], run["advantage_clip"]) == ("min", 0.3, 2.0)
     # the PRM alone is a reward; a directory that is no PRM is refused naming the field
     assert main(["--prompts", str(prompts), "--model", str(policy), "--out", str(tmp_path / "bad"),
                  "--process-reward-model", str(policy), "--quiet"]) == 2

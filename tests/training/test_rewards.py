@@ -141,6 +141,11 @@ def test_process_rewards_merge_with_outcome_on_last_step():
     # steps ×2, the outcome score added to the last step
     assert result.steps == [[2.0, 0.0, 3.0], [0.0, 2.0]]
     assert torch.allclose(result.total, torch.tensor([5.0, 2.0]))
+    # the two kept apart as well, for the credit forms that read them separately
+    assert result.process_steps == [[2.0, 0.0, 2.0], [0.0, 2.0]]
+    assert result.outcome is not None and result.outcome.tolist() == [1.0, 0.0]
+    alone = compute_rewards(functions[:1], ["q"], ["ok"])
+    assert alone.outcome is None and alone.steps == alone.process_steps == [[2.0]]
 
 
 def test_process_step_count_must_match_lines():
