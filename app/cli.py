@@ -438,7 +438,10 @@ def export_cmd(project: Annotated[str, typer.Argument(help="Project id or name")
                                                           "conversational layout); default: conversational when "
                                                           "the project holds chat prompts")] = None,
                neutral: Annotated[str, typer.Option(help="positive | negative | truncate: neutral steps "
-                                                         "(steps)")] = "positive") -> None:
+                                                         "(steps)")] = "positive",
+               every_step: Annotated[bool, typer.Option(help="steps: write every labelled step, the steps after a "
+                                                              "completion's first wrong one included (default: a "
+                                                              "row ends there)")] = False) -> None:
     """Export a project synchronously through the same writer as the job, record it, and copy it to --out."""
     import shutil
 
@@ -466,7 +469,7 @@ def export_cmd(project: Annotated[str, typer.Argument(help="Project id or name")
                 _fail(f"no project {project!r}")
             export = exports.create_export(db, found, None, kind=kind, format=format, filters=filters,
                                            aggregation=aggregation, conflicts=conflicts, layout=layout,
-                                           neutral=neutral)
+                                           neutral=neutral, every_step=every_step)
             export_id, spec = export.id, exports.spec_of(export)
     except DomainError as exc:
         _fail(f"{exc.field}: {exc.message}" if exc.field else exc.message)

@@ -778,6 +778,10 @@ class ExportIn(Strict):
     neutral: StepNeutral = Field(
         "positive", description="steps exports: neutral (0) steps become True (positive), False (negative), or end "
                                 "the row before them (truncate)")
+    every_step: bool = Field(
+        False, description="steps exports: write every labelled step of each completion, the steps after its first "
+                           "wrong one included (for training a process reward model as a dense reward); false: a row "
+                           "ends at its first wrong step")
 
 
 class ExportAccepted(BaseModel):

@@ -599,7 +599,8 @@ class Exports:
     def create(self, kind: str = "pairs", *, format: str = "jsonl", filters: Mapping[str, Any] | None = None,
                **options: Any) -> Export:
         """Request an export (a background job a worker runs): kind pairs, rankings, prompts, sft or steps;
-        format jsonl, parquet or hf. `options`: aggregation, conflicts, layout, neutral. `.wait()` for it."""
+        format jsonl, parquet or hf. `options`: aggregation, conflicts, layout, neutral, every_step. `.wait()` for
+        it."""
         body = {"kind": kind, "format": format, "filters": dict(filters or {}), **options}
         accepted = self._client._json("create_export", project_id=self.project_id, json=body)
         return self._client.export(accepted["export_id"])

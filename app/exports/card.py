@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from typing import Any
 
 import pyarrow as pa
 from sqlalchemy import Connection, case, func, or_, select
@@ -129,11 +130,11 @@ def render_card(conn: Connection, spec: ExportSpec, *, project_name: str, descri
     lines += ["---", "", f"# {project_name}: {spec.kind} export", ""]
     if description:
         lines += [description, ""]
-    options = {"kind": spec.kind, "format": spec.format, "filters": spec.filters}
+    options: dict[str, Any] = {"kind": spec.kind, "format": spec.format, "filters": spec.filters}
     if spec.kind == "pairs":
         options |= {"aggregation": spec.aggregation, "conflicts": spec.conflicts}
     if spec.kind == "steps":
-        options |= {"neutral": spec.neutral}
+        options |= {"neutral": spec.neutral, "every_step": spec.every_step}
     lines += ["## Selection", "", "```json", json.dumps(options, indent=2, sort_keys=True), "```", ""]
     lines += ["## Counts", "", f"- rows: {rows}" + ("  (empty: the filters select nothing)" if rows == 0 else "")]
     lines += [f"- source {k}: {v}" for k, v in sorted(sources.items())]

@@ -54,6 +54,8 @@ class ExportSpec:
     project's own — conversational when it holds any chat prompt."""
     neutral: str = "positive"
     """steps exports: how neutral (0) steps become bool labels (positive | negative | truncate)."""
+    every_step: bool = False
+    """steps exports: write every labelled step of a completion, not only those up to its first wrong step."""
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ def export_out(db, export) -> ExportOut:
 def _request_export(db, project, user, body: ExportIn):
     """The API's and the page's export request: one mapping of the request model onto the service."""
     return exports.request_export(db, project, user, body.kind, body.format, body.filters, body.aggregation,
-                                  body.conflicts, body.layout, body.neutral)
+                                  body.conflicts, body.layout, body.neutral, body.every_step)
 
 
 @router.post("/api/projects/{project_id}/exports", status_code=202, tags=["exports"],

@@ -161,7 +161,7 @@ def _choice(name: str, value: str, options: tuple[str, ...]) -> str:
 
 def create_export(db: Session, project: Project, actor: User | None, *, kind: str, format: str,
                   filters: dict[str, Any] | None = None, aggregation: str = "raw", conflicts: str = "keep",
-                  layout: str | None = None, neutral: str = "positive") -> Export:
+                  layout: str | None = None, neutral: str = "positive", every_step: bool = False) -> Export:
     """A validated Export row (no job): the caller writes it, the job or the CLI. Filters are stored normalised,
     with the aggregation options beside them, so the row alone says how to reproduce the export."""
     kind = _choice("kind", kind, KINDS)
@@ -173,6 +173,8 @@ def create_export(db: Session, project: Project, actor: User | None, *, kind: st
     neutral = _choice("neutral", neutral, formats.STEP_NEUTRAL)
     if kind != "steps" and neutral != "positive":
         raise Invalid("only steps exports treat neutral steps", field="neutral")
+    if kind != "steps" and every_step:
+        raise Invalid("only steps exports have steps to keep", field="every_step")
     if kind != "pairs" and aggregation != "raw":
         raise Invalid("only pairs exports can be aggregated", field="aggregation")
     stored = validate_filters(db, project, kind, filters)
@@ -188,7 +190,8 @@ def create_export(db: Session, project: Project, actor: User | None, *, kind: st
     if layout is not None:
         stored["layout"] = layout
     if kind == "steps":
-        stored = stored | {"neutral": neutral}
+        # every_step is stored only when on, so an export made before the option reads as it was written
+        stored = stored | {"neutral": neutral} | ({"every_step": True} if every_step else {})
     export = Export(project_id=project.id, kind=kind, format=fmt, filters=stored,
                     created_by_id=actor.id if actor else None)
     db.add(export)
@@ -209,11 +212,11 @@ def _gate_ai_step_labels(project: Project, stored: dict[str, Any]) -> dict[str, 
 
 def request_export(db: Session, project: Project, actor: User, kind: str, format: str,
                    filters: dict[str, Any] | None = None, aggregation: str = "raw", conflicts: str = "keep",
-                   layout: str | None = None, neutral: str = "positive") -> Export:
+                   layout: str | None = None, neutral: str = "positive", every_step: bool = False) -> Export:
     """Record the Export and enqueue its `export` job in the caller's transaction (leads, engineers, admins)."""
     permissions.require(db, actor, project, "export.create")
     export = create_export(db, project, actor, kind=kind, format=format, filters=filters, aggregation=aggregation,
-                           conflicts=conflicts, layout=layout, neutral=neutral)
+                           conflicts=conflicts, layout=layout, neutral=neutral, every_step=every_step)
     job = jobs.enqueue(db, "export", {"export_id": export.id}, project=project, actor=actor, max_attempts=2)
     export.job_id = job.id
     audit.record(db, actor, "export.request", project_id=project.id, object_type="export", object_id=export.id,
@@ -227,8 +230,10 @@ def spec_of(export: Export) -> ExportSpec:
     conflicts = filters.pop("conflicts", "keep")
     layout = filters.pop("layout", None)
     neutral = filters.pop("neutral", "positive")
+    every_step = bool(filters.pop("every_step", False))
     return ExportSpec(project_id=export.project_id, kind=export.kind, format=export.format, filters=filters,
-                      aggregation=aggregation, conflicts=conflicts, layout=layout, neutral=neutral)
+                      aggregation=aggregation, conflicts=conflicts, layout=layout, neutral=neutral,
+                      every_step=every_step)
 
 
 # How the exports page names each stored filter (the API keeps the stored names and values as they are).
@@ -237,7 +242,7 @@ FILTER_LABELS = {"source": "Sources", "split": "Split", "rubric_versions": "Rubr
                  "min_agreement": "Minimum agreement", "min_confidence": "Minimum confidence",
                  "replay_share": "Replay share", "created_after": "Created after", "created_before": "Created before",
                  "aggregation": "Aggregation", "conflicts": "Conflicts", "layout": "Layout",
-                 "neutral": "Neutral steps"}
+                 "neutral": "Neutral steps", "every_step": "Every labelled step"}
 
 
 def describe_filters(filters: dict[str, Any] | None) -> list[tuple[str, str]]:

@@ -5,9 +5,12 @@ provenance columns beside it (ids, the ternary labels, votes, labellers, split),
 
 Aggregation across annotators is by majority, step by step: each ranking that labelled a completion votes +1, 0
 or −1 on every step it covered; the most votes win, and a tie goes to the worse label (−1 before 0 before +1), so
-a step one of two annotators calls wrong is not trained as correct. A row ends at its first wrong step (labels
-after an error describe a solution already off course, and annotators may stop there). How neutral (0) steps
-become booleans is the export's `neutral` option:
+a step one of two annotators calls wrong is not trained as correct. By default a row ends at its first wrong step
+(labels after an error describe a solution already off course, and annotators may stop there; a verifier that ranks
+answers by their weakest step needs no more). The `every_step` option writes every labelled step instead, the
+right steps after a wrong one included, which a process reward model used as a dense reward for RL has to score
+too. Either way every labelled completion is its own row, completions that share a prompt included. How neutral (0)
+steps become booleans is the export's `neutral` option:
 
 - `positive` (default): a neutral step is not an error → True (PRM800K's neutral steps "neither help nor harm");
 - `negative`: a neutral step is not progress → False;
@@ -64,7 +67,8 @@ COLUMN_DOCS = {
     "completions": "the completion's steps, in order (TRL's stepwise layout: `completions` are the steps)",
     "labels": "per step: is it correct? (majority label, neutral treated as the `neutral` option says)",
     "step_labels": "per step: the majority label, +1 correct, 0 neutral, -1 wrong",
-    "first_error": "index of the first wrong step (the row's last), or empty when no step is wrong",
+    "first_error": "index of the first wrong step (the row's last unless every_step), or empty when no step is "
+                   "wrong",
     "ranking_ids": "the rankings whose step labels were aggregated",
     "annotators": "pseudonymous ids of the labellers of those rankings",
     "source": "human, ai or imported (mixed when the rankings came from several)",
@@ -105,9 +109,10 @@ def majority(votes: Counter[int]) -> int:
     return max(votes, key=lambda label: (votes[label], -label))
 
 
-def aggregate(per_ranking: list[list[int]], neutral: str) -> tuple[list[int], list[int], list[int]] | None:
-    """(majority label, its votes, all votes) per step of one completion, ended at its first wrong step (and,
-    with neutral="truncate", before its first neutral one); None when no step is left."""
+def aggregate(per_ranking: list[list[int]], neutral: str, every_step: bool = False
+              ) -> tuple[list[int], list[int], list[int]] | None:
+    """(majority label, its votes, all votes) per step of one completion, ended at its first wrong step unless
+    `every_step` (and, with neutral="truncate", before its first neutral one); None when no step is left."""
     if neutral not in STEP_NEUTRAL:
         raise ValueError(f"neutral must be one of {', '.join(STEP_NEUTRAL)}, got {neutral!r}")
     n = max((len(labels) for labels in per_ranking), default=0)
@@ -120,7 +125,7 @@ def aggregate(per_ranking: list[list[int]], neutral: str) -> tuple[list[int], li
         out[0].append(label)
         out[1].append(votes[label])
         out[2].append(sum(votes.values()))
-        if label == -1:
+        if label == -1 and not every_step:
             break
     return out if out[0] else None
 
@@ -158,7 +163,7 @@ class _Group:
 
 def _row(run: StepRun, group: _Group, steps: list[str], prompt: tuple[int, str, str]) -> dict[str, Any] | None:
     neutral = run.spec.neutral
-    agg = aggregate(list(group.rankings.values()), neutral)
+    agg = aggregate(list(group.rankings.values()), neutral, run.spec.every_step)
     if agg is None:
         return None
     step_labels, votes, total = agg
@@ -167,7 +172,7 @@ def _row(run: StepRun, group: _Group, steps: list[str], prompt: tuple[int, str, 
     metas = [group.meta[rid] for rid in ranking_ids]
     sources = sorted({m[0] for m in metas})
     annotators = [a for m in metas if (a := run.annotator(m[1], m[2])) is not None]
-    first_error = n - 1 if step_labels[n - 1] == -1 else None
+    first_error = next((j for j in range(n) if step_labels[j] == -1), None)
     return {"prompt_id": prompt[0], "completion_id": group.completion_id, "prompt": prompt[1],
             "completions": steps[:n], "labels": as_bools(step_labels[:n], neutral), "step_labels": step_labels[:n],
             "first_error": first_error, "ranking_ids": ranking_ids, "annotators": annotators,
@@ -235,8 +240,18 @@ def card_section(spec: ExportSpec) -> list[str]:
             "TRL's stepwise-supervision layout: `prompt`, `completions` (the steps) and `labels` (one bool per "
             "step) load unchanged into `trl.PRMTrainer`; the other columns are provenance.", "",
             "Each completion's labels are the majority over its rankings, step by step; a tie goes to the worse "
-            "label (-1, then 0, then +1). A row ends at its first wrong step. With "
-            f"`neutral: {spec.neutral}`, {treatment}.", "",
+            f"label (-1, then 0, then +1). {_cut(spec)} With `neutral: {spec.neutral}`, {treatment}.", "",
             "AI judge step labels (source `ai`, labeller `judge-run-N`) are included only when the lead allowed "
             "them for training; each votes its hard label (p >= 0.5: correct) and `judge_p` keeps the soft label.",
             ""]
+
+
+def _cut(spec: ExportSpec) -> str:
+    """The card's sentence on where a row ends."""
+    if spec.every_step:
+        return ("`every_step: true`: a row holds every labelled step of its completion, the steps after a wrong one "
+                "included (training-grade: a process reward model used as a dense reward must score those too); "
+                "completions that share a prompt are each their own row.")
+    return ("A row ends at its first wrong step (the default: labels after an error describe a solution already off "
+            "course and annotators may stop there; `every_step: true` keeps them); completions that share a prompt "
+            "are each their own row.")

@@ -673,7 +673,8 @@ class RankingForm(FieldsetForm):
 class ExportForm(ApiForm):
     LABELS: ClassVar[Mapping[str, str]] = {
         "kind": "Kind", "format": "Format", "aggregation": "Aggregation (pairs)",
-        "conflicts": "Conflicts (aggregated)", "neutral": "Neutral steps (steps)", "filters.source": "Sources",
+        "conflicts": "Conflicts (aggregated)", "neutral": "Neutral steps (steps)",
+        "every_step": "Every labelled step (steps)", "filters.source": "Sources",
         "filters.split": "Split",
         "filters.rubric_versions": "Rubric versions", "filters.min_agreement": "Minimum agreement (pairs)",
         "filters.flagged": "Flagged items", "filters": "Filters", "layout": "Layout"}
@@ -685,6 +686,7 @@ class ExportForm(ApiForm):
     layout: str = ""
     """Empty: the project's own (conversational when it holds chat prompts)."""
     neutral: str = "positive"
+    every_step: bool = False
     source: list[str] = Field(default_factory=list)
     split: str = ""
     rubric_versions: str = Field("", max_length=200)
@@ -704,7 +706,8 @@ class ExportForm(ApiForm):
         return ExportIn.from_form(kind=self.kind, format=self.format, filters=self.filters(),
                         aggregation=self.aggregation if self.kind == "pairs" else "raw",
                         conflicts=self.conflicts, layout=self.layout or None,
-                        neutral=self.neutral if self.kind == "steps" else "positive")
+                        neutral=self.neutral if self.kind == "steps" else "positive",
+                        every_step=self.every_step and self.kind == "steps")
 
 
 class TrainingForm(ApiForm):

@@ -4,6 +4,7 @@ stepwise layout, read back by `datasets` and tokenized the way a process reward 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,37 @@ def test_the_neutral_option_changes_labels_and_is_recorded(labelled, app, tmp_pa
     truncated = _export(client, app, project_id, kind="steps", format="jsonl", neutral="truncate")
     rows = _rows(_download(client, truncated, tmp_path / "t") / "steps.jsonl")
     assert sorted(r["completions"] for r in rows) == [["2 + 3 = 5"], ["2 + 3 = 5"], ["2 + 3 = 6"], ["2 + 3 = 6"]]
+
+
+def _label_past_errors(n: int, text: str) -> list[int]:
+    # An annotator who labels every step: BAD's first step is wrong, its second right given the first.
+    return [1, 1, 1] if text == GOOD else [-1, 1]
+
+
+def test_every_step_keeps_the_steps_after_the_first_error(db, make_user, make_project, token_for, api, app,
+                                                          tmp_path: Path) -> None:
+    lead, engineer, project, people = _seed(db, make_user, make_project, annotators=1)
+    _label_everything(db, api, token_for, project, people, _label_past_errors)
+    client = api(token_for(db, engineer))
+    db.commit()
+    cut = _export(client, app, project.id, kind="steps", format="jsonl")
+    full = _export(client, app, project.id, kind="steps", format="jsonl", every_step=True)
+    # the default is recorded as before (no key), the option by name
+    assert "every_step" not in cut["filters"] and full["filters"]["every_step"] is True
+    cut_rows = _rows(_download(client, cut, tmp_path / "cut") / "steps.jsonl")
+    rows = _rows(_download(client, full, tmp_path / "full") / "steps.jsonl")
+    bad = [r for r in rows if r["completions"][0] == "2 + 3 = 6"]
+    assert [r["completions"] for r in bad] == [["2 + 3 = 6", "answer: 12"]] * 2
+    assert [r["labels"] for r in bad] == [[False, True]] * 2 and [r["first_error"] for r in bad] == [0, 0]
+    assert sorted(r["completions"] for r in cut_rows if r["first_error"] == 0) == [["2 + 3 = 6"]] * 2
+    # each prompt's two answers are each a row, in both exports
+    for exported in (rows, cut_rows):
+        assert sorted(Counter(r["prompt_id"] for r in exported).values()) == [2, 2]
+    card = (tmp_path / "full" / "README.md").read_text(encoding="utf-8")
+    assert "`every_step: true`" in card and '"every_step": true' in card
+    refused = client.post(f"/api/projects/{project.id}/exports", json={"kind": "pairs", "format": "jsonl",
+                                                                       "every_step": True})
+    assert refused.status_code == 422 and refused.json()["detail"][0]["field"] == "every_step"
 
 
 def test_neutral_is_refused_for_other_kinds(labelled) -> None:

@@ -20,6 +20,7 @@ NEW = "form[action$='/exports']"  # the new-export form
 PHONE = {"width": 390, "height": 844, "is_mobile": True, "has_touch": True}
 # Each option's label, and the kinds whose form shows it (the server reads it only for those).
 OPTIONS = {"Aggregation (pairs)": {"pairs"}, "Conflicts (aggregated)": set(), "Neutral steps (steps)": {"steps"},
+           "Every labelled step (steps)": {"steps"},
            "Minimum agreement (pairs)": {"pairs"}, "Rubric versions": {"pairs", "rankings", "sft", "steps"},
            "Flagged items": {"pairs", "rankings", "sft", "steps"}, "human": {"pairs", "rankings", "sft", "steps"},
            "Split": {"pairs", "rankings", "sft", "steps", "prompts"}, "Layout": {"pairs", "rankings", "sft", "steps", "prompts"}}
@@ -94,9 +95,10 @@ def test_the_new_export_form_shows_only_the_chosen_kinds_options(live_server, ne
     # The options shown are the ones the export is made with.
     pg.select_option(NEW + " select[name=kind]", "steps")
     pg.select_option(NEW + " select[name=neutral]", "negative")
+    pg.check(NEW + " input[name=every_step]")
     pg.get_by_role("button", name="Start export").click()
     pg.wait_for_url(f"**/projects/{project_id}/exports")
     with live_server.session() as db:
         newest = db.scalars(select(Export).order_by(Export.id.desc())).first()
-        assert (newest.kind, newest.filters["neutral"]) == ("steps", "negative")
+        assert (newest.kind, newest.filters["neutral"], newest.filters["every_step"]) == ("steps", "negative", True)
         assert "aggregation" not in newest.filters

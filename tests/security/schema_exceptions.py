@@ -71,6 +71,8 @@ EXCEPTIONS: list[tuple[str, str, str]] = [
     ("POST /api/v1/projects/{project_id}/exports", "only pairs exports", "aggregation applies to pairs exports only"),
     ("POST /api/v1/projects/{project_id}/exports", "only steps exports treat neutral steps",
      "`neutral` applies to steps exports only"),
+    ("POST /api/v1/projects/{project_id}/exports", "only steps exports have steps to keep",
+     "`every_step` applies to steps exports only"),
     ("POST /api/v1/projects/{project_id}/rankings", "rank at least two tiers",
      "a ranking that is not a skip needs two tiers or more (a rule across `skipped` and `tiers`)"),
     ("*", "filters", "export filters depend on the export kind"),
