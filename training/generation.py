@@ -328,23 +328,32 @@ class HFGenerator:
         return text, has_template if self.use_chat_template is None else self.use_chat_template
 
     def generate(self, prompts: Sequence[Prompt], n: int, params: GenerationParams, *,
-                 progress: Progress | None = None, should_stop: ShouldStop | None = None) -> list[list[Sample]]:
+                 progress: Progress | None = None, should_stop: ShouldStop | None = None,
+                 prefixes: Sequence[str] | None = None) -> list[list[Sample]]:
         """`n` samples per prompt, in prompt order. `progress(done, total)` counts samples after every
-        batch; `should_stop` is checked before every batch and raises GenerationCancelled."""
+        batch; `should_stop` is checked before every batch and raises GenerationCancelled.
+
+        `prefixes`, one per prompt: the start of the answer, written after the rendered prompt (inside the
+        assistant's turn of a chat template), which every sample continues; a sample's text is the continuation
+        only. Monte-Carlo step estimation samples from a solution's first steps this way."""
         _check_prompts(prompts)
         _check_n(n, self.max_k)
+        if prefixes is not None and (isinstance(prefixes, str) or len(prefixes) != len(prompts)
+                                     or not all(isinstance(p, str) for p in prefixes)):
+            raise GenerationError(f"prefixes must be a list of one string per prompt ({len(prompts)})")
         with self._lock:
             self._load()
-            return self._generate(list(prompts), n, params, progress, should_stop)
+            return self._generate(list(prompts), n, params, progress, should_stop, prefixes)
 
     def _generate(self, prompts: list[Prompt], n: int, params: GenerationParams, progress: Progress | None,
-                  should_stop: ShouldStop | None) -> list[list[Sample]]:
+                  should_stop: ShouldStop | None, prefixes: Sequence[str] | None = None) -> list[list[Sample]]:
         import torch
 
         tokenizer = self._tokenizer
         encoded: list[list[int]] = []
         rendered: list[str] = []
-        for text, templated in (self.render(p) for p in prompts):
+        for j, (text, templated) in enumerate(self.render(p) for p in prompts):
+            text += prefixes[j] if prefixes is not None else ""
             rendered.append(text)
             encoded.append(tokenizer(text, add_special_tokens=not templated)["input_ids"])
         context = self.context_length()

@@ -147,6 +147,18 @@ def test_hf_chat_template_formats_messages_and_strings(chat_dir):
     assert plain.render(messages) == ("system: add\nuser: 1+2\nassistant: ", False)
 
 
+def test_hf_prefixes_are_continued_as_if_they_ended_the_prompt(hf, chat_dir):
+    params = GenerationParams(max_new_tokens=6, seed=9)
+    continued = hf.generate(["1+2=", "9+9="], 3, params, prefixes=["3\n", ""])
+    # Without a chat template the prompt is used as it is: a prefix is more prompt, sampled from the same streams.
+    assert texts(continued) == texts(hf.generate(["1+2=3\n", "9+9="], 3, params))
+    # With one, the prefix goes after the generation prompt, inside the answer it starts.
+    chat, plain = HFGenerator(chat_dir), HFGenerator(chat_dir, use_chat_template=False)
+    assert texts(chat.generate(["1+2="], 2, params, prefixes=["3"])) == texts(plain.generate(["u:1+2=\na:3"], 2, params))
+    with pytest.raises(GenerationError, match="one string per prompt"):
+        hf.generate(["1+2=", "9+9="], 1, params, prefixes=["3"])
+
+
 def test_hf_progress_and_stop_between_batches(tiny_dir):
     generator = HFGenerator(tiny_dir, batch_size=2)
     seen = []

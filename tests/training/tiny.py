@@ -47,6 +47,20 @@ def tiny_gpt2(tokenizer: PreTrainedTokenizerFast, seed: int = 0, n_embd: int = 6
     return GPT2LMHeadModel(config)
 
 
+def silent_gpt2(tokenizer: PreTrainedTokenizerFast, n_positions: int = 512) -> GPT2LMHeadModel:
+    """A tiny GPT-2 that ends every answer at once: its final layer norm outputs one fixed vector, which the tied
+    output embedding scores +10 for EOS and −10 for every other token. A continuation it writes is empty, so what a
+    prefix leads to is the prefix itself: outcomes a test knows in advance."""
+    model = tiny_gpt2(tokenizer, n_positions=n_positions)
+    with torch.no_grad():
+        model.transformer.ln_f.weight.zero_()
+        model.transformer.ln_f.bias.zero_()
+        model.transformer.ln_f.bias[0] = 1.0
+        model.transformer.wte.weight[:, 0] = -10.0
+        model.transformer.wte.weight[tokenizer.eos_token_id, 0] = 10.0
+    return model
+
+
 def save_tiny(model: GPT2LMHeadModel, tokenizer: PreTrainedTokenizerFast, path: str | Path) -> Path:
     path = Path(path)
     model.save_pretrained(path)
