@@ -1,5 +1,5 @@
-"""The `preflab` command: serve, demo, migrate, backup, restore, user, token, import, export, train, models,
-rotate-encryption-key."""
+"""The `preflab` command: serve, demo, migrate, backup, restore, user, token, import, export, train,
+mc-step-labels, models, rotate-encryption-key."""
 
 from __future__ import annotations
 
@@ -573,6 +573,57 @@ def _queue_training_run(args: list[str]) -> None:
         field = getattr(exc, "field", None)
         _fail(f"{field}: {getattr(exc, 'message', exc)}" if field else str(exc))
     typer.echo(f"queued {ns.kind} run {run_id} (job {job_id}); `preflab worker` runs it")
+
+
+@cli.command("mc-step-labels")
+def mc_step_labels(project: Annotated[int, typer.Argument(help="Project id")],
+                   user: Annotated[str, typer.Option(help="Email of the lead or engineer the run is recorded for")],
+                   model: Annotated[str | None, typer.Option(help="Policy: a local model directory (default: the "
+                                                             "default policy, PREFLAB_DEFAULT_POLICY_MODEL)")] = None,
+                   n: Annotated[int, typer.Option("--n", help="Continuations sampled from each step's prefix")] = 8,
+                   estimate: Annotated[str, typer.Option(help="hard: a step is correct when any continuation "
+                                                         "reaches the right answer; soft: when at least half do")]
+                   = "hard",
+                   max_completions: Annotated[int, typer.Option(help="Most completions to label")] = 100,
+                   max_new_tokens: Annotated[int, typer.Option(help="Most tokens per continuation")] = 256,
+                   temperature: Annotated[float, typer.Option(help="Sampling temperature")] = 1.0,
+                   seed: Annotated[int, typer.Option(help="Base seed")] = 0,
+                   prompt: Annotated[list[int] | None, typer.Option("--prompt", help="Only this prompt id "
+                                                                    "(repeatable)")] = None) -> None:
+    """Queue Monte-Carlo step labels (Math-Shepherd): N continuations from every step of each completion, checked
+    against the prompt's reference answer, label the step (a worker runs the job; the judge page starts the same)."""
+    from pydantic import ValidationError
+
+    from app.accounts import users
+    from app.judge import monte_carlo
+    from app.models import Project
+    from app.platform.db import session_scope
+    from app.platform.errors import DomainError
+    from app.schemas import MCStepLabelsIn
+    from app.web.forms import validation_field
+
+    settings = _settings()
+    try:
+        body = MCStepLabelsIn.model_validate(
+            {"model": model, "n": n, "estimate": estimate, "max_completions": max_completions,
+             "max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed, "prompt_ids": prompt or None},
+            strict=False)
+        with session_scope(_session_factory(settings)) as db:
+            found, actor = db.get(Project, project), users.get_by_email(db, user)
+            if found is None or actor is None:
+                _fail(f"no project with id {project}" if found is None else f"no user with email {user}")
+            run, job = monte_carlo.request_mc_labels(
+                db, found, actor, model=body.model, n=body.n, estimate=body.estimate,
+                max_completions=body.max_completions, max_new_tokens=body.max_new_tokens,
+                temperature=body.temperature, seed=body.seed, prompt_ids=body.prompt_ids, checker=body.checker,
+                default_model=settings.default_policy_model)
+            run_id, job_id, params = run.id, job.id, dict(run.params)
+    except ValidationError as exc:
+        _fail("{}: {}".format(*validation_field(exc)))
+    except DomainError as exc:
+        _fail(f"{exc.field}: {exc.message}" if exc.field else exc.message)
+    typer.echo(f"queued Monte-Carlo run {run_id} (job {job_id}): {params['planned_completions']} completions, "
+               f"{params['planned_continuations']} continuations; `preflab worker` runs it")
 
 
 def _literal(value: str):

@@ -40,6 +40,9 @@ ROLES = ("admin", "lead", "annotator", "engineer")
 MEMBER_ROLES = ("lead", "annotator", "engineer")
 SPLITS = ("train", "heldout")
 LABEL_SOURCES = ("human", "ai", "imported")
+RANKING_SOURCES = (*LABEL_SOURCES, "mc")
+"""Who made a ranking: the label sources, and "mc", Monte-Carlo step estimation (app.judge.monte_carlo), whose
+rankings hold step labels only: no order of the completions, so no pairs."""
 ASSIGNMENT_STATES = ("leased", "submitted", "skipped", "expired", "released")
 JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 RUN_KINDS = methods.KINDS
@@ -365,7 +368,8 @@ class AssignmentDraft(Base):
 
 
 class JudgeRun(Base):
-    """One pass of an AI judge over prompts, under one constitution version."""
+    """One pass of an automatic labeller over prompts: the AI judge under one constitution version, or Monte-Carlo
+    step estimation (`params["method"]` "monte_carlo", no constitution; its rankings have source "mc")."""
 
     __tablename__ = "judge_runs"
 
@@ -387,10 +391,10 @@ class Ranking(Base):
         UniqueConstraint("prompt_id", "annotator_id", "round"),
         UniqueConstraint("prompt_id", "judge_run_id", "round"),
         UniqueConstraint("annotator_id", "client_submission_id"),
-        CheckConstraint(_in("source", LABEL_SOURCES), name="source"),
+        CheckConstraint(_in("source", RANKING_SOURCES), name="source"),
         CheckConstraint(
             "(source = 'human' AND annotator_id IS NOT NULL AND judge_run_id IS NULL)"
-            " OR (source = 'ai' AND judge_run_id IS NOT NULL AND annotator_id IS NULL)"
+            " OR (source IN ('ai', 'mc') AND judge_run_id IS NOT NULL AND annotator_id IS NULL)"
             " OR (source = 'imported' AND annotator_id IS NULL AND judge_run_id IS NULL)",
             name="labeller",
         ),
@@ -456,7 +460,8 @@ class StepLabel(Base):
     """One step of one completion judged within a ranking: +1 correct, 0 neutral, −1 wrong (process supervision).
 
     A completion's labels in a ranking cover its steps from the first, and may stop at the first −1. The AI
-    judge's step labels belong to its ranking (source "ai", so its judge run) and carry the soft label `p`.
+    judge's step labels belong to its ranking (source "ai", so its judge run) and carry the soft label `p`;
+    Monte-Carlo step labels (source "mc") carry the share of continuations that reached the right answer.
     """
 
     __tablename__ = "step_labels"
@@ -473,7 +478,8 @@ class StepLabel(Base):
     step_index: Mapped[int] = mapped_column(Integer)
     label: Mapped[int] = mapped_column(Integer)
     p: Mapped[float | None] = mapped_column(Float)
-    """The AI judge's p(step correct), Yes over Yes + No; its `label` is +1 when p ≥ 0.5, else −1. None for people."""
+    """The AI judge's p(step correct), Yes over Yes + No (its `label` is +1 when p ≥ 0.5, else −1); Monte-Carlo's
+    share of right continuations (its `label` from the run's hard or soft estimate). None for people."""
 
 
 class Job(Base):

@@ -583,6 +583,36 @@ class JudgeRunAccepted(BaseModel):
     job_id: int
 
 
+class MCStepLabelsIn(Strict):
+    model: str | None = Field(default=None, max_length=1000, description=(
+        "The policy that writes the continuations: a local model directory (a causal LM, no hub). Default: the "
+        "default policy (PREFLAB_DEFAULT_POLICY_MODEL, SmolLM2-135M-Instruct once `preflab models prepare` ran)."))
+    n: Int = Field(default=8, ge=1, le=64, description=(
+        "N: continuations sampled from each step's prefix (Math-Shepherd used 8). The run samples N × (steps − 1) "
+        "per completion; one over 500000 in all is refused, naming this field."))
+    estimate: Literal["hard", "soft"] = Field(default="hard", description=(
+        "Which estimate labels a step: hard, +1 when any of the N continuations reaches the right answer; soft, "
+        "+1 when at least half do. Either way the share of right continuations is stored as the soft label p."))
+    max_completions: Int = Field(default=100, ge=1, le=10_000, description=(
+        "Most completions to label: the ones a task shows (the prompt's K newest), prompt by prompt in id order."))
+    max_new_tokens: Int = Field(default=256, ge=1, le=4096, description="Most tokens per continuation.")
+    temperature: float = Field(default=1.0, gt=0, le=5, description="Sampling temperature of the continuations.")
+    seed: Int = Field(default=0, ge=0, le=2**31 - 1, description="Base seed: a run with the same seed and policy "
+                                                                 "samples the same continuations.")
+    checker: Literal["gsm8k_exact_match"] = Field(default="gsm8k_exact_match", description=(
+        "How a continuation is checked against the prompt's reference answer: gsm8k_exact_match compares final "
+        "numbers (`#### x`, `A: x`, `\\boxed{x}`, else the last number). Prompts without a reference are passed "
+        "over; a project with none is refused."))
+    prompt_ids: list[Id] | None = Field(default=None, max_length=100_000, description="Only these prompts.")
+
+
+class MCStepLabelsAccepted(BaseModel):
+    run_id: int = Field(description="The Monte-Carlo run (listed with the judge runs); its rankings have source mc.")
+    job_id: int
+    planned_completions: int = Field(description="Completions the run will label.")
+    planned_continuations: int = Field(description="Continuations it will sample: N × (steps − 1) per completion.")
+
+
 class CalibrationBinOut(BaseModel):
     p_low: float
     p_high: float

@@ -223,7 +223,8 @@ def rankings_select(spec: ExportSpec, conversational: bool) -> Select[*tuple[Any
         .join(Prompt, Ranking.prompt_id == Prompt.id)
         .outerjoin(Rubric, Ranking.rubric_id == Rubric.id)
         .outerjoin(Constitution, Ranking.constitution_id == Constitution.id)
-        .where(Ranking.project_id == spec.project_id, Ranking.skipped.is_(False))
+        # Monte-Carlo rankings hold step labels and no order: they are no ranking to export or pick from.
+        .where(Ranking.project_id == spec.project_id, Ranking.skipped.is_(False), Ranking.source != "mc")
     )
     return ranking_filters(stmt, spec.filters, pair_level=False)
 

@@ -100,6 +100,8 @@ def labels_select(spec: ExportSpec) -> Select[*tuple[Any, ...]]:
             .where(Ranking.project_id == spec.project_id, Ranking.skipped.is_(False)))
     if "constitution_versions" in spec.filters:
         stmt = stmt.outerjoin(Constitution, Ranking.constitution_id == Constitution.id)
+    if "source" not in spec.filters:
+        stmt = stmt.where(Ranking.source != "mc")  # Monte-Carlo labels only when asked for by name
     return ranking_filters(stmt, spec.filters, pair_level=False).order_by(
         StepLabel.completion_id, StepLabel.ranking_id, StepLabel.step_index)
 

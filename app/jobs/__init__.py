@@ -20,6 +20,7 @@ __all__ = ["HANDLERS", "context", "handler_for", "queue", "routes"]
 HANDLERS: dict[str, str] = {
     "sample_completions": "app.judge.sample_job:run",
     "judge": "app.judge.judge_job:run",
+    "mc_step_labels": "app.judge.monte_carlo_job:run",
     "train": "app.runs.train_job:run",
     "revise": "app.judge.revise_job:run",
     "rm_check": "app.runs.train_job:check_against_humans",

@@ -22,8 +22,8 @@ from app.platform.errors import Conflict, Invalid, NotFound
 from app.platform.observability import current_request_id
 from app.projects import projects
 
-KINDS = ("sample_completions", "judge", "export", "train", "revise", "rm_check", "project_rollup", "priorities",
-         "webhook_delivery")
+KINDS = ("sample_completions", "judge", "mc_step_labels", "export", "train", "revise", "rm_check", "project_rollup",
+         "priorities", "webhook_delivery")
 TERMINAL = ("succeeded", "failed", "cancelled")
 GivenUp = Callable[[Session, list[int]], None]
 """Told, in the claim's transaction, the ids of jobs that just failed because every attempt died."""

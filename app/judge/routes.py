@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from app.accounts import permissions
 from app.annotation import steps
-from app.judge import endpoints, judging, revisions
+from app.judge import endpoints, judging, monte_carlo, revisions
 from app.judge import steps as judge_steps
 from app.projects import constitutions, projects
 from app.quality import judge_agreement as human_ai
@@ -24,13 +24,15 @@ from app.schemas import (
     JudgeRunAccepted,
     JudgeRunIn,
     JudgeStepAgreementOut,
+    MCStepLabelsAccepted,
+    MCStepLabelsIn,
     RevisionDecisionIn,
     RevisionJobIn,
     RevisionOut,
 )
 from app.web.deps import MAX_ID, CurrentUser, Id, PageUser, SessionDep
 from app.web.form_pages import ProjectPage
-from app.web.forms import AILabelsForm, AIStepLabelsForm, DecisionForm, JudgeForm, RevisionsForm
+from app.web.forms import AILabelsForm, AIStepLabelsForm, DecisionForm, JudgeForm, MCStepLabelsForm, RevisionsForm
 
 router = APIRouter()
 
@@ -42,6 +44,14 @@ def _request_judge_run(db, project, user, body: JudgeRunIn):
         mode=body.mode, principles=body.principles, prompt_ids=body.prompt_ids, seed=body.seed,
         low_confidence=body.low_confidence, route_low_confidence=body.route_low_confidence,
         label_steps=body.label_steps)
+
+
+def _request_mc_labels(request: Request, db, project, user, body: MCStepLabelsIn):
+    """The API's and the page's Monte-Carlo run: a blank model is the app's default policy."""
+    return monte_carlo.request_mc_labels(
+        db, project, user, model=body.model, n=body.n, estimate=body.estimate, max_completions=body.max_completions,
+        max_new_tokens=body.max_new_tokens, temperature=body.temperature, seed=body.seed, prompt_ids=body.prompt_ids,
+        checker=body.checker, default_model=request.app.state.settings.default_policy_model)
 
 
 def _request_revisions(db, project, user, body: RevisionJobIn):
@@ -56,6 +66,24 @@ def create_judge_run(project_id: Id, body: JudgeRunIn, db: SessionDep, user: Cur
     project = projects.get_visible(db, project_id, user)
     run, job = _request_judge_run(db, project, user, body)
     return JudgeRunAccepted(judge_run_id=run.id, job_id=job.id)
+
+
+@router.post("/api/projects/{project_id}/mc-step-labels", status_code=202, tags=["judge"],
+             summary="Label steps by Monte-Carlo estimation (Math-Shepherd): a background job",
+             description="For every step of each completion labelled, N continuations are sampled with the policy "
+                         "from the step's prefix and checked against the prompt's reference answer; the step's label "
+                         "is the hard estimate (any right) or the soft one (at least half right), and the share "
+                         "right is kept as its soft label. The labels are a labeller of their own (source `mc`). "
+                         "The answer says what the run will cost.",
+             responses={422: {"description": "A bad field, named in `detail` (`model`, `n`, `prompt_ids`, …); a "
+                                             "project without step labels, or without a reference answer to check "
+                                             "against"}})
+def create_mc_step_labels(request: Request, project_id: Id, body: MCStepLabelsIn, db: SessionDep,
+                          user: CurrentUser) -> MCStepLabelsAccepted:
+    project = projects.get_visible(db, project_id, user)
+    run, job = _request_mc_labels(request, db, project, user, body)
+    return MCStepLabelsAccepted(run_id=run.id, job_id=job.id, planned_completions=run.params["planned_completions"],
+                                planned_continuations=run.params["planned_continuations"])
 
 
 @router.get("/api/projects/{project_id}/judge-agreement", tags=["judge"], response_model=JudgeAgreementOut,
@@ -153,6 +181,15 @@ def ai_step_labels_from_page(request: Request, project_id: Id, db: SessionDep, u
                              lambda db, project, user, body: judge_steps.set_ai_step_labels(db, project, user,
                                                                                            body.enabled),
                              redirect="/projects/{project_id}/judge", shown={"step_gate_error": True})
+
+
+@router.post("/projects/{project_id}/judge/mc-step-labels", include_in_schema=False)
+def mc_step_labels_from_page(request: Request, project_id: Id, db: SessionDep, user: PageUser,
+                             form: Annotated[MCStepLabelsForm, Form()]) -> Response:
+    # A refusal shows the page again with the error beside this form (mc_form_error), not the judge run's.
+    return JUDGE_PAGE.submit(request, db, user, project_id, form,
+                             lambda db, project, user, body: _request_mc_labels(request, db, project, user, body),
+                             redirect="/projects/{project_id}/jobs", shown={"mc_form_error": True})
 
 
 # --- supervised CAI stage: critique → revision --------------------------------------------------

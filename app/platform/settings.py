@@ -88,9 +88,10 @@ class Settings(BaseSettings):
     secure_cookies: bool | None = None
     """Mark cookies Secure; defaults to true in production only (PREFLAB_ENV=production)."""
     default_policy_model: Path | None = None
-    """Model directory (a causal LM) that sft, dpo, rft, grpo and ppo runs start from when the run names none.
-    Unset, it is SmolLM2-135M-Instruct once `preflab models prepare` (or `preflab demo`) has prepared it under
-    DATA_DIR/models; before that, such a run must name its base model."""
+    """Model directory (a causal LM) that sft, dpo, rft, grpo and ppo runs start from when the run names none, and
+    Monte-Carlo step labels sample with when they name no policy. Unset, it is SmolLM2-135M-Instruct once
+    `preflab models prepare` (or `preflab demo`) has prepared it under DATA_DIR/models; before that, such a run
+    must name its base model."""
     log_format: Literal["text", "json"] = "text"
     """Log lines as plain text, or one JSON object per line (time, level, logger, message, request_id, job_id)."""
     metrics_allowed_networks: str = "127.0.0.1/32,::1/128"

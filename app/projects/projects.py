@@ -138,7 +138,8 @@ def counts(db: Session, project: Project) -> ProjectCounts:
     return ProjectCounts(
         prompts=n(select(func.count(Prompt.id)).where(Prompt.project_id == project.id)),
         completions=n(select(func.count(Completion.id)).join(Prompt).where(Prompt.project_id == project.id)),
-        rankings=n(select(func.count(Ranking.id)).where(Ranking.project_id == project.id)),
+        # Monte-Carlo step labelling keeps its labels in rankings that order nothing: not counted as rankings.
+        rankings=n(select(func.count(Ranking.id)).where(Ranking.project_id == project.id, Ranking.source != "mc")),
         pairs=n(select(func.count(Pair.id)).join(Prompt, Pair.prompt_id == Prompt.id)
                 .where(Prompt.project_id == project.id)),
         rubric_versions=n(select(func.count(Rubric.id)).where(Rubric.project_id == project.id)),

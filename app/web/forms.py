@@ -28,6 +28,7 @@ from app.schemas import (
     ExportIn,
     IterateIn,
     JudgeRunIn,
+    MCStepLabelsIn,
     MemberIn,
     ModelEndpointIn,
     ModelEndpointPatch,
@@ -418,6 +419,26 @@ class JudgeForm(GeneratorForm, ApiForm):
         return JudgeRunIn.from_form(generator=self.generator(), mode=self.mode, principles=self.principles,
                                     seed=self.seed, route_low_confidence=self.route_low_confidence,
                                     label_steps=self.label_steps)
+
+
+class MCStepLabelsForm(ApiForm):
+    LABELS: ClassVar[Mapping[str, str]] = {"model": "Policy model directory", "n": "Continuations per step (N)",
+                                           "estimate": "Estimate", "max_completions": "Most completions",
+                                           "max_new_tokens": "Max new tokens", "temperature": "Temperature",
+                                           "seed": "Seed", "checker": "Checker", "prompt_ids": "Prompts"}
+
+    model: str = Field("", max_length=1000)
+    n: str = Field("8", max_length=20)
+    estimate: str = Field("hard", max_length=20)
+    max_completions: str = Field("100", max_length=20)
+    max_new_tokens: str = Field("256", max_length=20)
+    temperature: str = Field("1.0", max_length=20)
+    seed: str = Field("0", max_length=20)
+
+    def to_api(self) -> MCStepLabelsIn:
+        return MCStepLabelsIn.from_form(model=self.model.strip() or None, n=self.n, estimate=self.estimate,
+                                        max_completions=self.max_completions, max_new_tokens=self.max_new_tokens,
+                                        temperature=self.temperature, seed=self.seed)
 
 
 class RevisionsForm(ApiForm):

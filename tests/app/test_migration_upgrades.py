@@ -118,6 +118,17 @@ def seed(url: str) -> None:
                               constitution_id=constitution.id, tiers=[[ids[0]], [ids[1]], [ids[2]]],
                               meta={"method": "pairwise", "confidence": 0.8}), Pair, expand_tiers,
                   meta={"p_ab": 0.9, "p_ba": 0.2})
+        # Monte-Carlo step labels (0017): a run's ranking of source mc, its step labels with the share right, no pairs.
+        mc_run = JudgeRun(project_id=project.id, name="Monte-Carlo steps", params={"method": "monte_carlo", "n": 8},
+                          state="succeeded", created_by_id=lead.id)
+        db.add(mc_run)
+        db.flush()
+        mc = Ranking(project_id=project.id, prompt_id=prompt.id, source="mc", judge_run_id=mc_run.id, tiers=[],
+                     display_order=ids, meta={"method": "monte_carlo"})
+        db.add(mc)
+        db.flush()
+        db.add_all([StepLabel(ranking_id=mc.id, completion_id=ids[0], step_index=0, label=1, p=0.75),
+                    StepLabel(ranking_id=mc.id, completion_id=ids[1], step_index=0, label=-1, p=0.0)])
         # A task still being ranked, with a draft kept on the server (0008).
         leased = Assignment(project_id=project.id, prompt_id=prompt.id, annotator_id=lead.id, state="leased",
                             leased_until=now + timedelta(minutes=45))

@@ -204,6 +204,10 @@ POLICY: dict[tuple[str, str], Policy] = {
     ("PUT", "/api/projects/{project_id}/ai-labels"): Policy(MANAGE, lambda w: {"json": {"enabled": True}}),
     ("GET", "/api/projects/{project_id}/judge-agreement/steps"): Policy(MEMBERS),
     ("PUT", "/api/projects/{project_id}/ai-step-labels"): Policy(MANAGE, lambda w: {"json": {"enabled": True}}),
+    ("POST", "/api/projects/{project_id}/mc-step-labels"): Policy(LEAD_ENG, lambda w: {"json": {
+        "model": "/nonexistent/model"}}),
+    ("POST", "/projects/{project_id}/judge/mc-step-labels"): Policy(LEAD_ENG, lambda w: {"data": {
+        "model": "/nonexistent/model"}}),
     # step labels (process supervision)
     ("PUT", "/api/projects/{project_id}/step-options"): Policy(MANAGE, lambda w: {"json": {"enabled": True}}),
     ("POST", "/projects/{project_id}/step-options"): Policy(MANAGE, lambda w: {"data": {"enabled": "yes"}}),
