@@ -934,6 +934,18 @@ class GoldStepScoreOut(BaseModel):
     gold_first_error_accuracy: float | None = Field(description="gold_first_error_agreed / gold_completions.")
 
 
+class LabellerAgreementOut(BaseModel):
+    first: Literal["human", "ai", "mc"] = Field(description="A labeller: human (the annotators' majority per step), "
+                                                           "ai (the AI judge) or mc (Monte-Carlo estimation).")
+    second: Literal["human", "ai", "mc"]
+    completions: int = Field(description="Completions with a step labelled by both.")
+    steps: int = Field(description="Steps compared: labelled by both, neither's majority neutral (0). Each "
+                                   "labeller's label of a step is the majority of its rankings' (ties to the worse).")
+    agreement: float | None = Field(description="Share of compared steps given the same label.")
+    first_wrong_caught: float | None = Field(description="Of the compared steps `first` calls wrong, the share "
+                                                         "`second` calls wrong too.")
+
+
 class StepAgreementOut(BaseModel):
     labelled_completions: int = Field(description="Completions with at least one human step label.")
     shared_completions: int = Field(description="Completions step-labelled by two or more annotators.")
@@ -946,6 +958,10 @@ class StepAgreementOut(BaseModel):
     annotators: list[GoldStepScoreOut] = Field(
         default_factory=list, description="Each annotator's step accuracy on gold tasks' known step labels (those "
                                           "who step-labelled any gold completion).")
+    labellers: list[LabellerAgreementOut] = Field(
+        default_factory=list, description="Humans (their majority per step), the AI judge and Monte-Carlo step "
+                                          "labels compared two by two on the steps both labelled; a pair with no "
+                                          "step in common is left out.")
 
 
 class GoldIn(Strict):

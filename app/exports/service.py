@@ -19,7 +19,7 @@ from app.accounts import permissions
 from app.exports.writer import ExportSpec, WriteResult
 from app.jobs import queue as jobs
 from app.judge import steps as judge_steps
-from app.models import LABEL_SOURCES, SPLITS, Constitution, Export, Job, Project, Rubric, User, utcnow
+from app.models import RANKING_SOURCES, SPLITS, Constitution, Export, Job, Project, Rubric, User, utcnow
 from app.platform import audit, formats
 from app.platform.db import after_commit
 from app.platform.errors import DomainError, Invalid, NotFound
@@ -116,9 +116,9 @@ def validate_filters(db: Session, project: Project, kind: str, filters: dict[str
 
 def _sources(db: Session, project: Project, name: str, value: Any) -> list[str]:
     sources = sorted(set(map(str, _as_list(name, value))))
-    bad = [s for s in sources if s not in LABEL_SOURCES]
+    bad = [s for s in sources if s not in RANKING_SOURCES]
     if bad or not sources:
-        raise Invalid(f"must be among {', '.join(LABEL_SOURCES)}", field="filters.source")
+        raise Invalid(f"must be among {', '.join(RANKING_SOURCES)}", field="filters.source")
     return sources
 
 
@@ -178,6 +178,8 @@ def create_export(db: Session, project: Project, actor: User | None, *, kind: st
     if kind != "pairs" and aggregation != "raw":
         raise Invalid("only pairs exports can be aggregated", field="aggregation")
     stored = validate_filters(db, project, kind, filters)
+    if kind != "steps" and "mc" in stored.get("source", []):
+        raise Invalid("mc names Monte-Carlo step labels, which only steps exports hold", field="filters.source")
     if kind == "steps":
         stored = _gate_ai_step_labels(project, stored)
     elif kind in ("pairs", "rankings") and "source" not in stored and \

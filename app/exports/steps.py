@@ -19,6 +19,10 @@ steps become booleans is the export's `neutral` option:
 
 The AI judge's step labels (a judge run with `label_steps`) vote like a labeller once the lead allowed them
 (`judge_steps`; until then the export request leaves them out); the judge's soft labels ride along in `judge_p`.
+Monte-Carlo step labels (source `mc`, app.judge.monte_carlo) vote like a labeller when the export's `source` filter
+names `mc`, and only then: an export without a source filter leaves them out, so labels a policy estimated never
+mix into humans' unasked. Their soft labels, the share of continuations that reached the answer, ride along in
+`mc_p`.
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ class StepRun(Protocol):
 
 COLUMNS = ("prompt_id", "completion_id", "prompt", "completions", "labels", "step_labels", "first_error",
            "ranking_ids", "annotators", "source", "rubric_versions", "votes", "total_votes", "agreement", "judge_p",
-           "split")
+           "mc_p", "split")
 
 COLUMN_DOCS = {
     "completion_id": "the labelled completion",
@@ -70,13 +74,16 @@ COLUMN_DOCS = {
     "first_error": "index of the first wrong step (the row's last unless every_step), or empty when no step is "
                    "wrong",
     "ranking_ids": "the rankings whose step labels were aggregated",
-    "annotators": "pseudonymous ids of the labellers of those rankings",
-    "source": "human, ai or imported (mixed when the rankings came from several)",
+    "annotators": "pseudonymous ids of the labellers of those rankings (`judge-run-N` for the AI judge, `mc-run-N` "
+                  "for Monte-Carlo estimation)",
+    "source": "human, ai, mc or imported (mixed when the rankings came from several)",
     "rubric_versions": "rubric versions of those rankings",
     "votes": "per step: votes for the majority label", "total_votes": "per step: votes on the step",
     "agreement": "mean over the row's steps of votes / total_votes",
     "judge_p": "per step: the AI judge's mean soft label p(correct) over the judge rankings aggregated (null where "
                "no judge labelled the step); empty when none did",
+    "mc_p": "per step: the mean share of Monte-Carlo continuations from the step that reached the right answer "
+            "(null where no Monte-Carlo run labelled the step); empty when none did",
 }
 
 
@@ -87,7 +94,8 @@ def schema() -> pa.Schema:
         ("completions", pa.list_(pa.string())), ("labels", pa.list_(pa.bool_())), ("step_labels", ints),
         ("first_error", pa.int64()), ("ranking_ids", ints), ("annotators", pa.list_(pa.string())),
         ("source", pa.string()), ("rubric_versions", ints), ("votes", ints), ("total_votes", ints),
-        ("agreement", pa.float64()), ("judge_p", pa.list_(pa.float64())), ("split", pa.string())])
+        ("agreement", pa.float64()), ("judge_p", pa.list_(pa.float64())), ("mc_p", pa.list_(pa.float64())),
+        ("split", pa.string())])
 
 
 def labels_select(spec: ExportSpec) -> Select[*tuple[Any, ...]]:
@@ -142,23 +150,24 @@ class _Group:
     def __init__(self, completion_id: int) -> None:
         self.completion_id = completion_id
         self.rankings: dict[int, list[int]] = {}
-        self.soft: dict[int, list[float]] = {}
-        """The AI rankings' soft labels, in step order."""
+        self.soft: dict[str, dict[int, list[float]]] = {"ai": {}, "mc": {}}
+        """The AI judge's and Monte-Carlo rankings' soft labels, by source and ranking, in step order."""
         self.meta: dict[int, tuple[str, int | None, int | None, int | None]] = {}
 
     def add(self, r: Any) -> None:
         self.rankings.setdefault(r.ranking_id, []).append(r.label)
-        if r.p is not None:
-            self.soft.setdefault(r.ranking_id, []).append(r.p)
+        if r.p is not None and r.source in self.soft:
+            self.soft[r.source].setdefault(r.ranking_id, []).append(r.p)
         self.meta[r.ranking_id] = (r.source, r.annotator_id, r.judge_run_id, r.rubric_version)
 
-    def judge_p(self, n: int) -> list[float | None] | None:
-        """Per step of n, the judge rankings' mean p(correct); None when no judge labelled a step."""
-        if not self.soft:
+    def mean_p(self, source: str, n: int) -> list[float | None] | None:
+        """Per step of n, the mean soft label of the source's rankings; None when none of them labelled a step."""
+        soft = self.soft[source]
+        if not soft:
             return None
         out: list[float | None] = []
         for i in range(n):
-            ps = [soft[i] for soft in self.soft.values() if i < len(soft)]
+            ps = [values[i] for values in soft.values() if i < len(values)]
             out.append(round(sum(ps) / len(ps), 6) if ps else None)
         return out
 
@@ -173,7 +182,7 @@ def _row(run: StepRun, group: _Group, steps: list[str], prompt: tuple[int, str, 
     ranking_ids = sorted(group.rankings)
     metas = [group.meta[rid] for rid in ranking_ids]
     sources = sorted({m[0] for m in metas})
-    annotators = [a for m in metas if (a := run.annotator(m[1], m[2])) is not None]
+    annotators = [a for m in metas if (a := _labeller(run, m)) is not None]
     first_error = next((j for j in range(n) if step_labels[j] == -1), None)
     return {"prompt_id": prompt[0], "completion_id": group.completion_id, "prompt": prompt[1],
             "completions": steps[:n], "labels": as_bools(step_labels[:n], neutral), "step_labels": step_labels[:n],
@@ -181,7 +190,16 @@ def _row(run: StepRun, group: _Group, steps: list[str], prompt: tuple[int, str, 
             "source": sources[0] if len(sources) == 1 else "mixed",
             "rubric_versions": sorted({m[3] for m in metas if m[3] is not None}), "votes": votes[:n],
             "total_votes": total[:n], "agreement": sum(v / t for v, t in zip(votes[:n], total[:n], strict=True)) / n,
-            "judge_p": group.judge_p(n), "split": prompt[2]}
+            "judge_p": group.mean_p("ai", n), "mc_p": group.mean_p("mc", n), "split": prompt[2]}
+
+
+def _labeller(run: StepRun, meta: tuple[str, int | None, int | None, int | None]) -> str | None:
+    """A ranking's labeller as the row names it: a Monte-Carlo run by its own name, anyone else as every export
+    does."""
+    source, annotator_id, judge_run_id, _ = meta
+    if source == "mc":
+        return f"mc-run-{judge_run_id}"
+    return run.annotator(annotator_id, judge_run_id)
 
 
 def _lookups(run: StepRun, completion_ids: list[int]) -> tuple[dict[int, list[str]], dict[int, tuple[int, str, str]]]:
@@ -245,6 +263,11 @@ def card_section(spec: ExportSpec) -> list[str]:
             f"label (-1, then 0, then +1). {_cut(spec)} With `neutral: {spec.neutral}`, {treatment}.", "",
             "AI judge step labels (source `ai`, labeller `judge-run-N`) are included only when the lead allowed "
             "them for training; each votes its hard label (p >= 0.5: correct) and `judge_p` keeps the soft label.",
+            "",
+            "Monte-Carlo step labels (source `mc`, labeller `mc-run-N`: N continuations sampled by a policy from "
+            "each step and checked against the reference answer, as in Math-Shepherd) are included only when the "
+            "export's `source` filter names `mc`; each votes its run's hard or soft estimate and `mc_p` keeps the "
+            "share of continuations that reached the answer.",
             ""]
 
 

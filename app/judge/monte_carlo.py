@@ -5,7 +5,8 @@ labels, and checks each against the prompt's reference answer (training.step_est
 ranking of its own, source "mc" under the run's judge_runs row, holding the step labels of the prompt's
 completions: `p` the share of continuations that reached the right answer (the soft estimate), `label` +1 or −1 by
 the run's estimate (hard: any continuation right; soft: at least half). Such a ranking orders nothing and expands
-into no pairs.
+into no pairs; the labels sit beside the humans' and the AI judge's on the step-agreement figures, and steps
+exports hold them when their `source` filter names `mc`.
 
 The completions labelled are those a task shows (the prompt's K newest, no revisions), prompt by prompt in id
 order, up to the run's `max_completions`; prompts without a reference answer are passed over. The cost is

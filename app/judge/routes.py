@@ -73,8 +73,9 @@ def create_judge_run(project_id: Id, body: JudgeRunIn, db: SessionDep, user: Cur
              description="For every step of each completion labelled, N continuations are sampled with the policy "
                          "from the step's prefix and checked against the prompt's reference answer; the step's label "
                          "is the hard estimate (any right) or the soft one (at least half right), and the share "
-                         "right is kept as its soft label. The labels are a labeller of their own (source `mc`). "
-                         "The answer says what the run will cost.",
+                         "right is kept as its soft label. The labels are a labeller of their own (source `mc`): "
+                         "on the step-agreement figures beside humans and the judge, and in steps exports whose "
+                         "`source` filter names `mc`. The answer says what the run will cost.",
              responses={422: {"description": "A bad field, named in `detail` (`model`, `n`, `prompt_ids`, …); a "
                                              "project without step labels, or without a reference answer to check "
                                              "against"}})

@@ -3,6 +3,9 @@
 Units are the steps of a completion; coders are the annotators who labelled it (human rankings only, like every
 annotator figure); values are +1, 0, −1, ordinal (wrong < neutral < correct). A labeller who stopped at the first
 −1 gave no value for the steps after it: missing values, not disagreement.
+
+Beside them, the labellers compared with each other (`labellers`): humans (their majority per step), the AI judge
+and Monte-Carlo estimation, each pair on the steps both labelled.
 """
 
 from __future__ import annotations
@@ -41,6 +44,30 @@ class StepAgreement:
     """Completions of gold tasks with known step labels."""
     annotators: list[GoldStepScore] = field(default_factory=list)
     """Each annotator's step accuracy on those, for annotators who labelled any of them."""
+    labellers: list[LabellerAgreement] = field(default_factory=list)
+    """Humans, the AI judge and Monte-Carlo, two by two, on the steps both labelled (pairs with none left out)."""
+
+
+LABELLERS = ("human", "ai", "mc")
+"""The labellers compared, by ranking source: humans, the AI judge, Monte-Carlo estimation."""
+
+
+@dataclass(frozen=True)
+class LabellerAgreement:
+    """Two labellers on the same steps: each labeller's label of a step is the majority of its rankings' labels
+    (a tie to the worse label, as the steps export aggregates); steps either calls neutral (0) are left out."""
+
+    first: str
+    """A ranking source: human, ai or mc."""
+    second: str
+    completions: int
+    """Completions with a step labelled by both."""
+    steps: int
+    """Steps compared: labelled by both, neither majority neutral."""
+    agreement: float | None
+    """Share of compared steps given the same label."""
+    first_wrong_caught: float | None
+    """Of the compared steps `first` calls wrong, the share `second` calls wrong too."""
 
 
 @dataclass(frozen=True)
@@ -144,9 +171,48 @@ def gold_scores(labelled: Labelled, gold: Mapping[int, list[int]]) -> dict[int, 
     return {annotator: (c, n, agreed, first) for annotator, (c, n, agreed, first) in out.items()}
 
 
+def step_majority(labels: list[int]) -> int:
+    """The most given label; a tie goes to the worse one (−1, then 0, then +1)."""
+    return min(set(labels), key=lambda label: (-labels.count(label), label))
+
+
+def machine_step_labels(db: Session, project: Project) -> dict[str, dict[tuple[int, int], list[int]]]:
+    """The AI judge's and Monte-Carlo's step labels: source → (completion, step) → one label per ranking."""
+    out: dict[str, dict[tuple[int, int], list[int]]] = {"ai": defaultdict(list), "mc": defaultdict(list)}
+    for cid, index, label, source in db.execute(
+            select(StepLabel.completion_id, StepLabel.step_index, StepLabel.label, Ranking.source)
+            .join(Ranking, StepLabel.ranking_id == Ranking.id)
+            .where(Ranking.project_id == project.id, Ranking.source.in_(("ai", "mc")),
+                   Ranking.skipped.is_(False))):
+        out[source][(cid, index)].append(label)
+    return out
+
+
+def compare_labellers(by_source: Mapping[str, Mapping[tuple[int, int], list[int]]]) -> list[LabellerAgreement]:
+    """Each pair of labellers that share a compared step: agreement on the steps both labelled."""
+    majority = {source: {key: step_majority(votes) for key, votes in labels.items()}
+                for source, labels in by_source.items()}
+    out = []
+    for first, second in combinations(LABELLERS, 2):
+        a, b = majority.get(first, {}), majority.get(second, {})
+        shared = [(a[key], b[key], key[0]) for key in a.keys() & b.keys() if a[key] != 0 and b[key] != 0]
+        if not shared:
+            continue
+        wrong = [y for x, y, _ in shared if x == -1]
+        out.append(LabellerAgreement(
+            first=first, second=second, completions=len({cid for _, _, cid in shared}), steps=len(shared),
+            agreement=sum(x == y for x, y, _ in shared) / len(shared),
+            first_wrong_caught=sum(y == -1 for y in wrong) / len(wrong) if wrong else None))
+    return out
+
+
 def report(db: Session, project: Project, rubric_version: int | None = None) -> StepAgreement:
     labelled = human_step_labels(db, project, rubric_version)
     base = summarise(labelled)
+    humans = {(cid, i): [labels[i] for labels in by_annotator.values() if i < len(labels)]
+              for cid, by_annotator in labelled.items()
+              for i in range(max(len(labels) for labels in by_annotator.values()))}
+    labellers = compare_labellers({"human": humans} | machine_step_labels(db, project))
     gold = gold_step_labels(db, project)
     scores = gold_scores(labelled, gold)
     emails = dict(db.execute(select(User.id, User.email).where(User.id.in_(sorted(scores)))).all()) if scores else {}
@@ -154,5 +220,5 @@ def report(db: Session, project: Project, rubric_version: int | None = None) -> 
                                 gold_steps_agreed=agreed, gold_step_accuracy=agreed / n if n else None,
                                 gold_first_error_agreed=first, gold_first_error_accuracy=first / c if c else None)
                   for uid, (c, n, agreed, first) in sorted(scores.items())]
-    return replace(base, gold_completions=len(gold), annotators=annotators)
+    return replace(base, gold_completions=len(gold), annotators=annotators, labellers=labellers)
 

@@ -1,9 +1,11 @@
 """Monte-Carlo step labels in the app: a run from the API, the page and the CLI samples continuations from every
-step and stores the share that reach the reference answer as a labeller of its own (source mc); bad requests are
+step and stores the share that reach the reference answer as a labeller of its own (source mc); the labels show on
+the step-agreement figures beside humans and the AI judge, and in steps exports that ask for them; bad requests are
 refused naming the field."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +17,9 @@ from app.jobs.context import JobContext
 from app.judge import monte_carlo, monte_carlo_job
 from app.models import Completion, JudgeRun, Pair, Prompt, Ranking, StepLabel
 from app.projects import projects
+from app.quality import step_agreement
 from app.worker import Worker
-from tests.app.test_exports import _run_worker
+from tests.app.test_exports import _download, _export, _run_worker
 from tests.support.scripted_policy import ScriptedPolicy
 from tests.training.tiny import char_tokenizer, save_tiny, silent_gpt2
 
@@ -213,6 +216,114 @@ def test_the_page_form_starts_a_run_with_csrf_and_shows_a_refusal_beside_it(db, 
     ann = browser()
     ann.login(emails[1])
     assert ann.post(url, {"model": str(silent_dir), "n": "2"}).status_code == 403
+
+
+def _ranking(db, project, prompt, source: str, *, annotator=None, run=None) -> Ranking:  # type: ignore[no-untyped-def]
+    ids = [c.id for c in prompt.completions]
+    ranking = Ranking(project_id=project.id, prompt_id=prompt.id, source=source,
+                      annotator_id=annotator.id if annotator else None, judge_run_id=run.id if run else None,
+                      tiers=[] if source == "mc" else [[ids[0]], [ids[1]]], display_order=ids)
+    db.add(ranking)
+    db.flush()
+    return ranking
+
+
+def _three_labellers(db, make_user, make_project):  # type: ignore[no-untyped-def]
+    """One completion of three steps labelled by two annotators, the AI judge and a Monte-Carlo run."""
+    lead, annotator, project = _project(db, make_user, make_project)
+    second = make_user(db, "annotator")
+    projects.add_member(db, project, lead, email=second.email, role="annotator")
+    prompt = _apples(db, project)
+    cid = prompt.completions[0].id
+    judge = JudgeRun(project_id=project.id, name="judge", state="succeeded", params={"label_steps": True})
+    mc = JudgeRun(project_id=project.id, name="mc", state="succeeded", params={"method": "monte_carlo"})
+    db.add_all([judge, mc])
+    db.flush()
+    # Humans: [+1, +1, +1] and [+1, −1, 0] → majority [+1, −1 (a tie, the worse), 0 → +1/0 tie → 0].
+    for who, labels in ((annotator, [1, 1, 1]), (second, [1, -1, 0])):
+        steps.write(db, _ranking(db, project, prompt, "human", annotator=who).id, {cid: labels})
+    ai = _ranking(db, project, prompt, "ai", run=judge)
+    db.add_all([StepLabel(ranking_id=ai.id, completion_id=cid, step_index=i, label=label, p=p)
+                for i, (label, p) in enumerate([(1, 0.9), (1, 0.6), (1, 0.8)])])
+    mc_ranking = _ranking(db, project, prompt, "mc", run=mc)
+    db.add_all([StepLabel(ranking_id=mc_ranking.id, completion_id=cid, step_index=i, label=label, p=p)
+                for i, (label, p) in enumerate([(-1, 0.0), (-1, 0.25), (1, 1.0)])])
+    db.flush()
+    return lead, project, prompt, judge, mc
+
+
+def test_the_step_agreement_figures_hold_humans_the_judge_and_monte_carlo(db, make_user, make_project, token_for,
+                                                                         api, browser) -> None:
+    lead, project, prompt, _, _ = _three_labellers(db, make_user, make_project)
+    report = step_agreement.report(db, project)
+    figures = {(r.first, r.second): (r.completions, r.steps, r.agreement, r.first_wrong_caught)
+               for r in report.labellers}
+    # Humans [+1, −1, 0], judge [+1, +1, +1], Monte-Carlo [−1, −1, +1]; the neutral third step is left out with
+    # humans. Humans–judge: step 1 agrees, step 2 not, and the judge misses the one human-wrong step.
+    # Humans–MC: step 2 agrees (−1), step 1 not; MC catches the human-wrong step. Judge–MC: only step 3 agrees.
+    assert figures == {("human", "ai"): (1, 2, 0.5, 0.0), ("human", "mc"): (1, 2, 0.5, 1.0),
+                       ("ai", "mc"): (1, 3, pytest.approx(1 / 3), None)}
+    assert report.labelled_completions == 1 and report.compared_steps == 3  # the human figures are the humans'
+    client = api(token_for(db, lead))
+    pid, email = project.id, lead.email
+    db.commit()
+    body = client.get(f"/api/projects/{pid}/agreement/steps").json()
+    assert {(r["first"], r["second"]): r["steps"] for r in body["labellers"]} == {
+        ("human", "ai"): 2, ("human", "mc"): 2, ("ai", "mc"): 3}
+    page = browser()
+    page.login(email)
+    html = page.get(f"/projects/{pid}/agreement").text
+    assert '<tr data-pair="human-mc"><td>Humans · Monte-Carlo</td>' in html
+    assert '<td class="labeller-agreement">50.0%</td>' in html and '<td class="labeller-agreement">33.3%</td>' in html
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def test_steps_exports_hold_monte_carlo_labels_when_asked_for_by_name(db, make_user, make_project, token_for, api,
+                                                                     app, tmp_path: Path) -> None:
+    lead, project, prompt, _, mc = _three_labellers(db, make_user, make_project)
+    other = _apples(db, project, n=1)  # labelled by Monte-Carlo alone
+    only_mc = _ranking(db, project, other, "mc", run=mc)
+    db.add_all([StepLabel(ranking_id=only_mc.id, completion_id=other.completions[1].id, step_index=i, label=label,
+                          p=p) for i, (label, p) in enumerate([(1, 0.5), (-1, 0.0), (-1, 0.0)])])
+    client = api(token_for(db, lead))
+    pid, mc_id, first_id, second_id = project.id, mc.id, prompt.completions[0].id, other.completions[1].id
+    db.commit()
+
+    default = _export(client, app, pid, kind="steps", format="jsonl")
+    rows = _rows(_download(client, default, tmp_path / "default") / "steps.jsonl")
+    assert [r["source"] for r in rows] == ["human"] and rows[0]["mc_p"] is None  # never unasked
+
+    asked = _export(client, app, pid, kind="steps", format="jsonl", filters={"source": ["mc"]})
+    assert asked["filters"]["source"] == ["mc"]
+    rows = _rows(_download(client, asked, tmp_path / "mc") / "steps.jsonl")
+    by_completion = {r["completion_id"]: r for r in rows}
+    first, second = by_completion[first_id], by_completion[second_id]
+    # A row ends at its first wrong step; mc_p keeps the share of right continuations per step.
+    assert first["step_labels"] == [-1] and first["mc_p"] == [0.0] and first["annotators"] == [f"mc-run-{mc_id}"]
+    assert second["step_labels"] == [1, -1] and second["labels"] == [True, False] and second["mc_p"] == [0.5, 0.0]
+    assert second["source"] == "mc" and second["judge_p"] is None
+    card = (tmp_path / "mc" / "README.md").read_text(encoding="utf-8")
+    assert "`mc_p`" in card and "Monte-Carlo" in card
+
+    mixed = _export(client, app, pid, kind="steps", format="jsonl", filters={"source": ["human", "mc"]})
+    rows = _rows(_download(client, mixed, tmp_path / "mixed") / "steps.jsonl")
+    row = next(r for r in rows if r["completion_id"] == first_id)
+    # Humans [+1, +1, +1] and [+1, −1, 0], Monte-Carlo [−1, …]: step 1 has two +1 votes to one −1.
+    assert row["source"] == "mixed" and row["votes"][0] == 2 and row["total_votes"][0] == 3
+    assert row["mc_p"][:2] == [0.0, 0.25]
+
+    r = client.post(f"/api/projects/{pid}/exports", json={"kind": "pairs", "format": "jsonl",
+                                                          "filters": {"source": ["mc"]}})
+    assert r.status_code == 422 and r.json()["detail"][0]["field"] == "filters.source"
+    # With AI labels allowed, a rankings export without a source filter takes every labeller's rankings but
+    # Monte-Carlo's, which order nothing.
+    project.settings = dict(project.settings or {}) | {"ai_labels_for_training": True}
+    db.commit()
+    rankings = _export(client, app, pid, kind="rankings", format="jsonl")
+    assert "source" not in rankings["filters"] and rankings["row_count"] == 3  # two humans and the judge
 
 
 def test_the_cli_queues_a_run_that_a_worker_carries_out(db, make_user, make_project, app, database_url: str,
