@@ -179,6 +179,8 @@ def _row(run: StepRun, group: _Group, steps: list[str], prompt: tuple[int, str, 
         return None
     step_labels, votes, total = agg
     n = min(len(step_labels), len(steps))
+    if n == 0:  # labels on a completion with no stored steps (an empty text): nothing a step row could hold
+        return None
     ranking_ids = sorted(group.rankings)
     metas = [group.meta[rid] for rid in ranking_ids]
     sources = sorted({m[0] for m in metas})

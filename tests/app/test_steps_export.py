@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
 from app.annotation import steps
 from app.exports import steps as export_steps
@@ -218,3 +219,15 @@ def test_a_project_without_step_labels_exports_an_empty_steps_file(db, make_user
     out = _export(client, app, pid, kind="steps", format="jsonl")
     assert out["row_count"] == 0 and out["empty"] is True
     assert (_download(client, out, tmp_path) / "steps.jsonl").read_bytes() == b""
+
+
+def test_a_labelled_completion_without_stored_steps_is_left_out(labelled, db, app, tmp_path: Path) -> None:
+    project_id, client = labelled
+    emptied = db.scalars(select(Completion).join(Prompt).where(Prompt.project_id == project_id,
+                                                               Completion.text == BAD)).first()
+    emptied.steps = []
+    db.commit()
+    out = _export(client, app, project_id, kind="steps", format="jsonl")
+    assert out["status"] == "ready" and out["row_count"] == 3
+    rows = _rows(_download(client, out, tmp_path) / "steps.jsonl")
+    assert emptied.id not in {r["completion_id"] for r in rows}
