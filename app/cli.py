@@ -328,8 +328,15 @@ def worker(kinds: Annotated[str, typer.Option(help="Comma-separated job kinds to
            once: Annotated[bool, typer.Option("--once", help="Run the queued jobs, then exit")] = False,
            heartbeat: Annotated[float, typer.Option(help="Seconds between heartbeats (progress reports)")] = 2.0,
            stale_after: Annotated[float, typer.Option(help="Seconds without a heartbeat before another worker "
-                                                         "takes a job over")] = 30.0) -> None:
-    """Run background jobs (sampling, judging, exports, training). Run several against one Postgres."""
+                                                         "takes a job over")] = 30.0,
+           bookkeeping_slots: Annotated[int, typer.Option(
+               min=0, max=8, help="Threads beside the main one that run only short jobs loading no model (exports, "
+                                  "rollups, webhook deliveries), so these never wait behind a judge or training run; "
+                                  "0: one job at a time")] = 1) -> None:
+    """Run background jobs (sampling, judging, exports, training). Run several against one Postgres.
+
+    A failure no attempt can change (bad input, a prompt longer than the model's context) fails its job at once
+    with the reason; any other crash is retried after PREFLAB_JOB_RETRY_BASE_S, doubling each time."""
     from app.worker import run_worker
 
     settings = _settings()
@@ -337,7 +344,7 @@ def worker(kinds: Annotated[str, typer.Option(help="Comma-separated job kinds to
         _fail("the database schema is not current; run `preflab migrate` first")
     selected = tuple(k.strip() for k in kinds.split(",") if k.strip()) or None
     run_worker(settings, kinds=selected, poll_s=poll, exit_when_idle=once, heartbeat_s=heartbeat,
-               stale_after_s=stale_after)
+               stale_after_s=stale_after, bookkeeping_slots=bookkeeping_slots)
 
 
 @user_cli.command("add")

@@ -3,6 +3,11 @@
 Run several (`preflab worker`) against one Postgres; on SQLite run one. SIGTERM lets the current item
 finish, gives the job back to the queue and exits; a SIGKILLed worker's job is taken over by another
 worker once its heartbeat is stale.
+
+A failure that cannot change (`app.jobs.context.is_permanent`: bad input, a refusal, a bug) fails the job at once
+with its reason; any other crash is retried after a backoff that doubles with each attempt. Beside its main slot,
+which runs any kind, a worker keeps a bookkeeping slot (a thread) that claims only short jobs that load no model
+(exports, rollups, webhook deliveries), so an export never waits behind a judge run or a training run.
 """
 
 from __future__ import annotations
@@ -21,9 +26,9 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.jobs import handler_for
+from app.jobs import HANDLERS, handler_for
 from app.jobs import queue as jobs
-from app.jobs.context import JobContext, JobError, JobRetry, JobStopped
+from app.jobs.context import JobContext, JobError, JobRetry, JobStopped, is_permanent
 from app.models import Job
 from app.platform import outbound
 from app.platform.db import make_engine, make_session_factory, run_transaction, session_scope
@@ -42,13 +47,18 @@ __all__ = ["JobContext", "JobError", "JobStopped", "Worker", "run_worker"]  # th
 
 log = logging.getLogger("preflab.worker")
 
+BOOKKEEPING_KINDS = ("export", "project_rollup", "webhook_delivery")
+"""Short jobs that load no model: the bookkeeping slot claims only these."""
+RETRY_MAX = timedelta(hours=1)
+"""The longest backoff before a crashed job's next attempt."""
+
 
 class Worker:
     """Claims jobs, runs each with a heartbeat thread beside it, and records how it ended."""
 
     def __init__(self, settings: Settings, *, worker_id: str | None = None, kinds: tuple[str, ...] | None = None,
                  poll_s: float = 1.0, heartbeat_s: float = 2.0, stale_after_s: float = 30.0,
-                 session_factory: sessionmaker[Session] | None = None) -> None:
+                 session_factory: sessionmaker[Session] | None = None, announces: bool = True) -> None:
         self.settings = settings
         outbound.refuse_every_host(settings.outbound_hosts == "none")
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -58,12 +68,26 @@ class Worker:
         self.stale_after = timedelta(seconds=stale_after_s)
         self.session_factory = session_factory or make_session_factory(make_engine(
             settings.database_url, prepared_statements=settings.database_prepared_statements))
+        self.retry_base = timedelta(seconds=settings.job_retry_base_s)
         self.terminating = False
+        self.announces = announces
+        """False for a bookkeeping slot: the process is seen through its main slot's heartbeat file."""
         self._last_seen = 0.0
+
+    def bookkeeping_slot(self, n: int = 1) -> Worker | None:
+        """A second worker in this process that claims only the bookkeeping kinds this one may run, with the same
+        settings, sessions and timings; None when this worker runs nothing but those kinds already."""
+        allowed = self.kinds or tuple(HANDLERS)
+        kinds = tuple(k for k in BOOKKEEPING_KINDS if k in allowed)
+        if not kinds or set(allowed) <= set(BOOKKEEPING_KINDS):
+            return None
+        return Worker(self.settings, worker_id=f"{self.worker_id}+bookkeeping{n}", kinds=kinds, poll_s=self.poll_s,
+                      heartbeat_s=self.heartbeat_s, stale_after_s=self.stale_after.total_seconds(),
+                      session_factory=self.session_factory, announces=False)
 
     def announce(self, *, every_s: float = 5.0) -> None:
         """Touch this worker's heartbeat file (at most every `every_s`): readiness and /metrics read its age."""
-        if time.monotonic() - self._last_seen < every_s:
+        if not self.announces or time.monotonic() - self._last_seen < every_s:
             return
         try:
             record_worker_heartbeat(self.settings.data_dir, self.worker_id)
@@ -71,10 +95,12 @@ class Worker:
         except OSError:  # a full or read-only disk must not stop the jobs; readiness will say the worker is unseen
             log.warning("worker %s: cannot write its heartbeat file", self.worker_id, exc_info=True)
 
-    def install_signal_handlers(self) -> None:
+    def install_signal_handlers(self, slots: list[Worker] | None = None) -> None:
+        """SIGTERM and SIGINT stop this worker and its `slots`, each after its current item."""
         def on_term(signum: int, _frame: Any) -> None:
             log.info("worker %s: signal %s, finishing the current item", self.worker_id, signum)
-            self.terminating = True
+            for w in (self, *(slots or [])):
+                w.terminating = True
 
         signal.signal(signal.SIGTERM, on_term)
         signal.signal(signal.SIGINT, on_term)
@@ -137,9 +163,9 @@ class Worker:
             outcome = ("error", str(exc))
         except JobRetry as exc:  # the handler asks for another attempt after a backoff
             outcome = ("retry", exc)
-        except Exception as exc:  # an unexpected crash: log the traceback, retry while attempts remain
+        except Exception as exc:  # log the traceback; fail at once when no attempt can end otherwise, else retry
             ctx.log(traceback.format_exc())
-            outcome = ("crash", f"{exc.__class__.__name__}: {exc}")
+            outcome = ("error" if is_permanent(exc) else "crash", reason(exc))
         finally:
             stop_beating.set()
             beat.join()
@@ -168,13 +194,21 @@ class Worker:
             if kind == "retry":
                 jobs.fail(db, ctx.job_id, self.worker_id, str(value), retry=True, retry_after=value.after)
                 return f"will retry in {value.after.total_seconds():g}s: {value}"
-            jobs.fail(db, ctx.job_id, self.worker_id, value, retry=True)
-            return f"crashed: {value}"
+            wait = self.backoff(ctx.attempts)
+            jobs.fail(db, ctx.job_id, self.worker_id, value, retry=True, retry_after=wait)
+            if ctx.max_attempts is not None and ctx.attempts >= ctx.max_attempts:
+                return f"crashed on its last attempt: {value}"
+            return f"crashed (will retry in {wait.total_seconds():g}s): {value}"
 
         line = run_transaction(self.session_factory, record, what=f"finishing job {ctx.job_id}")
         if line:
             ctx.log(line)
             log.info("job %s (%s): %s", ctx.job_id, ctx.kind, line.splitlines()[0][:500])
+
+    def backoff(self, attempts: int) -> timedelta:
+        """How long a crashed job waits before its next attempt: the base, doubled for each attempt made since the
+        first, at most RETRY_MAX; meanwhile the worker runs other jobs."""
+        return min(RETRY_MAX, self.retry_base * 2 ** max(0, attempts - 1))
 
     def _continue_iteration(self, db: Session, ctx: JobContext) -> None:
         """A step of an automated RLHF round starts the next one in the same transaction as its own success."""
@@ -206,16 +240,46 @@ class Worker:
                 ctx.log(f"stop requested ({state})")
 
 
+def reason(exc: BaseException) -> str:
+    """A failure in the words a page shows: a refusal or bad input by its message, anything else with its type."""
+    if isinstance(exc, DomainError):
+        return exc.message
+    if isinstance(exc, JobError | ValueError) and str(exc):
+        return str(exc)
+    return f"{exc.__class__.__name__}: {exc}"
+
+
 def run_worker(settings: Settings, *, kinds: tuple[str, ...] | None = None, poll_s: float = 1.0,
                max_jobs: int | None = None, exit_when_idle: bool = False, heartbeat_s: float = 2.0,
-               stale_after_s: float = 30.0) -> int:
+               stale_after_s: float = 30.0, bookkeeping_slots: int = 1) -> int:
+    """Run a worker until it is stopped (or idle, with exit_when_idle), with `bookkeeping_slots` threads beside it
+    that run only exports, rollups and webhook deliveries; returns how many jobs they ran together."""
     configure_logging(settings.log_format)
     worker = Worker(settings, kinds=kinds, poll_s=poll_s, heartbeat_s=heartbeat_s, stale_after_s=stale_after_s)
-    worker.install_signal_handlers()
-    log.info("worker %s started on %s", worker.worker_id, Path(settings.data_dir).resolve())
+    slots = [s for s in (worker.bookkeeping_slot(n + 1) for n in range(bookkeeping_slots)) if s is not None]
+    worker.install_signal_handlers(slots)
+    log.info("worker %s started on %s with %d bookkeeping slot(s)", worker.worker_id,
+             Path(settings.data_dir).resolve(), len(slots))
+    counts = [0] * len(slots)
+
+    def run_slot(n: int) -> None:
+        try:
+            counts[n] = slots[n].run(exit_when_idle=exit_when_idle)
+        except Exception:  # the main slot goes on and runs these kinds too
+            log.exception("worker %s: bookkeeping slot stopped", slots[n].worker_id)
+
+    threads = [threading.Thread(target=run_slot, args=(n,), name=s.worker_id, daemon=True)
+               for n, s in enumerate(slots)]
+    for thread in threads:
+        thread.start()
     try:
         ran = worker.run(max_jobs=max_jobs, exit_when_idle=exit_when_idle)
     finally:
+        for slot in slots:  # the main slot is done (stopped, idle or at max_jobs): the others finish their item
+            slot.terminating = slot.terminating or not exit_when_idle
+        for thread in threads:
+            thread.join()
         forget_worker(settings.data_dir, worker.worker_id)  # stopped on purpose: no longer counts as seen
+    ran += sum(counts)
     log.info("worker %s stopped after %d job(s)", worker.worker_id, ran)
     return ran

@@ -71,6 +71,11 @@ class GenerationError(Exception):
     contains a remote server's response body or an API key."""
 
 
+class ContextLengthError(GenerationError, ValueError):
+    """A prompt, with the tokens it asks for, longer than the model's context: the same on every attempt (a job
+    fails at once; a ValueError, as bad input is)."""
+
+
 class SpecError(GenerationError, ValueError):
     """A generator spec or generation parameter is invalid; `field` names the offending key."""
 
@@ -361,7 +366,7 @@ class HFGenerator:
             if not ids:
                 raise GenerationError(f"prompt {j} is empty after tokenisation")
             if context is not None and len(ids) + params.max_new_tokens > context:
-                raise GenerationError(
+                raise ContextLengthError(
                     f"prompt {j} is {len(ids)} tokens; with max_new_tokens={params.max_new_tokens} it needs "
                     f"{len(ids) + params.max_new_tokens} positions but the model context is {context}")
         base_seed = params.seed if params.seed is not None else random.SystemRandom().randrange(2**31)

@@ -1,4 +1,5 @@
-"""What a job handler works with: its context (payload, sessions, progress, stop checks) and the two job exceptions."""
+"""What a job handler works with: its context (payload, sessions, progress, stop checks), the job exceptions, and
+which failures are worth another attempt."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any, Protocol, TypeVar
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.jobs import queue as jobs
+from app.platform.errors import DomainError
 from app.platform.settings import Settings
 from training.hold import hold
 
@@ -27,6 +29,25 @@ class JobRetry(Exception):
     def __init__(self, message: str, after: timedelta) -> None:
         super().__init__(message)
         self.after = after
+
+
+PERMANENT: tuple[type[BaseException], ...] = (JobError, DomainError, ValueError, TypeError, LookupError,
+                                              AttributeError, NotImplementedError)
+"""Failures that come out the same on every attempt: bad input or configuration (ValueError and its kin: a
+pydantic validation error, a prompt longer than the model's context), a refusal of our own services (DomainError),
+a programming error. Anything else (a lost connection, a full disk, a server that answered 503, out of memory)
+may pass, so it is retried after a backoff."""
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """Whether retrying `exc` is pointless: the job should fail at once with its reason."""
+    return isinstance(exc, PERMANENT)
+
+
+def will_retry(exc: BaseException, attempts: int, max_attempts: int | None) -> bool:
+    """Whether the worker gives the job another attempt after `exc` (a handler keeps its row "queued" then, and
+    says it failed only when this is False). `max_attempts` None: unknown, so taken for the last attempt."""
+    return not is_permanent(exc) and max_attempts is not None and attempts < max_attempts
 
 
 class JobStopped(Exception):

@@ -88,7 +88,7 @@ def _fail_exhausted(db: Session, now: datetime, stale_after: timedelta) -> list[
         update(Job)
         .where(Job.state == "running", Job.heartbeat_at < now - stale_after, Job.attempts >= Job.max_attempts)
         .values(state="failed", finished_at=now,
-                error=func.coalesce(Job.error, "") + GAVE_UP)
+                error=func.coalesce(Job.error + "\n", "") + GAVE_UP)  # the last crash's reason, then this
         .returning(Job.id), execution_options={"synchronize_session": False}).all())
 
 

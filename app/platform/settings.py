@@ -106,6 +106,10 @@ class Settings(BaseSettings):
     """How long one webhook delivery attempt waits for the receiver's answer."""
     webhook_retry_base_s: float = Field(default=30.0, gt=0, le=3600)
     """Backoff before a failed webhook delivery's first retry; it doubles with each attempt (30 s, 1 min, 2 min, …)."""
+    job_retry_base_s: float = Field(default=10.0, ge=0, le=3600)
+    """Backoff before a crashed job's next attempt (a lost connection, a server that did not answer); it doubles with
+    each attempt (10 s, 20 s, …, at most an hour). A failure no attempt can change (bad input, a prompt longer than
+    the model's context) is never retried: the job fails at once with its reason."""
 
     @field_validator("data_dir")
     @classmethod

@@ -66,7 +66,7 @@ def command(kind: str, config_path: Path, *, accelerate_config: str | None) -> l
 
 
 def run(ctx: JobContext) -> dict[str, Any]:
-    from app.jobs.context import JobError, JobStopped  # not at the top: keeps the supervisor stdlib-only
+    from app.jobs.context import JobError, JobStopped, will_retry  # not at the top: keeps the supervisor stdlib-only
 
     try:
         return _run(ctx)
@@ -75,10 +75,10 @@ def run(ctx: JobContext) -> dict[str, Any]:
     except JobError:  # never retried: the run fails now
         _set_state(ctx, int(ctx.payload["training_run_id"]), "failed")
         raise
-    except Exception:
+    except Exception as exc:
         # Whatever went wrong, the run must not stay "running" on the page; a crash the worker retries leaves it
         # queued for that attempt, so training_run.failed is told once, when the last attempt fails.
-        retried = ctx.max_attempts is not None and ctx.attempts < ctx.max_attempts
+        retried = will_retry(exc, ctx.attempts, ctx.max_attempts)
         _set_state(ctx, int(ctx.payload["training_run_id"]), "queued" if retried else "failed")
         raise
 

@@ -12,7 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from app.models import Completion, Job, Prompt
 from app.platform.settings import Settings
@@ -51,10 +51,12 @@ def _trusted_endpoint(db, make_user, api, token_for, url: str, model: str, **fie
     return int(r.json()["id"])
 
 
-def _worker(database_url: str, tmp_path: Path, clean_engine, **kw) -> Worker:  # type: ignore[no-untyped-def]
+def _worker(database_url: str, tmp_path: Path, clean_engine, *, retry_base_s: float = 10.0,  # type: ignore[no-untyped-def]
+            **kw) -> Worker:
     from app.platform.db import make_session_factory
 
-    settings = Settings(database_url=database_url, data_dir=tmp_path, secret_key="x" * 40)
+    settings = Settings(database_url=database_url, data_dir=tmp_path, secret_key="x" * 40,
+                        job_retry_base_s=retry_base_s)
     return Worker(settings, session_factory=make_session_factory(clean_engine), poll_s=0.05, heartbeat_s=0.2, **kw)
 
 
@@ -275,11 +277,40 @@ def test_an_unreachable_server_fails_the_job_with_a_clear_reason(db, make_user, 
     endpoint_id = _trusted_endpoint(db, make_user, api, token_for, f"http://127.0.0.1:{port}/v1", "m")
     spec = {"backend": "openai", "endpoint_id": endpoint_id, "max_retries": 0, "timeout_s": 2}
     job_id = client.post(f"/api/projects/{project.id}/sampling-jobs", json={"generator": spec}).json()["job_id"]
-    _worker(database_url, tmp_path, clean_engine).run(exit_when_idle=True)
+    # The server may come back: the job goes back to the queue with the reason and waits out a backoff (the worker
+    # runs other jobs meanwhile), instead of failing or holding the worker.
+    assert _worker(database_url, tmp_path, clean_engine).run(exit_when_idle=True) == 1
+    status = client.get(f"/api/jobs/{job_id}").json()
+    assert (status["state"], status["attempts"]) == ("queued", 1), status
+    assert "will retry in 10s" in status["message"] and status["error"]
+    assert _worker(database_url, tmp_path, clean_engine).run(exit_when_idle=True) == 0  # not due yet
+    # Once the backoff is over (the clock moved on), attempts run out (no backoff now) and the job fails with the reason.
+    db.execute(update(Job).where(Job.id == job_id).values(run_after=None))
+    db.commit()
+    _worker(database_url, tmp_path, clean_engine, retry_base_s=0).run(exit_when_idle=True)
     status = client.get(f"/api/jobs/{job_id}").json()
     assert status["state"] == "failed" and status["attempts"] == 3
     assert "unreachable" in status["error"].lower() or "connect" in status["error"].lower()
     assert set(_counts(db, project.id).values()) == {0}
+
+
+def test_a_prompt_longer_than_the_model_context_fails_the_job_at_once_with_the_reason(
+        db, make_user, make_project, token_for, api, browser, tiny_model_dir, database_url, clean_engine,
+        tmp_path) -> None:
+    """The same on every attempt, so never retried: one attempt, and the jobs page that started it says why."""
+    lead, project = _project_with_prompts(db, make_user, make_project, n=1, k=2)
+    client = api(token_for(db, lead))
+    db.commit()
+    spec = {"backend": "hf", "model": str(tiny_model_dir), "max_new_tokens": 62}  # the prompt is 4 tokens; the model's context is 64
+    job_id = client.post(f"/api/projects/{project.id}/sampling-jobs", json={"generator": spec}).json()["job_id"]
+    assert _worker(database_url, tmp_path, clean_engine, retry_base_s=0).run(exit_when_idle=True) == 1
+    status = client.get(f"/api/jobs/{job_id}").json()
+    assert (status["state"], status["attempts"]) == ("failed", 1), status
+    assert "with max_new_tokens=62" in status["error"] and "model context is 64" in status["error"]
+    page = browser()
+    page.login(lead.email)
+    row = next(r for r in page.get(f"/projects/{project.id}/jobs").text.split("<tr>") if f"#{job_id}<" in r)
+    assert "failed" in row and "model context is 64" in row
 
 
 def test_sampled_completions_are_split_into_steps_when_the_project_labels_steps(
