@@ -5,6 +5,10 @@ A comparison is scored in both orders; with p_A(X, Y) the judge's probability of
 is shown as (A) and Y as (B), the label is p(A ≻ B) = ½[p_A(A, B) + 1 − p_A(B, A)]. Both raw values
 are kept in the `Verdict`, so the judge's own position bias is visible.
 
+A comparison longer than the judge model's context is judged on its answers cut in the middle (their start and
+their end kept, the conversation, principle and instruction never cut) or, when even that leaves too little of
+them, left unjudged as `Skipped` with its reason; the others of the call are judged as usual (`JudgeConfig.overflow`).
+
 Backends: "hf" reads log-probs straight from the model (both orders of a comparison in one batch);
 "openai" asks the server for `logprobs`/`top_logprobs` and, when the server gives none, parses a single
 letter from the answer and says so (`Verdict.hard`). Prompt texts live in `training.judge_prompts`;
@@ -60,6 +64,10 @@ OPENAI_TOP_LOGPROBS = 5
 """How many alternatives per position the openai backend asks for (the common server maximum is 5+)."""
 OPENAI_ANSWER_TOKENS = 4
 """Tokens an openai judge may write when scoring: enough for "(A)" or " A." and for the letter fallback."""
+CUT_MARK = "\n[...]\n"
+"""Stands where the middle of an answer was cut to fit the judge model's context."""
+FIT_SLACK = 2
+"""Tokens kept free when fitting a prompt: the answer letter may tokenise with the text before it."""
 
 
 def debias(p_a_first: float, p_a_second: float) -> float:
@@ -106,6 +114,15 @@ class JudgeConfig:
     """Pairs whose max(p, 1 − p) is below this (and rankings whose confidence is) are marked for humans."""
     max_new_tokens_cot: int = 128
     """Most reasoning tokens in chain-of-thought mode."""
+    overflow: Literal["truncate", "skip"] = "truncate"
+    """A comparison too long for the judge model's context (hf backend): "truncate" cuts the middle out of the longer
+    answer, or of both to the same length, keeping each one's start and end (a solution's final answer is at its
+    end), and never cuts the conversation, the principle or the instruction: the question asked stays whole and the
+    verdict is still on the two answers' approach and conclusion; "skip" leaves such a comparison unjudged. Either
+    way it is one comparison: the rest of the call is judged."""
+    min_answer_tokens: int = 64
+    """Truncating keeps at least this many tokens of each answer (all of a shorter one); a comparison whose
+    conversation and principle leave less room is skipped, its reason said, rather than judged on scraps."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("logprob", "cot"):
@@ -130,6 +147,11 @@ class JudgeConfig:
         steps = self.max_new_tokens_cot
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
             raise ValueError(f"max_new_tokens_cot must be an integer ≥ 1, got {steps!r}")
+        if self.overflow not in ("truncate", "skip"):
+            raise ValueError(f'overflow must be "truncate" or "skip", got {self.overflow!r}')
+        keep = self.min_answer_tokens
+        if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
+            raise ValueError(f"min_answer_tokens must be an integer ≥ 1, got {keep!r}")
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -158,6 +180,9 @@ class Verdict:
     mass: float | None = None
     """p(A) + p(B) under the full next-token distribution, averaged: how well the judge kept to the
     answer format (near 0 means the A/B split is noise). None when unknown."""
+    truncated: list[int] | None = None
+    """Tokens cut from the middle of response A and of response B to fit the judge model's context; None: both were
+    shown whole."""
 
     @property
     def position_flip(self) -> bool:
@@ -177,6 +202,24 @@ class Verdict:
 
 def _sign(x: float) -> int:
     return (x > 0) - (x < 0)
+
+
+def _share(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
+    """Tokens kept of two answers of `len_a` and `len_b` tokens within `budget`: one that fits in half is kept whole
+    and the other gets the rest, else both keep half. So the longer answer is cut first, never below the other."""
+    half = max(0, budget) // 2
+    if len_a <= half:
+        return len_a, min(len_b, budget - len_a)
+    if len_b <= half:
+        return min(len_a, budget - len_b), len_b
+    return half, max(0, budget) - half
+
+
+@dataclass
+class Skipped:
+    """A comparison (or step question) the judge left unjudged, and why: it does not fit the judge model's context."""
+
+    reason: str
 
 
 @dataclass
@@ -255,8 +298,9 @@ class Judge:
 
     def compare(self, items: Sequence[Item], principles: Sequence[dict[str, Any]], *, key: tuple | None = None,
                 keys: Sequence[tuple] | None = None, progress: Progress | None = None,
-                should_stop: ShouldStop | None = None) -> list[Verdict]:
-        """One Verdict per (conversation, response_a, response_b).
+                should_stop: ShouldStop | None = None) -> list[Verdict | Skipped]:
+        """One Verdict per (conversation, response_a, response_b), or `Skipped` with its reason for one that does not
+        fit the judge model's context even with its answers cut (`JudgeConfig.overflow`).
 
         Item i is identified for principle sampling by `keys[i]` when given, else by `(*key, i)` (key
         defaults to ()). Pass stable keys (e.g. prompt and completion ids) to make re-runs reproducible
@@ -269,15 +313,20 @@ class Judge:
         base = tuple(key) if key is not None else ()
         chosen = [self.principles_for(principles, tuple(keys[i]) if keys is not None else (*base, i))
                   for i in range(len(items))]
+        fitted = self._fit(items, principles, chosen)
         jobs: list[_Job] = []
-        for i, (conversation, a, b) in enumerate(items):
+        for i, (conversation, _, _) in enumerate(items):
+            fit = fitted[i]
+            if isinstance(fit, Skipped):
+                continue
+            a, b, _ = fit
             for k in chosen[i]:
                 for order, (x, y) in enumerate(((a, b), (b, a))):
                     jobs.append(_Job(i, k, order, comparison_body(conversation, principles[k], x, y), ANSWER_PREFIX))
         if self.config.mode == "cot":
             self._reason(jobs, should_stop)
-        scored = self._score(jobs, progress, should_stop)
-        return self._verdicts(len(items), principles, chosen, jobs, scored)
+        scored = self._score(jobs, progress, should_stop) if jobs else []
+        return self._verdicts(fitted, principles, chosen, jobs, scored)
 
     def label_steps(self, items: Sequence[tuple[str, Sequence[str]]], *, progress: Progress | None = None,
                     should_stop: ShouldStop | None = None) -> list[list[float]]:
@@ -286,28 +335,34 @@ class Judge:
 
         No principle and no swap apply (the question has one fixed answer order) and `mode` is ignored: a step
         label is always read straight from the log-probs. An openai server without log-probs gives the parsed
-        word as 1 / 0 (½ when it names neither)."""
+        word as 1 / 0 (½ when it names neither). A step question longer than the judge model's context is not asked
+        (nor those after it, which are longer): that item's list stops short of its steps."""
         jobs: list[_Job] = []
         for i, (conversation, steps) in enumerate(items):
             for n in range(len(steps)):
                 jobs.append(_Job(i, n, 0, step_question(conversation, steps, n), STEP_ANSWER_PREFIX,
                                  answers=STEP_ANSWERS, chat_request=STEP_CHAT_ANSWER_REQUEST))
+        jobs = self._fitting_steps(jobs)
         scored = self._score(jobs, progress, should_stop) if jobs else []
         out: list[list[float]] = [[] for _ in items]
         for job, (p_yes, _, _) in zip(jobs, scored, strict=True):
             out[job.item].append(p_yes)
         return out
 
-    def _verdicts(self, n: int, principles: Sequence[dict[str, Any]], chosen: list[list[int]], jobs: list[_Job],
-                  scored: list[tuple[float, float | None, bool]]) -> list[Verdict]:
+    def _verdicts(self, fitted: list[tuple[str, str, list[int] | None] | Skipped], principles: Sequence[dict[str, Any]],
+                  chosen: list[list[int]], jobs: list[_Job], scored: list[tuple[float, float | None, bool]]
+                  ) -> list[Verdict | Skipped]:
         raw: dict[tuple[int, int, int], tuple[float, float | None, bool]] = {}
         reasons: dict[tuple[int, int, int], str | None] = {}
         for job, result in zip(jobs, scored, strict=True):
             raw[(job.item, job.principle, job.order)] = result
             reasons[(job.item, job.principle, job.order)] = job.reasoning
         cot = self.config.mode == "cot"
-        out = []
-        for i in range(n):
+        out: list[Verdict | Skipped] = []
+        for i, fit in enumerate(fitted):
+            if isinstance(fit, Skipped):
+                out.append(fit)
+                continue
             firsts, seconds, masses, by_principle, hard, texts = [], [], [], {}, False, []
             for k in chosen[i]:
                 (p1, m1, h1), (p2, m2, h2) = raw[(i, k, 0)], raw[(i, k, 1)]
@@ -325,7 +380,7 @@ class Judge:
             out.append(Verdict(p=debias(p_first, p_second), p_a_first=p_first, p_a_second=p_second,
                                principles=[principles[k]["name"] for k in chosen[i]], hard=hard,
                                reasoning="\n".join(texts) if cot else None, by_principle=by_principle,
-                               mass=sum(masses) / len(masses) if masses else None))
+                               mass=sum(masses) / len(masses) if masses else None, truncated=fit[2]))
         return out
 
     def _score(self, jobs: list[_Job], progress: Progress | None,
@@ -334,6 +389,101 @@ class Judge:
         if isinstance(self.generator, HFGenerator):
             return self._score_hf(jobs, progress, should_stop)
         return self._score_openai(jobs, progress, should_stop)
+
+    # -- the judge model's context ---------------------------------------------------------------------
+
+    def _fit(self, items: Sequence[Item], principles: Sequence[dict[str, Any]], chosen: list[list[int]]
+             ) -> list[tuple[str, str, list[int] | None] | Skipped]:
+        """Per item its two answers as the judge will see them, with the tokens cut from each (None: shown whole),
+        or Skipped. Only a local model's context can be counted against; a server keeps its own limit."""
+        whole: list[tuple[str, str, list[int] | None] | Skipped] = [(a, b, None) for _, a, b in items]
+        gen = self.generator
+        if not isinstance(gen, HFGenerator):
+            return whole
+        with gen._lock:
+            gen._load()
+            context = gen.context_length()
+            if context is None:
+                return whole
+            tail, reserve = ANSWER_PREFIX, FIT_SLACK
+            if self.config.mode == "cot":  # room for the reasoning, then the answer prefix after it
+                tail = COT_CUE
+                reserve += self.config.max_new_tokens_cot + len(self._ids("\n" + ANSWER_PREFIX)) + 1
+            return [self._fit_item(item, [principles[k] for k in chosen[i]], context, reserve, tail)
+                    for i, item in enumerate(items)]
+
+    def _fit_item(self, item: Item, shown: list[dict[str, Any]], context: int, reserve: int, tail: str
+                  ) -> tuple[str, str, list[int] | None] | Skipped:
+        conversation, a, b = item
+        limit = context - reserve
+
+        def longest(x: str, y: str) -> int:  # over the item's principles and both orders: they all get one cut
+            return max(self._n_tokens(comparison_body(conversation, p, *pair), tail)
+                       for p in shown for pair in ((x, y), (y, x)))
+
+        n = longest(a, b)
+        if n <= limit:
+            return a, b, None
+        over = f"the judge prompt is {n} tokens but the judge model's context is {context}"
+        if reserve > FIT_SLACK:
+            over += f", {reserve - FIT_SLACK} of them kept for its reasoning"
+        if self.config.overflow == "skip":
+            return Skipped(f"{over} (overflow is skip: answers are not cut)")
+        ids_a, ids_b = self._ids(a), self._ids(b)
+        fixed = longest("", "")
+        budget = limit - fixed - 2 * len(self._ids(CUT_MARK))
+        least = self.config.min_answer_tokens
+        for _ in range(4):  # a cut answer can tokenise a little longer in place than alone: shrink by the excess
+            keep_a, keep_b = _share(len(ids_a), len(ids_b), budget)
+            if keep_a < min(len(ids_a), least) or keep_b < min(len(ids_b), least):
+                return Skipped(f"{over}: the conversation and the principle alone take {fixed} tokens, too many to "
+                               f"show at least {least} tokens of each answer")
+            x, y = self._cut(a, ids_a, keep_a), self._cut(b, ids_b, keep_b)
+            n_cut = longest(x, y)
+            if n_cut <= limit:
+                return x, y, [len(ids_a) - keep_a, len(ids_b) - keep_b]
+            budget -= n_cut - limit
+        return Skipped(over)
+
+    def _fitting_steps(self, jobs: list[_Job]) -> list[_Job]:
+        """The step questions that fit the judge model's context; an item's first one that does not ends its list
+        (every later question shows one step more)."""
+        gen = self.generator
+        if not isinstance(gen, HFGenerator):
+            return jobs
+        with gen._lock:
+            gen._load()
+            context = gen.context_length()
+            if context is None:
+                return jobs
+            kept, ended = [], set()
+            for job in jobs:
+                if job.item not in ended and self._n_tokens(job.user, job.tail) + FIT_SLACK <= context:
+                    kept.append(job)
+                else:
+                    ended.add(job.item)
+        return kept
+
+    def _ids(self, text: str) -> list[int]:
+        return list(self.generator._tokenizer(text, add_special_tokens=False)["input_ids"])  # type: ignore[union-attr]
+
+    def _n_tokens(self, user: str, tail: str) -> int:
+        """Tokens of a scoring prompt (the question, then what the judge says before its answer) as the model reads
+        it: through the chat template when there is one."""
+        text, templated = self._hf_text(_Job(0, 0, 0, user, tail))
+        return len(self.generator._tokenizer(text, add_special_tokens=not templated)["input_ids"])  # type: ignore[union-attr]
+
+    def _cut(self, text: str, ids: list[int], keep: int) -> str:
+        """The answer with its middle cut out down to `keep` tokens: its start and its end stay (where a solution
+        sets out and where it states its result), CUT_MARK between them."""
+        if keep >= len(ids):
+            return text
+        tokenizer = self.generator._tokenizer  # type: ignore[union-attr]
+        tail = keep // 2
+        head = tokenizer.decode(ids[:keep - tail], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        end = tokenizer.decode(ids[len(ids) - tail:], skip_special_tokens=False,
+                               clean_up_tokenization_spaces=False) if tail else ""
+        return head + CUT_MARK + end
 
     # -- hf ----------------------------------------------------------------------------------------------
 
@@ -727,6 +877,9 @@ class JudgeResult:
     """How the tiers were computed."""
     low_confidence: float = 0.6
     """Threshold below which pairs and the ranking are marked for human review."""
+    skipped: dict[tuple[int, int], str] = field(default_factory=dict)
+    """Pairs left unjudged (too long for the judge model's context), with the reason; the ranking leaves them
+    uncompared."""
 
     def prob(self, i: int, j: int) -> float:
         """p(i ≻ j) from the judged pair, whichever way round it was asked."""
@@ -748,7 +901,8 @@ class JudgeResult:
         return {"tiers": self.tiers, "scores": {str(i): s for i, s in self.scores.items()},
                 "confidence": self.confidence, "method": self.method, "needs_human": self.needs_human,
                 "pairs": [{"a": i, "b": j, "low_confidence": self.is_low_confidence(i, j), **v.to_dict()}
-                          for (i, j), v in self.pair_probs.items()]}
+                          for (i, j), v in self.pair_probs.items()],
+                "skipped": [{"a": i, "b": j, "reason": why} for (i, j), why in self.skipped.items()]}
 
 
 def judge_many(judge: Judge, tasks: Sequence[tuple[str, Sequence[tuple[int, str]], tuple]],
@@ -773,11 +927,13 @@ def judge_many(judge: Judge, tasks: Sequence[tuple[str, Sequence[tuple[int, str]
     verdicts = judge.compare(items, principles, keys=keys, progress=progress, should_stop=should_stop)
     results = []
     for start, pairs, ids in spans:
-        pair_probs = {(a[0], b[0]): verdicts[start + n] for n, (a, b) in enumerate(pairs)}
+        judged = {(a[0], b[0]): verdicts[start + n] for n, (a, b) in enumerate(pairs)}
+        pair_probs = {k: v for k, v in judged.items() if isinstance(v, Verdict)}
         tiers, scores, confidence = rank_from_pairwise(ids, {k: v.p for k, v in pair_probs.items()},
                                                        judge.config.ranking)
         results.append(JudgeResult(tiers, pair_probs, scores, confidence, judge.config.ranking,
-                                   judge.config.low_confidence))
+                                   judge.config.low_confidence,
+                                   {k: v.reason for k, v in judged.items() if isinstance(v, Skipped)}))
     return results
 
 

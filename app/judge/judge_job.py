@@ -6,11 +6,17 @@ label p(chosen ≻ rejected) and both raw order probabilities. With `label_steps
 step of every completion it ranks (p(Yes) to "is step N correct given the problem and the steps before it?"),
 stored as the step labels of its ranking. One transaction per prompt, so a stopped or crashed run resumes where
 it was and never writes a prompt twice.
+
+A comparison too long for the judge model's context is judged on its answers cut in the middle, or skipped when
+even that leaves too little of them (`training.judge`); a prompt with a skipped comparison gets no AI ranking (it
+would order two answers the judge never compared) and stays with the humans. The run goes on, and its result counts
+and names what it skipped and why, and how many comparisons it judged on cut answers.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any
 
@@ -18,17 +24,34 @@ from sqlalchemy.orm import Session
 
 from app.annotation import rankings, selection, steps
 from app.annotation.pairs import expand_tiers
-from app.jobs.context import JobContext, JobError, JobStopped, job_row
+from app.jobs.context import JobContext, JobError, JobStopped, job_row, will_retry
 from app.judge import endpoints, judging
 from app.judge import steps as judge_steps
 from app.platform.db import session_scope
 from app.projects import constitutions, projects
 from training.generation import GenerationError
-from training.judge import Judge, JudgeCancelled, JudgeConfig
+from training.judge import Judge, JudgeCancelled, JudgeConfig, Skipped, Verdict
 from training.judge_prompts import TEMPLATE_VERSION, format_conversation
 from training.judge_ranking import rank_from_pairwise
 
 PROMPTS_PER_CALL = 4
+SKIPPED_LISTED = 100
+"""The result names at most this many skipped comparisons (it counts them all)."""
+
+
+@dataclass
+class Tally:
+    """What a judge run did, for its result."""
+
+    written: int = 0
+    low: int = 0
+    routed: int = 0
+    step_labels: int = 0
+    steps_unlabelled: int = 0
+    truncated: int = 0
+    skipped_prompts: int = 0
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    """{prompt_id, completions: [a, b], reason} per comparison left unjudged."""
 
 
 def run(ctx: JobContext) -> dict[str, Any]:
@@ -59,46 +82,13 @@ def run(ctx: JobContext) -> dict[str, Any]:
     total, done = len(todo) + done_before, done_before
     ctx.progress(done, total, f"judging {len(todo)} prompts")
     ctx.log(f"judge {judge.describe()} · constitution v{constitution.version} · templates {TEMPLATE_VERSION}")
-    written = low = routed = step_labels = 0
-    label_steps = bool(params.get("label_steps"))
+    tally = Tally()
     try:
         for start in range(0, len(todo), PROMPTS_PER_CALL):
             ctx.check()
             chunk = todo[start:start + PROMPTS_PER_CALL]
-            items, keys, owners = [], [], []
-            for prompt_id, prompt, completions in chunk:
-                conversation = format_conversation(prompt)
-                for (i, text_i), (j, text_j) in combinations(completions, 2):
-                    items.append((conversation, text_i, text_j))
-                    keys.append((prompt_id, i, j))
-                    owners.append(prompt_id)
-            verdicts = judge.compare(items, principles, keys=keys, should_stop=ctx.should_stop)
-            step_soft = _judge_steps(ctx, judge, project_id, chunk) if label_steps else {}
-            by_prompt: dict[int, dict[tuple[int, int], Any]] = {}
-            for key, verdict in zip(keys, verdicts, strict=True):
-                by_prompt.setdefault(key[0], {})[(key[1], key[2])] = verdict
-            with session_scope(ctx.session_factory) as db:
-                routed_now: dict[int, str] = {}
-                for prompt_id, _, completions in chunk:
-                    pair_verdicts = by_prompt.get(prompt_id, {})
-                    ids = [cid for cid, _ in completions]
-                    p = {}
-                    for (i, j), v in pair_verdicts.items():
-                        p[(i, j)], p[(j, i)] = v.p, 1.0 - v.p
-                    tiers, scores, confidence = rank_from_pairwise(ids, p, config.ranking)
-                    reason, ranking_id = _write_ranking(
-                        db, ctx, judge_run_id=run_id, project_id=project_id, constitution_id=constitution.id,
-                        prompt_id=prompt_id, ids=ids, tiers=tiers, scores=scores, confidence=confidence, p=p,
-                        verdicts=pair_verdicts, config=config)
-                    if ranking_id is not None and prompt_id in step_soft:  # in the ranking's transaction
-                        step_labels += judge_steps.write(db, ranking_id, step_soft[prompt_id])
-                    low += reason == "low_confidence"
-                    if reason is not None and params.get("route_low_confidence"):
-                        routed_now[prompt_id] = reason
-                    written += 1
-                project_row = projects.find(db, project_id)
-                assert project_row is not None
-                routed += selection.route_to_humans(db, project_row, routed_now, judge_run_id=run_id)
+            _judge_chunk(ctx, judge, chunk, principles, tally, run_id=run_id, project_id=project_id,
+                         constitution_id=constitution.id, params=params)
             done += len(chunk)
             ctx.progress(done, total, f"{done}/{total} prompts judged")
     except JudgeCancelled:
@@ -107,31 +97,96 @@ def run(ctx: JobContext) -> dict[str, Any]:
     except JobStopped:
         _set_state(ctx, run_id, "cancelled" if ctx.stop_reason == "cancelled" else "queued")
         raise
-    except Exception:
-        _set_state(ctx, run_id, "failed")
+    except Exception as exc:  # queued again while the worker retries it, failed when it will not
+        _set_state(ctx, run_id, "queued" if will_retry(exc, ctx.attempts, ctx.max_attempts) else "failed")
         raise
     finally:
         judge.generator.close()
     _set_state(ctx, run_id, "succeeded")
-    return _summary(run_id, params, total=total, written=written, low=low, routed=routed, step_labels=step_labels)
+    return _summary(run_id, params, total, tally)
 
 
-def _summary(run_id: int, params: dict[str, Any], *, total: int, written: int, low: int, routed: int,
-             step_labels: int) -> dict[str, Any]:
+def _judge_chunk(ctx: JobContext, judge: Judge, chunk: list[judging.PromptToJudge], principles: list[Any],
+                 tally: Tally, *, run_id: int, project_id: int, constitution_id: int, params: dict[str, Any]) -> None:
+    """Judge every pair of the chunk's prompts in one call, then write each prompt's ranking (one transaction)."""
+    items, keys = [], []
+    for prompt_id, prompt, completions in chunk:
+        conversation = format_conversation(prompt)
+        for (i, text_i), (j, text_j) in combinations(completions, 2):
+            items.append((conversation, text_i, text_j))
+            keys.append((prompt_id, i, j))
+    verdicts = judge.compare(items, principles, keys=keys, should_stop=ctx.should_stop)
+    step_soft = _judge_steps(ctx, judge, project_id, chunk, tally) if params.get("label_steps") else {}
+    by_prompt: dict[int, dict[tuple[int, int], Verdict | Skipped]] = {}
+    for key, verdict in zip(keys, verdicts, strict=True):
+        by_prompt.setdefault(key[0], {})[(key[1], key[2])] = verdict
+    with session_scope(ctx.session_factory) as db:
+        routed_now: dict[int, str] = {}
+        for prompt_id, _, completions in chunk:
+            pair_verdicts = _judged(prompt_id, by_prompt.get(prompt_id, {}), tally)
+            if pair_verdicts is None:
+                continue
+            ids = [cid for cid, _ in completions]
+            p = {}
+            for (i, j), v in pair_verdicts.items():
+                p[(i, j)], p[(j, i)] = v.p, 1.0 - v.p
+            tiers, scores, confidence = rank_from_pairwise(ids, p, judge.config.ranking)
+            reason, ranking_id = _write_ranking(
+                db, ctx, judge_run_id=run_id, project_id=project_id, constitution_id=constitution_id,
+                prompt_id=prompt_id, ids=ids, tiers=tiers, scores=scores, confidence=confidence, p=p,
+                verdicts=pair_verdicts, config=judge.config)
+            if ranking_id is not None and prompt_id in step_soft:  # in the ranking's transaction
+                tally.step_labels += judge_steps.write(db, ranking_id, step_soft[prompt_id])
+            tally.low += reason == "low_confidence"
+            if reason is not None and params.get("route_low_confidence"):
+                routed_now[prompt_id] = reason
+            tally.written += 1
+        project_row = projects.find(db, project_id)
+        assert project_row is not None
+        tally.routed += selection.route_to_humans(db, project_row, routed_now, judge_run_id=run_id)
+
+
+def _judged(prompt_id: int, verdicts: dict[tuple[int, int], Verdict | Skipped], tally: Tally
+            ) -> dict[tuple[int, int], Verdict] | None:
+    """The prompt's verdicts, or None when a comparison was skipped: then it gets no ranking (one would order two
+    answers the judge never compared) and each skipped comparison is named in the tally with its reason."""
+    refused = {pair: v.reason for pair, v in verdicts.items() if isinstance(v, Skipped)}
+    if refused:
+        tally.skipped_prompts += 1
+        tally.skipped += [{"prompt_id": prompt_id, "completions": list(pair), "reason": why}
+                          for pair, why in refused.items()]
+        return None
+    judged = {pair: v for pair, v in verdicts.items() if isinstance(v, Verdict)}
+    tally.truncated += sum(1 for v in judged.values() if v.truncated)
+    return judged
+
+
+def _summary(run_id: int, params: dict[str, Any], total: int, tally: Tally) -> dict[str, Any]:
     """The job's result, with its message in words."""
-    message = f"judged {written} prompts ({low} with low confidence)"
+    message = f"judged {tally.written} of {total} prompts ({tally.low} with low confidence)"
+    if tally.skipped_prompts:
+        message += (f"; {tally.skipped_prompts} prompts left to humans: {len(tally.skipped)} comparisons too long "
+                    "for the judge model's context")
+    if tally.truncated:
+        message += f"; {tally.truncated} comparisons judged on answers cut to fit its context"
     if params.get("label_steps"):
-        message += f"; {step_labels} step labels"
+        message += f"; {tally.step_labels} step labels"
+        if tally.steps_unlabelled:
+            message += f" ({tally.steps_unlabelled} steps too long to ask about)"
     if params.get("route_low_confidence"):
-        message += f"; {routed} sent to humans first (low confidence, or a verdict that flipped under A/B swap)"
-    return {"judge_run_id": run_id, "prompts": total, "rankings_written": written,
-            "low_confidence_rankings": low, "routed_to_humans": routed, "step_labels_written": step_labels,
+        message += f"; {tally.routed} sent to humans first (low confidence, or a verdict that flipped under A/B swap)"
+    return {"judge_run_id": run_id, "prompts": total, "rankings_written": tally.written,
+            "low_confidence_rankings": tally.low, "routed_to_humans": tally.routed,
+            "step_labels_written": tally.step_labels, "steps_unlabelled": tally.steps_unlabelled,
+            "truncated_comparisons": tally.truncated, "skipped_prompts": tally.skipped_prompts,
+            "skipped_comparisons": len(tally.skipped), "skipped": tally.skipped[:SKIPPED_LISTED],
             "message": message}
 
 
-def _judge_steps(ctx: JobContext, judge: Judge, project_id: int, chunk: list[tuple[int, Any, list[tuple[int, str]]]]
+def _judge_steps(ctx: JobContext, judge: Judge, project_id: int, chunk: list[judging.PromptToJudge], tally: Tally
                  ) -> dict[int, dict[int, list[float]]]:
-    """Per prompt of the chunk, per completion, the judge's p(step correct) for each of its stored steps."""
+    """Per prompt of the chunk, per completion, the judge's p(step correct) for each of its stored steps (its first
+    steps only, when a later question is too long for the judge model's context: the tally counts the rest)."""
     with session_scope(ctx.session_factory) as db:
         project = projects.find(db, project_id)
         assert project is not None
@@ -145,6 +200,7 @@ def _judge_steps(ctx: JobContext, judge: Judge, project_id: int, chunk: list[tup
     out: dict[int, dict[int, list[float]]] = defaultdict(dict)
     for (prompt_id, cid), ps in zip(owners, judge.label_steps(items, should_stop=ctx.should_stop), strict=True):
         out[prompt_id][cid] = ps
+        tally.steps_unlabelled += len(stored.get(cid, [])) - len(ps)
     return out
 
 

@@ -13,8 +13,10 @@ from tests.support.openai_server import OpenAICompatibleServer
 from tests.training.tiny import char_tokenizer, save_tiny, sft, tiny_gpt2
 from training.generation import GenerationParams
 from training.judge import (
+    CUT_MARK,
     Judge,
     JudgeConfig,
+    Skipped,
     Verdict,
     clamp,
     critique_and_revise,
@@ -182,18 +184,49 @@ def test_config_validation_names_the_field():
     for kwargs, name in [({"mode": "vibes"}, "mode"), ({"principles": "some"}, "principles"),
                          ({"seed": -1}, "seed"), ({"cot_clamp": (0.6, 0.4)}, "cot_clamp"),
                          ({"ranking": "elo"}, "ranking"), ({"batch_size": 0}, "batch_size"),
-                         ({"low_confidence": 0.4}, "low_confidence"), ({"max_new_tokens_cot": 0}, "max_new_tokens_cot")]:
+                         ({"low_confidence": 0.4}, "low_confidence"), ({"max_new_tokens_cot": 0}, "max_new_tokens_cot"),
+                         ({"overflow": "fail"}, "overflow"), ({"min_answer_tokens": 0}, "min_answer_tokens")]:
         with pytest.raises(ValueError, match=name):
             JudgeConfig(**kwargs)
     assert JudgeConfig(cot_clamp=[0.3, 0.7]).cot_clamp == (0.3, 0.7)  # JSON lists are accepted
 
 
-def test_prompt_longer_than_the_judge_context_is_named(tiny):
-    model, tok = tiny
-    from training.generation import GenerationError
+def test_an_answer_too_long_for_the_context_is_judged_with_its_middle_cut_and_the_others_as_usual(tiny, judge):
+    # The context is 512 characters; the long answer alone is 611. Only it is cut, its start and end kept.
+    long = "Start here. " + "x" * 580 + " So: 42."
+    whole, cut = judge.compare([ITEMS[0], ("Human: hi", long, "short")], PRINCIPLES[:1])
+    assert isinstance(whole, Verdict) and whole.truncated is None
+    assert whole.p == pytest.approx(judge.compare([ITEMS[0]], PRINCIPLES[:1])[0].p)
+    assert isinstance(cut, Verdict) and cut.truncated[0] > 0 and cut.truncated[1] == 0
+    keep = len(long) - cut.truncated[0]  # one token per character
+    shown = long[:keep - keep // 2] + CUT_MARK + long[len(long) - keep // 2:]
+    assert shown.startswith("Start here. ") and shown.endswith(" So: 42.")
+    prompt = build_comparison_prompt("Human: hi", PRINCIPLES[0], shown, "short")
+    assert len(prompt) <= 512  # the conversation, principle and instruction whole; it fits
+    assert cut.p_a_first == pytest.approx(p_a(tiny, prompt), abs=1e-6)
+    assert cut.p_a_second == pytest.approx(
+        p_a(tiny, build_comparison_prompt("Human: hi", PRINCIPLES[0], "short", shown)), abs=1e-6)
 
-    with pytest.raises(GenerationError, match="comparison 1"):
-        Judge.from_model(model, tok).compare([ITEMS[0], ("Human: hi", "x" * 600, "y")], PRINCIPLES)
+
+def test_a_comparison_that_cannot_fit_is_skipped_with_its_reason_and_the_rest_judged(tiny, judge):
+    # The conversation alone leaves no room for 64 tokens of each answer: that comparison is skipped, not cut to scraps.
+    crowded = ("Human: " + "q" * 420, "an answer of some length " * 4, "another answer " * 6)
+    verdicts = judge.compare([crowded, ITEMS[0]], PRINCIPLES[:1])
+    assert isinstance(verdicts[0], Skipped) and isinstance(verdicts[1], Verdict)
+    assert "judge model's context is 512" in verdicts[0].reason and "at least 64 tokens of each answer" in \
+        verdicts[0].reason
+    model, tok = tiny
+    refusing = Judge.from_model(model, tok, JudgeConfig(overflow="skip"))  # no cutting at all
+    skipped, judged = refusing.compare([("Human: hi", "x" * 600, "y"), ITEMS[0]], PRINCIPLES[:1])
+    assert isinstance(skipped, Skipped) and "overflow is skip" in skipped.reason and isinstance(judged, Verdict)
+    ranked = judge_many(judge, [(crowded[0], [(1, crowded[1]), (2, crowded[2]), (3, "4")], (1,))], PRINCIPLES[:1])[0]
+    assert set(ranked.skipped) == {(1, 2), (1, 3), (2, 3)} and ranked.to_dict()["skipped"][0]["reason"]
+
+
+def test_step_questions_longer_than_the_context_are_left_out_and_the_rest_labelled(tiny, judge):
+    steps = ["2+2=4", "x" * 200, "y" * 300, "so 4"]  # from the third step on, a question outgrows 512 characters
+    (ps,), (short,) = judge.label_steps([("Human: 2+2?", steps)]), judge.label_steps([("Human: 2+2?", steps[:2])])
+    assert ps == pytest.approx(short) and len(ps) == 2
 
 
 def test_chat_template_models_answer_in_the_assistant_turn(tiny):
