@@ -562,10 +562,17 @@ def _queue_training_run(args: list[str]) -> None:
                         help="finished reward run an rft, grpo or ppo run optimises (for grpo also a prm run: the "
                              "process reward)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--where", default=None,
+                        help="the cluster the run executes on: local (the worker's host, the default) or one named "
+                             "in PREFLAB_CLUSTERS_FILE")
+    parser.add_argument("--resource", action="append", default=[], metavar="KEY=VALUE",
+                        help="what the run asks of its cluster (cpus, gpus, memory_gb, nodes, workers, "
+                             "time_limit_min, partition, address), over the cluster's defaults")
     ns = parser.parse_args(args)
     settings = _settings()
     try:
         config = {k: _literal(v) for k, v in parse_sets(ns.set).items()}
+        resources = {k: _literal(v) for k, v in parse_sets(ns.resource).items()} or None
         with session_scope(_session_factory(settings)) as db:
             user = users.get_by_email(db, ns.user)
             project = db.get(Project, ns.project)
@@ -574,7 +581,8 @@ def _queue_training_run(args: list[str]) -> None:
             run, job = training_runs.request_run(db, project, user, data_dir=settings.data_dir, kind=ns.kind,
                                                  export_id=ns.export, base_model=ns.base_model,
                                                  reward_run_id=ns.reward_run, config=config,
-                                                 default_policy=settings.default_policy_model)
+                                                 default_policy=settings.default_policy_model, where=ns.where,
+                                                 resources=resources, clusters_file=settings.clusters_file)
             run_id, job_id = run.id, job.id
     except (DomainError, ValueError) as exc:
         field = getattr(exc, "field", None)

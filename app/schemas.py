@@ -724,6 +724,13 @@ class TrainingRunIn(Strict):
                                                  "also a prm run, whose step scores become the process reward.")
     config: dict = Field(default_factory=dict, description="Trainer config fields (see `python -m training KIND "
                                                            "--help`); validated before any job exists.")
+    where: str | None = Field(default=None, max_length=100,
+                              description="The cluster the run executes on: `local` (the worker's host, the default) "
+                                          "or a Slurm or Ray cluster named in PREFLAB_CLUSTERS_FILE.")
+    resources: dict | None = Field(default=None,
+                                   description="What the run asks of its cluster, over the cluster's defaults: cpus, "
+                                               "gpus, memory_gb, nodes, workers (DDP processes in all), "
+                                               "time_limit_min, partition (Slurm), address (Ray).")
 
 
 class TrainingRunAccepted(BaseModel):

@@ -1,7 +1,8 @@
 """Training runs from the app: launch on an export, follow them, check a reward model, iterate the loop.
 
 Other packages use `training_runs` and `iteration`; the app mounts `routes`; the worker runs `train_job` (which also
-runs alone as the trainer's supervisor, so this door imports nothing).
+runs alone as the trainer's supervisor, so this door imports nothing), and `train_job` submits each run through
+the execution backend of its cluster (`backends`: local, Slurm, Ray).
 """
 
 __all__ = ["iteration", "routes", "train_job", "training_runs"]

@@ -64,6 +64,7 @@ def advance(db: Session, job: Job, data_dir: Path) -> Job | None:
             db, project, actor, data_dir=data_dir, kind="reward", export_id=int(job.payload["export_id"]),
             base_model=str(Path(previous.model_dir)), reward_run_id=previous.id,
             config=dict((previous.config or {}).get("user") or {}))
+        _same_place(run, previous)
         plan |= {"step": "reward", "new_reward_run_id": run.id}
     elif step == "reward":
         export = exports.request_export(db, project, actor, "prompts", "jsonl")
@@ -76,6 +77,7 @@ def advance(db: Session, job: Job, data_dir: Path) -> Job | None:
             db, project, actor, data_dir=data_dir, kind=policy.kind, export_id=int(job.payload["export_id"]),
             base_model=str(Path(policy.model_dir)), reward_run_id=plan["new_reward_run_id"],
             config=dict((policy.config or {}).get("user") or {}))
+        _same_place(run, policy)
         plan |= {"step": "policy", "new_policy_run_id": run.id}
     else:  # "policy": the new policy's answers become the next round
         new_policy = db.get_one(TrainingRun, plan["new_policy_run_id"])
@@ -85,3 +87,11 @@ def advance(db: Session, job: Job, data_dir: Path) -> Job | None:
     nxt.payload = dict(nxt.payload) | {"iteration": plan}
     job.result = dict(job.result or {}) | {"next_job_id": nxt.id, "iteration_step": plan["step"]}
     return nxt
+
+
+def _same_place(run: TrainingRun, previous: TrainingRun) -> None:
+    """A round's run executes where the run it continues did (its cluster and resources, checked again when the job
+    starts)."""
+    where = (previous.config or {}).get("where")
+    if where:
+        run.config = dict(run.config or {}) | {"where": where}

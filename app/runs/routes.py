@@ -37,7 +37,8 @@ def _request_run(request: Request, db, project, user, body: TrainingRunIn):
     return training_runs.request_run(db, project, user, data_dir=settings.data_dir,
                                      kind=body.kind, export_id=body.export_id, base_model=body.base_model,
                                      reward_run_id=body.reward_run_id, config=body.config,
-                                     default_policy=settings.default_policy_model)
+                                     default_policy=settings.default_policy_model, where=body.where,
+                                     resources=body.resources, clusters_file=settings.clusters_file)
 
 
 @router.post("/api/projects/{project_id}/training-runs", status_code=202, tags=["training"],
@@ -101,7 +102,7 @@ def sample_into_project(run_id: Id, body: SampleIntoProjectIn, db: SessionDep, u
 
 # --- pages --------------------------------------------------------------------------------------
 
-def _list_context(db, project, user, default_policy=None) -> dict:
+def _list_context(db, project, user, default_policy=None, clusters_file=None) -> dict:
     runs = training_runs.list_for_project(db, project)
     rows = [(r, training_runs.read_eval(r), (training_runs.read_metrics(r, last=1) or [{}])[-1]) for r in runs]
     exports = training_runs.ready_exports(db, project)
@@ -112,13 +113,14 @@ def _list_context(db, project, user, default_policy=None) -> dict:
             "can_train": permissions.may(db, user, project, "training.start"),
             "kinds": training_runs.KINDS, "fields": {k: training_runs.config_fields(k) for k in training_runs.KINDS},
             "defaults": {k: training_runs.default_model(k, default_policy) for k in training_runs.KINDS},
-            "policy_kinds": training_runs.POLICY_KINDS}
+            "policy_kinds": training_runs.POLICY_KINDS, "clusters": training_runs.cluster_names(clusters_file)}
 
 
 def _page(request: Request) -> ProjectPage:
     """The training page of this app: the form names the default policy model the settings give."""
-    default_policy = request.app.state.settings.default_policy_model
-    return ProjectPage("training.html", lambda db, project, user: _list_context(db, project, user, default_policy))
+    settings = request.app.state.settings
+    return ProjectPage("training.html", lambda db, project, user: _list_context(
+        db, project, user, settings.default_policy_model, settings.clusters_file))
 
 
 @router.get("/projects/{project_id}/training", include_in_schema=False)

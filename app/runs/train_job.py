@@ -1,27 +1,40 @@
-"""The `train` job: run the trainer as a subprocess in its own process group, follow it, stop it on cancel.
+"""The `train` job: submit the trainer through the run's execution backend, follow it, stop it on cancel.
 
-The trainer writes metrics.jsonl, run.json, eval.json and the model directory under DATA_DIR/runs/<id>/; the job
-reports progress from what the trainer wrote (its last logged step of its total) and, on a retry after a worker
-crash, asks the trainer to resume from its checkpoint. A non-zero exit fails the run with the trainer's last
-exception line; the whole log is the job's. A supervisor process between the worker and the trainer takes the
-trainer down the moment the worker dies (`supervise`).
+The backend is the run's cluster (`app.runs.backends`): `local`, the worker's own host, by default, where the trainer
+is a subprocess in its own process group under a supervisor that takes it down the moment the worker dies; or a
+Slurm or Ray cluster, where the run outlives the worker and the next worker polls it again from the submission
+stored in its directory. The trainer writes metrics.jsonl, run.json, eval.json and the model directory under the
+run's directory; the job reports progress from what the trainer wrote (its last logged step of its total), copies
+new log text from the backend into the job's log and, on a retry after a worker crash (or after the cluster
+preempted the run), asks the trainer to resume from its checkpoint. A failed run fails with the backend's reason and
+the trainer's last exception line; the whole log is the job's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
-import shlex
 import shutil
-import signal
-import subprocess
 import sys
-import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from app.runs.backends.base import (
+    LOCAL,
+    Backend,
+    BackendError,
+    Cluster,
+    Launch,
+    Resources,
+    Status,
+    Submission,
+    submission_name,
+)
+from app.runs.backends.local import RUN_MARKER, STOP_GRACE_S, kill_leftovers, run_marker, supervise
 
 if TYPE_CHECKING:
     from app.jobs.context import JobContext
@@ -29,16 +42,16 @@ if TYPE_CHECKING:
 # The app's database code is imported inside the job's functions, never at the top: the supervisor runs this
 # module (`python -m app.runs.train_job --supervise`) for a whole training run, and loads nothing but the stdlib.
 
-STOP_GRACE_S = 10.0
-RUN_MARKER = "PREFLAB_TRAINING_RUN"
-"""Environment variable every trainer process of a run inherits: how a retry finds a dead attempt's leftovers. Its
-value is the run's own directory, not its id: two instances on one host (two data directories, CI beside a dev
-server) number their runs alike, and a retry must never kill the other instance's trainer."""
+# The supervisor and the leftovers' sweep live with the local backend; their names stay importable here.
+__all__ = ["RUN_MARKER", "STOP_GRACE_S", "check_against_humans", "kill_leftovers", "run", "run_marker", "supervise"]
 
-
-def run_marker(run_dir: Path) -> bytes:
-    """The `RUN_MARKER=...` entry, as it appears in /proc/PID/environ, of the trainers writing into run_dir."""
-    return f"{RUN_MARKER}={run_dir.resolve()}".encode() + b"\0"
+SUBMISSION_FILE = "submission.json"
+"""OUT/submission.json: the backend's id of the run's current submission and how much of its log was copied."""
+LOCAL_POLL_S = 0.5
+REMOTE_POLL_S = 2.0
+"""How often a cluster is asked for the run's state and new log: one short request each time, no open connection."""
+READS = ("model", "train", "eval", "prompts", "reward_model", "process_reward_model")
+"""Config fields that name files or directories the trainer reads: a cluster must see each of them."""
 
 
 def write_toml(path: Path, config: dict[str, Any]) -> None:
@@ -56,13 +69,9 @@ def _without_none(value: Any) -> Any:
     return value
 
 
-def command(kind: str, config_path: Path, *, accelerate_config: str | None) -> list[str]:
-    """`python -m training KIND --config run.toml` (under `accelerate launch` with a config): every path the run
-    needs (data, model, output) is in the config."""
-    args = ["-m", "training", kind, "--config", str(config_path), "--quiet"]
-    if accelerate_config:
-        return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", accelerate_config, *args]
-    return [sys.executable, *args]
+def trainer_args(kind: str, config_path: Path) -> list[str]:
+    """The arguments of `python -m training`: every path the run needs (data, model, output) is in the config."""
+    return [kind, "--config", str(config_path), "--quiet"]
 
 
 def run(ctx: JobContext) -> dict[str, Any]:
@@ -84,7 +93,7 @@ def run(ctx: JobContext) -> dict[str, Any]:
 
 
 def _run(ctx: JobContext) -> dict[str, Any]:
-    from app.jobs.context import JobError, JobStopped, job_row
+    from app.jobs.context import JobStopped, job_row
     from app.platform.db import session_scope  # not at the top: keeps the supervisor stdlib-only
     from app.runs import training_runs
 
@@ -96,69 +105,186 @@ def _run(ctx: JobContext) -> dict[str, Any]:
         training_runs.set_state(db, run_id, "running")
         kind = tr.kind
         resolved = dict((tr.config or {}).get("resolved") or {})
+        where = dict((tr.config or {}).get("where") or {})
         if isinstance(resolved.get("server_base_url"), str):  # the trainer fetches from it: checked again now
             resolved["server_base_url"] = _checked_server_url(db, resolved["server_base_url"])
     out = training_runs.run_dir(ctx.settings.data_dir, run_id)
     out.mkdir(parents=True, exist_ok=True)
+    cluster, resources = _placement(ctx, where)
+    backend = _backend(cluster)
     config = resolved | {"out": str(out)}
-    if ctx.attempts > 1:
-        _clear_dead_attempt(ctx, run_id, out)
-        config["resume"] = True
-    config_path = out / "run.toml"
-    write_toml(config_path, config)
-    accelerate = os.environ.get("PREFLAB_ACCELERATE_CONFIG") or None
-    cmd = command(kind, config_path, accelerate_config=accelerate)
-    ctx.log("$ " + " ".join(shlex.quote(c) for c in cmd))
-    # No progress bars in the log: a bar redraws its line with carriage returns, which a log file keeps as one
-    # line per redraw (the same line over and over); the job writes the run's progress lines itself (Progress).
-    env = os.environ.copy() | {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                               "TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", RUN_MARKER: str(out.resolve())}
-    # The supervisor's lifeline: this process holds the only write end, so the kernel closes it when the worker
-    # dies, however it dies, and the supervisor wakes at once to that end of file.
-    lifeline, keep = os.pipe()
-    supervised = [sys.executable, "-m", "app.runs.train_job", "--supervise", str(lifeline), "--", *cmd]
+    submission = _earlier_submission(ctx, backend, run_id, out, config)
+    launch = _launch(ctx, kind, config, out, resources, submission_name(cluster.job_prefix, ctx.job_id,
+                                                                        submission.attempt if submission else 1))
+    tracker = Progress(out, int(config.get("steps") or 0), ctx)
     try:
-        with open(ctx.log_path, "ab") as log:
-            proc = subprocess.Popen(supervised, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                    start_new_session=True, cwd=str(out), pass_fds=(lifeline,))
-        os.close(lifeline)
-        lifeline = -1
-        stopped = False
-        tracker = Progress(out, int(config.get("steps") or 0), ctx)
-        while proc.poll() is None:
-            if ctx.should_stop() and not stopped:
-                stopped = True
-                _stop_group(proc, ctx)
-            tracker.poll()
-            time.sleep(0.5)
+        if submission is None:
+            submission = _submit(ctx, backend, launch)
+        else:
+            ctx.log(f"following {backend.kind} job {submission.id} again (submitted by an earlier attempt)")
+        status, stopped = _follow(ctx, backend, submission, launch, config, tracker)
     finally:
-        # Closing our end takes the trainer down too: it never outlives the job that supervises it.
-        for fd in (lifeline, keep):
-            if fd >= 0:
-                os.close(fd)
+        backend.close()
     steps = tracker.poll(final=True)
-    if stopped:
-        if ctx.stop_reason == "cancelled":
-            _set_state(ctx, run_id, "cancelled")
-        elif ctx.stop_reason == "terminating":
-            _set_state(ctx, run_id, "queued")
-        # "lost": another worker took the job over and owns the run's state now; leave it alone.
-        raise JobStopped(ctx.stop_reason or "stopped")
-    if proc.returncode != 0:
-        _set_state(ctx, run_id, "failed")
-        raise JobError(f"the trainer exited with code {proc.returncode}: {failure_reason(ctx.log_path)}")
-    if not _complete_model(out / "model"):
-        _set_state(ctx, run_id, "failed")
-        raise JobError(f"the trainer exited 0 but {out / 'model'} holds no complete model (config.json and "
-                       f"weights):\n{_tail(ctx.log_path)}")
+    _end_unless_succeeded(ctx, run_id, backend, status, stopped, out)
     result: dict[str, Any] = {"training_run_id": run_id, "steps": steps,
                               "message": f"{kind} run finished after {steps} logged steps"}
+    if cluster.name != LOCAL:
+        result["cluster"] = cluster.name
     if kind == "reward":
         result["human_check"] = write_human_check(ctx, run_id)
     _set_state(ctx, run_id, "succeeded")
     if kind == "reward":
         result["priorities_job_id"] = queue_priorities(ctx, run_id)
     return result
+
+
+def _earlier_submission(ctx: JobContext, backend: Backend, run_id: int, out: Path,
+                        config: dict[str, Any]) -> Submission | None:
+    """What an earlier attempt submitted to a cluster, to follow again; None, and the run's config written (to resume
+    from the checkpoint on a retry, a dead local attempt's leftovers gone), when a new submission is due."""
+    submission = Submission.load(out / SUBMISSION_FILE) if backend.remote else None
+    if submission is not None and submission.backend == backend.kind:
+        return submission
+    if ctx.attempts > 1:
+        if not backend.remote:
+            _clear_dead_attempt(ctx, run_id, out)
+        config["resume"] = True
+    write_toml(out / "run.toml", config)
+    return None
+
+
+def _end_unless_succeeded(ctx: JobContext, run_id: int, backend: Backend, status: Status, stopped: bool,
+                          out: Path) -> None:
+    """Record how a run that did not succeed ended, and raise what ends its job (JobStopped or JobError)."""
+    from app.jobs.context import JobError, JobStopped
+
+    if stopped:
+        if ctx.stop_reason == "cancelled":
+            _set_state(ctx, run_id, "cancelled")
+        elif ctx.stop_reason == "terminating" and not backend.remote:
+            _set_state(ctx, run_id, "queued")
+        # "terminating" on a cluster: the run goes on there, and the worker that takes the job follows it again.
+        # "lost": another worker took the job over and owns the run's state now; leave it alone.
+        raise JobStopped(ctx.stop_reason or "stopped")
+    if status.state == "cancelled":
+        _set_state(ctx, run_id, "cancelled")
+        raise JobError(status.reason or "the run was cancelled on the cluster")
+    if status.state != "succeeded":
+        _set_state(ctx, run_id, "failed")
+        raise JobError(f"{status.reason}: {failure_reason(ctx.log_path)}")
+    if not _complete_model(out / "model"):
+        _set_state(ctx, run_id, "failed")
+        raise JobError(f"the trainer exited 0 but {out / 'model'} holds no complete model (config.json and "
+                       f"weights):\n{_tail(ctx.log_path)}")
+
+
+def _placement(ctx: JobContext, where: dict[str, Any]) -> tuple[Cluster, Resources]:
+    """The run's cluster as configured now, and the resources it asked for, or JobError naming what is gone."""
+    from app.jobs.context import JobError
+    from app.runs.backends import clusters
+
+    name = str(where.get("cluster") or LOCAL)
+    try:
+        found = clusters.load(ctx.settings.clusters_file)
+    except clusters.ClusterError as exc:
+        raise JobError(str(exc)) from None
+    if name not in found:
+        raise JobError(f"the run's cluster {name} is no longer configured (PREFLAB_CLUSTERS_FILE)")
+    cluster = found[name]
+    try:
+        resources = Resources.from_dict(where.get("resources") or {}, base=cluster.resources)
+    except (ValueError, TypeError) as exc:
+        raise JobError(f"resources: {exc}") from None
+    return cluster, resources
+
+
+def _backend(cluster: Cluster) -> Backend:
+    from app.runs.backends import clusters
+
+    return clusters.backend_for(cluster)
+
+
+def _launch(ctx: JobContext, kind: str, config: dict[str, Any], out: Path, resources: Resources,
+            name: str) -> Launch:
+    # No progress bars in the log: a bar redraws its line with carriage returns, which a log file keeps as one
+    # line per redraw (the same line over and over); the job writes the run's progress lines itself (Progress).
+    env = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TQDM_DISABLE": "1",
+           "HF_HUB_DISABLE_PROGRESS_BARS": "1", RUN_MARKER: str(out.resolve())}
+    reads = tuple(Path(config[k]) for k in READS if isinstance(config.get(k), str) and config[k])
+    return Launch(name=name, attempt=int(name.rsplit("-", 1)[1]), module="training",
+                  args=trainer_args(kind, out / "run.toml"), workdir=out, log_path=ctx.log_path,
+                  resources=resources, reads=reads, env=env)
+
+
+def _submit(ctx: JobContext, backend: Backend, launch: Launch) -> Submission:
+    """Check and submit the launch, or adopt the submission an earlier attempt made under the same name; the
+    submission is stored in the run's directory before anything else can go wrong."""
+    from app.jobs.context import JobError
+
+    try:
+        backend.check(launch)
+        ctx.log(backend.describe(launch))
+        found = backend.find(launch) if backend.remote else None
+        if found is not None:
+            ctx.log(f"{backend.kind} already holds {launch.name} (job {found.id}): following it, not submitting twice")
+        submission = found or backend.submit(launch)
+    except BackendError as exc:
+        raise JobError(str(exc)) from None
+    if backend.remote:
+        ctx.log(f"submitted to {backend.kind} as job {submission.id}")
+        submission.save(launch.workdir / SUBMISSION_FILE)
+    return submission
+
+
+def _follow(ctx: JobContext, backend: Backend, submission: Submission, launch: Launch, config: dict[str, Any],
+            tracker: Progress) -> tuple[Status, bool]:
+    """Poll the backend until the run ends (or this job must stop): copy new log text, publish progress, submit a
+    preempted run again from its checkpoint. (The status it ended with, whether the job stopped.)"""
+    stopped = False
+    record = launch.workdir / SUBMISSION_FILE
+    while True:
+        status = backend.status(submission)
+        submission = _copy_log(ctx, backend, submission, record, final=status.done)
+        tracker.poll()
+        if status.requeue and not stopped:
+            ctx.log(f"{status.reason}; submitting again, resuming from the last checkpoint")
+            launch = _next_attempt(launch, config)
+            submission = _submit(ctx, backend, launch)
+            continue
+        if status.done or (stopped and status.state not in ("queued", "running")):
+            return status, stopped
+        if ctx.should_stop() and not stopped:
+            stopped = True
+            if backend.remote and ctx.stop_reason != "cancelled":
+                ctx.log(f"leaving {backend.kind} job {submission.id} running ({ctx.stop_reason}): it is followed "
+                        "again from its stored submission")
+                return status, stopped
+            ctx.log(f"stopping the trainer ({ctx.stop_reason})")
+            backend.cancel(submission)
+            continue
+        time.sleep(REMOTE_POLL_S if backend.remote else LOCAL_POLL_S)
+
+
+def _next_attempt(launch: Launch, config: dict[str, Any]) -> Launch:
+    config["resume"] = True
+    write_toml(launch.workdir / "run.toml", config)
+    attempt = launch.attempt + 1
+    job = launch.name.rsplit("-", 1)[0]
+    return dataclasses.replace(launch, attempt=attempt, name=f"{job}-{attempt}")
+
+
+def _copy_log(ctx: JobContext, backend: Backend, submission: Submission, record: Path, *,
+              final: bool) -> Submission:
+    """New log text from the backend appended to the job's log, and the offset stored with the submission."""
+    text, offset = backend.read_log(submission, final=final)
+    if not text:
+        return submission
+    with open(ctx.log_path, "a", encoding="utf-8") as log:
+        log.write(text if text.endswith("\n") else text + "\n")
+    submission = dataclasses.replace(submission, log_offset=offset)
+    submission.save(record)
+    return submission
 
 
 def queue_priorities(ctx: JobContext, run_id: int) -> int | None:
@@ -221,81 +347,9 @@ def write_human_check(ctx: JobContext, run_id: int) -> dict[str, Any]:
     return report
 
 
-def _stop_group(proc: subprocess.Popen, ctx: JobContext) -> None:
-    """SIGTERM the trainer's whole process group (accelerate children too), SIGKILL after a grace period."""
-    ctx.log(f"stopping the trainer ({ctx.stop_reason})")
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        pass
-
-
 def _complete_model(path: Path) -> bool:
     weights = ("*.safetensors", "*.bin", "*.safetensors.index.json")
     return (path / "config.json").is_file() and any(next(path.glob(p), None) for p in weights)
-
-
-def kill_leftovers(run_dir: Path) -> list[int]:
-    """SIGKILL every process that carries this run's marker (a dead attempt's trainer and its children, should
-    its supervisor have died too) and wait until they are gone; the pids killed. Linux /proc only: elsewhere
-    the supervisor alone guards against orphans."""
-    marker = run_marker(run_dir)
-    killed = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        pid = int(entry.name)
-        if pid == os.getpid():
-            continue
-        try:
-            if marker not in (entry / "environ").read_bytes():
-                continue
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
-        except (OSError, ValueError):  # gone already, or not ours to read
-            continue
-    deadline = time.monotonic() + 10
-    while killed and time.monotonic() < deadline and any(_alive(pid) for pid in killed):
-        time.sleep(0.05)
-    return killed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/status").read_text().find("State:\tZ") < 0  # a zombie has stopped writing
-    except OSError:
-        return False
-
-
-def supervise(lifeline: int, cmd: list[str]) -> int:
-    """Run `cmd` in this process group and take the whole group down the moment the worker dies.
-
-    The worker starts this with start_new_session, so the group is the trainer and everything it spawns
-    (accelerate's ranks too). `lifeline` is the read end of a pipe whose only write end the worker holds and
-    never writes to: when the worker dies, even by SIGKILL, the kernel closes that end and the read here returns
-    end of file at once, with no polling interval for an orphaned trainer to keep training in. Pipes behave so on
-    every POSIX system; preflab's workers need POSIX anyway (process groups), so there is no polling fallback.
-    SIGTERM from the worker (cancel, shutdown) reaches the trainer through the group; the supervisor just waits.
-    """
-    signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
-    child = subprocess.Popen(cmd)  # close_fds: the trainer does not inherit the lifeline
-    threading.Thread(target=_kill_group_when_closed, args=(lifeline,), daemon=True).start()
-    code = child.wait()
-    return code if code >= 0 else 128 - code
-
-
-def _kill_group_when_closed(lifeline: int) -> None:
-    while True:
-        try:
-            if not os.read(lifeline, 64):  # end of file: the worker is gone
-                break
-        except InterruptedError:
-            continue
-        except OSError:  # the descriptor is unusable: treat it as a dead worker rather than run unsupervised
-            break
-    os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
 def progress(out: Path, configured_steps: int) -> tuple[int, int]:

@@ -1,7 +1,8 @@
 """Training runs from the app: validate a run against the training config classes, enqueue it, read its outputs.
 
-The worker runs `python -m training <kind> --config run.toml` (or `accelerate launch -m training …` when
-PREFLAB_ACCELERATE_CONFIG is set) as a subprocess in its own process group; this module never trains.
+The worker runs `python -m training <kind> --config run.toml` through the run's execution backend: on its own host
+(a subprocess in its own process group, or `accelerate launch -m training …` when PREFLAB_ACCELERATE_CONFIG is set),
+or on the Slurm or Ray cluster the run names (`app.runs.backends`); this module never trains.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from app.models import Completion, Export, Job, Project, Prompt, TrainingRun, Us
 from app.platform import audit
 from app.platform.errors import Conflict, Invalid, NotFound
 from app.projects import projects, versions
+from app.runs.backends import clusters
+from app.runs.backends.base import LOCAL, Resources
 from app.webhooks import service as webhooks
 from training import config, methods
 from training.config import build_config, field_docs, known_fields
@@ -122,17 +125,22 @@ def _validate_config(kind: str, config: dict[str, Any], filled: dict[str, Any]) 
 
 def request_run(db: Session, project: Project, actor: User, *, data_dir: Path, kind: str, export_id: int,
                 base_model: str | None, reward_run_id: int | None, config: dict[str, Any],
-                default_policy: str | Path | None = None) -> tuple[TrainingRun, Job]:
+                default_policy: str | Path | None = None, where: str | None = None,
+                resources: dict[str, Any] | None = None,
+                clusters_file: Path | None = None) -> tuple[TrainingRun, Job]:
     """Check a run against the project (its export, base model, reward run and config) and queue it as a job.
 
     A policy run without a base model starts from `default_policy` (PREFLAB_DEFAULT_POLICY_MODEL) when one is set;
-    the run records that directory as its base model."""
+    the run records that directory as its base model. `where` names the cluster it executes on (`local`, the
+    worker's host, by default; others from `clusters_file`), `resources` what it asks of it over the cluster's
+    defaults."""
     permissions.require(db, actor, project, "training.start")
     if kind not in KINDS:
         raise Invalid(f"must be one of {', '.join(KINDS)}", field="kind")
     export = _finished_export(db, project, kind, export_id)
     model_path = _base_model(kind, base_model, default_policy)
     parent = _reward_run(db, project, kind, reward_run_id, config)
+    placement = _placement(where, resources, clusters_file)
     if isinstance(config.get("server_base_url"), str):  # GRPO sampling through a server: a fetch the server makes
         config = dict(config) | {"server_base_url": endpoints.check_server_url(
             db, actor, config["server_base_url"], field="config.server_base_url")}
@@ -148,7 +156,7 @@ def request_run(db: Session, project: Project, actor: User, *, data_dir: Path, k
         filled["process_reward_model" if parent.kind == "prm" else "reward_model"] = str(Path(parent.model_dir))
     if kind == "prm":
         filled |= _project_step_rule(project)
-    run.config = {"user": config, "resolved": _validate_config(kind, config, filled)}
+    run.config = {"user": config, "resolved": _validate_config(kind, config, filled)} | placement
     run.model_dir = str(out / "model")
     run.metrics_path = str(out / "metrics.jsonl")
     job = jobs.enqueue(db, "train", {"training_run_id": run.id}, project=project, actor=actor, max_attempts=2)
@@ -156,6 +164,45 @@ def request_run(db: Session, project: Project, actor: User, *, data_dir: Path, k
     audit.record(db, actor, "training_run.create", project_id=project.id, object_type="training_run",
                  object_id=run.id, kind=kind, export_id=export.id)
     return run, job
+
+
+def _placement(where: str | None, resources: dict[str, Any] | None, clusters_file: Path | None) -> dict[str, Any]:
+    """Where the run executes, as stored in its config (`{"where": {"cluster", "kind", "resources"}}`; nothing for the
+    local default), or Invalid naming `where` or `resources.<field>`."""
+    name = (where or "").strip() or LOCAL
+    try:
+        found = clusters.load(clusters_file)
+    except clusters.ClusterError as exc:
+        raise Invalid(str(exc), field="where") from None
+    if name not in found:
+        raise Invalid(f"no cluster named {name!r}; configured: {', '.join(found)}", field="where")
+    if name == LOCAL:
+        if resources:
+            raise Invalid("a local run takes the worker's host as it is and asks for no resources (spread it over "
+                          "the host's GPUs with PREFLAB_ACCELERATE_CONFIG); send it to a cluster to ask for some",
+                          field="resources")
+        return {}
+    cluster = found[name]
+    try:
+        Resources.from_dict(resources or {}, base=cluster.resources)
+    except (ValueError, TypeError) as exc:
+        message = str(exc)
+        bad = next((key for key in sorted(resources or {}, key=len, reverse=True) if message.startswith(key)), None)
+        raise Invalid(message, field=f"resources.{bad}" if bad else "resources") from None
+    return {"where": {"cluster": name, "kind": cluster.kind, "resources": dict(resources or {})}}
+
+
+def cluster_names(clusters_file: Path | None) -> list[str]:
+    """The clusters a run may be sent to, `local` first (only `local` while the clusters file is unreadable)."""
+    try:
+        return list(clusters.load(clusters_file))
+    except clusters.ClusterError:
+        return [LOCAL]
+
+
+def where_of(run: TrainingRun) -> str:
+    """The cluster the run executes on."""
+    return str(((run.config or {}).get("where") or {}).get("cluster") or LOCAL)
 
 
 def _project_step_rule(project: Project) -> dict[str, Any]:

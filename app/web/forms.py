@@ -733,18 +733,22 @@ class ExportForm(ApiForm):
 
 class TrainingForm(ApiForm):
     LABELS: ClassVar[Mapping[str, str]] = {"kind": "Kind", "export_id": "Export", "reward_run_id": "Reward model run",
-                                           "base_model": "Base model directory", "config": "Config (TOML)"}
+                                           "base_model": "Base model directory", "config": "Config (TOML)",
+                                           "where": "Where", "resources": "Resources (TOML)"}
 
     kind: str = "reward"
     export_id: str = ""
     base_model: str = Field("", max_length=1000)
     reward_run_id: str = ""
     config: str = Field("", max_length=20_000)
+    where: str = Field("local", max_length=100)
+    resources: str = Field("", max_length=2_000)
 
     def label(self, field: str) -> str | None:
         # A key of the TOML the user typed: name it, since the label alone does not say which line is wrong.
-        if field.startswith("config."):
-            return f"Config (TOML), {field.removeprefix('config.')}"
+        for box in ("config", "resources"):
+            if field.startswith(f"{box}."):
+                return f"{self.LABELS[box]}, {field.removeprefix(box + '.')}"
         return super().label(field)
 
     def to_api(self) -> TrainingRunIn:
@@ -752,12 +756,16 @@ class TrainingForm(ApiForm):
             config = tomllib.loads(self.config) if self.config.strip() else {}
         except tomllib.TOMLDecodeError as exc:
             raise Invalid(f"not valid TOML: {exc}", field="config") from None
+        try:
+            resources = tomllib.loads(self.resources) if self.resources.strip() else None
+        except tomllib.TOMLDecodeError as exc:
+            raise Invalid(f"not valid TOML: {exc}", field="resources") from None
         if not self.export_id.isdigit():
             raise Invalid("choose an export", field="export_id")
         return TrainingRunIn.from_form(kind=self.kind, export_id=int(self.export_id),
                                        base_model=self.base_model or None,
                                        reward_run_id=int(self.reward_run_id) if self.reward_run_id.isdigit() else None,
-                                       config=config)
+                                       config=config, where=self.where or None, resources=resources)
 
 
 class IterateForm(ApiForm):
