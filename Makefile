@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: demo test lint typecheck audit setup setup-dev vendor browser serve bench soak clean api-check api-fuzz docs screenshots
+.PHONY: demo test test-cluster slurm lint typecheck audit setup setup-dev vendor browser serve bench soak clean api-check api-fuzz docs screenshots
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' \
@@ -60,8 +60,20 @@ browser:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "note: install chromium (apt-get install chromium) to run the browser tests"; fi; }
 
-test: setup-dev browser
+# Slurm's daemons and clients and munge (Debian's packages) for the cluster tests, which start their own single-node
+# Slurm in a scratch directory; the packages' own services are not used.
+slurm:
+	@command -v sbatch >/dev/null && [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/munged ] || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm munge >/dev/null; \
+	  else echo "note: install slurm-wlm and munge (apt-get install slurm-wlm munge) to run the Slurm tests"; fi; }
+
+test: setup-dev browser slurm
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# The Slurm tests alone (their names hold slurm): the module starts a single-node Slurm and stops it afterwards.
+# With CI=true a Slurm that cannot start fails them.
+test-cluster: setup-dev slurm
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/app/test_cluster_slurm.py
 
 # The slow, crash and browser tests 10 times idle, then 3 times with every core busy (tests/soak.py; set
 # PREFLAB_TEST_DATABASE_URL for Postgres too). SOAK_ARGS, e.g. "--idle 2 --busy 1", shortens it.

@@ -1,0 +1,233 @@
+"""The `slurm` backend: a job script from an admin-editable template, submitted with `sbatch`, followed with
+`squeue` / `scontrol` (and `sacct` where accounting keeps finished jobs), cancelled with `scancel`.
+
+The script's `#SBATCH` lines come from the run's resources. A run of several processes starts one `torchrun` per
+node through `srun`, with the rendezvous on the allocation's first node (SLURM_JOB_NODELIST) keyed by
+SLURM_JOB_ID. The run's output goes to its own directory on the shared path (`slurm-ATTEMPT.log`), which the worker
+copies into the job's log from the offset it stored. The job is submitted with --no-requeue: a preempted job ends
+PREEMPTED and the worker submits the next attempt itself, resuming from the trainer's last checkpoint.
+"""
+
+from __future__ import annotations
+
+import shlex
+import string
+import subprocess
+from pathlib import Path
+
+from app.runs.backends.base import BackendError, Cluster, Launch, Status, Submission, check_shared
+
+DEFAULT_TEMPLATE = """#!/bin/bash
+$sbatch
+# A preflab run ($name). This script comes from a template an admin may edit (a cluster's `template`): load
+# modules or activate an environment before the launch line. Placeholders: $$sbatch (the #SBATCH lines), $$name,
+# $$workdir, $$exports (the run's environment) and $$launch (the command); $$$$ is a dollar sign.
+set -eo pipefail
+cd $workdir
+$exports
+$launch
+"""
+
+RENDEZVOUS_PORT = 29500
+
+STATES = {
+    "PENDING": "queued", "CONFIGURING": "queued", "REQUEUED": "queued", "REQUEUE_FED": "queued",
+    "REQUEUE_HOLD": "queued", "RESIZING": "queued", "SUSPENDED": "queued",
+    "RUNNING": "running", "COMPLETING": "running", "STAGE_OUT": "running", "SIGNALING": "running",
+    "COMPLETED": "succeeded", "CANCELLED": "cancelled",
+}
+"""Slurm job states that are not failures, in preflab's words; every other end state is a failure (`REASONS`)."""
+REASONS = {
+    "TIMEOUT": "the run passed its time limit",
+    "OUT_OF_MEMORY": "the run used more memory than it asked for",
+    "NODE_FAIL": "a node of the run failed",
+    "PREEMPTED": "the scheduler took the nodes back for another job",
+    "BOOT_FAIL": "a node failed to boot",
+    "DEADLINE": "the run passed its deadline",
+    "FAILED": "the run exited with an error",
+}
+
+
+def slurm_status(state: str, exit_code: str | None = None, reason: str | None = None) -> Status:
+    """A Slurm job state (`scontrol`'s JobState, `sacct`'s State) as preflab's: TIMEOUT, OUT_OF_MEMORY and NODE_FAIL
+    fail the run with their reason; PREEMPTED asks for the run to be submitted again from its checkpoint."""
+    name = state.split()[0].rstrip("+") if state.strip() else "UNKNOWN"  # sacct writes `CANCELLED by 0`, `OUT_OF_ME+`
+    if name.startswith("OUT_OF_ME"):
+        name = "OUT_OF_MEMORY"
+    code = _exit_code(exit_code)
+    if name in STATES:
+        said = "cancelled on the cluster (scancel)" if name == "CANCELLED" else None
+        return Status(STATES[name], said, exit_code=code)
+    words = REASONS.get(name, "the job ended without finishing")
+    detail = f" ({reason})" if reason and reason not in ("None", name) else ""
+    if name == "FAILED" and code is not None:
+        detail = f" (exit code {code})" + detail
+    return Status("queued" if name == "PREEMPTED" else "failed", f"{name}: {words}{detail}", exit_code=code,
+                  requeue=name == "PREEMPTED")
+
+
+def _exit_code(value: str | None) -> int | None:
+    """`2:0` (exit code 2, no signal) → 2; `0:9` (killed by signal 9) → 137, as a shell says it."""
+    if not value:
+        return None
+    code, _, sig = value.partition(":")
+    try:
+        return int(code) or (128 + int(sig) if sig and int(sig) else 0)
+    except ValueError:
+        return None
+
+
+def sbatch_lines(launch: Launch, log_file: Path) -> list[str]:
+    """The script's `#SBATCH` lines: one task per node (torchrun starts the node's processes), the resources."""
+    res = launch.resources
+    lines = [f"--job-name={launch.name}", f"--output={log_file}", f"--chdir={launch.workdir}",
+             f"--nodes={res.nodes}", "--ntasks-per-node=1", "--no-requeue"]
+    if res.cpus:
+        lines.append(f"--cpus-per-task={res.cpus * res.per_node}")
+    if res.gpus:
+        lines.append(f"--gpus-per-node={res.gpus}")
+    if res.memory_gb:
+        lines.append(f"--mem={max(1, round(res.memory_gb * 1024))}M")
+    if res.time_limit_min:
+        lines.append(f"--time={res.time_limit_min}")
+    if res.partition:
+        lines.append(f"--partition={res.partition}")
+    return [f"#SBATCH {line}" for line in lines]
+
+
+def launch_line(launch: Launch, python: str) -> str:
+    """`python -m MODULE ARGS` for one process; for several, `srun` starts `torchrun` on every node, rendezvousing on
+    the allocation's first node (so each node runs `workers / nodes` ranks of one DDP job)."""
+    res = launch.resources
+    module = [launch.module, *launch.args]
+    if res.workers == 1:
+        return "exec " + shlex.join([python, "-m", *module])
+    torchrun = [python, "-m", "torch.distributed.run", f"--nnodes={res.nodes}", f"--nproc_per_node={res.per_node}",
+                "--rdzv_backend=c10d", "--rdzv_id=$SLURM_JOB_ID", "--rdzv_endpoint=$HEAD:" + str(RENDEZVOUS_PORT),
+                "--module", *module]
+    head = 'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)'
+    # $SLURM_JOB_ID and $HEAD stay unquoted so that the node's shell expands them; everything else is quoted.
+    quoted = " ".join(arg if arg.startswith(("--rdzv_id=", "--rdzv_endpoint=")) else shlex.quote(arg)
+                      for arg in torchrun)
+    return f"{head}\nexec srun --ntasks-per-node=1 --kill-on-bad-exit=1 {quoted}"
+
+
+def job_script(launch: Launch, cluster: Cluster, log_file: Path) -> str:
+    """The job script: the cluster's template (or DEFAULT_TEMPLATE) with the run's lines put in."""
+    template = DEFAULT_TEMPLATE
+    if cluster.template is not None:
+        try:
+            template = cluster.template.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise BackendError(f"the job script template {cluster.template} of cluster {cluster.name} cannot be "
+                               f"read: {exc.strerror}") from None
+    env = cluster.env | launch.env
+    exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+    try:
+        return string.Template(template).substitute(
+            sbatch="\n".join(sbatch_lines(launch, log_file)), name=launch.name,
+            workdir=shlex.quote(str(launch.workdir)), exports=exports, launch=launch_line(launch, cluster.python))
+    except (KeyError, ValueError) as exc:
+        raise BackendError(f"the job script template {cluster.template} of cluster {cluster.name} has an unknown "
+                           f"placeholder {exc}") from None
+
+
+class SlurmBackend:
+    kind = "slurm"
+    remote = True
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+
+    def check(self, launch: Launch) -> None:
+        check_shared(self.cluster, launch.workdir, launch.reads)
+
+    def describe(self, launch: Launch) -> str:
+        return f"sbatch {launch.workdir / self._script_name(launch)} on cluster {self.cluster.name}"
+
+    def submit(self, launch: Launch) -> Submission:
+        log_file = self._log_file(launch.workdir, launch.attempt)
+        script = launch.workdir / self._script_name(launch)
+        script.write_text(job_script(launch, self.cluster, log_file), encoding="utf-8")
+        out = _run(["sbatch", "--parsable", str(script)], what="sbatch")
+        job_id = out.strip().split(";")[0]  # `ID` or `ID;cluster`
+        if not job_id.isdigit():
+            raise BackendError(f"sbatch answered {out.strip()!r}, not a job id")
+        return Submission(self.kind, job_id, launch.attempt, log_file=str(log_file))
+
+    def find(self, launch: Launch) -> Submission | None:
+        """The job of this name whose working directory is this run's: another preflab on the same cluster numbers
+        its jobs alike, and its jobs are not this run's."""
+        out = _run(["squeue", "--noheader", "--states=all", f"--name={launch.name}", "--format=%i %Z"],
+                   what="squeue")
+        ids = [job for job, _, workdir in (line.strip().partition(" ") for line in out.splitlines())
+               if job.isdigit() and Path(workdir) == launch.workdir]
+        log_file = self._log_file(launch.workdir, launch.attempt)
+        return Submission(self.kind, ids[-1], launch.attempt, log_file=str(log_file)) if ids else None
+
+    def status(self, submission: Submission) -> Status:
+        found = self._scontrol(submission.id) or self._sacct(submission.id)
+        if found is None:
+            return Status("failed", f"Slurm no longer knows job {submission.id} (neither scontrol nor sacct lists "
+                                    f"it): the run was lost")
+        return slurm_status(*found)
+
+    def _scontrol(self, job_id: str) -> tuple[str, str | None, str | None] | None:
+        done = subprocess.run(["scontrol", "show", "job", "--oneliner", job_id], capture_output=True, text=True,
+                              timeout=60)
+        if done.returncode != 0:
+            return None  # "Invalid job id specified": gone from the controller's memory (MinJobAge)
+        fields = dict(part.split("=", 1) for part in done.stdout.split() if "=" in part)
+        return fields.get("JobState", ""), fields.get("ExitCode"), fields.get("Reason")
+
+    def _sacct(self, job_id: str) -> tuple[str, str | None, str | None] | None:
+        done = subprocess.run(["sacct", "--noheader", "--parsable2", "--jobs", job_id, "--format=State,ExitCode"],
+                              capture_output=True, text=True, timeout=60)
+        lines = [line for line in done.stdout.splitlines() if line.strip()]
+        if done.returncode != 0 or not lines:  # no accounting on this cluster, or it never heard of the job
+            return None
+        state, _, code = lines[0].partition("|")
+        return state, code, None
+
+    def read_log(self, submission: Submission, final: bool = False) -> tuple[str, int]:
+        assert submission.log_file is not None  # every Slurm submission names its output file
+        return read_from(Path(submission.log_file), submission.log_offset, final)
+
+    def cancel(self, submission: Submission) -> None:
+        _run(["scancel", submission.id], what="scancel")
+
+    def close(self) -> None:
+        return None
+
+    @staticmethod
+    def _script_name(launch: Launch) -> str:
+        return f"slurm-{launch.attempt}.sh"
+
+    @staticmethod
+    def _log_file(workdir: Path, attempt: int) -> Path:
+        return workdir / f"slurm-{attempt}.log"
+
+
+def read_from(path: Path, offset: int, final: bool) -> tuple[str, int]:
+    """Whole lines of `path` after byte `offset` (and a last line without its newline when `final`)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read(4 * 1024 * 1024)  # a slow poll catches up over several reads rather than one huge one
+    except OSError:
+        return "", offset
+    if not final:
+        data = data[: data.rfind(b"\n") + 1]
+    return data.decode("utf-8", errors="replace"), offset + len(data)
+
+
+def _run(cmd: list[str], *, what: str) -> str:
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        raise BackendError(f"{what} is not installed on the worker's host (a Slurm login node can run it)") from None
+    except subprocess.TimeoutExpired:
+        raise BackendError(f"{what} did not answer within 60 s (is slurmctld up?)") from None
+    if done.returncode != 0:
+        raise BackendError(f"{what} failed: {(done.stderr or done.stdout).strip()[:500]}")
+    return done.stdout
