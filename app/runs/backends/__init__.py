@@ -6,4 +6,4 @@ the standard library alone at import (the trainer's supervisor runs beside a who
 imported when a Ray cluster is first used.
 """
 
-__all__ = ["base", "clusters", "local", "slurm"]
+__all__ = ["base", "clusters", "local", "ray_jobs", "slurm"]
