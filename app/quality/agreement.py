@@ -8,12 +8,11 @@ ranked. Only human rankings count toward annotator figures: AI judges and import
 from __future__ import annotations
 
 import math
-import statistics
 from array import array
 from collections import defaultdict
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from itertools import combinations, groupby
 from typing import Any, Literal, NamedTuple
 
@@ -23,7 +22,9 @@ from sqlalchemy.orm import Session
 from app.annotation.pairs import expand_tiers
 from app.models import Project, Prompt, Ranking, Rubric, User
 from app.platform.errors import Invalid
+from app.quality import buckets
 from app.quality import flags as agreement_flags
+from app.quality.buckets import median_of_tenths, tenth
 from app.quality.report import AgreementReport, AnnotatorStats, TrendPoint
 
 Tiers = Sequence[Sequence[int]]
@@ -242,7 +243,8 @@ class _Acc:
     rankings: int = 0
     skipped: int = 0
     ties: int = 0
-    seconds: list[float] = field(default_factory=list)
+    seconds: list[int] = field(default_factory=list)
+    """In tenths (buckets.tenth)."""
     agreements: list[float] = field(default_factory=list)
     taus: list[float] = field(default_factory=list)
     comparisons: int = 0
@@ -420,7 +422,7 @@ class Tally:
     by_prompt: dict[tuple[int, int], list[Ranked]] = field(default_factory=lambda: defaultdict(list))
     done_current_round: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     skipped: int = 0
-    seconds: list[float] = field(default_factory=list)
+    seconds: list[int] = field(default_factory=list)
     gold_prompts_ranked: set[int] = field(default_factory=set)
     gold: dict[int, GoldScore] = field(default_factory=dict)
     """ranking id → its gold score, for rankings of gold prompts."""
@@ -437,8 +439,8 @@ def tally_rankings(rows: list[Any], gold: dict[int, Any], current_round: int) ->
             tally.skipped += 1
             continue
         if r.seconds_spent is not None:
-            a.seconds.append(r.seconds_spent)
-            tally.seconds.append(r.seconds_spent)
+            a.seconds.append(tenth(r.seconds_spent))
+            tally.seconds.append(tenth(r.seconds_spent))
         a.ties += has_tie(r.tiers)
         a.shown.append((r.tiers, r.display_order or []))
         tally.by_prompt[(r.prompt_id, r.round)].append(Ranked(r.id, r.annotator_id, r.tiers, r.created_at))
@@ -496,21 +498,21 @@ def compare_annotators(tally: Tally) -> Comparisons:
     return out
 
 
-def _median(values: Sequence[float]) -> float | None:
-    return statistics.median(values) if values else None
+def _median(values: Sequence[int]) -> float | None:
+    """The median of seconds kept in tenths, in seconds (buckets.median_of_tenths)."""
+    return median_of_tenths(values)
 
 
 # --- trends -------------------------------------------------------------------------------------------------
 
-# (unit, seconds per bucket, span up to which it is used): a campaign of an afternoon is drawn by the hour, one of
-# a quarter by the day, anything longer by the week, so a chart has tens of points rather than one or thousands.
-_UNITS = (("hour", 3600, 3 * 86400), ("day", 86400, 120 * 86400), ("week", 7 * 86400, math.inf))
+# The trend's points are calendar buckets (app.quality.buckets): hours, days or weeks by the span of the rankings.
 
 
 # --- the report, built one (prompt, round) at a time ----------------------------------------------------------
 #
 # Every figure of the report is a sum over (prompt, round) groups (counts, sums of agreements, α's coincidences,
-# position and gold tallies), or a median over values kept in compact arrays (seconds spent). So the rankings
+# position and gold tallies), or a median over values kept in compact arrays (seconds spent, in tenths). So the
+# rankings
 # stream past once and only one group's rankings are in memory: a metric added to the report adds a field to
 # `_Person` or `ReportBuilder`, a line in `ReportBuilder.add` that folds one group in, and a line in `report`.
 
@@ -525,7 +527,7 @@ class _Person:
     rankings: int = 0
     skipped: int = 0
     ties: int = 0
-    seconds: array[float] = field(default_factory=lambda: array("d"))
+    seconds: array[int] = field(default_factory=lambda: array("q"))
     agreement_sum: float = 0.0
     comparisons: int = 0
     tau_sum: float = 0.0
@@ -582,7 +584,7 @@ class _Bucket:
     comparisons: int = 0
     gold_agreed: int = 0
     gold_pairs: int = 0
-    seconds: array[float] = field(default_factory=lambda: array("d"))
+    seconds: array[int] = field(default_factory=lambda: array("q"))
 
 
 class ReportBuilder:
@@ -597,15 +599,15 @@ class ReportBuilder:
         self.agreement_sum = self.tau_sum = 0.0
         self.gold_agreed = self.gold_pairs = 0
         self.gold_prompts_ranked: set[int] = set()
-        self.seconds: array[float] = array("d")
+        self.seconds: array[int] = array("q")
         self.coincidence: dict[tuple[float, float], float] = defaultdict(float)
         self._last_shared: int | None = None
-        self.unit, self.width, self.first = "day", 86400.0, None
+        self.unit, self.kind, self.first = "day", "d", 0
         self.buckets: dict[int, _Bucket] | None = None
         if trend and span is not None:
-            self.first = span[0]
-            extent = (span[1] - span[0]).total_seconds()
-            self.unit, self.width, _ = next(u for u in _UNITS if extent <= u[2])
+            first_hour = buckets.hour_of(span[0])
+            self.kind, self.unit = buckets.unit_of(first_hour, buckets.hour_of(span[1]))
+            self.first = buckets.first_key(self.kind, first_hour)
             self.buckets = defaultdict(_Bucket)
 
     @property
@@ -644,8 +646,8 @@ class ReportBuilder:
         return tallied
 
     def _bucket(self, at: Any) -> _Bucket:
-        assert self.buckets is not None and self.first is not None
-        return self.buckets[int((_utc(at) - self.first).total_seconds() // self.width)]
+        assert self.buckets is not None
+        return self.buckets[buckets.key_of(self.kind, _utc(at))]
 
     def _add_trend(self, rows: list[Any], tally: Tally, pairs: Comparisons) -> None:
         """A comparison counts when its later ranking was made, a gold score and a time when the ranking was."""
@@ -660,7 +662,7 @@ class ReportBuilder:
             b = self._bucket(r.created_at)
             b.rankings += 1
             if r.seconds_spent is not None and not r.skipped and r.tiers:
-                b.seconds.append(r.seconds_spent)
+                b.seconds.append(tenth(r.seconds_spent))
             score = tally.gold.get(r.id)
             if score is not None:
                 b.gold_agreed += score.agreed
@@ -672,14 +674,12 @@ class ReportBuilder:
                           self.gold_agreed / self.gold_pairs if self.gold_pairs else None, _median(self.seconds))
 
     def trend(self) -> list[TrendPoint]:
-        if not self.buckets or self.first is None:
+        if not self.buckets:
             return []
-        fmt = "%Y-%m-%d %H:00" if self.unit == "hour" else "%Y-%m-%d"
         out = []
         for i in sorted(i for i, b in self.buckets.items() if b.rankings):
             b = self.buckets[i]
-            start = self.first + timedelta(seconds=i * self.width)
-            out.append(TrendPoint(start.strftime(fmt), float(i), b.rankings,
+            out.append(TrendPoint(buckets.label(self.kind, i), float(i - self.first), b.rankings,
                                   b.agreement_sum / b.comparisons if b.comparisons else None,
                                   b.gold_agreed / b.gold_pairs if b.gold_pairs else None, _median(b.seconds)))
         return out

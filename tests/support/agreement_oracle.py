@@ -1,12 +1,14 @@
 """Today's agreement report, frozen as the oracle the scalable report is checked against: every human ranking of
 the project read into memory and the figures computed over the whole list, exactly as `agreement.project_report`
-did before it was built group by group (commit c4f0f3f). Only tests import this."""
+did before it was built group by group (commit c4f0f3f), with the two changes the kept figures brought (formula 1 of
+app.models.AGREEMENT_FORMULA): medians of the times rounded to the tenth of a second, and the trend in calendar
+buckets. Only tests import this."""
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, select
@@ -87,8 +89,10 @@ def _annotator_stats(db: Session, acc: dict[int, _Acc]) -> list[AnnotatorStats]:
 # --- trends -------------------------------------------------------------------------------------------------
 
 # (unit, seconds per bucket, span up to which it is used): a campaign of an afternoon is drawn by the hour, one of
-# a quarter by the day, anything longer by the week, so a chart has tens of points rather than one or thousands.
+# a quarter by the day, anything longer by the week. Buckets are calendar ones (UTC; weeks start on Monday, and
+# 1970-01-05 was one), and the span is measured between the first and the last ranking's hour.
 _UNITS = (("hour", 3600, 3 * 86400), ("day", 86400, 120 * 86400), ("week", 7 * 86400, math.inf))
+_MONDAY = datetime(1970, 1, 5, tzinfo=UTC)
 
 
 def _figures(label: str, x: float, rows: list[Any], gold: dict[int, Any]) -> TrendPoint:
@@ -107,12 +111,17 @@ def _trend(rows: list[Any], tally: Tally, pairs: Comparisons) -> tuple[str, list
     when = {r.id: r.created_at for r in rows if r.created_at is not None}
     if not when:
         return "day", []
-    first = min(when.values())
-    span = (max(when.values()) - first).total_seconds()
+    def hour(at: Any) -> int:
+        return int((at - _MONDAY).total_seconds() // 3600)
+
+    span = (hour(max(when.values())) - hour(min(when.values()))) * 3600
     unit, width, _ = next(u for u in _UNITS if span <= u[2])
+    origin = _MONDAY if unit == "week" else datetime(1970, 1, 1, tzinfo=UTC)
 
     def bucket(at: Any) -> int:
-        return int((at - first).total_seconds() // width)
+        return int((at - origin).total_seconds() // width)
+
+    first = bucket(min(when.values()))
 
     agree: dict[int, list[float]] = defaultdict(list)
     for c in pairs.each:
@@ -124,20 +133,20 @@ def _trend(rows: list[Any], tally: Tally, pairs: Comparisons) -> tuple[str, list
             g = gold[bucket(when[ranking_id])]
             g[0] += score.agreed
             g[1] += score.total
-    seconds: dict[int, list[float]] = defaultdict(list)
+    seconds: dict[int, list[int]] = defaultdict(list)
     counts: dict[int, int] = defaultdict(int)
     for r in rows:
         if r.created_at is None:
             continue
         counts[bucket(r.created_at)] += 1
         if r.seconds_spent is not None and not r.skipped and r.tiers:
-            seconds[bucket(r.created_at)].append(r.seconds_spent)
+            seconds[bucket(r.created_at)].append(math.floor(r.seconds_spent * 10 + 0.5))
     fmt = "%Y-%m-%d %H:00" if unit == "hour" else "%Y-%m-%d"
     out = []
     for i in sorted(counts):
-        start = first + timedelta(seconds=i * width)
+        start = origin + timedelta(seconds=i * width)
         g = gold.get(i)
-        out.append(TrendPoint(start.strftime(fmt), float(i), counts[i], _mean(agree.get(i, [])),
+        out.append(TrendPoint(start.strftime(fmt), float(i - first), counts[i], _mean(agree.get(i, [])),
                               g[0] / g[1] if g and g[1] else None, _median(seconds.get(i, []))))
     return unit, out
 
