@@ -9,6 +9,7 @@ from sqlalchemy import (
     JSON,
     Boolean,
     CheckConstraint,
+    Connection,
     DateTime,
     Float,
     ForeignKey,
@@ -20,6 +21,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    event,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -577,6 +579,97 @@ class ProjectRollup(Base):
     """When the job began reading: the reports show the rankings committed by then."""
 
 
+AGREEMENT_FORMULA = 1
+"""The formulas the stored agreement states were computed under (app.quality.partial). A release that changes how a
+group's state or a figure is computed raises it; a project whose state says less is rebuilt from its rankings once."""
+
+
+class AgreementState(Base):
+    """A project's agreement figures as kept up to date from its rankings: under which formulas, and as of when (see
+    app.quality.upkeep). A project without a row has never been drained: its first drain starts from empty totals."""
+
+    __tablename__ = "agreement_states"
+
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), primary_key=True)
+    formula: Mapped[int] = mapped_column(Integer, default=AGREEMENT_FORMULA)
+    """AGREEMENT_FORMULA when the states were computed; below it, the states must be rebuilt before they are read."""
+    as_of: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    """When the last drain began: every ranking whose mark it read is in the figures (None: none has run)."""
+    seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    """How long the last drain (or rebuild) took."""
+    sequence: Mapped[int] = mapped_column(Integer, default=0)
+    """Raised by every drain that changed something: what a cached rendering of the figures is a function of."""
+    total_prompts: Mapped[int] = mapped_column(Integer, default=0)
+    gold_prompts: Mapped[int] = mapped_column(Integer, default=0)
+    """The project's prompts and gold prompts, counted by the last drain."""
+
+
+class AgreementMark(Base):
+    """A (prompt, round) whose human rankings changed since its state was last computed: written with the change (a
+    ranking submitted or removed, a gold order set), read and deleted by the next drain. One row per change, not per
+    group, so a change committed while a drain runs is never deleted unread."""
+
+    __tablename__ = "agreement_marks"
+    __table_args__ = (Index("ix_agreement_marks_project_id_id", "project_id", "id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    prompt_id: Mapped[int] = mapped_column(Integer)
+    """Not a foreign key: the hot path takes no lock on the prompt for it (a deleted prompt's mark drains to
+    nothing)."""
+    round: Mapped[int] = mapped_column(Integer)
+
+
+class AgreementGroup(Base):
+    """One (prompt, round)'s contribution to a scope's agreement figures (version 0: all rubric versions), as
+    app.quality.partial computes it from the group's human rankings."""
+
+    __tablename__ = "agreement_groups"
+    __table_args__ = (Index("ix_agreement_groups_project_id_version_agreement", "project_id", "version", "agreement"),)
+
+    prompt_id: Mapped[int] = mapped_column(ForeignKey("prompts.id", ondelete="CASCADE"), primary_key=True)
+    round: Mapped[int] = mapped_column(Integer, primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    state: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    """Totals key ("p", "a:<user id>", "h:<hour>", "d:<day>", "w:<week>") → the integer counts it adds there."""
+    agreement: Mapped[float | None] = mapped_column(Float)
+    """Mean pairwise agreement of the group's comparisons (None: none): the disagreements page's order."""
+    shared: Mapped[bool] = mapped_column(Boolean, default=False)
+    """The group has a comparison: its prompt counts as shared."""
+    gold_ranked: Mapped[bool] = mapped_column(Boolean, default=False)
+    """The group's prompt is gold and someone ranked it here."""
+
+
+class AgreementTotal(Base):
+    """The sum of every group's contribution to one scope's key: the project ("p", key 0), an annotator ("a", user id)
+    or a stretch of time ("h", "d", "w": hours, days or weeks since 1970, weeks from Monday)."""
+
+    __tablename__ = "agreement_totals"
+
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(1), primary_key=True)
+    key: Mapped[int] = mapped_column(Integer, primary_key=True)
+    rankings: Mapped[int] = mapped_column(Integer, default=0)
+    state: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    median_seconds: Mapped[float | None] = mapped_column(Float)
+    """The median of the key's seconds (to the tenth), read off agreement_seconds when a drain changed them."""
+
+
+class AgreementSeconds(Base):
+    """How many non-skipped rankings of one totals key took `tenth` tenths of a second: the median's histogram."""
+
+    __tablename__ = "agreement_seconds"
+
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(1), primary_key=True)
+    key: Mapped[int] = mapped_column(Integer, primary_key=True)
+    tenth: Mapped[int] = mapped_column(Integer, primary_key=True)
+    n: Mapped[int] = mapped_column(Integer, default=0)
+
+
 class Webhook(Base):
     """An HTTPS URL a project's lead registered to be told of events (app.webhooks.service)."""
 
@@ -634,3 +727,16 @@ class AuditEvent(Base):
     data: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
     ip: Mapped[str] = mapped_column(String(64), default="")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+def _mark_ranking_group(_mapper: Any, connection: Connection, target: Ranking) -> None:
+    """A human ranking written or deleted through the ORM marks its (prompt, round) for the next agreement drain, as
+    the Core write paths do (app.annotation.rankings): no way of writing one leaves the kept figures behind."""
+    if target.source == "human":
+        connection.execute(AgreementMark.__table__.insert(), {"project_id": target.project_id,
+                                                              "prompt_id": target.prompt_id,
+                                                              "round": target.round if target.round is not None else 1})
+
+
+event.listen(Ranking, "after_insert", _mark_ranking_group)
+event.listen(Ranking, "after_delete", _mark_ranking_group)

@@ -1,4 +1,5 @@
-"""Submitting a ranking: validate it against the task, write it and its pairs in one transaction, idempotently."""
+"""Submitting a ranking: validate it against the task, write it and its pairs in one transaction, idempotently; and
+taking an annotator's rankings off a project."""
 
 from __future__ import annotations
 
@@ -21,13 +22,26 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
+from app.accounts import permissions
 from app.annotation import queue, steps
 from app.annotation.pairs import expand_tiers
-from app.models import Assignment, AssignmentDraft, Completion, Pair, Project, Prompt, Ranking, User, utcnow
-from app.platform import bulk
+from app.models import (
+    AgreementMark,
+    Assignment,
+    AssignmentDraft,
+    Completion,
+    Pair,
+    Project,
+    ProjectMember,
+    Prompt,
+    Ranking,
+    User,
+    utcnow,
+)
+from app.platform import audit, bulk
 from app.platform.db import core
 from app.platform.direct_sql import direct, int_array, int_array_text
-from app.platform.errors import Conflict, DomainError, Invalid
+from app.platform.errors import Conflict, DomainError, Invalid, NotFound
 from app.projects import rubrics
 from app.webhooks import service as webhooks
 
@@ -64,6 +78,10 @@ _COMPLETE_TASK = (update(_ASSIGNMENTS).where(_ASSIGNMENTS.c.id == bindparam("ass
 # The task's server-side draft (app.annotation.tasks): the submitted ranking replaces it.
 _DRAFTS = AssignmentDraft.__table__
 _CLEAR_DRAFT = delete(_DRAFTS).where(_DRAFTS.c.assignment_id == bindparam("assignment_id"))
+# A human ranking marks its (prompt, round) for the agreement figures' next drain (app.quality.upkeep).
+_MARKS = AgreementMark.__table__
+_MARK = direct(insert(_MARKS).values(project_id=bindparam("project_id"), prompt_id=bindparam("prompt_id"),
+                                     round=bindparam("round")))
 
 
 _OTHERS = _ASSIGNMENTS.alias("others")
@@ -95,10 +113,11 @@ def _record_statement() -> Any:
     The ranking's insert is a CTE that the others read: a twin (ON CONFLICT) inserts no ranking, and then no pairs
     and no done mark either, and the statement returns no row. The pairs are the rows of `unnest` over the chosen,
     rejected and margin arrays (one statement for any number of pairs); their foreign key to the new ranking is
-    checked at the end of the statement. The statement's snapshot is taken under the task's row lock (`_TASK_LOCKED`
-    took it), so a draft saved just before is seen and cleared (a save after waits for the lock, then finds the task
-    done); the done mark returns how many of the prompt's other tasks are submitted (`_announce_overlap` needs no
-    count of its own)."""
+    checked at the end of the statement. The ranking marks its (prompt, round) for the agreement figures' next drain
+    (one more index entry, no lock: app.quality.upkeep). The statement's snapshot is taken under the task's row lock
+    (`_TASK_LOCKED` took it), so a draft saved just before is seen and cleared (a save after waits for the lock, then
+    finds the task done); the done mark returns how many of the prompt's other tasks are submitted
+    (`_announce_overlap` needs no count of its own)."""
     from sqlalchemy.dialects.postgresql import insert as pg_insert
 
     # Named apart from every column: an UPDATE that SQLAlchemy compiles takes a parameter named for one of the
@@ -118,7 +137,10 @@ def _record_statement() -> Any:
     recorded = exists(select(new.c.id))
     cleared = _CLEAR_DRAFT.where(recorded).cte("cleared_draft")
     done = (_COMPLETE_TASK.where(recorded).returning(_OTHERS_SUBMITTED.label("others")).cte("done"))
-    return direct(select(new.c.id, done.c.others).select_from(new).outerjoin(done, true()).add_cte(pairs, cleared))
+    marked = insert(_MARKS).from_select(["project_id", "prompt_id", "round"], select(
+        values["project_id"], values["prompt_id"], values["round"]).select_from(new)).cte("marked")
+    return direct(select(new.c.id, done.c.others).select_from(new).outerjoin(done, true())
+                  .add_cte(pairs, cleared, marked))
 
 
 _HUMAN_RANKING_KEYS = ("project_id", "prompt_id", "round", "source", "annotator_id", "rubric_id", "tiers",
@@ -208,6 +230,10 @@ def write_ranking(db: Session, ranking: NewRanking) -> int | None:
     ranking_id = core(db).execute(_insert_ranking(db.get_bind().dialect.name), _columns(ranking.values)).scalar()
     if ranking_id is None:
         return None
+    if ranking.values["source"] == "human":
+        values = ranking.values
+        core(db).execute(_MARK, {"project_id": values["project_id"], "prompt_id": values["prompt_id"],
+                                 "round": values.get("round", 1)})
     pairs = pair_rows(ranking_id, ranking)
     if pairs:
         now = utcnow()
@@ -232,10 +258,15 @@ def _columns(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_rankings(db: Session, rankings: Sequence[NewRanking]) -> list[int]:
-    """Write many new rankings and their pairs at once (an import: COPY on Postgres); their ids, in order."""
+    """Write many new rankings and their pairs at once (an import: COPY on Postgres), marking the human ones' groups
+    for the agreement figures; their ids, in order."""
     ids = bulk.insert_rows(db, Ranking, [r.values for r in rankings], ids=True)
     bulk.insert_rows(db, Pair, [row for ranking_id, r in zip(ids, rankings, strict=True)
                                 for row in pair_rows(ranking_id, r)])
+    marks = {(r.values["project_id"], r.values["prompt_id"], r.values.get("round", 1))
+             for r in rankings if r.values["source"] == "human"}
+    if marks:
+        db.execute(insert(_MARKS), [{"project_id": p, "prompt_id": q, "round": n} for p, q, n in sorted(marks)])
     return ids
 
 
@@ -481,6 +512,29 @@ def _seconds(client: float | None, assignment: Assignment) -> float:
     if client is None or not math.isfinite(client) or client < 0:
         return min(elapsed, MAX_SECONDS)
     return min(float(client), max(elapsed, 1.0), MAX_SECONDS)
+
+
+def remove_annotator(db: Session, project: Project, actor: User, user_id: int) -> int:
+    """Take an annotator and their work off the project: their human rankings (with their pairs and step labels),
+    their tasks (so the queue hands those prompts to others) and their membership. Their groups are marked, so the
+    agreement figures drop them at the next drain. The number of rankings removed; NotFound for someone with
+    neither rankings nor a membership here."""
+    permissions.require(db, actor, project, "members.manage", doing="remove an annotator's rankings")
+    theirs = (Ranking.project_id == project.id, Ranking.annotator_id == user_id, Ranking.source == "human")
+    groups = sorted({(p, r) for p, r in db.execute(select(Ranking.prompt_id, Ranking.round).where(*theirs))})
+    member = db.scalar(select(ProjectMember).where(ProjectMember.project_id == project.id,
+                                                   ProjectMember.user_id == user_id))
+    if not groups and member is None:
+        raise NotFound("no such annotator in this project")
+    removed = len(db.scalars(delete(Ranking).where(*theirs).returning(Ranking.id)).all())  # pairs, step labels: FKs
+    db.execute(delete(Assignment).where(Assignment.project_id == project.id, Assignment.annotator_id == user_id))
+    if groups:
+        db.execute(insert(_MARKS), [{"project_id": project.id, "prompt_id": p, "round": r} for p, r in groups])
+    if member is not None:
+        db.delete(member)
+    audit.record(db, actor, "annotator.remove", project_id=project.id, object_type="user", object_id=user_id,
+                 rankings=removed)
+    return removed
 
 
 def pair_count(db: Session, ranking: Ranking) -> int:

@@ -14,6 +14,7 @@ from app.annotation.rankings import tier_items, tier_lists
 from app.models import Completion, Project, Prompt, User
 from app.platform import audit
 from app.platform.errors import Invalid, NotFound
+from app.quality import upkeep
 
 
 def _prompt(db: Session, project: Project, prompt_id: int) -> Prompt:
@@ -44,6 +45,7 @@ def set_gold(db: Session, project: Project, prompt_id: int, tiers: Any, actor: U
     # SQL NULL when none: the column stores None as NULL, so "no known step labels" is one value.
     prompt.gold_step_labels = {str(cid): labels for cid, labels in sorted(known.items())} or None
     db.flush()
+    upkeep.mark_prompts(db, project, [prompt.id])  # every ranking of it has a new gold score
     audit.record(db, actor, "gold.set", project_id=project.id, object_type="prompt", object_id=prompt.id,
                  tiers=prompt.gold_tiers, step_labels=prompt.gold_step_labels)
     return prompt
@@ -58,6 +60,7 @@ def clear_gold(db: Session, project: Project, prompt_id: int, actor: User) -> Pr
     prompt.gold_step_labels = None
     db.flush()
     db.refresh(prompt, ["gold_tiers", "gold_step_labels"])
+    upkeep.mark_prompts(db, project, [prompt.id])
     audit.record(db, actor, "gold.clear", project_id=project.id, object_type="prompt", object_id=prompt.id,
                  previous=had)
     return prompt
@@ -115,6 +118,7 @@ def gold_from_metadata(db: Session, project: Project, *, limit: int | None = Non
         for obj in list(db.identity_map.values()):
             if isinstance(obj, Prompt) and obj.id in changed:
                 db.expire(obj, ["gold_tiers"])  # the bulk update bypassed loaded objects
+        upkeep.mark_prompts(db, project, changed)
     audit.record(db, actor, "gold.from_metadata", project_id=project.id, object_type="project",
                  object_id=project.id, marked=len(marked),
                  prompt_ids=[row["id"] for row in marked][:1000])

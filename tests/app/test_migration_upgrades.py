@@ -40,6 +40,7 @@ def seed(url: str) -> None:
     from app.accounts import users
     from app.annotation.pairs import expand_tiers
     from app.models import (
+        AgreementMark,
         Assignment,
         AssignmentDraft,
         AuditEvent,
@@ -61,6 +62,7 @@ def seed(url: str) -> None:
     )
     from app.platform.db import make_engine, make_session_factory, session_scope
     from app.projects import projects
+    from app.quality import upkeep
 
     now = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
     engine = make_engine(url)
@@ -155,6 +157,9 @@ def seed(url: str) -> None:
         # The agreement figures as the rollup job stored them (0013).
         db.add(ProjectRollup(project_id=project.id, reports={"all": {"project_id": project.id, "human_rankings": 6}},
                                counts={"prompts": 2, "pairs": 30}, rankings=6, seconds=0.25, computed_at=now))
+        # The agreement figures kept as rankings arrive (0017): the rankings above folded in, one change waiting.
+        upkeep.drain(db, project)
+        db.add(AgreementMark(project_id=project.id, prompt_id=prompt.id, round=1))
         # A webhook, one delivery that took a retry, and its job waiting out a backoff (0011).
         hook = Webhook(project_id=project.id, url="https://hooks.example.org/preflab", events=["export.ready"],
                        secret_stored="fernet:gAAAA-not-a-real-token", allow_private=False, created_by_id=lead.id,

@@ -1,0 +1,247 @@
+"""The agreement figures as sums of per-group partial states: what one (prompt, round) adds to each total, and the
+report read back from the totals. Pure: no database.
+
+Every figure of the agreement report is a sum over (prompt, round) groups, or is computed from such sums:
+
+- pairwise agreement is Σ matches/pairs over comparisons: kept as, per denominator d = C(shared items, 2), the sum of
+  the matches (`agree`: {d: Σ matches}), so the sum is of integers and a group taken out leaves no rounding behind;
+- Kendall's τ-b is Σ (n_c − n_d)/√D: kept as {D: Σ (n_c − n_d)} (`tau`);
+- Krippendorff's α comes from the coincidence matrix o_ck = Σ_u (c–k pairs in u)/(m_u − 1): kept as integer counts
+  per (c, k, m_u − 1) (`o`);
+- position bias's expectation Σ |top tier|/|shown| is kept as {|shown|: Σ |top tier|} (`pos_exp`);
+- counts (rankings, skips, ties, comparisons, gold pairs, …) are counts;
+- prompts at overlap: one group per (prompt, round) with `done` non-skipped rankings adds 1 to `at` "round|done", so
+  the prompts of the current round with at least `overlap` are a sum over the `at` entries;
+- the trend is the same sums per hour, day and week (calendar buckets, UTC; weeks from Monday).
+
+Three figures are not sums, and are kept another way:
+
+- the medians of seconds spent: each total's seconds are kept as a histogram of tenths of a second (a sum), the
+  median read off it where it changed (app.quality.upkeep). The figure is the median of the times rounded to the
+  tenth, the precision the page shows;
+- shared prompts and gold prompts ranked count distinct prompts, not groups: a group says whether it has a
+  comparison (`shared`) or a ranked gold order (`gold_ranked`), and the drain adds a prompt when its first group
+  says so and takes it away with its last (`shared` and `gold_ranked` in the project's total);
+- the trend's unit (hour, day or week) follows the span between the first and last hour with rankings.
+
+Every number in a state is an integer, so totals kept by adding and subtracting states equal a recomputation exactly;
+the figures are then computed from the totals in floating point.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from itertools import combinations
+from typing import Any
+
+from app.quality.agreement import alpha_from_coincidences, gold_score, has_tie, mid_ranks, tier_index
+from app.quality.buckets import periods, tenth
+
+Part = dict[str, Any]
+"""What a group adds to one total: integer counts, and maps of integer counts (`agree`, `tau`, `pos_exp`, `o`, `at`,
+`s`: the seconds histogram, tenth → rankings)."""
+State = dict[str, Part]
+"""Totals key ("p"; "a:<user id>"; "h:<hour>", "d:<day>", "w:<week>") → what the group adds there."""
+
+def _inc(part: Part, name: str, by: int = 1) -> None:
+    part[name] = part.get(name, 0) + by
+
+
+def _inc_in(part: Part, name: str, key: Any, by: int = 1) -> None:
+    inner = part.setdefault(name, {})
+    key = str(key)
+    inner[key] = inner.get(key, 0) + by
+
+
+@dataclass
+class GroupState:
+    """One (prompt, round)'s partial state in one scope."""
+
+    parts: State
+    agreement: float | None
+    """Mean pairwise agreement of its comparisons, as the disagreements page orders groups."""
+    shared: bool
+    gold_ranked: bool
+
+    @property
+    def rankings(self) -> int:
+        return int(self.parts.get("p", {}).get("n", 0))
+
+
+class _Ranked:
+    __slots__ = ("annotator_id", "tiers", "at")
+
+    def __init__(self, annotator_id: int, tiers: list[list[int]], at: datetime | None) -> None:
+        self.annotator_id, self.tiers, self.at = annotator_id, tiers, at
+
+
+def group_state(rows: Sequence[Any], gold: Any | None) -> GroupState:
+    """The partial state of one (prompt, round)'s human rankings in one scope (rows in id order, with the columns of
+    agreement.human_rankings), the prompt's gold order being `gold` (None: not a gold task)."""
+    parts: State = defaultdict(dict)
+    project = parts["p"]
+    ranked: list[_Ranked] = []
+    gold_ranked = False
+    for r in rows:
+        person = parts[f"a:{r.annotator_id}"]
+        buckets = [parts[k] for k in periods(r.created_at)]
+        for part in (project, person, *buckets):
+            _inc(part, "n")
+        if r.skipped or not r.tiers:
+            _inc(project, "skipped")
+            _inc(person, "skipped")
+            continue
+        if r.seconds_spent is not None:
+            t = tenth(r.seconds_spent)
+            for part in (project, person, *buckets):
+                _inc_in(part, "s", t)
+                _inc(part, "sn")
+        _ranking_habits(person, r.tiers, r.display_order or [])
+        ranked.append(_Ranked(r.annotator_id, r.tiers, r.created_at))
+        if gold:
+            gold_ranked = True
+            score = gold_score(gold, r.tiers, r.display_order)
+            _inc(person, "gold_seen")
+            for part in (project, person, *buckets):
+                _inc(part, "gold_agreed", score.agreed)
+                _inc(part, "gold_pairs", score.total)
+    if ranked:
+        _inc_in(project, "at", f"{rows[0].round}|{len(ranked)}")
+    agreements = _compare(parts, ranked)
+    agreement = sum(agreements) / len(agreements) if agreements else None
+    if agreement is not None and agreement < 1:
+        _inc(project, "disagree")
+    _coincidences(project, ranked)
+    return GroupState({k: v for k, v in parts.items() if v}, agreement, bool(agreements), gold_ranked)
+
+
+def _ranking_habits(person: Part, tiers: list[list[int]], shown: list[int]) -> None:
+    """Ties and position bias (as agreement.position_bias counts them): what one non-skipped ranking says of its
+    annotator."""
+    _inc(person, "ties", int(has_tie(tiers)))
+    if shown and tiers[0]:
+        _inc(person, "pos_n")
+        _inc(person, "pos_hits", int(shown[0] in tiers[0]))
+        _inc_in(person, "pos_exp", len(shown), len(tiers[0]))
+
+
+def _compare(parts: State, ranked: list[_Ranked]) -> list[float]:
+    """Every two annotators' rankings of the group, as agreement.compare_annotators compares them, added to the
+    project's, both annotators' and (at the later ranking's time) the trend's totals; the agreements, in order."""
+    agreements = []
+    for ra, rb in combinations(ranked, 2):
+        if ra.annotator_id == rb.annotator_id:
+            continue
+        ia, ib = tier_index(ra.tiers), tier_index(rb.tiers)
+        shared = sorted(ia.keys() & ib.keys())
+        pairs = len(shared) * (len(shared) - 1) // 2
+        if not pairs:
+            continue
+        relations = [(_sign(ia[y] - ia[x]), _sign(ib[y] - ib[x])) for x, y in combinations(shared, 2)]
+        matches = sum(1 for a, b in relations if a == b)
+        concordant = sum(1 for a, b in relations if a * b > 0) - sum(1 for a, b in relations if a * b < 0)
+        ties_a, ties_b = sum(1 for a, _ in relations if a == 0), sum(1 for _, b in relations if b == 0)
+        denominator = (pairs - ties_a) * (pairs - ties_b)
+        agreements.append(matches / pairs)
+        people = [parts[f"a:{ra.annotator_id}"], parts[f"a:{rb.annotator_id}"]]
+        for part in (parts["p"], *people):
+            _inc(part, "cmp")
+            _inc_in(part, "agree", pairs, matches)
+            if denominator:
+                _inc(part, "taus")
+                _inc_in(part, "tau", denominator, concordant)
+        if ra.at is not None and rb.at is not None:
+            for key in periods(max(ra.at, rb.at)):
+                _inc(parts[key], "cmp")
+                _inc_in(parts[key], "agree", pairs, matches)
+    return agreements
+
+
+def _sign(x: int) -> int:
+    return (x > 0) - (x < 0)
+
+
+def _coincidences(project: Part, ranked: list[_Ranked]) -> None:
+    """α's coincidences of the group's units (one per completion ranked): c–k pairs counted per m_u − 1."""
+    units: dict[int, list[float]] = defaultdict(list)
+    for r in ranked:
+        for item, rank in mid_ranks(r.tiers).items():
+            units[item].append(rank)
+    for values in units.values():
+        m = len(values)
+        if m < 2:
+            continue
+        for i, c in enumerate(values):
+            for j, k in enumerate(values):
+                if i != j:
+                    _inc_in(project, "o", f"{c!r}|{k!r}|{m - 1}")
+
+
+# --- adding and taking away ----------------------------------------------------------------------------------
+
+
+def add(total: Part, part: Part, sign: int = 1) -> None:
+    """total += sign × part, in place; entries that reach zero are dropped (every number is an integer)."""
+    for name, value in part.items():
+        if isinstance(value, dict):
+            inner = total.setdefault(name, {})
+            add(inner, value, sign)
+            if not inner:
+                del total[name]
+        else:
+            left = total.get(name, 0) + sign * value
+            if left:
+                total[name] = left
+            else:
+                total.pop(name, None)
+
+
+def difference(new: Iterable[GroupState], old: Iterable[GroupState]) -> State:
+    """Σ new − Σ old, per totals key: what replacing the old states by the new ones changes."""
+    delta: State = defaultdict(dict)
+    for sign, states in ((1, new), (-1, old)):
+        for state in states:
+            for key, part in state.parts.items():
+                add(delta[key], part, sign)
+    return {key: part for key, part in delta.items() if part}
+
+
+# --- figures from totals -------------------------------------------------------------------------------------
+
+
+def rational_sum(counts: Mapping[str, int] | None) -> float:
+    """Σ numerator/denominator over {denominator: Σ numerators}."""
+    return sum(n / int(d) for d, n in (counts or {}).items())
+
+
+def tau_sum(counts: Mapping[str, int] | None) -> float:
+    """Σ (n_c − n_d)/√D over {D: Σ (n_c − n_d)}."""
+    return sum(n / math.sqrt(int(d)) for d, n in (counts or {}).items())
+
+
+def alpha(project: Part) -> float | None:
+    """Krippendorff's α from the kept coincidence counts."""
+    coincidence: dict[tuple[float, float], float] = defaultdict(float)
+    for key, count in project.get("o", {}).items():
+        c, k, d = key.split("|")
+        coincidence[(float(c), float(k))] += count / int(d)
+    return alpha_from_coincidences(coincidence)
+
+
+def prompts_at_overlap(project: Part, current_round: int, overlap: int) -> int:
+    """Groups of the current round with at least `overlap` non-skipped rankings."""
+    out = 0
+    for key, count in project.get("at", {}).items():
+        round_, done = key.split("|")
+        if int(round_) == current_round and int(done) >= overlap:
+            out += count
+    return out
+
+
+def mean(part: Part, name: str, counts: str) -> float | None:
+    n = part.get(counts, 0)
+    return rational_sum(part.get(name)) / n if n else None

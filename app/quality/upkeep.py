@@ -1,0 +1,482 @@
+"""A project's agreement figures kept up to date as rankings arrive: touched groups are marked with the change, a
+drain recomputes each marked (prompt, round)'s partial state and adds the difference to the running totals, and a
+report is read from the totals, whatever the project holds (app.quality.partial holds the algebra).
+
+Writing a human ranking (app.annotation.rankings, and the ORM's hook in app.models), removing an annotator's
+rankings and setting or clearing a gold order insert an `agreement_marks` row in their own transaction: one index
+entry, no lock a drain holds. A drain (one at a time per project: it locks the project's `agreement_states` row)
+reads a batch of marks, recomputes those groups from their rankings, writes their new states, adds new − old to the
+totals of every scope (all versions, and the group's rubric versions) and key (the project, each annotator, the
+trend's hour, day and week), recomputes the medians whose seconds changed, and deletes the marks it read. A group's
+state is a function of its rankings alone, so a drain that runs twice over a group, or over one that changed again
+meanwhile, leaves the totals right.
+
+Who drains: a view of the figures, when few marks wait (INLINE_MARKS: a few ms); else a `project_rollup` job with
+`{"agreement": "drain"}`, which drains batch after batch. A state computed under older formulas (AGREEMENT_FORMULA)
+is rebuilt once by a job with `{"agreement": "rebuild"}`, as `preflab agreement rebuild` does on demand: every
+state and total deleted and every group drained again, in one transaction.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import bindparam, delete, func, insert, literal, select, tuple_, update
+from sqlalchemy.orm import Session
+
+from app.jobs import queue as jobs
+from app.models import (
+    AGREEMENT_FORMULA,
+    AgreementGroup,
+    AgreementMark,
+    AgreementSeconds,
+    AgreementState,
+    AgreementTotal,
+    Job,
+    Project,
+    Prompt,
+    Ranking,
+    Rubric,
+    User,
+    utcnow,
+)
+from app.quality import kept_report, partial
+from app.quality.buckets import median_of_tenths
+from app.quality.partial import GroupState, State
+from app.webhooks import service as webhooks
+
+KIND = "project_rollup"
+"""The job kind that drains and rebuilds (`{"agreement": "drain" | "rebuild"}`), beside the rollup of counts."""
+DRAIN_BATCH = 2_000
+"""Marks one drain transaction reads: a few hundred ms of work, so a drain job commits progress as it goes."""
+INLINE_MARKS = 200
+"""A view drains this many waiting marks itself (tens of ms at most); more, and it queues a drain job."""
+RECOUNT_S = 60.0
+"""A view drains (recounting the project's prompts and gold prompts) when the last drain is older than this."""
+REBUILD_PROMPTS = 500
+"""Prompts whose groups a rebuild drains at once."""
+
+_MARKS, _GROUPS, _TOTALS, _SECONDS = (AgreementMark.__table__, AgreementGroup.__table__, AgreementTotal.__table__,
+                                      AgreementSeconds.__table__)
+TotalsKey = tuple[int, str, int]
+"""(rubric version, 0 for all; kind "p" | "a" | "h" | "d" | "w"; key)."""
+
+
+# --- marking ------------------------------------------------------------------------------------------------
+
+
+def mark_prompts(db: Session, project: Project, prompt_ids: Iterable[int]) -> None:
+    """Mark every round of these prompts that has human rankings (and the current one, so a drain follows even
+    where none has): their gold order changed, so every ranking's gold score did."""
+    ids = sorted(set(prompt_ids))
+    if not ids:
+        return
+    ranked = (select(literal(project.id), Ranking.prompt_id, Ranking.round)
+              .where(Ranking.prompt_id.in_(ids), Ranking.source == "human").distinct())
+    db.execute(insert(_MARKS).from_select(["project_id", "prompt_id", "round"], ranked))
+    db.execute(insert(_MARKS), [{"project_id": project.id, "prompt_id": pid, "round": project.current_round}
+                                for pid in ids])
+
+
+# --- draining ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Drained:
+    marks: int
+    """Marks read (and deleted)."""
+    groups: int
+    """(prompt, round) groups recomputed."""
+    seconds: float
+
+
+def lock(db: Session, project_id: int, *, wait: bool = True) -> AgreementState | None:
+    """The project's state row, locked for one drain (created where missing, at the current formulas); None when
+    another transaction holds it and `wait` is False."""
+    if db.get(AgreementState, project_id) is None:
+        db.execute(_insert_ignore(db, AgreementState.__table__, ["project_id"]),
+                   {"project_id": project_id, "formula": AGREEMENT_FORMULA, "seconds": 0.0, "sequence": 0,
+                    "total_prompts": 0, "gold_prompts": 0})
+    return db.get(AgreementState, project_id, populate_existing=True,
+                  with_for_update={"skip_locked": True} if not wait else True)
+
+
+def drain(db: Session, project: Project, *, limit: int = DRAIN_BATCH, wait: bool = True) -> Drained | None:
+    """Fold up to `limit` waiting marks into the figures, and recount the project's prompts; None when another drain
+    holds the project (`wait` False) or its states must be rebuilt first."""
+    state = lock(db, project.id, wait=wait)
+    if state is None or state.formula != AGREEMENT_FORMULA:
+        return None
+    started, t0 = utcnow(), time.perf_counter()
+    marks = list(db.execute(select(AgreementMark.id, AgreementMark.prompt_id, AgreementMark.round)
+                            .where(AgreementMark.project_id == project.id).order_by(AgreementMark.id).limit(limit)))
+    groups = {(m.prompt_id, m.round) for m in marks}
+    before = _flag_view(db, project) if groups else None
+    if groups:
+        touched = _recompute(db, project, groups)
+        _medians(db, project.id, touched)
+        db.execute(delete(_MARKS).where(_MARKS.c.id.in_([m.id for m in marks])))
+    counted = _recount(db, project, state)
+    if before is not None:
+        _announce(db, project, before, _flag_view(db, project))
+    if groups or counted:
+        state.sequence += 1
+    state.as_of, state.seconds = started, time.perf_counter() - t0
+    db.flush()
+    return Drained(len(marks), len(groups), state.seconds)
+
+
+def waiting(db: Session, project_id: int, up_to: int) -> int:
+    """Marks waiting for a drain, counted no further than `up_to` (as many index entries read)."""
+    capped = select(AgreementMark.id).where(AgreementMark.project_id == project_id).limit(up_to)
+    return int(db.scalar(select(func.count()).select_from(capped.subquery())) or 0)
+
+
+def rankings(db: Session, project_id: int) -> int:
+    """Human rankings the kept figures cover (all rubric versions): one primary-key read."""
+    return int(db.scalar(select(AgreementTotal.rankings).where(
+        AgreementTotal.project_id == project_id, AgreementTotal.version == 0, AgreementTotal.kind == "p",
+        AgreementTotal.key == 0)) or 0)
+
+
+def disagreements(db: Session, project_id: int, rubric_version: int | None, offset: int, limit: int
+                  ) -> tuple[list[tuple[float, int, int]], int]:
+    """One page of the (prompt, round) groups whose rankings disagree, least agreement first, as (agreement,
+    prompt id, round), and how many there are: an index range read of the page, and the count kept in the totals."""
+    v = rubric_version or 0
+    page = [(float(a or 0.0), int(p), int(r)) for a, p, r in db.execute(
+        select(AgreementGroup.agreement, AgreementGroup.prompt_id, AgreementGroup.round)
+        .where(AgreementGroup.project_id == project_id, AgreementGroup.version == v, AgreementGroup.agreement < 1)
+        .order_by(AgreementGroup.agreement, AgreementGroup.prompt_id, AgreementGroup.round)
+        .offset(offset).limit(limit))]
+    total = db.scalar(select(AgreementTotal.state["disagree"].as_integer()).where(
+        AgreementTotal.project_id == project_id, AgreementTotal.version == v, AgreementTotal.kind == "p",
+        AgreementTotal.key == 0))
+    return page, int(total or 0)
+
+
+def _recount(db: Session, project: Project, state: AgreementState) -> bool:
+    """The project's prompts and gold prompts counted again; whether they changed."""
+    prompts = int(db.scalar(select(func.count(Prompt.id)).where(Prompt.project_id == project.id)) or 0)
+    gold = len(_gold(db, select(Prompt.id).where(Prompt.project_id == project.id).scalar_subquery()))
+    changed = (prompts, gold) != (state.total_prompts, state.gold_prompts)
+    state.total_prompts, state.gold_prompts = prompts, gold
+    return changed
+
+
+def _gold(db: Session, prompt_ids: Any) -> dict[int, Any]:
+    """prompt id → gold tiers, for the gold prompts among `prompt_ids` (a list or a subquery)."""
+    rows = db.execute(select(Prompt.id, Prompt.gold_tiers)
+                      .where(Prompt.id.in_(prompt_ids), Prompt.gold_tiers.is_not(None)))
+    return {pid: tiers for pid, tiers in rows if tiers}  # JSON null reads back as None too
+
+
+def _rankings(db: Session, prompt_ids: list[int]) -> Iterator[Any]:
+    """The human rankings of these prompts, by (prompt, round, id), with what a group's state is computed from."""
+    return iter(db.execute(
+        select(Ranking.id, Ranking.prompt_id, Ranking.round, Ranking.annotator_id, Ranking.tiers,
+               Ranking.display_order, Ranking.skipped, Ranking.seconds_spent, Ranking.created_at,
+               Rubric.version.label("rubric_version"))
+        .outerjoin(Rubric, Ranking.rubric_id == Rubric.id)
+        .where(Ranking.prompt_id.in_(prompt_ids), Ranking.source == "human")
+        .order_by(Ranking.prompt_id, Ranking.round, Ranking.id)))
+
+
+GroupKey = tuple[int, int, int]
+"""(prompt id, round, rubric version or 0 for all)."""
+
+
+def new_states(rows: Iterable[Any], groups: set[tuple[int, int]], gold: dict[int, Any]) -> dict[GroupKey, GroupState]:
+    """Each group's state in every scope it has rankings in: all versions (0), and each rubric version (the same
+    state when every ranking of the group is of that version, the usual case)."""
+    by_group: dict[tuple[int, int], list[Any]] = defaultdict(list)
+    for r in rows:
+        if (r.prompt_id, r.round) in groups:
+            by_group[(r.prompt_id, r.round)].append(r)
+    out: dict[GroupKey, GroupState] = {}
+    for (prompt_id, round_), found in by_group.items():
+        whole = partial.group_state(found, gold.get(prompt_id))
+        out[(prompt_id, round_, 0)] = whole
+        by_version: dict[int, list[Any]] = defaultdict(list)
+        for r in found:
+            if r.rubric_version is not None:
+                by_version[r.rubric_version].append(r)
+        for version, mine in by_version.items():
+            same = len(mine) == len(found)
+            out[(prompt_id, round_, version)] = whole if same else partial.group_state(mine, gold.get(prompt_id))
+    return out
+
+
+def _recompute(db: Session, project: Project, groups: set[tuple[int, int]]) -> set[TotalsKey]:
+    """Replace these groups' states by ones computed from their rankings now, and add the difference to the totals;
+    the totals keys whose seconds changed."""
+    prompt_ids = sorted({p for p, _ in groups})
+    new = new_states(_rankings(db, prompt_ids), groups, _gold(db, prompt_ids))
+    old = {(row.prompt_id, row.round, row.version): row for row in db.execute(
+        select(AgreementGroup.prompt_id, AgreementGroup.round, AgreementGroup.version, AgreementGroup.state,
+               AgreementGroup.shared, AgreementGroup.gold_ranked)
+        .where(AgreementGroup.prompt_id.in_(prompt_ids)))}
+    replaced = {k: GroupState(row.state, None, row.shared, row.gold_ranked) for k, row in old.items()
+                if (k[0], k[1]) in groups}
+    deltas: dict[int, State] = defaultdict(dict)
+    for version in {k[2] for k in new} | {k[2] for k in replaced}:
+        deltas[version] = partial.difference([s for k, s in new.items() if k[2] == version],
+                                             [s for k, s in replaced.items() if k[2] == version])
+    _distinct_prompts(deltas, new, old, groups)
+    _write_groups(db, project.id, groups, new)
+    return _apply(db, project.id, deltas)
+
+
+def _distinct_prompts(deltas: dict[int, State], new: dict[GroupKey, GroupState], old: dict[GroupKey, Any],
+                      groups: set[tuple[int, int]]) -> None:
+    """Shared prompts and gold prompts ranked count prompts, not groups: a prompt counts while any of its rounds
+    says so, so each touched prompt's say before and after is compared over all its rounds."""
+    before: dict[tuple[int, int], list[bool]] = defaultdict(lambda: [False, False])
+    after: dict[tuple[int, int], list[bool]] = defaultdict(lambda: [False, False])
+    for (prompt_id, round_, version), row in old.items():
+        for flags, seen in ((before, True), (after, (prompt_id, round_) not in groups)):
+            if seen:
+                flags[(prompt_id, version)][0] |= bool(row.shared)
+                flags[(prompt_id, version)][1] |= bool(row.gold_ranked)
+    for (prompt_id, _, version), state in new.items():
+        after[(prompt_id, version)][0] |= state.shared
+        after[(prompt_id, version)][1] |= state.gold_ranked
+    for key in before.keys() | after.keys():
+        change = {name: int(after[key][i]) - int(before[key][i]) for i, name in enumerate(("shared", "gold_ranked"))}
+        partial.add(deltas[key[1]].setdefault("p", {}), {k: v for k, v in change.items() if v})
+
+
+def _write_groups(db: Session, project_id: int, groups: set[tuple[int, int]],
+                  new: dict[GroupKey, GroupState]) -> None:
+    db.execute(delete(_GROUPS).where(tuple_(_GROUPS.c.prompt_id, _GROUPS.c.round).in_(sorted(groups))))
+    rows = [{"prompt_id": p, "round": r, "version": v, "project_id": project_id, "state": s.parts,
+             "agreement": s.agreement, "shared": s.shared, "gold_ranked": s.gold_ranked}
+            for (p, r, v), s in new.items()]
+    if rows:
+        db.execute(insert(_GROUPS), rows)
+
+
+def _apply(db: Session, project_id: int, deltas: dict[int, State]) -> set[TotalsKey]:
+    """Add each scope's delta to its totals (rows created, and deleted once no ranking is left in them, the
+    project's own kept); the keys whose seconds changed (their histograms updated here)."""
+    wanted = {(v, *_split(key)): part for v, delta in deltas.items() for key, part in delta.items()}
+    if not wanted:
+        return set()
+    found = {(r.version, r.kind, r.key): r.state for r in db.execute(
+        select(AgreementTotal.version, AgreementTotal.kind, AgreementTotal.key, AgreementTotal.state)
+        .where(AgreementTotal.project_id == project_id,
+               tuple_(AgreementTotal.version, AgreementTotal.kind, AgreementTotal.key).in_(sorted(wanted))))}
+    seconds: list[dict[str, Any]] = []
+    inserts: list[dict[str, Any]] = []
+    updates: list[dict[str, Any]] = []
+    gone: list[TotalsKey] = []
+    for key, part in wanted.items():
+        part = dict(part)
+        for t, n in part.pop("s", {}).items():
+            seconds.append({"project_id": project_id, "version": key[0], "kind": key[1], "key": key[2],
+                            "tenth": int(t), "n": n})
+        total = dict(found.get(key) or {})
+        partial.add(total, part)
+        values = {"project_id": project_id, "version": key[0], "kind": key[1], "key": key[2],
+                  "rankings": int(total.get("n", 0)), "state": total}
+        if not total.get("n") and key[1] != "p":
+            gone.append(key)
+        else:
+            (updates if key in found else inserts).append(values)
+    _write_totals(db, project_id, inserts, updates, gone)
+    if seconds:
+        _add_seconds(db, seconds)
+    return {(s["version"], s["kind"], s["key"]) for s in seconds} - set(gone)
+
+
+def _split(key: str) -> tuple[str, int]:
+    kind, _, number = key.partition(":")
+    return kind, int(number or 0)
+
+
+def _write_totals(db: Session, project_id: int, inserts: list[dict[str, Any]], updates: list[dict[str, Any]],
+                  gone: list[TotalsKey]) -> None:
+    if inserts:
+        db.execute(insert(_TOTALS), inserts)
+    if updates:
+        db.execute(update(_TOTALS).where(_TOTALS.c.project_id == _bound("project_id"),
+                                         _TOTALS.c.version == _bound("version"), _TOTALS.c.kind == _bound("kind"),
+                                         _TOTALS.c.key == _bound("key"))
+                   .values(rankings=_bound("rankings"), state=_bound("state")),
+                   [{f"b_{k}": v for k, v in row.items()} for row in updates])
+    for table in (_TOTALS, _SECONDS) if gone else ():
+        db.execute(delete(table).where(table.c.project_id == project_id,
+                                       tuple_(table.c.version, table.c.kind, table.c.key).in_(gone)))
+
+
+def _bound(name: str) -> Any:
+    return bindparam(f"b_{name}", type_=_TOTALS.c[name].type)
+
+
+def _add_seconds(db: Session, rows: list[dict[str, Any]]) -> None:
+    """Histogram counts added (a row created where missing): one statement for all of them."""
+    stmt = _dialect_insert(db, _SECONDS)
+    db.execute(stmt.on_conflict_do_update(index_elements=["project_id", "version", "kind", "key", "tenth"],
+                                          set_={"n": _SECONDS.c.n + stmt.excluded.n}), rows)
+
+
+def _medians(db: Session, project_id: int, keys: set[TotalsKey]) -> None:
+    """The median of each key's seconds, read off its histogram (the keys a drain changed, only)."""
+    by_key: dict[TotalsKey, list[tuple[int, int]]] = defaultdict(list)
+    for chunk in _chunks(sorted(keys), 500):
+        for r in db.execute(select(_SECONDS.c.version, _SECONDS.c.kind, _SECONDS.c.key, _SECONDS.c.tenth,
+                                   _SECONDS.c.n)
+                            .where(_SECONDS.c.project_id == project_id, _SECONDS.c.n > 0,
+                                   tuple_(_SECONDS.c.version, _SECONDS.c.kind, _SECONDS.c.key).in_(chunk))
+                            .order_by(_SECONDS.c.version, _SECONDS.c.kind, _SECONDS.c.key, _SECONDS.c.tenth)):
+            by_key[(r.version, r.kind, r.key)].append((r.tenth, r.n))
+    rows = [{"b_project_id": project_id, "b_version": v, "b_kind": kind, "b_key": key,
+             "b_median_seconds": histogram_median(by_key.get((v, kind, key), []))} for v, kind, key in keys]
+    if rows:
+        db.execute(update(_TOTALS).where(_TOTALS.c.project_id == _bound("project_id"),
+                                         _TOTALS.c.version == _bound("version"), _TOTALS.c.kind == _bound("kind"),
+                                         _TOTALS.c.key == _bound("key"))
+                   .values(median_seconds=_bound("median_seconds")), rows)
+
+
+def histogram_median(histogram: list[tuple[int, int]]) -> float | None:
+    """The median, in seconds, of the times a histogram of (tenth, count) holds (sorted by tenth), as
+    statistics.median of the times in tenths gives it."""
+    n = sum(count for _, count in histogram)
+    if not n:
+        return None
+    lo, hi = (n + 1) // 2, n // 2 + 1  # 1-based positions of the middle one or two
+    seen, found = 0, list[int]()
+    for t, count in histogram:
+        seen += count
+        while len(found) < 2 and seen >= (lo, hi)[len(found)]:
+            found.append(t)
+        if len(found) == 2:
+            break
+    return median_of_tenths(found)
+
+
+def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
+
+
+def _dialect_insert(db: Session, table: Any) -> Any:
+    if db.get_bind().dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert(table)
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    return sqlite_insert(table)
+
+
+def _insert_ignore(db: Session, table: Any, keys: list[str]) -> Any:
+    return _dialect_insert(db, table).on_conflict_do_nothing(index_elements=keys)
+
+
+# --- the rebuild ---------------------------------------------------------------------------------------------
+
+
+def rebuild(db: Session, project: Project) -> Drained:
+    """Every state and total of the project computed again from its rankings, in the caller's transaction: the
+    repair, and what runs once after an upgrade changes a formula. Marks already written are deleted first (their
+    rankings are read by the pass that follows)."""
+    state = lock(db, project.id)
+    assert state is not None  # waited for
+    started, t0 = utcnow(), time.perf_counter()
+    before = _flag_view(db, project) if state.formula == AGREEMENT_FORMULA else None
+    db.execute(delete(_MARKS).where(_MARKS.c.project_id == project.id))
+    for table in (_GROUPS, _TOTALS, _SECONDS):
+        db.execute(delete(table).where(table.c.project_id == project.id))
+    ranked = select(Ranking.prompt_id).where(Ranking.project_id == project.id, Ranking.source == "human").distinct()
+    prompt_ids = sorted(db.scalars(ranked))
+    touched: set[TotalsKey] = set()
+    groups = 0
+    for chunk in _chunks(prompt_ids, REBUILD_PROMPTS):
+        rounds = set(db.execute(select(Ranking.prompt_id, Ranking.round)
+                                .where(Ranking.prompt_id.in_(chunk), Ranking.source == "human").distinct()))
+        found = {(p, r) for p, r in rounds}
+        groups += len(found)
+        touched |= _recompute(db, project, found)
+    _medians(db, project.id, touched)
+    _recount(db, project, state)
+    if before is not None:
+        _announce(db, project, before, _flag_view(db, project))
+    state.formula, state.sequence = AGREEMENT_FORMULA, state.sequence + 1
+    state.as_of, state.seconds = started, time.perf_counter() - t0
+    db.flush()
+    return Drained(0, groups, state.seconds)
+
+
+# --- jobs and views ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Kept:
+    """Where a project's kept figures stand for a view."""
+
+    state: AgreementState | None
+    """None: the states are being rebuilt (after an upgrade that changed a formula); nothing to show yet."""
+    waiting: int
+    """Marks not drained yet (counted up to INLINE_MARKS + 1)."""
+    refreshing: bool
+    """A drain or rebuild job is queued or running."""
+
+
+def current(db: Session, project: Project, actor: User | None) -> Kept:
+    """The project's kept state for a view: drained here when few marks wait (or the counts are old), a job queued
+    when many do, and a rebuild queued when the states are of older formulas."""
+    state = db.get(AgreementState, project.id)
+    if state is not None and state.formula != AGREEMENT_FORMULA:
+        return Kept(None, 0, ensure_job(db, project, actor, "rebuild"))
+    count = waiting(db, project.id, INLINE_MARKS + 1)
+    old = state is None or state.as_of is None or (utcnow() - state.as_of).total_seconds() > RECOUNT_S
+    if count > INLINE_MARKS:
+        return Kept(state if state is not None and state.as_of is not None else None, count,
+                    ensure_job(db, project, actor, "drain"))
+    if count or old:
+        drain(db, project, wait=False)  # skipped while another drain holds the project: its figures come soon
+        state = db.get(AgreementState, project.id)
+        count = waiting(db, project.id, INLINE_MARKS + 1) if count else 0
+    return Kept(state, count, False)
+
+
+def ensure_job(db: Session, project: Project, actor: User | None, mode: str) -> bool:
+    """A `project_rollup` job of this mode queued for the project unless one is queued or running; True."""
+    pending = db.scalar(select(Job.id).where(Job.project_id == project.id, Job.kind == KIND,
+                                             Job.state.in_(("queued", "running")),
+                                             Job.payload["agreement"].as_string() == mode).limit(1))
+    if pending is None:
+        jobs.enqueue(db, KIND, {"agreement": mode, "requested_at": utcnow().isoformat()}, project=project,
+                     actor=actor, max_attempts=1)
+    return True
+
+
+# --- flags raised by a drain ---------------------------------------------------------------------------------
+
+
+def _flag_view(db: Session, project: Project) -> dict[int, tuple[Any, set[str]]]:
+    """Annotators the whole-project figures flag now: user id → (their figures, the flag kinds)."""
+    state = db.get(AgreementState, project.id)
+    report = kept_report.report(db, project, None, [], state, people=False)
+    return {a.user_id: (a, {f.kind for f in a.flags}) for a in report.annotators if a.flags}
+
+
+def _announce(db: Session, project: Project, before: dict[int, tuple[Any, set[str]]],
+              after: dict[int, tuple[Any, set[str]]]) -> None:
+    """An `annotator.flagged` webhook event for each flag the figures raise now that they did not before."""
+    fresh = {uid: sorted(kinds - before.get(uid, (None, set()))[1]) for uid, (_, kinds) in after.items()}
+    fresh = {uid: kinds for uid, kinds in fresh.items() if kinds}
+    if not fresh:
+        return
+    names = dict(db.execute(select(User.id, User.name).where(User.id.in_(list(fresh)))).all())
+    for uid, kinds in sorted(fresh.items()):
+        stats = after[uid][0]
+        webhooks.fire(db, project.id, "annotator.flagged", {
+            "user_id": uid, "name": names.get(uid, ""), "flags": kinds, "rankings": stats.rankings,
+            "url": f"/projects/{project.id}/agreement/annotators/{uid}"})

@@ -1,0 +1,202 @@
+"""The kept agreement figures equal a recomputation from every ranking, to 1e-9, after any sequence of what changes
+them: rankings submitted, skipped and resubmitted, annotators removed with their rankings, new rubric versions, gold
+orders set and cleared, a new round; drained all at once or a few marks at a time, and rebuilt. Hypothesis writes the
+sequences; the recomputation is `agreement.project_reports`, the one streamed pass over every ranking (itself checked
+against the whole-list oracle in test_agreement_scale.py).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import update
+
+from app.annotation import rankings
+from app.models import Completion, Prompt, Ranking
+from app.platform.errors import DomainError
+from app.projects import projects, rubrics
+from app.quality import agreement, gold, kept_report, upkeep
+from app.quality.agreement import human_rankings
+from tests.app.test_agreement_scale import _same
+
+ANNOTATORS, PROMPTS, K = 4, 2, 3
+T0 = datetime(2026, 3, 2, 8, tzinfo=UTC)
+
+submits = st.tuples(st.just("submit"), st.integers(0, ANNOTATORS - 1), st.integers(0, PROMPTS - 1),
+                    st.integers(0, 10**6), st.sampled_from(["strict", "tie", "partial", "skip"]),
+                    st.one_of(st.none(), st.floats(0.5, 90.0)), st.integers(0, 60 * 24 * 5))
+operations = st.lists(st.one_of(
+    submits, submits, submits, submits, submits, submits,
+    st.tuples(st.just("resubmit")),
+    st.tuples(st.just("remove"), st.integers(0, ANNOTATORS - 1)),
+    st.tuples(st.just("rubric")),
+    st.tuples(st.just("gold"), st.integers(0, PROMPTS - 1), st.booleans()),
+    st.tuples(st.just("round")),
+    st.tuples(st.just("drain"), st.sampled_from([1, 2, upkeep.DRAIN_BATCH])),
+), min_size=8, max_size=40)
+
+
+class Campaign:
+    """A project of PROMPTS prompts of K completions and ANNOTATORS annotators, driven through the services."""
+
+    def __init__(self, db: Any, make_user: Any, make_project: Any) -> None:
+        self.db = db
+        self.lead = make_user(db, "lead")
+        self.project = make_project(db, k=K, overlap=ANNOTATORS + 1, lead=self.lead)
+        self.project.allow_partial = True
+        self.people = []
+        for _ in range(ANNOTATORS):
+            person = make_user(db, "annotator")
+            projects.add_member(db, self.project, self.lead, email=person.email, role="annotator")
+            self.people.append(person)
+        self.prompts = []
+        for i in range(PROMPTS):
+            prompt = Prompt(project_id=self.project.id, text=f"question {i}", text_hash=f"{i:064d}",
+                            completions=[Completion(text=f"answer {i}{x}") for x in "abc"])
+            db.add(prompt)
+            db.flush()
+            self.prompts.append((prompt.id, [c.id for c in prompt.completions]))
+        self.last: tuple[Any, Any] | None = None
+        self.submission = 0
+
+    def run(self, op: tuple[Any, ...]) -> None:
+        getattr(self, f"_{op[0]}")(*op[1:])
+
+    def _submit(self, who: int, which: int, seed: int, shape: str, seconds: float | None, minutes: int) -> None:
+        prompt_id, ids = self.prompts[which]
+        order = random.Random(seed).sample(ids, K)
+        tiers = {"strict": [[c] for c in order], "tie": [[order[0]], order[1:]],
+                 "partial": [[order[0]], [order[1]]], "skip": []}[shape]
+        self.submission += 1
+        body = rankings.RankingInput(tiers=tiers, rubric_version=rubrics.current(self.db, self.project).version,
+                                     submission_id=f"s{self.submission}", prompt_id=prompt_id,
+                                     skipped=shape == "skip", skip_reason="unsure" if shape == "skip" else None)
+        try:
+            ranking, created = rankings.submit(self.db, self.project, self.people[who], body)
+        except DomainError:
+            return  # already ranked in this round: refused, nothing written
+        assert created
+        # When and how long, as a campaign spread over days would have them (the submit takes the server's clock).
+        self.db.execute(update(Ranking).where(Ranking.id == ranking.id).values(
+            created_at=T0 + timedelta(minutes=minutes), seconds_spent=seconds))
+        self.last = (self.people[who], body)
+
+    def _resubmit(self) -> None:
+        """The same submission again: answered with the first ranking, nothing written (unless the annotator was
+        removed since: then it is a new ranking, or refused under a newer rubric)."""
+        if self.last is None:
+            return
+        person, body = self.last
+        try:
+            rankings.submit(self.db, self.project, person, body)
+        except DomainError:
+            pass
+
+    def _remove(self, who: int) -> None:
+        try:
+            rankings.remove_annotator(self.db, self.project, self.lead, self.people[who].id)
+        except DomainError:
+            return  # removed already, with nothing ranked since
+        projects.add_member(self.db, self.project, self.lead, email=self.people[who].email, role="annotator")
+
+    def _rubric(self) -> None:
+        version = rubrics.current(self.db, self.project).version + 1
+        rubrics.create_version(self.db, self.project, self.lead, text=f"Rubric v{version}", criteria=["Correctness"],
+                               base_version=version - 1)
+
+    def _gold(self, which: int, on: bool) -> None:
+        prompt_id, ids = self.prompts[which]
+        if on:
+            gold.set_gold(self.db, self.project, prompt_id, [[ids[which % K]], [c for c in ids if c != ids[which % K]]],
+                          self.lead)
+        else:
+            gold.clear_gold(self.db, self.project, prompt_id, self.lead)
+
+    def _round(self) -> None:
+        self.project.current_round += 1
+        self.db.flush()
+
+    def _drain(self, limit: int) -> None:
+        assert upkeep.drain(self.db, self.project, limit=limit) is not None  # once even with no marks: the counts
+        while upkeep.waiting(self.db, self.project.id, 1):
+            assert upkeep.drain(self.db, self.project, limit=limit) is not None
+        self.check()
+
+    def check(self) -> None:
+        """Every scope's kept report and disagreements equal the recomputation from every ranking."""
+        db, project = self.db, self.project
+        versions = agreement.rubric_versions(db, project)
+        state = upkeep.lock(db, project.id)
+        expected = agreement.project_reports(db, project, versions=versions)
+        for version in [None, *versions]:
+            _same(kept_report.report(db, project, version, versions, state), expected[version], f"v{version}")
+            listed, total = upkeep.disagreements(db, project.id, version, 0, 10_000)
+            assert total == len(listed)
+            _same(listed, _disagreements(db, project, version), f"disagreements v{version}")
+
+
+def _disagreements(db: Any, project: Any, version: int | None) -> list[tuple[float, int, int]]:
+    """Every (prompt, round) whose comparisons' mean agreement is below 1, least first, from every ranking."""
+    tally = agreement.tally_rankings(human_rankings(db, project, version), {}, project.current_round)
+    per_group: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for c in agreement.compare_annotators(tally).each:
+        per_group[(c.prompt_id, c.round)].append(c.agreement)
+    return sorted((sum(v) / len(v), p, r) for (p, r), v in per_group.items() if sum(v) / len(v) < 1)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.too_slow])
+@given(ops=operations)
+def test_kept_figures_equal_a_recomputation_after_any_sequence_of_changes(db, make_user, make_project, ops) -> None:
+    nested = db.begin_nested()  # each example on its own project, rolled back after
+    try:
+        campaign = Campaign(db, make_user, make_project)
+        for op in ops:
+            campaign.run(op)
+        campaign._drain(upkeep.DRAIN_BATCH)
+        upkeep.rebuild(db, campaign.project)
+        campaign.check()
+    finally:
+        nested.rollback()
+        db.expunge_all()  # the next example's rows reuse these ids (SQLite)
+
+
+def test_the_fixture_reaches_every_figure(db, make_user, make_project) -> None:
+    """One fixed sequence shows the property test's campaigns have something in every figure to compare."""
+    campaign = Campaign(db, make_user, make_project)
+    for i in range(40):
+        campaign.run(("submit", i % ANNOTATORS, (i // ANNOTATORS) % PROMPTS, i, ["strict", "tie", "partial"][i % 3],
+                      10.0 + i, 400 * i))
+        if i == 20:
+            campaign.run(("rubric",))
+            campaign.run(("gold", 1, True))
+            campaign.run(("round",))
+    campaign._drain(upkeep.DRAIN_BATCH)
+    versions = agreement.rubric_versions(db, campaign.project)
+    report = kept_report.report(db, campaign.project, None, versions, upkeep.lock(db, campaign.project.id))
+    assert report.comparisons > 10 and report.krippendorff_alpha is not None and report.mean_kendall_tau is not None
+    assert report.gold_prompts_ranked == 1 and len(report.by_rubric_version) == 2 and len(report.trend) > 3
+    assert any(a.position_rankings for a in report.annotators) and report.median_seconds is not None
+    removed = rankings.remove_annotator(db, campaign.project, campaign.lead, campaign.people[0].id)
+    assert removed > 0
+    campaign._drain(upkeep.DRAIN_BATCH)
+    after = kept_report.report(db, campaign.project, None, versions, upkeep.lock(db, campaign.project.id))
+    assert after.human_rankings == report.human_rankings - removed
+    assert campaign.people[0].id not in {a.user_id for a in after.annotators}
+
+
+@pytest.mark.parametrize("seconds", [[12.34], [1.0, 2.0], [0.05, 0.15, 0.25, 9.0], [3.0, 3.0, 3.0, 4.0]])
+def test_the_median_read_off_a_histogram_is_the_median_of_the_tenths(seconds: list[float]) -> None:
+    from collections import Counter
+
+    from app.quality.buckets import median_of_tenths, tenth
+
+    tenths = [tenth(s) for s in seconds]
+    histogram = sorted(Counter(tenths).items())
+    assert upkeep.histogram_median(histogram) == median_of_tenths(tenths)
