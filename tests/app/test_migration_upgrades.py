@@ -157,7 +157,7 @@ def seed(url: str) -> None:
         # The agreement figures as the rollup job stored them (0013).
         db.add(ProjectRollup(project_id=project.id, reports={"all": {"project_id": project.id, "human_rankings": 6}},
                                counts={"prompts": 2, "pairs": 30}, rankings=6, seconds=0.25, computed_at=now))
-        # The agreement figures kept as rankings arrive (0017): the rankings above folded in, one change waiting.
+        # The agreement figures kept as rankings arrive (0018): the rankings above folded in, one change waiting.
         upkeep.drain(db, project)
         db.add(AgreementMark(project_id=project.id, prompt_id=prompt.id, round=1))
         # A webhook, one delivery that took a retry, and its job waiting out a backoff (0011).

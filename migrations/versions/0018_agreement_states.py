@@ -7,8 +7,8 @@ rebuild from its rankings (app.quality.upkeep), after which the figures are kept
 Downgrade: drops the tables; the rollup job computes the figures from the rankings again (nothing in them is a
 source of truth).
 
-Revision ID: 0017
-Revises: 0016
+Revision ID: 0018
+Revises: 0017
 Create Date: 2026-12-08 10:00:00.000000
 """
 
@@ -18,8 +18,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision: str = '0017'
-down_revision: str | None = '0016'
+revision: str = '0018'
+down_revision: str | None = '0017'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
