@@ -921,9 +921,10 @@ class AgreementOut(BaseModel):
     trend_unit: str = Field("day", description="hour | day | week: the width of each point of `trend`.")
     trend: list[TrendPointOut] = Field(default_factory=list)
     by_rubric_version: list[TrendPointOut] = Field(default_factory=list)
-    computed: str = Field("live", description="live: from every ranking on this request | rollup: from every "
-                          "ranking by the rollup job at `as_of` (projects over a few thousand rankings).")
-    as_of: datetime | None = Field(None, description="When the rankings behind these figures were read.")
+    computed: str = Field("kept", description="kept: the figures kept up to date as rankings arrive, as of `as_of` "
+                          "(earlier releases said live or rollup: from every ranking on the request, or by the "
+                          "rollup job).")
+    as_of: datetime | None = Field(None, description="When the changes behind these figures were last folded in.")
     age_seconds: float | None = Field(None, description="How old the figures are, in seconds.")
 
 

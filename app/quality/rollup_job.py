@@ -1,5 +1,7 @@
-"""The `project_rollup` job: compute a large project's agreement reports, judge figures and counts from every row,
-and store them (see app.quality.rollups).
+"""The `project_rollup` job: with `{"agreement": "drain"}`, fold the project's waiting agreement changes into its kept
+figures, a batch per transaction until none waits; with `{"agreement": "rebuild"}`, compute the kept figures again
+from every ranking (app.quality.upkeep); otherwise compute a large project's judge figures and counts from every row
+and store them (app.quality.rollups).
 
 The computation runs at a lower CPU priority (nice +10, in a thread of its own: on Linux a thread's niceness is its
 own), so a worker on the same host as the app processes yields the core to annotators' requests instead of taking
@@ -19,7 +21,7 @@ from sqlalchemy.orm import Session
 from app.jobs.context import JobContext, job_row
 from app.platform.db import run_transaction
 from app.projects import projects
-from app.quality import rollups
+from app.quality import rollups, upkeep
 
 NICE = 10
 T = TypeVar("T")
@@ -47,7 +49,52 @@ def _niced(work: Callable[[], T]) -> T:
     return out["value"]
 
 
+MAX_DRAIN_BATCHES = 1_000
+"""Batches one drain job folds in before it ends (a view queues the next): it never runs for ever under a flood."""
+
+
 def run(ctx: JobContext) -> dict[str, Any]:
+    mode = ctx.payload.get("agreement")
+    if mode == "drain":
+        return _drain(ctx)
+    if mode == "rebuild":
+        return _rebuild(ctx)
+    return _rollup(ctx)
+
+
+def _drain(ctx: JobContext) -> dict[str, Any]:
+    project_id = int(ctx.project_id or 0)
+    marks = groups = 0
+    for batch in range(MAX_DRAIN_BATCHES):
+        def fold(db: Session) -> upkeep.Drained | None:
+            return upkeep.drain(db, job_row(db, projects.find, project_id, "project"))
+
+        drained = run_transaction(ctx.session_factory, fold, what="agreement drain")
+        if drained is None:
+            ctx.log("the figures must be rebuilt first: nothing drained")
+            break
+        marks, groups = marks + drained.marks, groups + drained.groups
+        ctx.progress(batch + 1, batch + 1, f"{marks} changes folded in, {groups} groups recomputed")
+        if drained.marks < upkeep.DRAIN_BATCH:
+            break
+    ctx.log(f"{marks} changes folded into the agreement figures ({groups} groups recomputed)")
+    return {"marks": marks, "groups": groups}
+
+
+def _rebuild(ctx: JobContext) -> dict[str, Any]:
+    project_id = int(ctx.project_id or 0)
+    ctx.progress(0, 1, "computing the agreement figures from every ranking")
+
+    def rebuild(db: Session) -> upkeep.Drained:
+        return upkeep.rebuild(db, job_row(db, projects.find, project_id, "project"))
+
+    done = _niced(lambda: run_transaction(ctx.session_factory, rebuild, what="agreement rebuild"))
+    ctx.log(f"agreement figures of {done.groups} groups computed from every ranking in {done.seconds:.1f} s")
+    ctx.progress(1, 1, f"{done.groups} groups in {done.seconds:.1f} s")
+    return {"groups": done.groups, "seconds": round(done.seconds, 2)}
+
+
+def _rollup(ctx: JobContext) -> dict[str, Any]:
     project_id = int(ctx.project_id or 0)
     requested = ctx.payload.get("requested_at")
     with ctx.session_factory() as db:
@@ -69,6 +116,6 @@ def run(ctx: JobContext) -> dict[str, Any]:
         rollups.store(db, project_id, rollup)
 
     run_transaction(ctx.session_factory, save, what="project rollup")
-    ctx.log(f"agreement of {rollup.rankings} rankings computed in {rollup.seconds:.1f} s")
+    ctx.log(f"counts and judge figures of {rollup.rankings} human rankings computed in {rollup.seconds:.1f} s")
     ctx.progress(1, 1, f"{rollup.rankings} rankings in {rollup.seconds:.1f} s")
     return {"rankings": rollup.rankings, "seconds": round(rollup.seconds, 2)}

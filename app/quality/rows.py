@@ -1,6 +1,6 @@
 """The rows behind the agreement page's figures: the prompts annotators disagree on, one annotator's rankings,
 and the gold tasks they got wrong, a page at a time. A page reads only the rankings of the prompts it shows (and,
-for a large project's disagreements, their order from the rollup), whatever the project holds. Each row shows
+for the disagreements, their order from the kept groups' index), whatever the project holds. Each row shows
 completions as letters A, B, C… in completion id order, the same letters for every annotator of a prompt, so two
 orders can be compared at a glance."""
 
@@ -17,8 +17,7 @@ from sqlalchemy.orm import Session
 from app.accounts import permissions
 from app.models import Completion, Project, Prompt, Ranking, Rubric, User
 from app.platform.errors import Invalid, NotFound
-from app.quality import agreement, rollups
-from app.quality.agreement import human_rankings
+from app.quality import agreement, rollups, upkeep
 
 LIMIT = 50
 """Rows shown per page (the worst or newest first, so the ones to act on are on the first page)."""
@@ -130,53 +129,37 @@ class DisagreementPage:
     page: int
     next_page: int | None
     listed: int
-    """How many of `total` can be paged through (a large project's rollup keeps the worst few thousand)."""
+    """How many of `total` can be paged through (all of them)."""
     offset: int = 0
     """Rows before this page."""
     fresh: rollups.Freshness | None = None
-    """A large project's: the rollup the order comes from (None: computed on this view). `pending`: not yet."""
+    """How fresh the order is (the kept figures'). `pending`: not there yet (the states are being rebuilt)."""
     pending: bool = False
 
 
 def disagreements(db: Session, project: Project, actor: User, *, rubric_version: int | None = None,
                   page: int = 1, limit: int = LIMIT) -> DisagreementPage:
-    """The prompts with a disagreement, least agreement first, one page of them, and how many there are in all.
-    A small project's are computed on the view; a large one's order comes from the rollup, and only the page's
-    prompts' rankings are read."""
+    """The prompts with a disagreement, least agreement first, one page of them, and how many there are in all: the
+    order is the kept groups' (an index range read of the page), and only the page's prompts' rankings are read."""
     if rubric_version is not None and rubric_version not in agreement.rubric_versions(db, project):
         raise Invalid(f"this project has no rubric version {rubric_version}", field="rubric_version")
     if page < 1:
         raise Invalid("must be 1 or more", field="page")
-    stored = rollups.disagreements(db, project, actor, rubric_version)
-    if stored is None:
-        scored, total, fresh = _scored_now(db, project, rubric_version), None, None
-    else:
-        found, fresh = stored
-        if found is None:
-            return DisagreementPage([], 0, page, None, 0, 0, fresh, pending=True)
-        scored, total = [(a, (p, r)) for a, p, r in found.rows], found.total
-    shown = scored[(page - 1) * limit:page * limit]
-    tally, _ = _groups_of(db, project, {key[0] for _, key in shown}, rubric_version)
-    letters = _letters(db, {key[0] for _, key in shown})
-    emails = _emails(db, {r.annotator_id for _, key in shown for r in tally.by_prompt[key]})
+    fresh, state = rollups.kept_freshness(db, project, actor)
+    if state is None:
+        return DisagreementPage([], 0, page, None, 0, 0, fresh, pending=True)
+    offset = (page - 1) * limit
+    found, total = upkeep.disagreements(db, project.id, rubric_version, offset, limit + 1)
+    shown = found[:limit]
+    tally, _ = _groups_of(db, project, {p for _, p, _ in shown}, rubric_version)
+    letters = _letters(db, {p for _, p, _ in shown})
+    emails = _emails(db, {r.annotator_id for _, p, rnd in shown for r in tally.by_prompt[(p, rnd)]})
     out = []
-    for score, (pid, rnd) in shown:
+    for score, pid, rnd in shown:
         orders = [(emails.get(r.annotator_id, "?"), letters[pid].order(r.tiers)) for r in tally.by_prompt[(pid, rnd)]]
         out.append(Disagreement(letters[pid], rnd, score, orders))
-    more = page * limit < len(scored)
-    return DisagreementPage(out, len(scored) if total is None else total, page, page + 1 if more else None,
-                            len(scored), (page - 1) * limit, fresh)
-
-
-def _scored_now(db: Session, project: Project, rubric_version: int | None) -> list[tuple[float, tuple[int, int]]]:
-    """Every (prompt, round) with a disagreement, from all of a small project's rankings, least agreement first."""
-    tally = agreement.tally_rankings(human_rankings(db, project, rubric_version), {}, project.current_round)
-    pairs = agreement.compare_annotators(tally)
-    per_prompt: dict[tuple[int, int], list[float]] = defaultdict(list)
-    for c in pairs.each:
-        per_prompt[(c.prompt_id, c.round)].append(c.agreement)
-    return sorted(((sum(v) / len(v), key) for key, v in per_prompt.items() if sum(v) / len(v) < 1),
-                  key=lambda x: (x[0], x[1]))
+    more = len(found) > limit
+    return DisagreementPage(out, total, page, page + 1 if more else None, total, offset, fresh)
 
 
 # --- one annotator's rankings, and their gold misses --------------------------------------------------------

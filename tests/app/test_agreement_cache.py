@@ -1,5 +1,5 @@
-"""A large project's agreement page and API are rendered once per stored rollup (app.web.fragments, per process): a
-reload is a lookup, a new rollup is shown at once, the cache is read only after the permission check, and what is
+"""The agreement page and API are rendered once per drain of the kept figures (app.web.fragments, per process): a
+reload is a lookup, a new ranking is shown at once, the cache is read only after the permission check, and what is
 the viewer's own (the gold form, the CSRF token, the freshness line) is not cached. And the judge's figures over
 a large project: the API and the AI-labels gate read the rollup, with its freshness; 503 before the first.
 """
@@ -25,7 +25,8 @@ def _large(monkeypatch) -> None:  # type: ignore[no-untyped-def]
 
 
 def _large_with_rollup(db, make_user, make_project, monkeypatch, seed: int):  # type: ignore[no-untyped-def]
-    """A 12-prompt campaign counted as large, its rollup stored and committed: (project, lead)."""
+    """A 12-prompt campaign counted as large for the rollup (the counts, the judge), its rollup stored and
+    committed: (project, lead)."""
     project, lead = _campaign(db, make_user, make_project, n_prompts=12, seed=seed)
     _large(monkeypatch)
     rollups.store(db, project.id, rollups.compute(db, project))
@@ -40,9 +41,10 @@ def _body(html: str) -> str:
     return html[start:end]
 
 
-def test_a_reload_is_a_lookup_and_a_new_rollup_is_shown_at_once(
+def test_a_reload_is_a_lookup_and_a_new_ranking_is_shown_at_once(
         app, db, make_user, make_project, browser, monkeypatch) -> None:
-    project, lead = _large_with_rollup(db, make_user, make_project, monkeypatch, seed=31)
+    project, lead = _campaign(db, make_user, make_project, n_prompts=12, seed=31)
+    db.commit()
     cache = app.state.fragments
     cache.clear()
     b = browser()
@@ -51,7 +53,7 @@ def test_a_reload_is_a_lookup_and_a_new_rollup_is_shown_at_once(
     first = b.get(f"/projects/{project.id}/agreement")
     again = b.get(f"/projects/{project.id}/agreement")
 
-    assert first.status_code == again.status_code == 200 and 'data-method="rollup"' in again.text
+    assert first.status_code == again.status_code == 200 and 'data-method="kept"' in again.text
     assert (cache.hits, cache.misses, len(cache)) == (1, 1, 1)
     assert _body(first.text) == _body(again.text)
     assert f'id="human-rankings">{oracle_report(db, project).human_rankings}<' in again.text
@@ -61,14 +63,12 @@ def test_a_reload_is_a_lookup_and_a_new_rollup_is_shown_at_once(
     b.get(f"/projects/{project.id}/agreement", params={"annotators": "all"})
     assert len(cache) == 3
 
-    # More rankings, a new rollup: the next view shows it, without waiting for the old entry to leave.
+    # One more ranking: the next view folds it in and shows it, without waiting for the old entry to leave.
     prompt_id = db.scalar(select(Ranking.prompt_id).where(Ranking.project_id == project.id).limit(1))
     someone = db.scalar(select(Ranking.annotator_id).where(Ranking.project_id == project.id,
                                                            Ranking.annotator_id.is_not(None)).limit(1))
     db.add(Ranking(project_id=project.id, prompt_id=prompt_id, round=2, source="human", annotator_id=someone,
                    rubric_id=project.current_rubric_id, tiers=[], skipped=True))
-    db.flush()
-    rollups.store(db, project.id, rollups.compute(db, project))
     db.commit()
     expected = oracle_report(db, project).human_rankings
     db.commit()
@@ -85,8 +85,6 @@ def test_the_cache_is_read_after_the_permission_check_and_keeps_the_viewers_part
     annotator = make_user(db, "annotator", email="member@example.org")
     projects.add_member(db, project, lead, email=annotator.email, role="annotator")
     outsider = make_user(db, "annotator", email="outsider@example.org")
-    _large(monkeypatch)
-    rollups.store(db, project.id, rollups.compute(db, project))
     tokens = {who.email: token_for(db, who) for who in (lead, annotator, outsider)}
     db.commit()
     app.state.fragments.clear()
@@ -116,9 +114,6 @@ def test_the_apis_cached_json_equals_the_computation_and_its_freshness_is_each_r
     from app.schemas import AgreementOut
 
     project, lead = _campaign(db, make_user, make_project, n_prompts=12, seed=41)
-    _large(monkeypatch)
-    rollup = rollups.compute(db, project)
-    rollups.store(db, project.id, rollup)
     token = token_for(db, lead)
     db.commit()
     app.state.fragments.clear()
@@ -130,17 +125,12 @@ def test_the_apis_cached_json_equals_the_computation_and_its_freshness_is_each_r
     assert first.status_code == second.status_code == 200 and app.state.fragments.hits == 1
     a, b = first.json(), second.json()
     AgreementOut.model_validate(b)  # the schema the OpenAPI document names
-    assert b["computed"] == "rollup" and b["age_seconds"] >= a["age_seconds"] and b["as_of"] == a["as_of"]
+    assert b["computed"] == "kept" and b["age_seconds"] >= a["age_seconds"] and b["as_of"] == a["as_of"]
     assert {k: v for k, v in a.items() if k != "age_seconds"} == {k: v for k, v in b.items() if k != "age_seconds"}
     expected = oracle_report(db, project)
     assert b["human_rankings"] == expected.human_rankings and b["comparisons"] == expected.comparisons
     assert b["krippendorff_alpha"] == pytest.approx(expected.krippendorff_alpha, rel=1e-9)
     assert first.headers["content-type"].startswith("application/json")
-    db.commit()
-    # A small project's is computed on each request, not cached.
-    monkeypatch.setattr(rollups, "LIVE_LIMIT", 5_000)
-    live = client.get(f"/api/projects/{project.id}/agreement").json()
-    assert live["computed"] == "live" and len(app.state.fragments) == 1
 
 
 def test_the_annotator_table_shows_the_flagged_first_and_links_to_all(
@@ -250,11 +240,11 @@ def test_the_gate_refuses_on_a_rollup_without_the_evidence(
     assert "12 of the 20 prompts" in refused.text
 
 
-def test_a_large_projects_views_take_its_size_from_the_rollup_and_count_only_near_the_limit(
+def test_agreement_views_never_count_the_rankings_and_the_project_page_counts_only_near_the_limit(
         app, db, make_user, make_project, browser, monkeypatch) -> None:
-    # A rollup that covered over twice the limit says the project is large without a count of its
-    # rankings (a millisecond of Postgres per view at 1M); nearer the limit each view counts, and a project at or
-    # under it is computed on the view although a rollup is stored.
+    # The agreement figures are read from the kept totals, whatever the project holds. The project page's counts
+    # come from the rollup: one that covered over twice the limit says the project is large without a count of its
+    # rankings (a millisecond of Postgres per view at 1M); nearer the limit each view counts.
     from sqlalchemy import event
 
     project, lead = _large_with_rollup(db, make_user, make_project, monkeypatch, seed=37)
@@ -268,19 +258,18 @@ def test_a_large_projects_views_take_its_size_from_the_rollup_and_count_only_nea
         if "count(" in statement and "FROM rankings" in statement:
             counts.append(statement)
 
-    def view(limit: int) -> str:
-        monkeypatch.setattr(rollups, "LIVE_LIMIT", limit)
+    def view(url: str, limit: int) -> int:
         monkeypatch.setattr(rollups, "COUNT_LIVE_LIMIT", limit)
         counts.clear()
-        page = b.get(f"/projects/{project.id}/agreement")
-        assert page.status_code == 200
-        return re.search(r'data-method="(\w+)"', page.text).group(1)
+        assert b.get(url).status_code == 200
+        return len(counts)
 
     event.listen(app.state.engine, "before_cursor_execute", listener)
     try:
-        assert view(covered // 2 - 1) == "rollup" and counts == []
-        assert b.get(f"/projects/{project.id}").status_code == 200 and counts == []  # the project page's counts
-        assert view((covered + 1) // 2) == "rollup" and len(counts) == 1  # covered ≤ 2 × limit: counted; over
-        assert view(covered) == "live"
+        for url in (f"/projects/{project.id}/agreement", f"/api/projects/{project.id}/agreement",
+                    f"/projects/{project.id}/agreement/prompts"):
+            assert view(url, 10) == 0
+        assert view(f"/projects/{project.id}", covered // 2 - 1) == 0
+        assert view(f"/projects/{project.id}", (covered + 1) // 2) == 1  # covered ≤ 2 × limit: counted; over
     finally:
         event.remove(app.state.engine, "before_cursor_execute", listener)

@@ -1,6 +1,6 @@
 """The rows behind the agreement figures, a page at a time, equal what the whole-project computation shows
-(tests/support/agreement_rows_oracle.py, the code before paging) on a small project, and on the same project
-treated as large (its disagreements' order from the rollup), without reading every ranking of the project.
+(tests/support/agreement_rows_oracle.py, the code before paging), without reading every ranking of the project:
+the disagreements' order comes from the kept groups' index, each page's rankings from its prompts.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from app.quality import rollups
+from app.quality import agreement, upkeep
 from app.quality import rows as agreement_rows
 from tests.app.test_agreement_scale import KINDS, _campaign, _same
 from tests.support import agreement_rows_oracle as oracle
@@ -55,66 +55,41 @@ def _no_whole_project_reads(monkeypatch) -> None:  # type: ignore[no-untyped-def
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("read every ranking of the project")
 
-    monkeypatch.setattr(agreement_rows, "human_rankings", refuse)
+    for name in ("human_rankings", "project_reports", "_stream_rankings"):
+        monkeypatch.setattr(agreement, name, refuse)
 
 
 @pytest.mark.parametrize("version", [None, 1, 3])
-def test_paged_disagreements_equal_the_whole_list_small_and_large(
-        db, make_user, make_project, monkeypatch, version) -> None:
+def test_paged_disagreements_equal_the_whole_list(db, make_user, make_project, monkeypatch, version) -> None:
     project, lead = _campaign(db, make_user, make_project, n_prompts=30, seed=23)
     expected, expected_total = oracle.disagreements(db, project, rubric_version=version, limit=10_000)
     assert expected_total > 8  # several pages of 4
-
-    small, total = _all_disagreements(db, project, lead, version, limit=4)
-    assert total == expected_total
-    _same(_plain(small), _plain(expected))
-
-    monkeypatch.setattr(rollups, "LIVE_LIMIT", 10)  # the same project counts as large
-    pending = agreement_rows.disagreements(db, project, lead, rubric_version=version)
-    assert pending.pending and pending.items == [] and "Computing" in pending.fresh.describe()
-    rollups.store(db, project.id, rollups.compute(db, project))
-    db.flush()
     _no_whole_project_reads(monkeypatch)
-    large, total = _all_disagreements(db, project, lead, version, limit=4)
+
+    listed, total = _all_disagreements(db, project, lead, version, limit=4)
+
     assert total == expected_total
-    _same(_plain(large), _plain(expected))
+    _same(_plain(listed), _plain(expected))
     first = agreement_rows.disagreements(db, project, lead, rubric_version=version, limit=4)
-    assert first.fresh is not None and first.fresh.method == "rollup" and first.next_page == 2
+    assert first.fresh is not None and first.fresh.method == "kept" and first.next_page == 2
 
 
-def test_a_rollup_stored_before_it_kept_disagreements_is_recomputed(db, make_user, make_project, monkeypatch) -> None:
-    from sqlalchemy import select
-
-    from app.models import Job, ProjectRollup
+def test_the_disagreements_wait_for_a_rebuild_of_older_formulas(db, make_user, make_project) -> None:
+    from app.models import AgreementState, Job
 
     project, lead = _campaign(db, make_user, make_project, n_prompts=12, seed=23)
-    monkeypatch.setattr(rollups, "LIVE_LIMIT", 10)
-    rollups.store(db, project.id, rollups.compute(db, project))
-    row = db.get(ProjectRollup, project.id)
-    row.reports = {k: v for k, v in row.reports.items() if not k.startswith("disagreements_")}
+    agreement_rows.disagreements(db, project, lead)
+    db.get(AgreementState, project.id).formula = 0
     db.flush()
 
     found = agreement_rows.disagreements(db, project, lead)
-
-    assert found.pending and found.fresh.refreshing
     again = agreement_rows.disagreements(db, project, lead)
-    assert again.pending and again.fresh.refreshing
-    queued = db.scalars(select(Job.id).where(Job.project_id == project.id, Job.kind == rollups.KIND)).all()
-    assert len(queued) == 1
 
-
-def test_the_rollup_keeps_the_worst_and_counts_them_all(db, make_user, make_project, monkeypatch) -> None:
-    project, lead = _campaign(db, make_user, make_project, n_prompts=30, seed=23)
-    expected, expected_total = oracle.disagreements(db, project, limit=10_000)
-    monkeypatch.setattr(rollups, "LIVE_LIMIT", 10)
-    monkeypatch.setattr(rollups, "DISAGREEMENTS_KEPT", 5)
-    rollups.store(db, project.id, rollups.compute(db, project))
-    db.flush()
-
-    listed, total = _all_disagreements(db, project, lead, None, limit=3)
-
-    assert total == expected_total and len(listed) == 5
-    _same(_plain(listed), _plain(expected[:5]))
+    assert found.pending and found.items == [] and found.fresh.refreshing and again.pending
+    assert db.query(Job).filter_by(project_id=project.id, kind=upkeep.KIND).count() == 1
+    upkeep.rebuild(db, project)
+    rebuilt = agreement_rows.disagreements(db, project, lead)
+    assert not rebuilt.pending and rebuilt.total == oracle.disagreements(db, project, limit=10_000)[1]
 
 
 @pytest.mark.parametrize("version", [None, 2])

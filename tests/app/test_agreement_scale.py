@@ -1,6 +1,7 @@
 """The agreement figures at campaign scale equal today's computation: the report built one (prompt, round) at a
-time from a streamed query, and the rollup a worker stores for large projects, against the whole-list computation
-(tests/support/agreement_oracle.py) on a project small enough to compute both ways, on SQLite and Postgres.
+time from a streamed query, and the figures kept up to date as rankings arrive (app.quality.upkeep), against the
+whole-list computation (tests/support/agreement_oracle.py) on a project small enough to compute both ways, on SQLite
+and Postgres.
 
 The fixture is a small campaign with everything the figures react to: careful, sloppy and fast position-biased
 annotators, ties, partial rankings, skips, rankings without a display order or a time, gold tasks (one with a tied
@@ -17,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from app.models import Completion, JudgeRun, Prompt, Ranking
+from app.models import AGREEMENT_FORMULA, Completion, JudgeRun, Prompt, Ranking
 from app.projects import projects, rubrics
-from app.quality import agreement, gold, rollups
+from app.quality import agreement, gold, rollups, upkeep
 from tests.support.agreement_oracle import oracle_report
 
 KINDS = ["careful"] * 5 + ["sloppy", "fast", "fast"]
@@ -130,52 +131,80 @@ def test_every_scope_from_one_pass_equals_each_scope_computed_alone(db, make_use
         _same(report, oracle_report(db, project, rubric_version=version))
 
 
-def test_a_large_project_shows_the_rollup_with_its_age_and_it_equals_the_computation(
-        db, make_user, make_project, monkeypatch) -> None:
+@pytest.mark.parametrize("version", [None, 2])
+def test_the_kept_figures_equal_the_computation_and_say_how_fresh_they_are(
+        db, make_user, make_project, version) -> None:
     project, lead = _campaign(db, make_user, make_project, n_prompts=24, seed=5)
-    monkeypatch.setattr(rollups, "LIVE_LIMIT", 10)  # 24 prompts × 3 rankings count as large
 
-    first, fresh = rollups.current_report(db, project, lead)
-    assert first is None and fresh.refreshing and "Computing" in fresh.describe()  # a job is queued, once
-    again, fresh = rollups.current_report(db, project, lead)
-    assert again is None and fresh.refreshing
+    shown, fresh = rollups.current_report(db, project, lead, rubric_version=version)  # the view folds them in
 
-    rollup = rollups.compute(db, project)
-    rollups.store(db, project.id, rollup)
-    db.flush()
-    at, rankings = rollup.computed_at, rollup.rankings
-    for version in (None, 2):
-        shown, fresh = rollups.current_report(db, project, lead, rubric_version=version)
-        assert fresh.method == "rollup" and fresh.as_of == at and fresh.rankings == rankings
-        assert "s ago" in fresh.describe()
-        _same(shown, oracle_report(db, project, rubric_version=version))
+    assert fresh.method == "kept" and fresh.as_of is not None and fresh.waiting == 0
+    assert fresh.rankings == oracle_report(db, project).human_rankings
+    assert "Kept up to date as rankings arrive" in fresh.describe() and "s ago" in fresh.describe()
+    _same(shown, oracle_report(db, project, rubric_version=version))
 
 
-def test_the_api_queues_a_rollup_a_worker_computes_and_then_serves_it(
+def test_many_waiting_changes_are_folded_in_by_a_job_and_the_api_says_so_meanwhile(
         app, db, make_user, make_project, api, token_for, monkeypatch) -> None:
+    from app.models import Job
     from app.worker import Worker
 
     project, lead = _campaign(db, make_user, make_project, n_prompts=12, seed=11)
     token = token_for(db, lead)
     db.commit()
-    monkeypatch.setattr(rollups, "LIVE_LIMIT", 10)
+    monkeypatch.setattr(upkeep, "INLINE_MARKS", 10)  # more changes wait than a view folds in itself
     client = api(token)
 
     pending = client.get(f"/api/projects/{project.id}/agreement")
     assert pending.status_code == 503 and pending.headers["Retry-After"]
+    assert "Adding the first 11+ changes" in pending.json()["detail"][0]["message"]
+    again = client.get(f"/api/projects/{project.id}/agreement")
+    assert again.status_code == 503
+    db.commit()
+    assert db.query(Job).filter_by(project_id=project.id, kind=upkeep.KIND).count() == 1  # one drain queued
+    db.commit()  # SQLite: the test's read ends before the worker writes
     assert Worker(app.state.settings, session_factory=app.state.session_factory, heartbeat_s=0.2).run_one()
     ready = client.get(f"/api/projects/{project.id}/agreement")
 
     assert ready.status_code == 200, ready.text
     body = ready.json()
-    assert body["computed"] == "rollup" and body["age_seconds"] is not None and body["as_of"]
+    assert body["computed"] == "kept" and body["age_seconds"] is not None and body["as_of"]
     expected = oracle_report(db, project)
     assert body["human_rankings"] == expected.human_rankings and body["comparisons"] == expected.comparisons
     assert body["krippendorff_alpha"] == pytest.approx(expected.krippendorff_alpha, rel=1e-9)
     assert [a["email"] for a in body["annotators"]] == [a.email for a in expected.annotators]
 
 
-def test_a_small_project_is_computed_on_the_view_and_says_so(app, db, make_user, make_project, browser) -> None:
+def test_states_of_older_formulas_are_rebuilt_once_by_a_job(
+        app, db, make_user, make_project, browser) -> None:
+    from app.models import AgreementState, Job
+    from app.worker import Worker
+
+    project, lead = _campaign(db, make_user, make_project, n_prompts=8, seed=2)
+    rollups.current_report(db, project, lead)
+    db.get(AgreementState, project.id).formula = 0  # as the upgrade leaves every project it found
+    db.commit()
+    b = browser()
+    b.login(lead.email)
+
+    for _ in range(2):
+        pending = b.get(f"/projects/{project.id}/agreement")
+        assert pending.status_code == 200 and 'id="agreement-pending"' in pending.text
+        assert "Computing the figures from every ranking, once" in pending.text
+    db.commit()
+    jobs = db.query(Job).filter_by(project_id=project.id, kind=upkeep.KIND).all()
+    assert [j.payload["agreement"] for j in jobs] == ["rebuild"]
+    db.commit()  # SQLite: the test's read ends before the worker writes
+    assert Worker(app.state.settings, session_factory=app.state.session_factory, heartbeat_s=0.2).run_one()
+    page = b.get(f"/projects/{project.id}/agreement")
+
+    assert 'data-method="kept"' in page.text
+    assert f'id="human-rankings">{oracle_report(db, project).human_rankings}<' in page.text
+    db.commit()
+    assert db.get(AgreementState, project.id).formula == AGREEMENT_FORMULA
+
+
+def test_a_small_project_reads_the_kept_figures_and_says_so(app, db, make_user, make_project, browser) -> None:
     project, lead = _campaign(db, make_user, make_project, n_prompts=6, seed=2)
     db.commit()
     b = browser()
@@ -184,7 +213,7 @@ def test_a_small_project_is_computed_on_the_view_and_says_so(app, db, make_user,
     page = b.get(f"/projects/{project.id}/agreement")
 
     assert page.status_code == 200
-    assert 'data-method="live"' in page.text and "Computed from every ranking on this view." in page.text
+    assert 'data-method="kept"' in page.text and "Kept up to date as rankings arrive" in page.text
 
 
 def test_a_large_projects_page_shows_the_rollups_counts_with_their_age(

@@ -144,9 +144,9 @@ def test_annotation_export_and_worker_jobs_through_pgbouncer(db, make_user, make
         _annotate(annotate, project.id, n)
         accepted = export.post(f"/api/projects/{project.id}/exports", json={"format": "jsonl"})
         assert accepted.status_code == 202, accepted.text
-        # A rollup streams every ranking from a server-side cursor inside one transaction.
-        jobs.enqueue(db, "project_rollup", {"requested_at": datetime.now(UTC).isoformat()}, project=project,
-                     actor=lead, max_attempts=1)
+        # A rebuild of the agreement figures reads every ranking inside one transaction.
+        jobs.enqueue(db, "project_rollup", {"agreement": "rebuild", "requested_at": datetime.now(UTC).isoformat()},
+                     project=project, actor=lead, max_attempts=1)
         db.commit()
         assert worker.run(exit_when_idle=True) == 2
         out = export.get(f"/api/exports/{accepted.json()['export_id']}").json()

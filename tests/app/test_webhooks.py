@@ -274,11 +274,11 @@ def test_training_and_judge_runs_that_end_are_announced_once(db, app, make_user,
         "judge_run.finished": {"judge_run_id": judged.id, "name": "judge 1", "state": "succeeded"}}
 
 
-def test_annotators_a_rollup_newly_flags_are_announced_once(db, app, make_user, make_project, token_for, api,
-                                                            receiver) -> None:
+def test_annotators_the_kept_figures_newly_flag_are_announced_once(db, app, make_user, make_project, token_for,
+                                                                   api, receiver) -> None:
     from app.models import Project, User
     from app.platform.db import session_scope
-    from app.quality import rollups
+    from app.quality import upkeep
     from tests.app.test_agreement_scale import _campaign
 
     project, _ = _campaign(db, make_user, make_project, n_prompts=24, seed=11)  # two annotators rank in 1 s
@@ -287,16 +287,16 @@ def test_annotators_a_rollup_newly_flags_are_announced_once(db, app, make_user, 
     db.commit()
     hook = _hook(admin, project.id, receiver.url, ["annotator.flagged"])
 
-    def rollup() -> None:
+    def fold(how) -> None:  # type: ignore[no-untyped-def]
         with session_scope(app.state.session_factory) as s:
-            rollups.store(s, project.id, rollups.compute(s, s.get(Project, project.id)))
+            how(s, s.get(Project, project.id))
 
-    rollup()
+    fold(upkeep.drain)  # the campaign's rankings, folded into the figures
     announced = _worker(app).run(exit_when_idle=True)
     bodies = [_verify(hook["secret"], r)["data"] for r in receiver.wait_for(announced)]
     too_fast = {b["user_id"] for b in bodies if "too_fast" in b["flags"]}
     assert too_fast == fast, bodies
-    rollup()  # the same people with the same flags: nothing new to tell
+    fold(upkeep.rebuild)  # the same people with the same flags: nothing new to tell
     assert _worker(app).run(exit_when_idle=True) == 0
     assert len(receiver.got) == announced
 
