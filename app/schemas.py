@@ -985,6 +985,11 @@ class GoldIn(Strict):
         json_schema_extra=_ONLY_COMPLETION_KEYS)
 
 
+class AnnotatorRemovedOut(BaseModel):
+    user_id: int
+    rankings_removed: int = Field(description="Their human rankings removed from the project, with their pairs.")
+
+
 class GoldOut(BaseModel):
     prompt_id: int
     gold_tiers: list[list[int]] | None

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, RedirectResponse
 from pydantic import TypeAdapter
 
 from app.accounts import permissions
-from app.annotation import steps
+from app.annotation import rankings, steps
 from app.platform.errors import DomainError
 from app.projects import projects
 from app.quality import flags as agreement_flags
@@ -20,7 +20,7 @@ from app.quality import gold, rollups, step_agreement
 from app.quality import rows as agreement_rows
 from app.quality.charts import line_chart
 from app.quality.report import AgreementReport
-from app.schemas import AgreementOut, GoldIn, GoldOut, StepAgreementOut
+from app.schemas import AgreementOut, AnnotatorRemovedOut, GoldIn, GoldOut, StepAgreementOut
 from app.web.deps import MAX_ID, CurrentUser, Id, PageUser, SessionDep
 from app.web.forms import GoldFromMetadataForm
 from app.web.rendering import prerendered, render, render_fragment
@@ -94,6 +94,18 @@ def put_gold(project_id: Id, prompt_id: Id, body: GoldIn, db: SessionDep, user: 
     project = projects.get_visible(db, project_id, user)
     prompt = gold.set_gold(db, project, prompt_id, body.tiers, user, step_labels=body.step_labels)
     return GoldOut(prompt_id=prompt.id, gold_tiers=prompt.gold_tiers, gold_step_labels=prompt.gold_step_labels)
+
+
+@router.delete("/api/projects/{project_id}/annotators/{user_id}/rankings", tags=["agreement"],
+               response_model=AnnotatorRemovedOut,
+               summary="Remove an annotator and their work from the project: their human rankings (with their pairs "
+                       "and step labels), their tasks and their membership (leads and admins); the agreement figures "
+                       "drop them within seconds",
+               responses={404: {"description": "No such project, or no such annotator in it"}})
+def delete_annotator_rankings(project_id: Id, user_id: Id, db: SessionDep, user: CurrentUser) -> AnnotatorRemovedOut:
+    project = projects.get_visible(db, project_id, user)
+    removed = rankings.remove_annotator(db, project, user, user_id)
+    return AnnotatorRemovedOut(user_id=user_id, rankings_removed=removed)
 
 
 @router.delete("/api/projects/{project_id}/prompts/{prompt_id}/gold", tags=["agreement"], status_code=204,

@@ -200,3 +200,27 @@ def test_the_median_read_off_a_histogram_is_the_median_of_the_tenths(seconds: li
     tenths = [tenth(s) for s in seconds]
     histogram = sorted(Counter(tenths).items())
     assert upkeep.histogram_median(histogram) == median_of_tenths(tenths)
+
+
+def test_a_lead_removes_an_annotator_and_the_next_view_counts_them_no_more(
+        app, db, make_user, make_project, api, token_for) -> None:
+    campaign = Campaign(db, make_user, make_project)
+    for i in range(8):
+        campaign.run(("submit", i % 2, (i // 2) % PROMPTS, i, "strict", 20.0, 30 * i))
+    sloppy = campaign.people[0]
+    lead, annotator = api(token_for(db, campaign.lead)), api(token_for(db, campaign.people[1]))
+    pid = campaign.project.id
+    db.commit()
+    before = lead.get(f"/api/projects/{pid}/agreement").json()
+    assert sloppy.id in {a["user_id"] for a in before["annotators"]}
+
+    assert annotator.delete(f"/api/projects/{pid}/annotators/{sloppy.id}/rankings").status_code == 403
+    assert lead.delete(f"/api/projects/{pid}/annotators/{10**6}/rankings").status_code == 404
+    removed = lead.delete(f"/api/projects/{pid}/annotators/{sloppy.id}/rankings")
+
+    assert removed.status_code == 200, removed.text
+    assert removed.json() == {"user_id": sloppy.id, "rankings_removed": 2}
+    after = lead.get(f"/api/projects/{pid}/agreement").json()
+    assert after["human_rankings"] == before["human_rankings"] - 2
+    assert sloppy.id not in {a["user_id"] for a in after["annotators"]} and after["comparisons"] == 0
+    assert lead.delete(f"/api/projects/{pid}/annotators/{sloppy.id}/rankings").status_code == 404  # gone already
