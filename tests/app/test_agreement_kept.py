@@ -224,3 +224,33 @@ def test_a_lead_removes_an_annotator_and_the_next_view_counts_them_no_more(
     assert after["human_rankings"] == before["human_rankings"] - 2
     assert sloppy.id not in {a["user_id"] for a in after["annotators"]} and after["comparisons"] == 0
     assert lead.delete(f"/api/projects/{pid}/annotators/{sloppy.id}/rankings").status_code == 404  # gone already
+
+
+def test_the_rebuild_command_repairs_figures_that_went_wrong(db, app, make_user, make_project, monkeypatch,
+                                                             database_url) -> None:
+    from sqlalchemy import delete
+    from typer.testing import CliRunner
+
+    from app.cli import cli
+    from app.models import AgreementTotal
+
+    campaign = Campaign(db, make_user, make_project)
+    for i in range(12):
+        campaign.run(("submit", i % ANNOTATORS, (i // ANNOTATORS) % PROMPTS, i, "tie", 15.0 + i, 45 * i))
+    campaign._drain(upkeep.DRAIN_BATCH)
+    db.execute(delete(AgreementTotal).where(AgreementTotal.kind == "a"))  # as a bad hand edit would leave them
+    db.commit()
+    settings = app.state.settings
+    monkeypatch.setenv("PREFLAB_DATABASE_URL", database_url)
+    monkeypatch.setenv("PREFLAB_SECRET_KEY", settings.resolved_secret())
+    monkeypatch.setenv("PREFLAB_DATA_DIR", str(settings.data_dir))
+
+    result = CliRunner().invoke(cli, ["agreement", "rebuild", str(campaign.project.id)])
+
+    assert result.exit_code == 0, result.output
+    assert f"project {campaign.project.id}: " in result.output and "groups computed from every ranking" in result.output
+    db.expire_all()
+    campaign.check()
+    db.commit()
+    missing = CliRunner().invoke(cli, ["agreement", "rebuild", "no such project"])
+    assert missing.exit_code == 1 and "no project 'no such project'" in missing.output
