@@ -4,13 +4,13 @@ report read back from the totals. Pure: no database.
 Every figure of the agreement report is a sum over (prompt, round) groups, or is computed from such sums:
 
 - pairwise agreement is Σ matches/pairs over comparisons: kept as, per denominator d = C(shared items, 2), the sum of
-  the matches (`agree`: {d: Σ matches}), so the sum is of integers and a group taken out leaves no rounding behind;
-- Kendall's τ-b is Σ (n_c − n_d)/√D: kept as {D: Σ (n_c − n_d)} (`tau`);
+  the matches (`agree.<d>`), so the sum is of integers and a group taken out leaves no rounding behind;
+- Kendall's τ-b is Σ (n_c − n_d)/√D: kept as Σ (n_c − n_d) per D (`tau.<D>`);
 - Krippendorff's α comes from the coincidence matrix o_ck = Σ_u (c–k pairs in u)/(m_u − 1): kept as integer counts
-  per (c, k, m_u − 1) (`o`);
-- position bias's expectation Σ |top tier|/|shown| is kept as {|shown|: Σ |top tier|} (`pos_exp`);
+  per (c, k, m_u − 1) (`o.<c>|<k>|<m_u − 1>`);
+- position bias's expectation Σ |top tier|/|shown| is kept as Σ |top tier| per |shown| (`pos_exp.<|shown|>`);
 - counts (rankings, skips, ties, comparisons, gold pairs, …) are counts;
-- prompts at overlap: one group per (prompt, round) with `done` non-skipped rankings adds 1 to `at` "round|done", so
+- prompts at overlap: one group per (prompt, round) with `done` non-skipped rankings adds 1 to `at.<round>|<done>`, so
   the prompts of the current round with at least `overlap` are a sum over the `at` entries;
 - the trend is the same sums per hour, day and week (calendar buckets, UTC; weeks from Monday).
 
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import combinations
@@ -41,9 +41,10 @@ from typing import Any
 from app.quality.agreement import alpha_from_coincidences, gold_score, has_tie, mid_ranks, tier_index
 from app.quality.buckets import periods, tenth
 
-Part = dict[str, Any]
-"""What a group adds to one total: integer counts, and maps of integer counts (`agree`, `tau`, `pos_exp`, `o`, `at`,
-`s`: the seconds histogram, tenth → rankings)."""
+Part = dict[str, int]
+"""What a group adds to one total: integer counts by name ("n", "cmp", …) and, for the maps, by name and key in one
+flat dict ("agree.3", "tau.9", "pos_exp.4", "o.1.5|2.0|1", "at.1|3", and "s.235": the seconds histogram, tenth →
+rankings), so adding two parts is one loop."""
 State = dict[str, Part]
 """Totals key ("p"; "a:<user id>"; "h:<hour>", "d:<day>", "w:<week>") → what the group adds there."""
 
@@ -52,9 +53,8 @@ def _inc(part: Part, name: str, by: int = 1) -> None:
 
 
 def _inc_in(part: Part, name: str, key: Any, by: int = 1) -> None:
-    inner = part.setdefault(name, {})
-    key = str(key)
-    inner[key] = inner.get(key, 0) + by
+    entry = f"{name}.{key}"
+    part[entry] = part.get(entry, 0) + by
 
 
 @dataclass
@@ -187,17 +187,11 @@ def _coincidences(project: Part, ranked: list[_Ranked]) -> None:
 def add(total: Part, part: Part, sign: int = 1) -> None:
     """total += sign × part, in place; entries that reach zero are dropped (every number is an integer)."""
     for name, value in part.items():
-        if isinstance(value, dict):
-            inner = total.setdefault(name, {})
-            add(inner, value, sign)
-            if not inner:
-                del total[name]
+        left = total.get(name, 0) + sign * value
+        if left:
+            total[name] = left
         else:
-            left = total.get(name, 0) + sign * value
-            if left:
-                total[name] = left
-            else:
-                total.pop(name, None)
+            total.pop(name, None)
 
 
 def difference(new: Iterable[GroupState], old: Iterable[GroupState]) -> State:
@@ -213,35 +207,41 @@ def difference(new: Iterable[GroupState], old: Iterable[GroupState]) -> State:
 # --- figures from totals -------------------------------------------------------------------------------------
 
 
-def rational_sum(counts: Mapping[str, int] | None) -> float:
-    """Σ numerator/denominator over {denominator: Σ numerators}."""
-    return sum(n / int(d) for d, n in (counts or {}).items())
+def entries(part: Mapping[str, int], name: str) -> Iterator[tuple[str, int]]:
+    """(key, count) of one map kept in a part ("agree" → ("3", 7), …)."""
+    prefix = name + "."
+    return ((key[len(prefix):], n) for key, n in part.items() if key.startswith(prefix))
 
 
-def tau_sum(counts: Mapping[str, int] | None) -> float:
+def rational_sum(part: Mapping[str, int], name: str) -> float:
+    """Σ numerator/denominator over a map of {denominator: Σ numerators}."""
+    return sum(n / int(d) for d, n in entries(part, name))
+
+
+def tau_sum(part: Mapping[str, int], name: str = "tau") -> float:
     """Σ (n_c − n_d)/√D over {D: Σ (n_c − n_d)}."""
-    return sum(n / math.sqrt(int(d)) for d, n in (counts or {}).items())
+    return sum(n / math.sqrt(int(d)) for d, n in entries(part, name))
 
 
-def alpha(project: Part) -> float | None:
+def alpha(project: Mapping[str, int]) -> float | None:
     """Krippendorff's α from the kept coincidence counts."""
     coincidence: dict[tuple[float, float], float] = defaultdict(float)
-    for key, count in project.get("o", {}).items():
+    for key, count in entries(project, "o"):
         c, k, d = key.split("|")
         coincidence[(float(c), float(k))] += count / int(d)
     return alpha_from_coincidences(coincidence)
 
 
-def prompts_at_overlap(project: Part, current_round: int, overlap: int) -> int:
+def prompts_at_overlap(project: Mapping[str, int], current_round: int, overlap: int) -> int:
     """Groups of the current round with at least `overlap` non-skipped rankings."""
     out = 0
-    for key, count in project.get("at", {}).items():
+    for key, count in entries(project, "at"):
         round_, done = key.split("|")
         if int(round_) == current_round and int(done) >= overlap:
             out += count
     return out
 
 
-def mean(part: Part, name: str, counts: str) -> float | None:
+def mean(part: Mapping[str, int], name: str, counts: str) -> float | None:
     n = part.get(counts, 0)
-    return rational_sum(part.get(name)) / n if n else None
+    return rational_sum(part, name) / n if n else None

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, delete, func, insert, literal, select, tuple_, update
+from sqlalchemy import bindparam, delete, func, insert, literal, select, text, tuple_, update
 from sqlalchemy.orm import Session
 
 from app.jobs import queue as jobs
@@ -57,8 +57,10 @@ INLINE_MARKS = 200
 """A view drains this many waiting marks itself (tens of ms at most); more, and it queues a drain job."""
 RECOUNT_S = 60.0
 """A view drains (recounting the project's prompts and gold prompts) when the last drain is older than this."""
-REBUILD_PROMPTS = 500
-"""Prompts whose groups a rebuild drains at once."""
+REBUILD_PROMPTS = 2_000
+"""Prompts whose groups a rebuild recomputes at once."""
+REBUILD_FLUSH = 25
+"""Batches of prompts whose changes to the totals a rebuild sums before writing them (memory: a few tens of MB)."""
 
 _MARKS, _GROUPS, _TOTALS, _SECONDS = (AgreementMark.__table__, AgreementGroup.__table__, AgreementTotal.__table__,
                                       AgreementSeconds.__table__)
@@ -117,8 +119,7 @@ def drain(db: Session, project: Project, *, limit: int = DRAIN_BATCH, wait: bool
     groups = {(m.prompt_id, m.round) for m in marks}
     before = _flag_view(db, project) if groups else None
     if groups:
-        touched = _recompute(db, project, groups)
-        _medians(db, project.id, touched)
+        _medians(db, project.id, _apply(db, project.id, _recompute(db, project, groups)))
         db.execute(delete(_MARKS).where(_MARKS.c.id.in_([m.id for m in marks])))
     counted = _recount(db, project, state)
     if before is not None:
@@ -211,11 +212,15 @@ def new_states(rows: Iterable[Any], groups: set[tuple[int, int]], gold: dict[int
     return out
 
 
-def _recompute(db: Session, project: Project, groups: set[tuple[int, int]]) -> set[TotalsKey]:
-    """Replace these groups' states by ones computed from their rankings now, and add the difference to the totals;
-    the totals keys whose seconds changed."""
-    prompt_ids = sorted({p for p, _ in groups})
-    new = new_states(_rankings(db, prompt_ids), groups, _gold(db, prompt_ids))
+def _recompute(db: Session, project: Project, groups: set[tuple[int, int]] | None,
+               prompt_ids: list[int] | None = None) -> dict[int, State]:
+    """Replace these groups' states (None: every group of `prompt_ids`) by ones computed from their rankings now;
+    what that changes in each scope's totals."""
+    prompt_ids = sorted({p for p, _ in groups or ()}) if prompt_ids is None else prompt_ids
+    rows = list(_rankings(db, prompt_ids))
+    if groups is None:
+        groups = {(r.prompt_id, r.round) for r in rows}
+    new = new_states(rows, groups, _gold(db, prompt_ids))
     old = {(row.prompt_id, row.round, row.version): row for row in db.execute(
         select(AgreementGroup.prompt_id, AgreementGroup.round, AgreementGroup.version, AgreementGroup.state,
                AgreementGroup.shared, AgreementGroup.gold_ranked)
@@ -228,7 +233,7 @@ def _recompute(db: Session, project: Project, groups: set[tuple[int, int]]) -> s
                                              [s for k, s in replaced.items() if k[2] == version])
     _distinct_prompts(deltas, new, old, groups)
     _write_groups(db, project.id, groups, new)
-    return _apply(db, project.id, deltas)
+    return deltas
 
 
 def _distinct_prompts(deltas: dict[int, State], new: dict[GroupKey, GroupState], old: dict[GroupKey, Any],
@@ -252,7 +257,9 @@ def _distinct_prompts(deltas: dict[int, State], new: dict[GroupKey, GroupState],
 
 def _write_groups(db: Session, project_id: int, groups: set[tuple[int, int]],
                   new: dict[GroupKey, GroupState]) -> None:
-    db.execute(delete(_GROUPS).where(tuple_(_GROUPS.c.prompt_id, _GROUPS.c.round).in_(sorted(groups))))
+    prompts = sorted({p for p, _ in groups})  # the primary key's first column: an index range per prompt
+    db.execute(delete(_GROUPS).where(_GROUPS.c.prompt_id.in_(prompts),
+                                     tuple_(_GROUPS.c.prompt_id, _GROUPS.c.round).in_(sorted(groups))))
     rows = [{"prompt_id": p, "round": r, "version": v, "project_id": project_id, "state": s.parts,
              "agreement": s.agreement, "shared": s.shared, "gold_ranked": s.gold_ranked}
             for (p, r, v), s in new.items()]
@@ -275,12 +282,15 @@ def _apply(db: Session, project_id: int, deltas: dict[int, State]) -> set[Totals
     updates: list[dict[str, Any]] = []
     gone: list[TotalsKey] = []
     for key, part in wanted.items():
-        part = dict(part)
-        for t, n in part.pop("s", {}).items():
-            seconds.append({"project_id": project_id, "version": key[0], "kind": key[1], "key": key[2],
-                            "tenth": int(t), "n": n})
+        kept = {}
+        for name, n in part.items():
+            if name.startswith("s."):  # the histogram has its own rows
+                seconds.append({"project_id": project_id, "version": key[0], "kind": key[1], "key": key[2],
+                                "tenth": int(name[2:]), "n": n})
+            else:
+                kept[name] = n
         total = dict(found.get(key) or {})
-        partial.add(total, part)
+        partial.add(total, kept)
         values = {"project_id": project_id, "version": key[0], "kind": key[1], "key": key[2],
                   "rankings": int(total.get("n", 0)), "state": total}
         if not total.get("n") and key[1] != "p":
@@ -317,47 +327,49 @@ def _bound(name: str) -> Any:
     return bindparam(f"b_{name}", type_=_TOTALS.c[name].type)
 
 
+_ADD_SECONDS_PG = text(
+    "INSERT INTO agreement_seconds (project_id, version, kind, key, tenth, n) "
+    "SELECT :project_id, * FROM unnest(CAST(:version AS integer[]), CAST(:kind AS varchar[]), "
+    "CAST(:key AS integer[]), CAST(:tenth AS integer[]), CAST(:n AS integer[])) "
+    "ON CONFLICT (project_id, version, kind, key, tenth) DO UPDATE SET n = agreement_seconds.n + excluded.n")
+
+
 def _add_seconds(db: Session, rows: list[dict[str, Any]]) -> None:
-    """Histogram counts added (a row created where missing): one statement for all of them."""
+    """Histogram counts added (a row created where missing), each (key, tenth) once: one statement for all of them
+    (on Postgres the rows go as five arrays, not a statement each)."""
+    if db.get_bind().dialect.name == "postgresql":
+        columns = {name: [row[name] for row in rows] for name in ("version", "kind", "key", "tenth", "n")}
+        db.execute(_ADD_SECONDS_PG, {"project_id": rows[0]["project_id"]} | columns)
+        return
     stmt = _dialect_insert(db, _SECONDS)
     db.execute(stmt.on_conflict_do_update(index_elements=["project_id", "version", "kind", "key", "tenth"],
                                           set_={"n": _SECONDS.c.n + stmt.excluded.n}), rows)
 
 
 def _medians(db: Session, project_id: int, keys: set[TotalsKey]) -> None:
-    """The median of each key's seconds, read off its histogram (the keys a drain changed, only)."""
-    by_key: dict[TotalsKey, list[tuple[int, int]]] = defaultdict(list)
+    """The median of each key's seconds, read off its histogram by the database (the keys a drain changed, only):
+    a running count over each histogram, and the first tenths where it reaches the middle one or two positions."""
+    middles: dict[TotalsKey, tuple[int, int]] = {}
+    by = (_SECONDS.c.version, _SECONDS.c.kind, _SECONDS.c.key)
     for chunk in _chunks(sorted(keys), 500):
-        for r in db.execute(select(_SECONDS.c.version, _SECONDS.c.kind, _SECONDS.c.key, _SECONDS.c.tenth,
-                                   _SECONDS.c.n)
-                            .where(_SECONDS.c.project_id == project_id, _SECONDS.c.n > 0,
-                                   tuple_(_SECONDS.c.version, _SECONDS.c.kind, _SECONDS.c.key).in_(chunk))
-                            .order_by(_SECONDS.c.version, _SECONDS.c.kind, _SECONDS.c.key, _SECONDS.c.tenth)):
-            by_key[(r.version, r.kind, r.key)].append((r.tenth, r.n))
+        running = (select(*by, _SECONDS.c.tenth,
+                          func.sum(_SECONDS.c.n).over(partition_by=by, order_by=_SECONDS.c.tenth).label("upto"),
+                          func.sum(_SECONDS.c.n).over(partition_by=by).label("total"))
+                   .where(_SECONDS.c.project_id == project_id, _SECONDS.c.n > 0, tuple_(*by).in_(chunk))
+                   .subquery())
+        lo = func.min(running.c.tenth).filter(running.c.upto >= (running.c.total + 1) // 2)
+        hi = func.min(running.c.tenth).filter(running.c.upto >= running.c.total // 2 + 1)
+        for r in db.execute(select(running.c.version, running.c.kind, running.c.key, lo, hi)
+                            .group_by(running.c.version, running.c.kind, running.c.key)):
+            middles[(r[0], r[1], r[2])] = (r[3], r[4])
     rows = [{"b_project_id": project_id, "b_version": v, "b_kind": kind, "b_key": key,
-             "b_median_seconds": histogram_median(by_key.get((v, kind, key), []))} for v, kind, key in keys]
+             "b_median_seconds": median_of_tenths(middles[(v, kind, key)]) if (v, kind, key) in middles else None}
+            for v, kind, key in keys]
     if rows:
         db.execute(update(_TOTALS).where(_TOTALS.c.project_id == _bound("project_id"),
                                          _TOTALS.c.version == _bound("version"), _TOTALS.c.kind == _bound("kind"),
                                          _TOTALS.c.key == _bound("key"))
                    .values(median_seconds=_bound("median_seconds")), rows)
-
-
-def histogram_median(histogram: list[tuple[int, int]]) -> float | None:
-    """The median, in seconds, of the times a histogram of (tenth, count) holds (sorted by tenth), as
-    statistics.median of the times in tenths gives it."""
-    n = sum(count for _, count in histogram)
-    if not n:
-        return None
-    lo, hi = (n + 1) // 2, n // 2 + 1  # 1-based positions of the middle one or two
-    seen, found = 0, list[int]()
-    for t, count in histogram:
-        seen += count
-        while len(found) < 2 and seen >= (lo, hi)[len(found)]:
-            found.append(t)
-        if len(found) == 2:
-            break
-    return median_of_tenths(found)
 
 
 def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
@@ -396,14 +408,21 @@ def rebuild(db: Session, project: Project) -> Drained:
     ranked = select(Ranking.prompt_id).where(Ranking.project_id == project.id, Ranking.source == "human").distinct()
     prompt_ids = sorted(db.scalars(ranked))
     touched: set[TotalsKey] = set()
+    pending: dict[int, State] = defaultdict(lambda: defaultdict(dict))
     groups = 0
-    for chunk in _chunks(prompt_ids, REBUILD_PROMPTS):
-        rounds = set(db.execute(select(Ranking.prompt_id, Ranking.round)
-                                .where(Ranking.prompt_id.in_(chunk), Ranking.source == "human").distinct()))
-        found = {(p, r) for p, r in rounds}
-        groups += len(found)
-        touched |= _recompute(db, project, found)
+    for i, chunk in enumerate(_chunks(prompt_ids, REBUILD_PROMPTS)):
+        # The totals' changes are summed here and written now and then: a key's histogram and totals row are
+        # written a few times in all, not once per batch of prompts.
+        for version, delta in _recompute(db, project, None, chunk).items():
+            for key, part in delta.items():
+                partial.add(pending[version][key], part)
+        if (i + 1) % REBUILD_FLUSH == 0:
+            touched |= _apply(db, project.id, pending)
+            pending.clear()
+    touched |= _apply(db, project.id, pending)
     _medians(db, project.id, touched)
+    groups = int(db.scalar(select(func.count()).select_from(_GROUPS).where(_GROUPS.c.project_id == project.id,
+                                                                           _GROUPS.c.version == 0)) or 0)
     _recount(db, project, state)
     if before is not None:
         _announce(db, project, before, _flag_view(db, project))

@@ -12,7 +12,6 @@ from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import update
@@ -189,17 +188,6 @@ def test_the_fixture_reaches_every_figure(db, make_user, make_project) -> None:
     after = kept_report.report(db, campaign.project, None, versions, upkeep.lock(db, campaign.project.id))
     assert after.human_rankings == report.human_rankings - removed
     assert campaign.people[0].id not in {a.user_id for a in after.annotators}
-
-
-@pytest.mark.parametrize("seconds", [[12.34], [1.0, 2.0], [0.05, 0.15, 0.25, 9.0], [3.0, 3.0, 3.0, 4.0]])
-def test_the_median_read_off_a_histogram_is_the_median_of_the_tenths(seconds: list[float]) -> None:
-    from collections import Counter
-
-    from app.quality.buckets import median_of_tenths, tenth
-
-    tenths = [tenth(s) for s in seconds]
-    histogram = sorted(Counter(tenths).items())
-    assert upkeep.histogram_median(histogram) == median_of_tenths(tenths)
 
 
 def test_a_lead_removes_an_annotator_and_the_next_view_counts_them_no_more(

@@ -13,8 +13,8 @@ from sqlalchemy import select
 
 from app.annotation import queue
 from app.annotation.pairs import expand_tiers
-from app.models import Assignment, Pair, Project, Prompt, Ranking, Rubric
-from app.quality import agreement
+from app.models import AgreementState, Assignment, Pair, Project, Prompt, Ranking, Rubric
+from app.quality import agreement, kept_report
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
@@ -42,7 +42,12 @@ def test_the_seeded_campaign_is_what_the_app_would_have_written(clean_engine, da
         assert len(set(db.scalars(select(Rubric.version)))) == 3
         assert len({r.rubric_id for r in humans}) == 3
         assert db.scalar(select(Prompt.id).where(Prompt.gold_tiers.is_not(None))) is not None
-        report = agreement.project_report(db, db.get(Project, out["project_id"]))
+        project = db.get(Project, out["project_id"])
+        report = agreement.project_report(db, project)
+        kept = kept_report.report(db, project, None, agreement.rubric_versions(db, project),
+                                  db.get(AgreementState, project.id))
+        assert kept.human_rankings == 600 and kept.comparisons == report.comparisons  # the kept figures, made once
+        assert kept.mean_agreement == pytest.approx(report.mean_agreement, rel=1e-9)
         kinds = Counter(f.kind for a in report.annotators for f in a.flags)
         assert kinds["too_fast"] >= 1 and kinds["position_bias"] >= 1  # the fast, position-biased annotators
         assert report.mean_agreement is not None and 0.4 < report.mean_agreement < 0.95
