@@ -605,7 +605,7 @@ def _queue_training_run(args: list[str]) -> None:
                              "in PREFLAB_CLUSTERS_FILE")
     parser.add_argument("--resource", action="append", default=[], metavar="KEY=VALUE",
                         help="what the run asks of its cluster (cpus, gpus, memory_gb, nodes, workers, "
-                             "time_limit_min, partition, address), over the cluster's defaults")
+                             "time_limit_min, partition), over the cluster's defaults")
     ns = parser.parse_args(args)
     settings = _settings()
     try:

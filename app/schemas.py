@@ -730,7 +730,8 @@ class TrainingRunIn(Strict):
     resources: dict | None = Field(default=None,
                                    description="What the run asks of its cluster, over the cluster's defaults: cpus, "
                                                "gpus, memory_gb, nodes, workers (DDP processes in all), "
-                                               "time_limit_min, partition (Slurm), address (Ray).")
+                                               "time_limit_min, partition (Slurm). A Ray head's address is the "
+                                               "cluster's own.")
 
 
 class TrainingRunAccepted(BaseModel):

@@ -183,6 +183,9 @@ def _placement(where: str | None, resources: dict[str, Any] | None, clusters_fil
                           field="resources")
         return {}
     cluster = found[name]
+    if "address" in (resources or {}):  # where the worker sends requests: the admin's to choose, not a run's
+        raise Invalid("is the cluster's own (PREFLAB_CLUSTERS_FILE); a run cannot point elsewhere",
+                      field="resources.address")
     try:
         Resources.from_dict(resources or {}, base=cluster.resources)
     except (ValueError, TypeError) as exc:

@@ -67,6 +67,8 @@ def test_where_and_resources_are_checked_before_any_job_exists(db, app, make_use
     for extra, field, said in (({"where": "gpu-farm"}, "where", "no cluster named 'gpu-farm'; configured: local, hpc"),
                                ({"where": "hpc", "resources": {"workers": 3}}, "resources.workers", "multiple of"),
                                ({"where": "hpc", "resources": {"gpu": 1}}, "resources.gpu", "not a resource"),
+                               ({"where": "hpc", "resources": {"address": "http://10.0.0.1:8265"}},
+                                "resources.address", "the cluster's own"),
                                ({"resources": {"gpus": 1}}, "resources", "a local run takes the worker's host")):
         r = eng.post(url, json=base | extra)
         assert r.status_code == 422, (extra, r.text)
