@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from alembic import command
 from alembic.config import Config
+from sqlalchemy import make_url
 
 if TYPE_CHECKING:
     from alembic.script import ScriptDirectory
@@ -25,7 +26,17 @@ def alembic_config(database_url: str) -> Config:
 
 
 def upgrade(database_url: str, revision: str = "head") -> None:
+    _sqlite_parent(database_url)
     command.upgrade(alembic_config(database_url), revision)
+
+
+def _sqlite_parent(database_url: str) -> None:
+    """A new SQLite file's folder, made as the app's engine makes it: with PREFLAB_DATA_DIR set elsewhere, the
+    default ./data/ may not exist yet, and SQLite's "unable to open database file" would not say so."""
+    if database_url.startswith("sqlite"):
+        database = make_url(database_url).database
+        if database and database != ":memory:":
+            Path(database).parent.mkdir(parents=True, exist_ok=True)
 
 
 def downgrade(database_url: str, revision: str = "base") -> None:

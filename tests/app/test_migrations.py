@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -129,3 +130,10 @@ def test_the_latest_migration_allows_exactly_the_registrys_run_kinds(empty_url: 
     checks = {c["name"]: c["sqltext"] for c in inspect(engine).get_check_constraints("training_runs")}
     engine.dispose()
     assert set(re.findall(r"'([^']+)'", checks["ck_training_runs_kind"])) == set(KINDS)
+
+
+def test_a_new_sqlite_database_gets_its_folder(tmp_path: Path) -> None:
+    # PREFLAB_DATA_DIR elsewhere, the default ./data/preflab.db: its folder does not exist yet.
+    url = f"sqlite:///{tmp_path / 'not-yet' / 'preflab.db'}"
+    upgrade(url)
+    assert (tmp_path / "not-yet" / "preflab.db").is_file()
