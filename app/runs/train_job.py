@@ -106,6 +106,7 @@ def _run(ctx: JobContext) -> dict[str, Any]:
         kind = tr.kind
         resolved = dict((tr.config or {}).get("resolved") or {})
         where = dict((tr.config or {}).get("where") or {})
+        checksums = _export_checksums(ctx, training_runs.export_of(db, tr))
         if isinstance(resolved.get("server_base_url"), str):  # the trainer fetches from it: checked again now
             resolved["server_base_url"] = _checked_server_url(db, resolved["server_base_url"])
     out = training_runs.run_dir(ctx.settings.data_dir, run_id)
@@ -116,6 +117,7 @@ def _run(ctx: JobContext) -> dict[str, Any]:
     submission = _earlier_submission(ctx, backend, run_id, out, config)
     launch = _launch(ctx, kind, config, out, resources, submission_name(cluster.job_prefix, ctx.job_id,
                                                                         submission.attempt if submission else 1))
+    launch = dataclasses.replace(launch, checksums=checksums if backend.remote else {})
     tracker = Progress(out, int(config.get("steps") or 0), ctx)
     try:
         if submission is None:
@@ -177,6 +179,14 @@ def _end_unless_succeeded(ctx: JobContext, run_id: int, backend: Backend, status
         _set_state(ctx, run_id, "failed")
         raise JobError(f"the trainer exited 0 but {out / 'model'} holds no complete model (config.json and "
                        f"weights):\n{_tail(ctx.log_path)}")
+
+
+def _export_checksums(ctx: JobContext, export: Any) -> dict[str, str]:
+    """The export's files (as its card lists them, with their sha256) where the run reads them."""
+    if export is None or not export.files:
+        return {}
+    root = Path(export.path) if export.path else ctx.settings.data_dir / "exports" / str(export.id)
+    return {str(root / name): str(sha) for name, sha in dict(export.files).items()}
 
 
 def _placement(ctx: JobContext, where: dict[str, Any]) -> tuple[Cluster, Resources]:

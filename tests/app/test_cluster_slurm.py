@@ -7,6 +7,7 @@ a run whose shared path is missing fails at submit. The job script and the end s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -158,6 +159,24 @@ def test_slurm_run_whose_shared_path_is_missing_fails_at_submit(db, app, make_us
     assert eng.get(f"/api/training-runs/{run['run_id']}").json()["state"] == "failed"
 
 
+def test_slurm_run_on_an_export_that_differs_on_the_node_stops_before_training(db, app, make_user, make_project,
+                                                                                token_for, api, models_dir, hpc,  # noqa: F811
+                                                                                new_jobs) -> None:
+    only_on(db, "sqlite", "the backend is the same; jobs and runs are tested on both")
+    project_id, eng = _ranked_project(db, make_user, make_project, api, token_for, n=4)
+    pairs = _export(eng, app, project_id, "pairs")
+    data = next((Path(app.state.settings.data_dir) / "exports" / str(pairs)).glob("*.jsonl"))
+    with data.open("a", encoding="utf-8") as fh:  # what a stale or partial copy on the shared path looks like
+        fh.write("\n")
+    run = reward_run(eng, project_id, pairs, models_dir["reward"], hpc)
+    _work(app)
+    job = eng.get(f"/api/jobs/{run['job_id']}").json()
+    assert job["state"] == "failed" and job["error"].startswith("FAILED: the run exited with an error (exit code 1)")
+    assert f"error: the export is not the one the app wrote: {data}: sha256 " in job["error"], job["error"]
+    assert new_jobs(f"preflab-{run['job_id']}-1")[0].endswith("FAILED")
+    assert not (Path(app.state.settings.data_dir) / "runs" / str(run["run_id"]) / "metrics.jsonl").exists()
+
+
 def test_slurm_job_script_asks_for_the_runs_resources_and_starts_torchrun_on_each_node(tmp_path: Path) -> None:
     launch = Launch(name="preflab-7-1", attempt=1, module="training", args=["reward", "--config", "run.toml"],
                     workdir=tmp_path, log_path=tmp_path / "job.log", env={"HF_HUB_OFFLINE": "1"},
@@ -174,6 +193,11 @@ def test_slurm_job_script_asks_for_the_runs_resources_and_starts_torchrun_on_eac
             "--nnodes=2 --nproc_per_node=2 --rdzv_backend=c10d --rdzv_id=$SLURM_JOB_ID "
             "--rdzv_endpoint=$HEAD:29500 --module training reward --config run.toml") in script
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0  # the shell can read it
+    # The export's files are checked on the node before anything starts.
+    script = job_script(dataclasses.replace(launch, checksums={"/shared/e/pairs.jsonl": "ab" * 32}),
+                        Cluster("hpc", "slurm", python="/opt/venv/bin/python"), tmp_path / "slurm-1.log")
+    check = f"/opt/venv/bin/python -m training.checksums /shared/e/pairs.jsonl {'ab' * 32}\n"
+    assert check in script and script.index(check) < script.index("exec srun")
     # An admin's template: the run's lines go where its placeholders are; $$ is a dollar sign.
     template = tmp_path / "site.sh"
     template.write_text("#!/bin/bash\n$sbatch\n#SBATCH --account=lab\nmodule load cuda\necho $$HOME\n$launch\n")

@@ -100,6 +100,9 @@ class Launch:
     resources: Resources = field(default_factory=Resources)
     reads: tuple[Path, ...] = ()
     """Files and directories the run reads (its export, base model, reward model): a cluster must see them."""
+    checksums: dict[str, str] = field(default_factory=dict)
+    """File → sha256 (the export's files, as its card lists them): a cluster checks them on the node before the
+    command starts (`python -m training.checksums`)."""
     env: dict[str, str] = field(default_factory=dict)
     """Variables the run needs beyond the backend's own environment (offline flags, the run's marker)."""
 
@@ -180,6 +183,14 @@ class Backend(Protocol):
     def close(self) -> None:
         """Let go of what this worker holds for its submission (the local backend's lifeline to its trainer)."""
         ...
+
+
+def checked(launch: Launch, python: str) -> list[list[str]]:
+    """The commands a cluster runs before the launch: the checksum check of what the run reads, when it has any."""
+    if not launch.checksums:
+        return []
+    pairs = [part for name, sha in sorted(launch.checksums.items()) for part in (name, sha)]
+    return [[python, "-m", "training.checksums", *pairs]]
 
 
 def submission_name(prefix: str, job_id: int, attempt: int) -> str:

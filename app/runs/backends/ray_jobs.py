@@ -14,7 +14,7 @@ import os
 import shlex
 from typing import Any
 
-from app.runs.backends.base import BackendError, Cluster, Launch, Status, Submission, check_shared
+from app.runs.backends.base import BackendError, Cluster, Launch, Status, Submission, check_shared, checked
 
 STATES = {"PENDING": "queued", "RUNNING": "running", "SUCCEEDED": "succeeded", "STOPPED": "cancelled",
           "FAILED": "failed"}
@@ -24,7 +24,8 @@ PASSED_ON = ("PYTHONPATH",)
 
 def entrypoint(launch: Launch, python: str) -> str:
     """`python -m MODULE ARGS`, or for several workers `python -m training.ray_train --workers N … -- MODULE ARGS`,
-    run in the run's directory (a Ray job otherwise starts where its head was started)."""
+    run in the run's directory (a Ray job otherwise starts where its head was started) once the export's checksums
+    are checked there."""
     res = launch.resources
     if res.workers == 1:
         command = [python, "-m", launch.module, *launch.args]
@@ -33,7 +34,8 @@ def entrypoint(launch: Launch, python: str) -> str:
         if res.cpus:
             per_worker += ["--cpus-per-worker", str(res.cpus)]
         command = [python, "-m", "training.ray_train", *per_worker, "--", launch.module, *launch.args]
-    return f"cd {shlex.quote(str(launch.workdir))} && exec {shlex.join(command)}"
+    steps = [f"cd {shlex.quote(str(launch.workdir))}", *(shlex.join(c) for c in checked(launch, python))]
+    return " && ".join([*steps, f"exec {shlex.join(command)}"])
 
 
 def runtime_env(launch: Launch, cluster: Cluster) -> dict[str, Any]:

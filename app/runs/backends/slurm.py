@@ -15,7 +15,7 @@ import string
 import subprocess
 from pathlib import Path
 
-from app.runs.backends.base import BackendError, Cluster, Launch, Status, Submission, check_shared
+from app.runs.backends.base import BackendError, Cluster, Launch, Status, Submission, check_shared, checked
 
 DEFAULT_TEMPLATE = """#!/bin/bash
 $sbatch
@@ -97,11 +97,13 @@ def sbatch_lines(launch: Launch, log_file: Path) -> list[str]:
 
 def launch_line(launch: Launch, python: str) -> str:
     """`python -m MODULE ARGS` for one process; for several, `srun` starts `torchrun` on every node, rendezvousing on
-    the allocation's first node (so each node runs `workers / nodes` ranks of one DDP job)."""
+    the allocation's first node (so each node runs `workers / nodes` ranks of one DDP job). The export's checksums
+    are checked first, on the node."""
     res = launch.resources
     module = [launch.module, *launch.args]
+    before = "".join(shlex.join(command) + "\n" for command in checked(launch, python))  # set -e stops on a miss
     if res.workers == 1:
-        return "exec " + shlex.join([python, "-m", *module])
+        return before + "exec " + shlex.join([python, "-m", *module])
     torchrun = [python, "-m", "torch.distributed.run", f"--nnodes={res.nodes}", f"--nproc_per_node={res.per_node}",
                 "--rdzv_backend=c10d", "--rdzv_id=$SLURM_JOB_ID", "--rdzv_endpoint=$HEAD:" + str(RENDEZVOUS_PORT),
                 "--module", *module]
@@ -109,7 +111,7 @@ def launch_line(launch: Launch, python: str) -> str:
     # $SLURM_JOB_ID and $HEAD stay unquoted so that the node's shell expands them; everything else is quoted.
     quoted = " ".join(arg if arg.startswith(("--rdzv_id=", "--rdzv_endpoint=")) else shlex.quote(arg)
                       for arg in torchrun)
-    return f"{head}\nexec srun --ntasks-per-node=1 --kill-on-bad-exit=1 {quoted}"
+    return f"{before}{head}\nexec srun --ntasks-per-node=1 --kill-on-bad-exit=1 {quoted}"
 
 
 def job_script(launch: Launch, cluster: Cluster, log_file: Path) -> str:
