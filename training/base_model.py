@@ -15,10 +15,13 @@ temporary directory beside the target and renames it into place, so an interrupt
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
+import io
 import json
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -112,18 +115,37 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
-        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
-                                                      local_files_only=True)
+        with _quiet_progress():
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+            loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
+                                                          local_files_only=True)
     except Exception as exc:  # a truncated or foreign file fails somewhere inside the reader
         raise BaseModelError(f"could not read {gguf} ({type(exc).__name__}: {exc}): run `{REINSTALL}`") from exc
     model = _plain_copy(loaded)
-    model.save_pretrained(out)
+    with _quiet_progress():
+        model.save_pretrained(out)
     # GGUF carries no length limit for the tokenizer; the model's positions are the limit.
     tokenizer.model_max_length = model.config.max_position_embeddings
     for key in ("is_local", "local_files_only"):  # how this copy was read, not what the saved one is
         tokenizer.init_kwargs.pop(key, None)
     tokenizer.save_pretrained(out)
+
+
+@contextlib.contextmanager
+def _quiet_progress() -> Iterator[None]:
+    """No progress bars: the one-off conversion prints its own line (the demo's, the CLI's), and transformers'
+    per-tensor bars would bury it. The GGUF reader's tqdm ignores transformers' switch, so stderr goes aside too
+    (errors still raise)."""
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def _readable(directory: Path) -> None:
