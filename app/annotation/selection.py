@@ -17,7 +17,7 @@ when the two answers were swapped) to humans first, under any selection (`route_
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import combinations
@@ -189,6 +189,15 @@ def request_priorities(db: Session, project: Project, actor: User | None, *,
 # the scores
 
 
+def disagreement_share(votes: Iterable[Sequence[int]]) -> float:
+    """One prompt's disagreement: over its pairs' votes (each pair: the votes for one order, then for the other),
+    the share that went against each pair's majority, Σ min ÷ Σ votes (0 when there are none)."""
+    against = total = 0
+    for pair in votes:
+        against, total = against + min(pair), total + sum(pair)
+    return against / total if total else 0.0
+
+
 def disagreement_scores(db: Session, project: Project) -> dict[int, float]:
     """Per prompt with human pairs this round: the share of its pair votes against the majority of each pair."""
     votes: dict[int, dict[tuple[int, int], list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
@@ -199,8 +208,7 @@ def disagreement_scores(db: Session, project: Project) -> dict[int, float]:
     for prompt_id, chosen, rejected in rows:
         key = (min(chosen, rejected), max(chosen, rejected))
         votes[prompt_id][key][0 if chosen < rejected else 1] += 1
-    return {prompt_id: sum(min(v) for v in pairs.values()) / sum(sum(v) for v in pairs.values())
-            for prompt_id, pairs in votes.items()}
+    return {prompt_id: disagreement_share(pairs.values()) for prompt_id, pairs in votes.items()}
 
 
 def contested_extras(db: Session, project: Project, scores: dict[int, float]) -> dict[int, int]:
