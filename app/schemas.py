@@ -646,7 +646,11 @@ class SelectionIn(Strict):
     selection: Literal["random", "uncertainty", "disagreement"] = Field(
         description="The queue's order: `random` (by import order, the default), `uncertainty` (prompts the reward "
                     "model is least sure about first) or `disagreement` (prompts whose human rankings disagree most "
-                    "first). The two last serve by the priorities their last priorities job stored.")
+                    "first). The two last serve by the priorities their last priorities job stored. Measured (the "
+                    "Benchmarks page): `uncertainty` reached random order's final accuracy on HH-RLHF harmless with "
+                    "2.13× fewer labels (95 % interval 1.12–3.78, 20 seeds, an ensemble over a frozen encoder); "
+                    "`disagreement`'s extra rankings were worth 5.96× as many given at random (4.64–7.82) in a "
+                    "simulation on GSM8K. Random stays the default.")
     disagreement_extra: Int | None = Field(
         None, ge=0, le=10,
         description="`disagreement`: rankings added beyond the overlap to each contested prompt (one that reached "

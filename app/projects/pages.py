@@ -74,6 +74,7 @@ def _project_context(db, project, user) -> dict:
         "running_jobs": sum(1 for j in jobs.list_for_project(db, project) if j.state in ("queued", "running")),
         "selection": selection.state(project),
         "selections": selection.SELECTIONS,
+        "selection_measured": selection.MEASURED,
         "can_select": permissions.may(db, user, project, "selection.manage"),
     }
 

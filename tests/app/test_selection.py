@@ -3,6 +3,7 @@ or from the humans' disagreement), and the queue serves by priority with every g
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ from app.annotation.rankings import RankingInput
 from app.models import Assignment, Completion, Prompt, TrainingRun
 from app.projects import projects
 from app.projects.rubrics import current as current_rubric
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _seed(db, make_user, make_project, *, n: int = 6, k: int = 3, overlap: int = 1, annotators: int = 2,
@@ -70,6 +73,31 @@ def test_only_the_lead_chooses_the_selection_and_a_bad_one_is_named(db, make_use
     r = lead_client.post(f"/api/projects/{project.id}/priority-jobs", json={})
     assert r.status_code == 422 and "training_run_id" in r.text and "reward-model run" in r.text
     assert ann_client.post(f"/api/projects/{project.id}/priority-jobs", json={}).status_code == 403
+
+
+def _measured(text: str) -> list[str]:
+    """The figures a MEASURED sentence states: each ratio and each interval, as written."""
+    return re.findall(r"\d+\.\d\d×|\d+\.\d\d–\d+\.\d\d", text)
+
+
+def test_the_queue_order_setting_says_what_each_order_was_measured_to_save(db, make_user, make_project, api,
+                                                                            browser) -> None:
+    lead, _, project, _ = _seed(db, make_user, make_project)
+    pid, email = project.id, lead.email
+    db.commit()
+    person = browser()
+    person.login(email)
+    page = person.get(f"/projects/{pid}").text
+    described = api(None).get("/openapi.json").json()["components"]["schemas"]["SelectionIn"]["properties"][
+        "selection"]["description"]
+    benchmarks = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    assert set(selection.MEASURED) == set(selection.SELECTIONS)
+    for order in ("uncertainty", "disagreement"):
+        figures = _measured(selection.MEASURED[order])
+        assert len(figures) >= 2, order  # a ratio and its interval at least
+        for figure in figures[:2]:  # the page, the API's description and the docs say the same gain
+            assert figure in page and figure in described and figure.replace("×", "") in benchmarks, (order, figure)
+    assert "Random stays the default" in described and selection.DEFAULT == "random"
 
 
 # --- the queue ---------------------------------------------------------------------------------
