@@ -60,6 +60,11 @@ def _jobs(name: str | None = None) -> list[str]:
     return done.stdout.split("\n")[:-1]
 
 
+def _node_cpus() -> int:
+    done = subprocess.run(["sinfo", "--noheader", "--format=%c"], capture_output=True, text=True, timeout=30, check=True)
+    return int(done.stdout.split()[0])
+
+
 @pytest.fixture
 def new_jobs(slurm):  # type: ignore[no-untyped-def]
     """The jobs of a name submitted since the test began (ids start again with every test's database, names too)."""
@@ -140,6 +145,41 @@ def test_slurm_run_outlives_a_killed_worker_and_is_followed_without_a_second_sub
     assert out["state"] == "succeeded" and [m["step"] for m in out["metrics"]] == [1, 2, 3, 4]
     log = (Path(app.state.settings.data_dir) / "jobs" / f"{run['job_id']}.log").read_text()
     assert "following slurm job" in log and log.count("progress: step 4/4") == 1
+
+
+def test_slurm_preempted_run_is_submitted_again_and_resumes_from_its_checkpoint(
+        db, app, make_user, make_project, token_for, api, models_dir, hpc, tmp_path, new_jobs) -> None:  # noqa: F811
+    only_on(db, "sqlite", "the backend is the same; jobs and runs are tested on both")
+    project_id, eng = _ranked_project(db, make_user, make_project, api, token_for, n=8)
+    pairs = _export(eng, app, project_id, "pairs")
+    release = tmp_path / "release"
+    # The run takes the whole node in the low partition and waits at step 2, checkpointed; a job in the high
+    # partition then needs the node, and Slurm preempts the run.
+    run = reward_run(eng, project_id, pairs, models_dir["reward"], hpc, save_every=2,
+                     resources={"partition": "low", "cpus": _node_cpus()})
+    worker = spawn_worker(app, env={HOLD_ENV: f"train.step.2={release}"})
+    try:
+        wait_for("the Slurm job to reach step 2", Path(f"{release}.held").exists, timeout=600, every=0.1)
+        subprocess.run(["sbatch", "--partition=high", f"--cpus-per-task={_node_cpus()}",
+                        f"--output={tmp_path / 'high.log'}", "--wrap", "sleep 1"], check=True, capture_output=True)
+        wait_for("the run to be preempted", lambda: (new_jobs(f"preflab-{run['job_id']}-1") or [""])[0]
+                 .endswith("PREEMPTED"), timeout=120)
+        release.touch()
+        wait_for("the job to end", lambda: eng.get(f"/api/jobs/{run['job_id']}").json()["state"] in
+                 ("succeeded", "failed"), timeout=600)
+    finally:
+        release.touch()
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+    job = eng.get(f"/api/jobs/{run['job_id']}").json()
+    assert job["state"] == "succeeded", job
+    assert new_jobs(f"preflab-{run['job_id']}-2")[0].endswith("COMPLETED")
+    run_dir = Path(app.state.settings.data_dir) / "runs" / str(run["run_id"])
+    # The second submission went on from the step-2 checkpoint: every step logged once, in order.
+    assert json.loads((run_dir / "run.json").read_text())["resumed_from_step"] == 2
+    assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+    log = (Path(app.state.settings.data_dir) / "jobs" / f"{run['job_id']}.log").read_text()
+    assert "PREEMPTED: the scheduler took the nodes back for another job; submitting again, resuming" in log
 
 
 def test_slurm_run_whose_shared_path_is_missing_fails_at_submit(db, app, make_user, make_project, token_for, api,

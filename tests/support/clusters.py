@@ -34,8 +34,9 @@ def use_clusters(app: Any, monkeypatch: pytest.MonkeyPatch, path: Path, clusters
     return path
 
 
-def reward_run(client: Any, project_id: int, export_id: int, base: Path, where: str, **config: Any) -> dict[str, Any]:
-    body = {"kind": "reward", "export_id": export_id, "base_model": str(base), "where": where,
+def reward_run(client: Any, project_id: int, export_id: int, base: Path, where: str,
+               resources: dict[str, Any] | None = None, **config: Any) -> dict[str, Any]:
+    body = {"kind": "reward", "export_id": export_id, "base_model": str(base), "where": where, "resources": resources,
             "config": {"steps": 4, "batch_size": 4, "lr": 1e-3, "log_every": 1, "eval_every": 1000000} | config}
     r = client.post(f"/api/projects/{project_id}/training-runs", json=body)
     assert r.status_code == 202, r.text

@@ -97,7 +97,11 @@ def start(timeout_s: float = 120) -> Slurm:
         "SchedulerType=sched/builtin", "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
         "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
         "ReturnToService=2", "MinJobAge=3600", "KillWait=5", "SchedulerParameters=sched_interval=1",
-        node, "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP", ""]))
+        # `low` runs are preempted (cancelled, state PREEMPTED) by `high` ones: how a test preempts a run.
+        "PreemptType=preempt/partition_prio", "PreemptMode=CANCEL",
+        node, "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
+        "PartitionName=low Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=1",
+        "PartitionName=high Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2", ""]))
     for sub in ("state", "spool"):
         (root / sub).mkdir()
     slurm = Slurm(root, conf)
