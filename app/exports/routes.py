@@ -9,6 +9,7 @@ from fastapi.responses import FileResponse, RedirectResponse, Response
 
 from app.accounts import permissions
 from app.exports import service as exports
+from app.jobs import queue as jobs
 from app.platform import formats
 from app.projects import projects, rubrics
 from app.schemas import ExportAccepted, ExportIn, ExportOut
@@ -85,7 +86,9 @@ def delete_export(export_id: Id, request: Request, db: SessionDep, user: Current
 
 def _page_context(db, project, user) -> dict[str, Any]:
     rows = [(e, exports.status(db, e)) for e in exports.list_for_project(db, project)]
+    failed = [e.job_id for e, state in rows if state == "failed" and e.job_id is not None]
     return {"project": project, "rows": rows, "can_export": permissions.may(db, user, project, "export.create"),
+            "failures": jobs.failure_reasons(db, failed),
             "can_delete": permissions.may(db, user, project, "export.delete"),
             "active": any(s in ("queued", "running") for _, s in rows), "form": {},
             "rubric_versions": sorted(r.version for r in rubrics.list_versions(db, project)),

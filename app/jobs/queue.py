@@ -200,6 +200,20 @@ def get_visible(db: Session, job_id: int, user: User) -> Job:
     return job
 
 
+def latest(db: Session, project: Project, kind: str) -> Job | None:
+    """The project's newest job of this kind, or None (a page shows how the last one it started went)."""
+    return db.scalars(select(Job).where(Job.project_id == project.id, Job.kind == kind)
+                      .order_by(Job.id.desc()).limit(1)).first()
+
+
+def failure_reasons(db: Session, job_ids: list[int]) -> dict[int, str]:
+    """Why each of these jobs failed, by id (failed jobs only)."""
+    if not job_ids:
+        return {}
+    return {job_id: error or "failed" for job_id, error in
+            db.execute(select(Job.id, Job.error).where(Job.id.in_(job_ids), Job.state == "failed"))}
+
+
 def list_for_project(db: Session, project: Project, limit: int = 50) -> list[Job]:
     return list(db.scalars(select(Job).where(Job.project_id == project.id).order_by(Job.id.desc()).limit(limit)))
 

@@ -11,7 +11,7 @@ from app.judge import endpoints, sampling
 from app.projects import projects
 from app.schemas import JobAccepted, JobOut, SamplingJobIn
 from app.web.deps import CurrentUser, Id, PageUser, SessionDep
-from app.web.form_pages import ProjectPage
+from app.web.form_pages import ProjectPage, default_model
 from app.web.forms import SamplingForm
 from app.web.rendering import render
 
@@ -65,7 +65,7 @@ def _jobs_context(db, project, user) -> dict:
             "endpoints": endpoints.list_endpoints(db)}
 
 
-JOBS_PAGE = ProjectPage("jobs.html", _jobs_context, block="job_table")
+JOBS_PAGE = ProjectPage("jobs.html", _jobs_context, block="job_table", from_settings=default_model)
 
 
 JOBS_PAGE.mount(router, "/projects/{project_id}/jobs", post_path="/projects/{project_id}/jobs/sample",

@@ -27,8 +27,12 @@ PromptToJudge = tuple[int, Any, list[tuple[int, str]]]
 def request_judge_run(db: Session, project: Project, actor: User, *, constitution_version: int | None,
                       generator: dict[str, Any], mode: str, principles: str, prompt_ids: list[int] | None,
                       seed: int, low_confidence: float, route_low_confidence: bool,
-                      label_steps: bool = False) -> tuple[JudgeRun, Job]:
-    """A JudgeRun and its queued `judge` job, or Invalid naming the field when something can be checked now."""
+                      label_steps: bool = False, scope: str = "all") -> tuple[JudgeRun, Job]:
+    """A JudgeRun and its queued `judge` job, or Invalid naming the field when something can be checked now.
+
+    `scope` "human_ranked" keeps the prompts an annotator has ranked (of `prompt_ids`, when given), as they are now:
+    the quickest way to measure the judge against humans, where a small local model judges a few comparisons a
+    second."""
     permissions.require(db, actor, project, "judge.start")
     if label_steps and not (project.settings or {}).get("step_labels", False):
         raise Invalid("this project does not label steps: turn step labels on first", field="label_steps")
@@ -43,7 +47,9 @@ def request_judge_run(db: Session, project: Project, actor: User, *, constitutio
         missing = sorted(set(prompt_ids) - found)
         if missing:
             raise Invalid(f"not prompts of this project: {', '.join(map(str, missing[:10]))}", field="prompt_ids")
-    params = {"mode": mode, "principles": principles, "seed": seed, "low_confidence": low_confidence,
+    if scope == "human_ranked":
+        prompt_ids = _human_ranked(db, project, prompt_ids)
+    params = {"mode": mode, "principles": principles, "seed": seed, "low_confidence": low_confidence, "scope": scope,
               "route_low_confidence": route_low_confidence, "label_steps": bool(label_steps),
               "generator": {k: v for k, v in generator.items() if k != "api_key"}}
     run = JudgeRun(project_id=project.id, constitution_id=constitution.id, params=params, state="queued",
@@ -54,6 +60,30 @@ def request_judge_run(db: Session, project: Project, actor: User, *, constitutio
     job = jobs.enqueue(db, "judge", {"judge_run_id": run.id, "generator": generator, "prompt_ids": prompt_ids},
                        project=project, actor=actor)
     return run, job
+
+
+def _human_ranked(db: Session, project: Project, prompt_ids: list[int] | None) -> list[int]:
+    """The project's prompts with a human ranking (not a skip), of `prompt_ids` when given; Invalid when none."""
+    query = (select(Ranking.prompt_id).distinct()
+             .where(Ranking.project_id == project.id, Ranking.source == "human", Ranking.skipped.is_(False)))
+    if prompt_ids:
+        query = query.where(Ranking.prompt_id.in_(prompt_ids))
+    ranked = sorted(db.scalars(query))
+    if not ranked:
+        raise Invalid("no prompt of this project has a human ranking yet: rank some first, or judge all prompts",
+                      field="scope")
+    return ranked
+
+
+def runs_with_jobs(db: Session, project: Project) -> list[tuple[JudgeRun, Job | None]]:
+    """The project's judge runs, newest first, each with the job that ran it (its progress, result or reason)."""
+    runs = list_runs(db, project)
+    by_run: dict[int, Job] = {}
+    for job in db.scalars(select(Job).where(Job.project_id == project.id, Job.kind == "judge").order_by(Job.id)):
+        run_id = (job.payload or {}).get("judge_run_id")
+        if isinstance(run_id, int):
+            by_run[run_id] = job  # the newest job of a run wins
+    return [(run, by_run.get(run.id)) for run in runs]
 
 
 def find_run(db: Session, run_id: int) -> JudgeRun | None:

@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from app.accounts import permissions
 from app.annotation import steps
+from app.jobs import queue as jobs
 from app.judge import endpoints, judging, monte_carlo, revisions
 from app.judge import steps as judge_steps
 from app.projects import constitutions, projects
@@ -31,8 +32,9 @@ from app.schemas import (
     RevisionOut,
 )
 from app.web.deps import MAX_ID, CurrentUser, Id, PageUser, SessionDep
-from app.web.form_pages import ProjectPage
+from app.web.form_pages import ProjectPage, default_model
 from app.web.forms import AILabelsForm, AIStepLabelsForm, DecisionForm, JudgeForm, MCStepLabelsForm, RevisionsForm
+from app.web.rendering import render
 
 router = APIRouter()
 
@@ -43,7 +45,7 @@ def _request_judge_run(db, project, user, body: JudgeRunIn):
         db, project, user, constitution_version=body.constitution_version, generator=body.generator.model_dump(),
         mode=body.mode, principles=body.principles, prompt_ids=body.prompt_ids, seed=body.seed,
         low_confidence=body.low_confidence, route_low_confidence=body.route_low_confidence,
-        label_steps=body.label_steps)
+        label_steps=body.label_steps, scope=body.scope)
 
 
 def _request_mc_labels(request: Request, db, project, user, body: MCStepLabelsIn):
@@ -146,7 +148,8 @@ def set_ai_step_labels(project_id: Id, body: AIStepLabelsIn, db: SessionDep, use
 def _context(db, project, user) -> dict:
     report, fresh = rollups.judge_report(db, project, user)
     assert report is not None  # exact_before_first: computed on the view while there is no rollup yet
-    return {"project": project, "runs": judging.list_runs(db, project), "report": report, "fresh": fresh,
+    runs = judging.runs_with_jobs(db, project)
+    return {"project": project, "runs": runs, "report": report, "fresh": fresh, "active": _active(runs),
             "calibration_chart": reliability_diagram(human_ai.reliability_bins(report.calibration)),
             "constitution": constitutions.current(db, project), "form": {},
             "can_judge": permissions.may(db, user, project, "judge.start"),
@@ -158,11 +161,24 @@ def _context(db, project, user) -> dict:
             "endpoints": endpoints.list_endpoints(db)}
 
 
-JUDGE_PAGE = ProjectPage("judge.html", _context)
+def _active(runs: list) -> bool:
+    return any(run.state in ("queued", "running") for run, _ in runs)
+
+
+JUDGE_PAGE = ProjectPage("judge.html", _context, from_settings=default_model)
 
 
 JUDGE_PAGE.mount(router, "/projects/{project_id}/judge", post_path="/projects/{project_id}/judge/runs",
                  form=JudgeForm, action=_request_judge_run, redirect="/projects/{project_id}/jobs")
+
+
+@router.get("/projects/{project_id}/judge/runs", include_in_schema=False)
+def judge_runs_fragment(request: Request, project_id: Id, db: SessionDep, user: PageUser) -> Response:
+    """The runs table alone, which the judge page polls while a run is under way: no figures are computed for it."""
+    project = projects.get_visible(db, project_id, user)
+    runs = judging.runs_with_jobs(db, project)
+    return render(request, "_judge_runs.html", {"project": project, "runs": runs, "active": _active(runs),
+                                                "polled": True})
 
 
 @router.post("/projects/{project_id}/judge/ai-labels", include_in_schema=False)
@@ -221,11 +237,12 @@ def decide_revision(project_id: Id, revision_id: Id, body: RevisionDecisionIn, d
 
 def _revisions_context(db, project, user) -> dict:
     return {"project": project, "items": revisions.list_revisions(db, project), "form": {},
+            "last_job": jobs.latest(db, project, "revise"),
             "can_manage": permissions.may(db, user, project, "labels.decide"),
             "can_revise": permissions.may(db, user, project, "revisions.start")}
 
 
-REVISIONS_PAGE = ProjectPage("revisions.html", _revisions_context)
+REVISIONS_PAGE = ProjectPage("revisions.html", _revisions_context, from_settings=default_model)
 
 
 # A refused start keeps the form on screen with the error (can_revise).

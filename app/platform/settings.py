@@ -89,9 +89,9 @@ class Settings(BaseSettings):
     """Mark cookies Secure; defaults to true in production only (PREFLAB_ENV=production)."""
     default_policy_model: Path | None = None
     """Model directory (a causal LM) that sft, dpo, rft, grpo and ppo runs start from when the run names none, and
-    Monte-Carlo step labels sample with when they name no policy. Unset, it is SmolLM2-135M-Instruct once
-    `preflab models prepare` (or `preflab demo`) has prepared it under DATA_DIR/models; before that, such a run
-    must name its base model."""
+    Monte-Carlo step labels sample with when they name no policy, and that the sampling, judge and revision forms
+    fill in as their local model. Unset, it is SmolLM2-135M-Instruct once `preflab models prepare` (or
+    `preflab demo`) has prepared it under DATA_DIR/models; before that, such a run must name its base model."""
     clusters_file: Path | None = None
     """A TOML file naming the Slurm and Ray clusters runs may be sent to, each with its shared path and default
     resources (docs: Running on a cluster). Unset, every run executes on the worker's own host (`local`)."""

@@ -14,6 +14,7 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import Response
 from sqlalchemy.orm import Session
 
+from app.platform.settings import Settings
 from app.projects import projects
 from app.web import forms
 from app.web.deps import Id, PageUser, SessionDep
@@ -22,6 +23,14 @@ from app.web.rendering import render
 T = TypeVar("T")
 # (db, project, user) → the template's context; the project and user are the ORM objects the services take.
 Context = Callable[[Session, Any, Any], dict[str, Any]]
+# The app's settings → what a page shows of them (a default model), added to its context.
+FromSettings = Callable[[Settings], dict[str, Any]]
+
+
+def default_model(settings: Settings) -> dict[str, Any]:
+    """The local model a model form offers when none is typed: the default policy model (SmolLM2-135M-Instruct once
+    prepared, as in the demo), or None."""
+    return {"default_model": str(settings.default_policy_model) if settings.default_policy_model else None}
 
 
 @dataclass(frozen=True)
@@ -44,10 +53,15 @@ class ProjectPage:
     context: Context
     # The HTMX fragment a poll re-renders (None: the whole page).
     block: str | None = None
+    from_settings: FromSettings | None = None
 
     def show(self, request: Request, db: Session, user: Any, project_id: Id) -> Response:
         project = projects.get_visible(db, project_id, user)
-        return render(request, self.template, self.context(db, project, user), block=self.block)
+        return render(request, self.template, self._context(request, db, project, user), block=self.block)
+
+    def _context(self, request: Request, db: Session, project: Any, user: Any) -> dict[str, Any]:
+        shown = self.from_settings(request.app.state.settings) if self.from_settings else {}
+        return self.context(db, project, user) | shown
 
     def submit(self, request: Request, db: Session, user: Any, project_id: Id, form: forms.ApiForm,
                action: Callable[[Session, Any, Any, Any], T], *, redirect: str | Callable[[T], str],
@@ -56,7 +70,8 @@ class ProjectPage:
         project = projects.get_visible(db, project_id, user)
         target = redirect.format(project_id=project.id) if isinstance(redirect, str) else redirect
         return forms.submit(request, db, form, lambda body: action(db, project, user, body), redirect=target,
-                            template=self.template, context=lambda _: self.context(db, project, user) | (shown or {}))
+                            template=self.template,
+                            context=lambda _: self._context(request, db, project, user) | (shown or {}))
 
     def mount(self, router: APIRouter, path: str, *, form: type[forms.ApiForm],
               action: Callable[[Session, Any, Any, Any], Any], redirect: str | Callable[[Any], str],

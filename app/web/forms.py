@@ -405,19 +405,20 @@ class SamplingForm(GeneratorForm, ApiForm):
 
 class JudgeForm(GeneratorForm, ApiForm):
     LABELS: ClassVar[Mapping[str, str]] = {"mode": "Mode", "principles": "Principles", "seed": "Seed",
-                                           "constitution_version": "Constitution",
+                                           "constitution_version": "Constitution", "scope": "Prompts",
                                            "route_low_confidence": "Send unsure prompts to humans first",
                                            "label_steps": "Label steps too"}
 
     mode: str = "logprob"
     principles: str = "sample"
+    scope: str = "all"
     seed: int = Field(0, ge=0)
     route_low_confidence: bool = False
     label_steps: bool = False
 
     def to_api(self) -> JudgeRunIn:
         return JudgeRunIn.from_form(generator=self.generator(), mode=self.mode, principles=self.principles,
-                                    seed=self.seed, route_low_confidence=self.route_low_confidence,
+                                    scope=self.scope, seed=self.seed, route_low_confidence=self.route_low_confidence,
                                     label_steps=self.label_steps)
 
 

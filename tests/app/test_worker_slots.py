@@ -1,5 +1,5 @@
-"""The worker's bookkeeping slot: a real `preflab worker` process and real jobs. A long model job holds the main
-slot on a hold point the test lets go, never a timer."""
+"""The worker's bookkeeping slot and the reasons of failed jobs where they were started: real `preflab worker`
+processes and real jobs. A long model job holds the main slot on a hold point the test lets go, never a timer."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 
 from app.models import Completion, Prompt
+from app.platform.settings import Settings
+from app.worker import Worker
+from tests.conftest import TEST_SECRET
 from tests.support.server import preflab_env, wait_for
 from tests.training.tiny import char_tokenizer, save_tiny, tiny_gpt2
 from training.hold import ENV as HOLD_ENV
@@ -70,3 +73,21 @@ def test_an_export_is_written_while_a_judge_run_holds_the_main_slot(db, app, mak
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, output.read_text(errors="replace")[-3000:]
 
+
+def test_a_failed_export_says_why_on_the_exports_page(db, make_user, make_project, token_for, api, browser,
+                                                      database_url, clean_engine, tmp_path) -> None:
+    from app.platform.db import make_session_factory
+
+    pid, client, email = _project(db, make_user, make_project, token_for, api)
+    export = client.post(f"/api/projects/{pid}/exports", json={"kind": "prompts", "format": "jsonl"}).json()
+    (tmp_path / "exports").write_text("a file where the exports folder should be")  # the disk is not as it should be
+    settings = Settings(database_url=database_url, data_dir=tmp_path, secret_key=TEST_SECRET, job_retry_base_s=0)
+    Worker(settings, session_factory=make_session_factory(clean_engine), poll_s=0.05,
+           heartbeat_s=0.2).run(exit_when_idle=True)
+    assert client.get(f"/api/exports/{export['export_id']}").json()["status"] == "failed"
+    page = browser()
+    page.login(email)
+    html = page.get(f"/projects/{pid}/exports").text
+    row = html.split(f"#{export['export_id']} (")[1].split("</tr>")[0]
+    assert '<span class="state state-failed">failed</span>' in row
+    assert 'class="error-text job-reason"' in row and "exports" in row.split("job-reason")[1]

@@ -212,6 +212,7 @@ POLICY: dict[tuple[str, str], Policy] = {
     ("PUT", "/api/projects/{project_id}/step-options"): Policy(MANAGE, lambda w: {"json": {"enabled": True}}),
     ("POST", "/projects/{project_id}/step-options"): Policy(MANAGE, lambda w: {"data": {"enabled": "yes"}}),
     ("GET", "/projects/{project_id}/judge"): Policy(MEMBERS),
+    ("GET", "/projects/{project_id}/judge/runs"): Policy(MEMBERS),
     ("POST", "/projects/{project_id}/judge/runs"): Policy(LEAD_ENG, lambda w: {"data": {"model": "/nonexistent"}}),
     ("POST", "/projects/{project_id}/judge/ai-labels"): Policy(MANAGE, lambda w: {"data": {"enabled": "yes"}}),
     ("POST", "/projects/{project_id}/judge/ai-step-labels"): Policy(MANAGE, lambda w: {"data": {"enabled": "yes"}}),
