@@ -9,7 +9,8 @@ from training.methods import METHODS
 
 COMMANDS: dict[str, tuple[str, str]] = {
     method.kind: (method.trainer, method.description) for method in METHODS
-} | {"evaluate": ("training.evaluate", "compare a policy with its reference on held-out prompts")}
+} | {"evaluate": ("training.evaluate", "compare a policy with its reference on held-out prompts"),
+     "speed": ("training.speed", "measure this machine's speed on a model (what run estimates are priced at)")}
 """Each command's module and its line in `--help`: every training method, then the commands that train nothing."""
 
 
