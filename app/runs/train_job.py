@@ -127,8 +127,8 @@ def _run(ctx: JobContext) -> dict[str, Any]:
         status, stopped = _follow(ctx, backend, submission, launch, config, tracker)
     finally:
         backend.close()
-    steps = tracker.poll(final=True)
-    _end_unless_succeeded(ctx, run_id, backend, status, stopped, out)
+    _end_unless_succeeded(ctx, run_id, backend, status, stopped, out, tracker)
+    steps = tracker.poll(final=True)  # only now: a run that stopped early gets `end`'s line, not a time left
     result: dict[str, Any] = {"training_run_id": run_id, "steps": steps,
                               "message": f"{kind} run finished after {steps} logged steps"}
     if cluster.name != LOCAL:
@@ -157,24 +157,29 @@ def _earlier_submission(ctx: JobContext, backend: Backend, run_id: int, out: Pat
 
 
 def _end_unless_succeeded(ctx: JobContext, run_id: int, backend: Backend, status: Status, stopped: bool,
-                          out: Path) -> None:
+                          out: Path, tracker: Progress) -> None:
     """Record how a run that did not succeed ended, and raise what ends its job (JobStopped or JobError)."""
     from app.jobs.context import JobError, JobStopped
 
     if stopped:
         if ctx.stop_reason == "cancelled":
+            tracker.end("cancelled")
             _set_state(ctx, run_id, "cancelled")
         elif ctx.stop_reason == "terminating" and not backend.remote:
+            tracker.end("stopped: the worker shut down, the run will resume")
             _set_state(ctx, run_id, "queued")
         # "terminating" on a cluster: the run goes on there, and the worker that takes the job follows it again.
         # "lost": another worker took the job over and owns the run's state now; leave it alone.
         raise JobStopped(ctx.stop_reason or "stopped")
     if status.state == "cancelled":
+        tracker.end("cancelled")
         _set_state(ctx, run_id, "cancelled")
         raise JobError(status.reason or "the run was cancelled on the cluster")
     if status.state != "succeeded":
+        reason = failure_reason(ctx.log_path)  # read before the progress line below becomes the log's last
+        tracker.end("failed")
         _set_state(ctx, run_id, "failed")
-        raise JobError(f"{status.reason}: {failure_reason(ctx.log_path)}")
+        raise JobError(f"{status.reason}: {reason}")
     if not _complete_model(out / "model"):
         _set_state(ctx, run_id, "failed")
         raise JobError(f"the trainer exited 0 but {out / 'model'} holds no complete model (config.json and "
@@ -256,7 +261,8 @@ def _follow(ctx: JobContext, backend: Backend, submission: Submission, launch: L
     while True:
         status = backend.status(submission)
         submission = _copy_log(ctx, backend, submission, record, final=status.done)
-        tracker.poll()
+        if not stopped:  # after a stop, `end` gives the last progress line: no time left is promised again
+            tracker.poll()
         if status.requeue and not stopped:
             ctx.log(f"{status.reason}; submitting again, resuming from the last checkpoint")
             launch = _next_attempt(launch, config)
@@ -408,13 +414,25 @@ class Progress:
         due = steps != shown_step and (final or steps >= total or shown_step <= 0 or now - shown_at >= self.every_s)
         if steps and due:
             self.shown = (now, steps)
-            self.ctx.log(f"progress: {line}")
-            record = {"step": steps, "total": total, "eta_s": eta, "line": line, "at": datetime.now(UTC).isoformat()}
-            tmp = self.out / (PROGRESS_FILE + ".tmp")
-            tmp.write_text(json.dumps(record), encoding="utf-8")
-            tmp.replace(self.out / PROGRESS_FILE)  # whole: the page never reads half a file
+            self._publish(steps, total, eta, line)
         self.ctx.progress(steps, total, line)
         return steps
+
+    def end(self, how: str) -> None:
+        """The run stopped before its last step ("cancelled", "failed"): the last word on its progress says so, with
+        no time left, so neither the log nor the page goes on promising minutes that will never come."""
+        steps, total = progress(self.out, self.configured)
+        total = max(total, steps)
+        line = f"step {steps}/{total}, {how}"
+        self._publish(steps, total, None, line)
+        self.ctx.progress(steps, total, line)
+
+    def _publish(self, steps: int, total: int, eta: int | None, line: str) -> None:
+        self.ctx.log(f"progress: {line}")
+        record = {"step": steps, "total": total, "eta_s": eta, "line": line, "at": datetime.now(UTC).isoformat()}
+        tmp = self.out / (PROGRESS_FILE + ".tmp")
+        tmp.write_text(json.dumps(record), encoding="utf-8")
+        tmp.replace(self.out / PROGRESS_FILE)  # whole: the page never reads half a file
 
 
 def duration(seconds: float) -> str:

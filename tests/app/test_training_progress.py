@@ -181,3 +181,26 @@ def test_a_failed_run_page_says_why_in_one_line(db, app, make_user, make_project
     db.commit()
     shown = page.get(f"/training-runs/{run.id}").text
     assert "ModuleNotFoundError: No module named" in shown.split('id="run-error"', 1)[1].split("</p>", 1)[0]
+
+
+@pytest.mark.parametrize("how", ["cancelled", "failed"])
+def test_a_run_that_stops_early_stops_promising_time_left(tmp_path: Path, monkeypatch, how: str) -> None:  # type: ignore[no-untyped-def]
+    clock = [100.0]
+    monkeypatch.setattr(train.time, "monotonic", lambda: clock[0])
+    (tmp_path / "run.json").write_text(json.dumps({"total_steps": 20}))
+    ctx = _Ctx()
+    tracker = train.Progress(tmp_path, 0, ctx)  # type: ignore[arg-type]
+    _steps(tmp_path, 1)
+    tracker.poll()
+    clock[0] += 600
+    _steps(tmp_path, 2)
+    tracker.poll()
+    assert ctx.lines[-1] == "progress: step 2/20, about 3 h 0 min left"  # ten minutes a step, 18 to go
+    tracker.end(how)
+    # The last word in the log, on the page and in the job's progress: where it stopped, and no time left.
+    assert ctx.lines[-1] == f"progress: step 2/20, {how}"
+    assert ctx.reported == (2, 20, f"step 2/20, {how}")
+    written = json.loads((tmp_path / "progress.json").read_text())
+    assert written["eta_s"] is None and written["line"] == f"step 2/20, {how}"
+    run = TrainingRun(kind="grpo", state="running", model_dir=str(tmp_path / "model"))
+    assert training_runs.progress(run) == {"step": 2, "total": 20, "eta_s": None}
