@@ -1,0 +1,33 @@
+"""Wide tables on a phone: the project's members and the training runs scroll in their own box, the page never
+sideways."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.accounts import users
+from app.projects import projects
+from tests.browser.test_annotate_page import PASSWORD, _login, new_page  # noqa: F401 - fixture
+from tests.browser.test_exports_page import PHONE
+
+pytestmark = pytest.mark.slow
+# What sticks out of the page, leaving out what scrolls inside its own box.
+WIDE = """() => [...document.querySelectorAll('body *')].filter(e => e.getBoundingClientRect().right > innerWidth + 1
+  && !e.closest('.table-scroll')).slice(0, 5).map(e => e.tagName + '.' + e.className)"""
+
+
+def test_the_project_and_training_pages_do_not_scroll_sideways_on_a_phone(live_server, new_page) -> None:  # noqa: F811
+    with live_server.session() as db:
+        lead = users.create_user(db, "lead@example.org", PASSWORD, "lead")
+        project = projects.create_project(db, lead, name="Tables", completions_per_prompt=2, overlap=1,
+                                          rubric_text="r", criteria=[])
+        for i in range(3):
+            person = users.create_user(db, f"annotator{i}@example.org", PASSWORD, "annotator")
+            projects.add_member(db, project, lead, email=person.email, role="annotator")
+        project_id = project.id
+        db.commit()
+    pg = new_page(**PHONE)
+    _login(pg, live_server.base, "lead@example.org")
+    for url in (f"/projects/{project_id}", f"/projects/{project_id}/training"):
+        pg.goto(live_server.base + url)
+        assert pg.evaluate("document.documentElement.scrollWidth") <= PHONE["width"], (url, pg.evaluate(WIDE))
