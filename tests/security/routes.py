@@ -179,6 +179,7 @@ POLICY: dict[tuple[str, str], Policy] = {
     ("POST", "/projects/{project_id}/agreement/gold-from-metadata"): Policy(MANAGE),
     ("GET", "/projects/{project_id}/agreement/prompts"): Policy(LEAD_ENG),
     ("GET", "/projects/{project_id}/agreement/annotators/{user_id}"): Policy(LEAD_ENG),
+    ("DELETE", "/api/projects/{project_id}/annotators/{user_id}/rankings"): Policy(MANAGE),
     # jobs
     ("POST", "/api/projects/{project_id}/sampling-jobs"): Policy(LEAD_ENG, lambda w: {"json": {"generator": _gen()}}),
     ("GET", "/api/projects/{project_id}/jobs"): Policy(MEMBERS),
