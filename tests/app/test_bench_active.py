@@ -159,7 +159,7 @@ def test_the_real_features_are_the_same_bits_when_computed_twice(tmp_path: Path)
     try:
         hh_path()
     except SystemExit:
-        pytest.skip("the HH-RLHF file is not next to the repository")
+        pytest.skip(reason="the HH-RLHF file is not next to the repository")
     args = ("--quick", "--threads", "1", "--strategies", "random", "uncertainty", "--lbfgs-steps", "30")
     first = _run("bench_active.py", *args, "--cache", str(tmp_path / "a"))
     second = _run("bench_active.py", *args, "--cache", str(tmp_path / "b"))
@@ -173,7 +173,7 @@ def test_the_fine_tuned_learner_repeats_its_dropout_and_its_training(tmp_path: P
     try:
         hh_path()
     except SystemExit:
-        pytest.skip("the HH-RLHF file is not next to the repository")
+        pytest.skip(reason="the HH-RLHF file is not next to the repository")
     args = ("--quick", "--learner", "finetuned", "--max-length", "32", "--seeds", "0", "1", "--rounds", "1",
             "--strategies", "random", "bald", "--candidates", "16", "--mc-samples", "2", "--cache", str(tmp_path))
     first, second = _run("bench_active.py", *args), _run("bench_active.py", *args)
