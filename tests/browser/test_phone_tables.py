@@ -1,5 +1,5 @@
-"""Wide tables on a phone: the project's members and the training runs scroll in their own box, the page never
-sideways."""
+"""Wide things on a phone: the project's members and the training runs scroll in their own box, a long address in
+the top bar is cut with an ellipsis, and the page never scrolls sideways."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from tests.browser.test_annotate_page import PASSWORD, _login, new_page  # noqa:
 from tests.browser.test_exports_page import PHONE
 
 pytestmark = pytest.mark.slow
+LONG = "a.lead.with.a.rather.long.address@annotation-team.example.org"
 # What sticks out of the page, leaving out what scrolls inside its own box.
 WIDE = """() => [...document.querySelectorAll('body *')].filter(e => e.getBoundingClientRect().right > innerWidth + 1
   && !e.closest('.table-scroll')).slice(0, 5).map(e => e.tagName + '.' + e.className)"""
@@ -18,7 +19,7 @@ WIDE = """() => [...document.querySelectorAll('body *')].filter(e => e.getBoundi
 
 def test_the_project_and_training_pages_do_not_scroll_sideways_on_a_phone(live_server, new_page) -> None:  # noqa: F811
     with live_server.session() as db:
-        lead = users.create_user(db, "lead@example.org", PASSWORD, "lead")
+        lead = users.create_user(db, LONG, PASSWORD, "lead")
         project = projects.create_project(db, lead, name="Tables", completions_per_prompt=2, overlap=1,
                                           rubric_text="r", criteria=[])
         for i in range(3):
@@ -27,7 +28,10 @@ def test_the_project_and_training_pages_do_not_scroll_sideways_on_a_phone(live_s
         project_id = project.id
         db.commit()
     pg = new_page(**PHONE)
-    _login(pg, live_server.base, "lead@example.org")
+    _login(pg, live_server.base, LONG)
     for url in (f"/projects/{project_id}", f"/projects/{project_id}/training"):
         pg.goto(live_server.base + url)
         assert pg.evaluate("document.documentElement.scrollWidth") <= PHONE["width"], (url, pg.evaluate(WIDE))
+        who = pg.locator("header.top a.who")
+        assert who.get_attribute("title") == LONG  # the whole address is one hover away
+        assert pg.evaluate("e => e.scrollWidth > e.clientWidth", who.element_handle())  # cut, not wrapped
