@@ -1,5 +1,6 @@
 """axe-core on every main page of each role, on the demo's data in headless Chromium: no serious or critical
-violation anywhere, one h1 per page, and no console error (the CSP is strict) on the way.
+violation anywhere, one h1 per page, every checkbox beside its words, and no console error (the CSP is strict) on
+the way.
 
 axe.min.js is pinned in package.json and copied by `make vendor` into app/static/vendor for this test only; no
 page loads it. The test evaluates its source in the page (as devtools would), so the page's CSP is not loosened.
@@ -37,6 +38,18 @@ PAGES = {
                  "/projects/{p}/training/compare?a={r}&b={r}", "/jobs/{j}"],
     "admin": ["/projects", "/admin/users", "/admin/endpoints"],
 }
+
+
+# Checkboxes and radios whose words do not start on their line, just after the box (a label laid out as a column
+# puts the box alone above its text).
+APART = """() => [...document.querySelectorAll('label > input[type=checkbox], label > input[type=radio]')]
+  .filter(box => box.offsetParent !== null).filter(box => {
+    const words = [...box.parentElement.childNodes].find(n => n.nodeType === 3 && n.textContent.trim());
+    if (!words) return false;
+    const range = document.createRange(); range.selectNodeContents(words);
+    const w = range.getClientRects()[0], b = box.getBoundingClientRect();
+    return !w || w.left - b.right > 24 || w.top > b.bottom || w.bottom < b.top;
+  }).map(box => box.name)"""
 
 
 def axe_violations(page, levels: tuple[str, ...] = ("serious", "critical")) -> list[str]:  # type: ignore[no-untyped-def]
@@ -130,6 +143,7 @@ def test_axe_finds_nothing_serious_on_any_main_page_of_any_role(live_server, dem
             problems = axe_violations(pg)
             if pg.get_by_role("heading", level=1).count() != 1:
                 problems.append("not exactly one h1")
+            problems += [f"checkbox {name!r} stands apart from its label" for name in pg.evaluate(APART)]
             found[f"{who} {url}"] = problems
         assert_console_clean(pg)
     bad = {page: problems for page, problems in found.items() if problems}
