@@ -639,6 +639,9 @@ class AgreementGroup(Base):
     """The group has a comparison: its prompt counts as shared."""
     gold_ranked: Mapped[bool] = mapped_column(Boolean, default=False)
     """The group's prompt is gold and someone ranked it here."""
+    folded: Mapped[dict[str, Any] | None] = mapped_column(NullableJSON)
+    """What folding new rankings into `state` needs (app.quality.partial.GroupState.folded); None: the group's
+    next change computes it from all its rankings."""
 
 
 class AgreementTotal(Base):
@@ -730,8 +733,9 @@ class AuditEvent(Base):
 
 
 def _mark_ranking_group(_mapper: Any, connection: Connection, target: Ranking) -> None:
-    """A human ranking written or deleted through the ORM marks its (prompt, round) for the next agreement drain, as
-    the Core write paths do (app.annotation.rankings): no way of writing one leaves the kept figures behind."""
+    """A human ranking written, changed or deleted through the ORM marks its (prompt, round) for the next agreement
+    drain, as the Core write paths do (app.annotation.rankings): no way of writing one leaves the kept figures
+    behind."""
     if target.source == "human":
         connection.execute(AgreementMark.__table__.insert(), {"project_id": target.project_id,
                                                               "prompt_id": target.prompt_id,
@@ -739,4 +743,5 @@ def _mark_ranking_group(_mapper: Any, connection: Connection, target: Ranking) -
 
 
 event.listen(Ranking, "after_insert", _mark_ranking_group)
+event.listen(Ranking, "after_update", _mark_ranking_group)
 event.listen(Ranking, "after_delete", _mark_ranking_group)

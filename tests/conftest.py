@@ -19,6 +19,9 @@ from sqlalchemy.orm import Session
 # A crashed job's next attempt waits PREFLAB_JOB_RETRY_BASE_S (10 s, doubling) in a real install; tests run it at
 # once, as a worker with `exit_when_idle` would otherwise stop before it. The backoff's own tests set it.
 os.environ.setdefault("PREFLAB_JOB_RETRY_BASE_S", "0")
+# A view of the agreement figures drains at most every PREFLAB_AGREEMENT_DRAIN_EVERY_S (2 s); tests see each change
+# on the next view, never waiting on the clock. The cadence's own tests set it.
+os.environ.setdefault("PREFLAB_AGREEMENT_DRAIN_EVERY_S", "0")
 PG_URL = os.environ.get("PREFLAB_TEST_DATABASE_URL", "")
 IN_CI = os.environ.get("CI", "").lower() == "true"
 TEST_SECRET = "test-secret-key-that-is-long-enough-for-production-0123456789"

@@ -30,11 +30,14 @@ the figures are then computed from the totals in floating point.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from fractions import Fraction
 from itertools import combinations
 from typing import Any
 
@@ -66,6 +69,10 @@ class GroupState:
     """Mean pairwise agreement of its comparisons, as the disagreements page orders groups."""
     shared: bool
     gold_ranked: bool
+    folded: dict[str, Any] | None = None
+    """What folding more rankings into the state needs (see `extend`): the content hashes of the rankings in it
+    ("h"), the gold order's hash ("g"), rankings not skipped ("r"), and each completion's mid-ranks as counts
+    ("u": completion → mid-rank → rankings); None: unknown, the next change recomputes the group."""
 
     @property
     def rankings(self) -> int:
@@ -79,44 +86,112 @@ class _Ranked:
         self.annotator_id, self.tiers, self.at = annotator_id, tiers, at
 
 
+def content_hash(r: Any) -> int:
+    """A ranking's id and everything its state depends on, hashed (52 bits: exact in any JSON reader): a ranking
+    resubmitted with other tiers, or a removed ranking's id reused by another, hashes differently."""
+    at = r.created_at.replace(tzinfo=None).isoformat() if r.created_at is not None else None
+    text = json.dumps([r.id, r.annotator_id, r.tiers, r.display_order, bool(r.skipped), r.seconds_spent, at,
+                       r.rubric_version], separators=(",", ":"))
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest()) >> 12
+
+
+def gold_hash(gold: Any | None) -> str | None:
+    return hashlib.blake2b(json.dumps(gold).encode(), digest_size=8).hexdigest() if gold else None
+
+
 def group_state(rows: Sequence[Any], gold: Any | None) -> GroupState:
-    """The partial state of one (prompt, round)'s human rankings in one scope (rows in id order, with the columns of
-    agreement.human_rankings), the prompt's gold order being `gold` (None: not a gold task)."""
+    """The partial state of one (prompt, round)'s human rankings in one scope (rows with the columns of
+    agreement.human_rankings and an id), the prompt's gold order being `gold` (None: not a gold task). A function of
+    the set of rankings: their order does not matter."""
     parts: State = defaultdict(dict)
+    folded: dict[str, Any] = {"h": [], "g": gold_hash(gold), "r": 0, "u": {}}
+    return _fold(parts, folded, [], rows, gold, rows[0].round if rows else 0, False)
+
+
+def extend(old: GroupState, rows: Sequence[Any], gold: Any | None) -> GroupState | None:
+    """`old` with the rankings of `rows` it does not hold folded in (each compared with the ones it holds): equal to
+    group_state(rows, gold) when `rows` are old's rankings and more; None when they are not (a ranking removed or
+    changed, another gold order, no record of what old holds), and the group must be computed anew."""
+    folded = old.folded
+    if folded is None or folded.get("g") != gold_hash(gold):
+        return None
+    held = set(folded["h"])
+    hashes = [content_hash(r) for r in rows]
+    mine = [r for r, h in zip(rows, hashes, strict=True) if h in held]
+    if len(mine) != len(held):
+        return None
+    new = [r for r, h in zip(rows, hashes, strict=True) if h not in held]
+    if not new:
+        return old
+    parts: State = defaultdict(dict, {k: dict(v) for k, v in old.parts.items()})
     project = parts["p"]
-    ranked: list[_Ranked] = []
-    gold_ranked = False
+    for name in [k for k in project if k.startswith(("at.", "o.")) or k == "disagree"]:
+        del project[name]  # the group's own figures, computed again below from all its rankings
+    copy = {"h": list(folded["h"]), "g": folded["g"], "r": folded["r"],
+            "u": {item: dict(ranks) for item, ranks in folded["u"].items()}}
+    before = [_Ranked(r.annotator_id, r.tiers, r.created_at) for r in mine if not r.skipped and r.tiers]
+    return _fold(parts, copy, before, new, gold, rows[0].round, old.gold_ranked)
+
+
+def _fold(parts: State, folded: dict[str, Any], before: list[_Ranked], rows: Sequence[Any], gold: Any | None,
+          round_: int, gold_ranked: bool) -> GroupState:
+    """`rows` added to a group's parts, which hold the rankings `before` (their per-group figures taken out)."""
+    project = parts["p"]
+    ranked = list(before)
     for r in rows:
-        person = parts[f"a:{r.annotator_id}"]
-        buckets = [parts[k] for k in periods(r.created_at)]
-        for part in (project, person, *buckets):
-            _inc(part, "n")
-        if r.skipped or not r.tiers:
-            _inc(project, "skipped")
-            _inc(person, "skipped")
+        folded["h"].append(content_hash(r))
+        one = _one(parts, r, gold)
+        if one is None:
             continue
-        if r.seconds_spent is not None:
-            t = tenth(r.seconds_spent)
-            for part in (project, person, *buckets):
-                _inc_in(part, "s", t)
-                _inc(part, "sn")
-        _ranking_habits(person, r.tiers, r.display_order or [])
-        ranked.append(_Ranked(r.annotator_id, r.tiers, r.created_at))
-        if gold:
-            gold_ranked = True
-            score = gold_score(gold, r.tiers, r.display_order)
-            _inc(person, "gold_seen")
-            for part in (project, person, *buckets):
-                _inc(part, "gold_agreed", score.agreed)
-                _inc(part, "gold_pairs", score.total)
-    if ranked:
-        _inc_in(project, "at", f"{rows[0].round}|{len(ranked)}")
-    agreements = _compare(parts, ranked)
-    agreement = sum(agreements) / len(agreements) if agreements else None
+        gold_ranked |= bool(gold)
+        _compare(parts, ranked, one)
+        ranked.append(one)
+        for item, rank in mid_ranks(r.tiers).items():
+            units = folded["u"].setdefault(str(item), {})
+            units[repr(rank)] = units.get(repr(rank), 0) + 1
+    folded["r"] += len(ranked) - len(before)
+    if folded["r"]:
+        _inc_in(project, "at", f"{round_}|{folded['r']}")
+    agreement = _mean_agreement(project)
     if agreement is not None and agreement < 1:
         _inc(project, "disagree")
-    _coincidences(project, ranked)
-    return GroupState({k: v for k, v in parts.items() if v}, agreement, bool(agreements), gold_ranked)
+    _coincidences(project, folded["u"])
+    folded["h"].sort()
+    return GroupState({k: v for k, v in parts.items() if v}, agreement, agreement is not None, gold_ranked, folded)
+
+
+def _one(parts: State, r: Any, gold: Any | None) -> _Ranked | None:
+    """What one ranking adds by itself (counts, seconds, habits, gold); the ranking to compare, unless skipped."""
+    project, person = parts["p"], parts[f"a:{r.annotator_id}"]
+    buckets = [parts[k] for k in periods(r.created_at)]
+    for part in (project, person, *buckets):
+        _inc(part, "n")
+    if r.skipped or not r.tiers:
+        _inc(project, "skipped")
+        _inc(person, "skipped")
+        return None
+    if r.seconds_spent is not None:
+        t = tenth(r.seconds_spent)
+        for part in (project, person, *buckets):
+            _inc_in(part, "s", t)
+            _inc(part, "sn")
+    _ranking_habits(person, r.tiers, r.display_order or [])
+    if gold:
+        score = gold_score(gold, r.tiers, r.display_order)
+        _inc(person, "gold_seen")
+        for part in (project, person, *buckets):
+            _inc(part, "gold_agreed", score.agreed)
+            _inc(part, "gold_pairs", score.total)
+    return _Ranked(r.annotator_id, r.tiers, r.created_at)
+
+
+def _mean_agreement(project: Part) -> float | None:
+    """Mean agreement of the group's comparisons, Σ matches/pairs ÷ comparisons, summed exactly (the same float
+    however the comparisons were added up)."""
+    n = project.get("cmp", 0)
+    if not n:
+        return None
+    return float(sum((Fraction(m, int(d)) for d, m in entries(project, "agree")), Fraction(0)) / n)
 
 
 def _ranking_habits(person: Part, tiers: list[list[int]], shown: list[int]) -> None:
@@ -129,14 +204,14 @@ def _ranking_habits(person: Part, tiers: list[list[int]], shown: list[int]) -> N
         _inc_in(person, "pos_exp", len(shown), len(tiers[0]))
 
 
-def _compare(parts: State, ranked: list[_Ranked]) -> list[float]:
-    """Every two annotators' rankings of the group, as agreement.compare_annotators compares them, added to the
-    project's, both annotators' and (at the later ranking's time) the trend's totals; the agreements, in order."""
-    agreements = []
-    for ra, rb in combinations(ranked, 2):
+def _compare(parts: State, ranked: list[_Ranked], rb: _Ranked) -> None:
+    """`rb` compared with every other annotator's ranking of the group, as agreement.compare_annotators compares
+    them, added to the project's, both annotators' and (at the later ranking's time) the trend's totals."""
+    ib = tier_index(rb.tiers)
+    for ra in ranked:
         if ra.annotator_id == rb.annotator_id:
             continue
-        ia, ib = tier_index(ra.tiers), tier_index(rb.tiers)
+        ia = tier_index(ra.tiers)
         shared = sorted(ia.keys() & ib.keys())
         pairs = len(shared) * (len(shared) - 1) // 2
         if not pairs:
@@ -146,7 +221,6 @@ def _compare(parts: State, ranked: list[_Ranked]) -> list[float]:
         concordant = sum(1 for a, b in relations if a * b > 0) - sum(1 for a, b in relations if a * b < 0)
         ties_a, ties_b = sum(1 for a, _ in relations if a == 0), sum(1 for _, b in relations if b == 0)
         denominator = (pairs - ties_a) * (pairs - ties_b)
-        agreements.append(matches / pairs)
         people = [parts[f"a:{ra.annotator_id}"], parts[f"a:{rb.annotator_id}"]]
         for part in (parts["p"], *people):
             _inc(part, "cmp")
@@ -158,27 +232,24 @@ def _compare(parts: State, ranked: list[_Ranked]) -> list[float]:
             for key in periods(max(ra.at, rb.at)):
                 _inc(parts[key], "cmp")
                 _inc_in(parts[key], "agree", pairs, matches)
-    return agreements
 
 
 def _sign(x: int) -> int:
     return (x > 0) - (x < 0)
 
 
-def _coincidences(project: Part, ranked: list[_Ranked]) -> None:
-    """α's coincidences of the group's units (one per completion ranked): c–k pairs counted per m_u − 1."""
-    units: dict[int, list[float]] = defaultdict(list)
-    for r in ranked:
-        for item, rank in mid_ranks(r.tiers).items():
-            units[item].append(rank)
-    for values in units.values():
-        m = len(values)
+def _coincidences(project: Part, units: dict[str, dict[str, int]]) -> None:
+    """α's coincidences of the group's units (one per completion ranked), from each unit's mid-ranks as counts:
+    c–k pairs counted per m_u − 1 (values c ≠ k pair n_c·n_k times, c with itself n_c·(n_c − 1) times)."""
+    for ranks in units.values():
+        m = sum(ranks.values())
         if m < 2:
             continue
-        for i, c in enumerate(values):
-            for j, k in enumerate(values):
-                if i != j:
-                    _inc_in(project, "o", f"{c!r}|{k!r}|{m - 1}")
+        for c, n_c in ranks.items():
+            for k, n_k in ranks.items():
+                pairs = n_c * (n_c - 1) if c == k else n_c * n_k
+                if pairs:
+                    _inc_in(project, "o", f"{c}|{k}|{m - 1}", pairs)
 
 
 # --- adding and taking away ----------------------------------------------------------------------------------

@@ -64,21 +64,28 @@ def run(ctx: JobContext) -> dict[str, Any]:
 
 def _drain(ctx: JobContext) -> dict[str, Any]:
     project_id = int(ctx.project_id or 0)
-    marks = groups = 0
-    for batch in range(MAX_DRAIN_BATCHES):
-        def fold(db: Session) -> upkeep.Drained | None:
-            return upkeep.drain(db, job_row(db, projects.find, project_id, "project"))
+    done = {"marks": 0, "groups": 0, "extended": 0}
 
-        drained = run_transaction(ctx.session_factory, fold, what="agreement drain")
-        if drained is None:
-            ctx.log("the figures must be rebuilt first: nothing drained")
-            break
-        marks, groups = marks + drained.marks, groups + drained.groups
-        ctx.progress(batch + 1, batch + 1, f"{marks} changes folded in, {groups} groups recomputed")
-        if drained.marks < upkeep.DRAIN_BATCH:
-            break
-    ctx.log(f"{marks} changes folded into the agreement figures ({groups} groups recomputed)")
-    return {"marks": marks, "groups": groups}
+    def fold(db: Session) -> upkeep.Drained | None:
+        return upkeep.drain(db, job_row(db, projects.find, project_id, "project"))
+
+    def batches() -> None:
+        for batch in range(MAX_DRAIN_BATCHES):
+            drained = run_transaction(ctx.session_factory, fold, what="agreement drain")
+            if drained is None:
+                ctx.log("the figures must be rebuilt first: nothing drained")
+                return
+            done["marks"] += drained.marks
+            done["groups"] += drained.groups
+            done["extended"] += drained.extended
+            ctx.progress(batch + 1, batch + 1, f"{done['marks']} changes folded in, {done['groups']} groups updated")
+            if drained.marks < upkeep.DRAIN_BATCH:
+                return
+
+    _niced(batches)
+    ctx.log(f"{done['marks']} changes folded into the agreement figures ({done['groups']} groups updated; "
+            f"{done['extended']} times only new rankings were folded into a group's state)")
+    return done
 
 
 def _rebuild(ctx: JobContext) -> dict[str, Any]:

@@ -1,26 +1,34 @@
-"""A project's agreement figures kept up to date as rankings arrive: touched groups are marked with the change, a
-drain recomputes each marked (prompt, round)'s partial state and adds the difference to the running totals, and a
+"""A project's agreement figures kept up to date as rankings arrive: touched groups are marked with the change, a drain
+brings each marked (prompt, round)'s partial state up to date and adds the difference to the running totals, and a
 report is read from the totals, whatever the project holds (app.quality.partial holds the algebra).
 
-Writing a human ranking (app.annotation.rankings, and the ORM's hook in app.models), removing an annotator's
-rankings and setting or clearing a gold order insert an `agreement_marks` row in their own transaction: one index
-entry, no lock a drain holds. A drain (one at a time per project: it locks the project's `agreement_states` row)
-reads a batch of marks, recomputes those groups from their rankings, writes their new states, adds new − old to the
-totals of every scope (all versions, and the group's rubric versions) and key (the project, each annotator, the
-trend's hour, day and week), recomputes the medians whose seconds changed, and deletes the marks it read. A group's
-state is a function of its rankings alone, so a drain that runs twice over a group, or over one that changed again
-meanwhile, leaves the totals right.
+Writing a human ranking (app.annotation.rankings, and the ORM's hook in app.models), removing an annotator's rankings
+and setting or clearing a gold order insert an `agreement_marks` row in their own transaction: one index entry, no lock
+a drain holds. A drain (one at a time per project: it locks the project's `agreement_states` row) reads a batch of
+marks, brings those groups' states up to date from their rankings, writes their new states, adds new − old to the totals
+of every scope (all versions, and the group's rubric versions) and key (the project, each annotator, the trend's hour,
+day and week), recomputes the medians whose seconds changed, and deletes the marks it read. A group's state is a
+function of its rankings alone, so a drain that runs twice over a group, or over one that changed again meanwhile,
+leaves the totals right.
 
-Who drains: a view of the figures, when few marks wait (INLINE_MARKS: a few ms); else a `project_rollup` job with
-`{"agreement": "drain"}`, which drains batch after batch. A state computed under older formulas (AGREEMENT_FORMULA)
-is rebuilt once by a job with `{"agreement": "rebuild"}`, as `preflab agreement rebuild` does on demand: every
-state and total deleted and every group drained again, in one transaction.
+A drain brings each marked group's state up to date: when the group only gained rankings since its state was kept (the
+state records the content hashes of the rankings it holds, the gold order's hash and what α needs), the new rankings are
+folded in, each compared with the ones there (O(n) per new ranking, partial.extend); any other change (a ranking removed
+or changed, a removed ranking's id reused, a gold order set or cleared) computes the group from all its rankings. Either
+way the state equals partial.group_state of its rankings.
+
+Who drains: a view of the figures, when few marks wait (INLINE_MARKS: a few ms) and the last drain is older than
+PREFLAB_AGREEMENT_DRAIN_EVERY_S (2 s), so leads reloading a page pay for one small drain every few seconds; the figures
+a view shows are then at most that old, plus the drain's own time, and the page says as of when. More marks, and a
+`project_rollup` job with `{"agreement": "drain"}` drains batch after batch, at a lower CPU priority (nice +10). A state
+computed under older formulas (AGREEMENT_FORMULA) is rebuilt once by a job with `{"agreement": "rebuild"}`, as `preflab
+agreement rebuild` does on demand: every state and total deleted and every group drained again, in one transaction.
 """
 
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +52,7 @@ from app.models import (
     User,
     utcnow,
 )
+from app.platform.settings import get_settings
 from app.quality import kept_report, partial
 from app.quality.buckets import median_of_tenths
 from app.quality.partial import GroupState, State
@@ -92,8 +101,13 @@ class Drained:
     marks: int
     """Marks read (and deleted)."""
     groups: int
-    """(prompt, round) groups recomputed."""
+    """(prompt, round) groups brought up to date."""
     seconds: float
+    extended: int = 0
+    """Scopes of those groups (all versions, a rubric version) whose new rankings were folded into the kept state."""
+    computed: int = 0
+    """Scopes computed from all their rankings: new ones, and ones with a ranking removed or changed, or a new gold
+    order."""
 
 
 def lock(db: Session, project_id: int, *, wait: bool = True) -> AgreementState | None:
@@ -118,8 +132,9 @@ def drain(db: Session, project: Project, *, limit: int = DRAIN_BATCH, wait: bool
                             .where(AgreementMark.project_id == project.id).order_by(AgreementMark.id).limit(limit)))
     groups = {(m.prompt_id, m.round) for m in marks}
     before = _flag_view(db, project) if groups else None
+    tally: Counter[str] = Counter()
     if groups:
-        _medians(db, project.id, _apply(db, project.id, _recompute(db, project, groups)))
+        _medians(db, project.id, _apply(db, project.id, _recompute(db, project, groups, tally=tally)))
         db.execute(delete(_MARKS).where(_MARKS.c.id.in_([m.id for m in marks])))
     counted = _recount(db, project, state)
     if before is not None:
@@ -128,7 +143,7 @@ def drain(db: Session, project: Project, *, limit: int = DRAIN_BATCH, wait: bool
         state.sequence += 1
     state.as_of, state.seconds = started, time.perf_counter() - t0
     db.flush()
-    return Drained(len(marks), len(groups), state.seconds)
+    return Drained(len(marks), len(groups), state.seconds, tally["extended"], tally["computed"])
 
 
 def waiting(db: Session, project_id: int, up_to: int) -> int:
@@ -191,16 +206,21 @@ GroupKey = tuple[int, int, int]
 """(prompt id, round, rubric version or 0 for all)."""
 
 
-def new_states(rows: Iterable[Any], groups: set[tuple[int, int]], gold: dict[int, Any]) -> dict[GroupKey, GroupState]:
+def new_states(rows: Iterable[Any], groups: set[tuple[int, int]], gold: dict[int, Any],
+               old: dict[GroupKey, GroupState] | None = None, tally: Counter[str] | None = None
+               ) -> dict[GroupKey, GroupState]:
     """Each group's state in every scope it has rankings in: all versions (0), and each rubric version (the same
-    state when every ranking of the group is of that version, the usual case)."""
+    state when every ranking of the group is of that version, the usual case). A scope whose `old` state holds some
+    of its rankings and nothing else has the others folded in (partial.extend: each new ranking compared with the
+    ones there); any other is computed from all its rankings."""
+    old, tally = old or {}, tally if tally is not None else Counter()
     by_group: dict[tuple[int, int], list[Any]] = defaultdict(list)
     for r in rows:
         if (r.prompt_id, r.round) in groups:
             by_group[(r.prompt_id, r.round)].append(r)
     out: dict[GroupKey, GroupState] = {}
     for (prompt_id, round_), found in by_group.items():
-        whole = partial.group_state(found, gold.get(prompt_id))
+        whole = _state(found, gold.get(prompt_id), old.get((prompt_id, round_, 0)), tally)
         out[(prompt_id, round_, 0)] = whole
         by_version: dict[int, list[Any]] = defaultdict(list)
         for r in found:
@@ -208,25 +228,35 @@ def new_states(rows: Iterable[Any], groups: set[tuple[int, int]], gold: dict[int
                 by_version[r.rubric_version].append(r)
         for version, mine in by_version.items():
             same = len(mine) == len(found)
-            out[(prompt_id, round_, version)] = whole if same else partial.group_state(mine, gold.get(prompt_id))
+            out[(prompt_id, round_, version)] = whole if same else _state(
+                mine, gold.get(prompt_id), old.get((prompt_id, round_, version)), tally)
     return out
 
 
+def _state(rows: list[Any], gold: Any | None, old: GroupState | None, tally: Counter[str]) -> GroupState:
+    extended = partial.extend(old, rows, gold) if old is not None else None
+    if extended is None:
+        tally["computed"] += 1
+        return partial.group_state(rows, gold)
+    tally["extended" if extended is not old else "unchanged"] += 1
+    return extended
+
+
 def _recompute(db: Session, project: Project, groups: set[tuple[int, int]] | None,
-               prompt_ids: list[int] | None = None) -> dict[int, State]:
-    """Replace these groups' states (None: every group of `prompt_ids`) by ones computed from their rankings now;
-    what that changes in each scope's totals."""
+               prompt_ids: list[int] | None = None, tally: Counter[str] | None = None) -> dict[int, State]:
+    """Replace these groups' states (None: every group of `prompt_ids`) by ones that hold their rankings now; what
+    that changes in each scope's totals."""
     prompt_ids = sorted({p for p, _ in groups or ()}) if prompt_ids is None else prompt_ids
     rows = list(_rankings(db, prompt_ids))
     if groups is None:
         groups = {(r.prompt_id, r.round) for r in rows}
-    new = new_states(rows, groups, _gold(db, prompt_ids))
     old = {(row.prompt_id, row.round, row.version): row for row in db.execute(
         select(AgreementGroup.prompt_id, AgreementGroup.round, AgreementGroup.version, AgreementGroup.state,
-               AgreementGroup.shared, AgreementGroup.gold_ranked)
+               AgreementGroup.agreement, AgreementGroup.shared, AgreementGroup.gold_ranked, AgreementGroup.folded)
         .where(AgreementGroup.prompt_id.in_(prompt_ids)))}
-    replaced = {k: GroupState(row.state, None, row.shared, row.gold_ranked) for k, row in old.items()
-                if (k[0], k[1]) in groups}
+    replaced = {k: GroupState(row.state, row.agreement, row.shared, row.gold_ranked, row.folded)
+                for k, row in old.items() if (k[0], k[1]) in groups}
+    new = new_states(rows, groups, _gold(db, prompt_ids), replaced, tally)
     deltas: dict[int, State] = defaultdict(dict)
     for version in {k[2] for k in new} | {k[2] for k in replaced}:
         deltas[version] = partial.difference([s for k, s in new.items() if k[2] == version],
@@ -261,7 +291,7 @@ def _write_groups(db: Session, project_id: int, groups: set[tuple[int, int]],
     db.execute(delete(_GROUPS).where(_GROUPS.c.prompt_id.in_(prompts),
                                      tuple_(_GROUPS.c.prompt_id, _GROUPS.c.round).in_(sorted(groups))))
     rows = [{"prompt_id": p, "round": r, "version": v, "project_id": project_id, "state": s.parts,
-             "agreement": s.agreement, "shared": s.shared, "gold_ranked": s.gold_ranked}
+             "agreement": s.agreement, "shared": s.shared, "gold_ranked": s.gold_ranked, "folded": s.folded}
             for (p, r, v), s in new.items()]
     if rows:
         db.execute(insert(_GROUPS), rows)
@@ -340,10 +370,16 @@ def _add_seconds(db: Session, rows: list[dict[str, Any]]) -> None:
     if db.get_bind().dialect.name == "postgresql":
         columns = {name: [row[name] for row in rows] for name in ("version", "kind", "key", "tenth", "n")}
         db.execute(_ADD_SECONDS_PG, {"project_id": rows[0]["project_id"]} | columns)
-        return
-    stmt = _dialect_insert(db, _SECONDS)
-    db.execute(stmt.on_conflict_do_update(index_elements=["project_id", "version", "kind", "key", "tenth"],
-                                          set_={"n": _SECONDS.c.n + stmt.excluded.n}), rows)
+    else:
+        stmt = _dialect_insert(db, _SECONDS)
+        db.execute(stmt.on_conflict_do_update(index_elements=["project_id", "version", "kind", "key", "tenth"],
+                                              set_={"n": _SECONDS.c.n + stmt.excluded.n}), rows)
+    # A tenth whose rankings were all taken away leaves no row behind (a histogram is as long as its distinct times).
+    emptied = sorted({(r["version"], r["kind"], r["key"], r["tenth"]) for r in rows if r["n"] < 0})
+    for chunk in _chunks(emptied, 500):
+        db.execute(delete(_SECONDS).where(
+            _SECONDS.c.project_id == rows[0]["project_id"], _SECONDS.c.n <= 0,
+            tuple_(_SECONDS.c.version, _SECONDS.c.kind, _SECONDS.c.key, _SECONDS.c.tenth).in_(chunk)))
 
 
 def _medians(db: Session, project_id: int, keys: set[TotalsKey]) -> None:
@@ -447,22 +483,29 @@ class Kept:
     """A drain or rebuild job is queued or running."""
 
 
-def current(db: Session, project: Project, actor: User | None) -> Kept:
-    """The project's kept state for a view: drained here when few marks wait (or the counts are old), a job queued
-    when many do, and a rebuild queued when the states are of older formulas."""
+def current(db: Session, project: Project, actor: User | None, *, every_s: float | None = None) -> Kept:
+    """The project's kept state for a view: drained here when few marks wait and the last drain is older than
+    `every_s` (the setting when None), or the counts are old; a job queued when many marks wait, and a rebuild
+    queued when the states are of older formulas. Marks left waiting are younger than the last drain's `every_s`."""
     state = db.get(AgreementState, project.id)
     if state is not None and state.formula != AGREEMENT_FORMULA:
         return Kept(None, 0, ensure_job(db, project, actor, "rebuild"))
     count = waiting(db, project.id, INLINE_MARKS + 1)
-    old = state is None or state.as_of is None or (utcnow() - state.as_of).total_seconds() > RECOUNT_S
+    age = None if state is None or state.as_of is None else (utcnow() - state.as_of).total_seconds()
     if count > INLINE_MARKS:
-        return Kept(state if state is not None and state.as_of is not None else None, count,
-                    ensure_job(db, project, actor, "drain"))
-    if count or old:
-        drain(db, project, wait=False)  # skipped while another drain holds the project: its figures come soon
+        return Kept(state if age is not None else None, count, ensure_job(db, project, actor, "drain"))
+    every = drain_every_s() if every_s is None else every_s
+    if age is None or age > RECOUNT_S or (count and age >= every):
+        drain(db, project, limit=INLINE_MARKS, wait=False)  # skipped while another drain holds the project
         state = db.get(AgreementState, project.id)
         count = waiting(db, project.id, INLINE_MARKS + 1) if count else 0
     return Kept(state, count, False)
+
+
+def drain_every_s() -> float:
+    """How often a view may drain (PREFLAB_AGREEMENT_DRAIN_EVERY_S, 2 s): a page reloaded by several leads at once
+    pays for one small drain every few seconds, not one per view."""
+    return float(get_settings().agreement_drain_every_s)
 
 
 def ensure_job(db: Session, project: Project, actor: User | None, mode: str) -> bool:

@@ -32,6 +32,10 @@ def _same(a: Any, b: Any, path: str = "report") -> None:
         assert type(a) is type(b), path
         for f in dataclasses.fields(a):
             _same(getattr(a, f.name), getattr(b, f.name), f"{path}.{f.name}")
+    elif isinstance(a, dict) and isinstance(b, dict):
+        assert a.keys() == b.keys(), f"{path}: {sorted(a)} != {sorted(b)}"
+        for k in a:
+            _same(a[k], b[k], f"{path}[{k!r}]")
     elif isinstance(a, list | tuple):
         assert len(a) == len(b), f"{path}: {len(a)} != {len(b)}"
         for i, (x, y) in enumerate(zip(a, b, strict=True)):

@@ -96,8 +96,10 @@ def disagreements(db: Session, project: Project, *, rubric_version: int | None =
     per_prompt: dict[tuple[int, int], list[float]] = defaultdict(list)
     for c in pairs.each:
         per_prompt[(c.prompt_id, c.round)].append(c.agreement)
+    # Equal means in exact arithmetic tie (then by prompt and round), as the kept figures order them: the floats of
+    # two such sums, added in another order, may differ in the last bit.
     scored = sorted(((sum(v) / len(v), key) for key, v in per_prompt.items() if sum(v) / len(v) < 1),
-                    key=lambda x: (x[0], x[1]))
+                    key=lambda x: (round(x[0], 12), x[1]))
     shown = scored[:limit]
     letters = _letters(db, {key[0] for _, key in shown})
     emails = _emails(db, {r.annotator_id for _, key in shown for r in tally.by_prompt[key]})
