@@ -64,6 +64,9 @@ DRAIN_BATCH = 2_000
 """Marks one drain transaction reads: a few hundred ms of work, so a drain job commits progress as it goes."""
 INLINE_MARKS = 200
 """A view drains this many waiting marks itself (tens of ms at most); more, and it queues a drain job."""
+INLINE_RANKINGS = 5_000
+"""A view drains only when the marked groups hold at most this many rankings, all told (a gold order set on a prompt
+that hundreds ranked computes it anew: the drain job does that, not a view)."""
 RECOUNT_S = 60.0
 """A view drains (recounting the project's prompts and gold prompts) when the last drain is older than this."""
 REBUILD_PROMPTS = 2_000
@@ -484,9 +487,10 @@ class Kept:
 
 
 def current(db: Session, project: Project, actor: User | None, *, every_s: float | None = None) -> Kept:
-    """The project's kept state for a view: drained here when few marks wait and the last drain is older than
-    `every_s` (the setting when None), or the counts are old; a job queued when many marks wait, and a rebuild
-    queued when the states are of older formulas. Marks left waiting are younger than the last drain's `every_s`."""
+    """The project's kept state for a view: drained here when few marks wait (of groups with few rankings) and the
+    last drain is older than `every_s` (the setting when None), or the counts are old; a job queued when many marks
+    wait, and a rebuild queued when the states are of older formulas. Marks left waiting are younger than the last
+    drain's `every_s`."""
     state = db.get(AgreementState, project.id)
     if state is not None and state.formula != AGREEMENT_FORMULA:
         return Kept(None, 0, ensure_job(db, project, actor, "rebuild"))
@@ -496,10 +500,20 @@ def current(db: Session, project: Project, actor: User | None, *, every_s: float
         return Kept(state if age is not None else None, count, ensure_job(db, project, actor, "drain"))
     every = drain_every_s() if every_s is None else every_s
     if age is None or age > RECOUNT_S or (count and age >= every):
+        if count and _marked_rankings(db, project.id, INLINE_RANKINGS + 1) > INLINE_RANKINGS:
+            return Kept(state if age is not None else None, count, ensure_job(db, project, actor, "drain"))
         drain(db, project, limit=INLINE_MARKS, wait=False)  # skipped while another drain holds the project
         state = db.get(AgreementState, project.id)
         count = waiting(db, project.id, INLINE_MARKS + 1) if count else 0
     return Kept(state, count, False)
+
+
+def _marked_rankings(db: Session, project_id: int, up_to: int) -> int:
+    """Human rankings of the groups a view's drain would read, counted no further than `up_to`."""
+    marked = select(AgreementMark.prompt_id).where(AgreementMark.project_id == project_id).limit(INLINE_MARKS)
+    ranked = (select(Ranking.id).where(Ranking.prompt_id.in_(marked.scalar_subquery()), Ranking.source == "human")
+              .limit(up_to))
+    return int(db.scalar(select(func.count()).select_from(ranked.subquery())) or 0)
 
 
 def drain_every_s() -> float:

@@ -354,3 +354,33 @@ def test_a_view_folds_new_rankings_in_at_most_every_few_seconds_and_says_how_old
         campaign.check()
     finally:
         get_settings.cache_clear()
+
+
+def test_a_view_leaves_groups_of_many_rankings_to_the_drain_job(
+        app, db, make_user, make_project, api, token_for, monkeypatch) -> None:
+    """A change to a prompt with many rankings (here more than 3) is folded in by the worker, never by a view."""
+    from app.models import Job
+    from app.worker import Worker
+
+    monkeypatch.setattr(upkeep, "INLINE_RANKINGS", 3)
+    campaign = Campaign(db, make_user, make_project)
+    campaign.run(("submit", 0, 0, 1, "strict", 20.0, 0))
+    lead = api(token_for(db, campaign.lead))
+    url = f"/api/projects/{campaign.project.id}/agreement"
+    db.commit()
+    assert lead.get(url).json()["human_rankings"] == 1  # one ranking: the view drains it
+    for who in range(1, ANNOTATORS):
+        campaign.run(("submit", who, 0, who, "tie", 20.0, 10 * who))
+    db.commit()
+
+    waiting = lead.get(url).json()
+
+    assert waiting["human_rankings"] == 1
+    db.commit()
+    assert [j.payload["agreement"] for j in db.query(Job).filter_by(project_id=campaign.project.id,
+                                                                    kind=upkeep.KIND)] == ["drain"]
+    db.commit()  # SQLite: the test's read ends before the worker writes
+    assert Worker(app.state.settings, session_factory=app.state.session_factory, heartbeat_s=0.2).run_one()
+    assert lead.get(url).json()["human_rankings"] == ANNOTATORS
+    db.commit()
+    campaign.check()
