@@ -7,13 +7,20 @@ view queues the project rollup and the bench waits for the worker to finish it (
 peak RSS are reported). Then, for each page, `--views` sequential views by a logged-in lead after two warm-ups:
 p50/p95/max and the server's RSS after them. Last, side by side in one run: 32 annotators doing next → submit without
 think time, alone and then beside 5 leads reloading the agreement page in a loop, in turn `--rounds` times
-(`--seconds` measured per side in all); the p95 rise of next and submit over the pooled turns.
+(`--seconds` measured per side in all); the p95 rise of next and submit over the pooled turns. Then 20 rankings
+submitted through the API one at a time, each followed by the lead's agreement API every 0.1 s until the figures
+count it: the time from submit to visible.
+
+Budget, checked at the end (the last JSON line; the exit status is 1 when it is missed): the leads raise the
+annotators' p95 of next and of submit by at most `--max-rise-pct` (10 %), and every ranking is visible in the
+figures within `--max-visible-s` (10 s) of its submit.
 
     PREFLAB_BENCH_DATABASE_URL=postgresql://postgres@127.0.0.1:5432/preflab_campaign \\
         .venv/bin/python benchmarks/bench_campaign.py --rankings 1000000 [--views 20] [--seconds 20] \\
         [--template preflab_campaign_1m]
 
-Prints one JSON line per page, one for the rollup, one for the side-by-side (and the machine's load average).
+Prints one JSON line per page, one for the rollup, one for the side-by-side (and the machine's load average), one
+for submit-to-visible and one for the budget.
 """
 
 from __future__ import annotations
@@ -180,6 +187,67 @@ def side_by_side(base: str, client: httpx.Client, project_id: int, tokens: list[
                                        for key in ("next", "submit")}}
 
 
+def _human_rankings(engine: Any, project_id: int) -> int:
+    from sqlalchemy import text
+
+    with engine.connect() as conn:
+        return int(conn.execute(text("SELECT count(*) FROM rankings WHERE project_id = :p AND source = 'human'"),
+                                {"p": project_id}).scalar_one())
+
+
+def submit_to_visible(client: httpx.Client, base: str, database_url: str, project_id: int, token: str, n: int,
+                      deadline_s: float) -> dict[str, Any]:
+    """`n` rankings submitted one at a time by one annotator through the API; after each, the lead's agreement API
+    every 0.1 s until its count of human rankings reaches the database's: seconds from the submit's answer to that
+    view."""
+    from sqlalchemy import create_engine
+
+    engine = create_engine(database_url)
+    api = httpx.Client(base_url=base, timeout=60, headers={"Authorization": f"Bearer {token}"})
+    url = f"/api/projects/{project_id}/agreement"
+    seen, errors = [], 0
+    try:
+        for i in range(n):
+            task = api.get(f"/api/projects/{project_id}/tasks/next")
+            if task.status_code != 200:
+                errors += 1
+                continue
+            body = task.json()
+            r = api.post(f"/api/projects/{project_id}/rankings", json={
+                "assignment_id": body["assignment_id"], "tiers": [[c["id"]] for c in body["completions"]],
+                "rubric_version": body["rubric"]["version"], "submission_id": f"visible-{i}", "seconds_spent": 5.0})
+            if r.status_code != 201:
+                errors += 1
+                continue
+            t0 = time.perf_counter()
+            written = _human_rankings(engine, project_id)
+            while (waited := time.perf_counter() - t0) < deadline_s:
+                view = client.get(url)
+                if view.status_code == 200 and view.json()["human_rankings"] >= written:
+                    break
+                time.sleep(0.1)
+            seen.append(waited)
+    finally:
+        api.close()
+        engine.dispose()
+    return {"bench": "campaign", "case": "submit_to_visible", "submits": n, "errors": errors,
+            "p50_s": round(_percentile(seen, 0.5), 2) if seen else None,
+            "p95_s": round(_percentile(seen, 0.95), 2) if seen else None,
+            "max_s": round(max(seen), 2) if seen else None, "load_avg": os.getloadavg()}
+
+
+def budget(side: dict[str, Any], visible: dict[str, Any], max_rise_pct: float, max_visible_s: float
+           ) -> dict[str, Any]:
+    """The run's budget, each figure with its limit and whether it was met."""
+    checks = {f"{key}_p95_rise_pct": (side["p95_rise_pct"][key], max_rise_pct) for key in ("next", "submit")}
+    checks["submit_to_visible_max_s"] = (visible["max_s"], max_visible_s)
+    out = {name: {"value": value, "limit": limit, "met": value is not None and value <= limit}
+           for name, (value, limit) in checks.items()}
+    out["submit_to_visible_errors"] = {"value": visible["errors"], "limit": 0, "met": visible["errors"] == 0}
+    return {"bench": "campaign", "case": "budget", "rankings": side["rankings"], "checks": out,
+            "met": all(c["met"] for c in out.values())}
+
+
 def _pooled(turns: list[dict[str, Any]], raw: dict[str, list[float]], seconds: float) -> dict[str, Any]:
     """One side's figures over all its turns."""
     errors: dict[str, int] = {}
@@ -253,6 +321,10 @@ def main() -> None:
                         help="turns of each side of the side-by-side, alone and beside the leads in turn")
     parser.add_argument("--open-prompts", type=int, default=20_000)
     parser.add_argument("--rollup-deadline", type=float, default=1800.0)
+    parser.add_argument("--max-rise-pct", type=float, default=10.0,
+                        help="budget: the most the leads may raise the annotators' p95 of next and of submit, in %%")
+    parser.add_argument("--max-visible-s", type=float, default=10.0,
+                        help="budget: the most seconds from a ranking's submit to the figures counting it")
     parser.add_argument("--template", metavar="DATABASE",
                         help="keep the seeded campaign as this Postgres database and start later runs from a copy of"
                              " it (seeding 1M rankings takes minutes; a copy seconds); reseeded if --rankings or"
@@ -283,10 +355,16 @@ def main() -> None:
             result["server_peak_rss_mb"] = _rss_mb(server.pid, "VmHWM")
             result["load_avg"] = os.getloadavg()
             print(json.dumps(result), flush=True)
+            visible = submit_to_visible(client, base, url, project_id, tokens[0], 20, 3 * args.max_visible_s)
+            print(json.dumps(visible), flush=True)
+            verdict = budget(result, visible, args.max_rise_pct, args.max_visible_s)
+            print(json.dumps(verdict), flush=True)
         finally:
             for proc in (worker, server):
                 proc.terminate()
                 proc.wait(timeout=30)
+    if not verdict["met"]:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -489,16 +489,18 @@ class Kept:
 def current(db: Session, project: Project, actor: User | None, *, every_s: float | None = None) -> Kept:
     """The project's kept state for a view: drained here when few marks wait (of groups with few rankings) and the
     last drain is older than `every_s` (the setting when None), or the counts are old; a job queued when many marks
-    wait, and a rebuild queued when the states are of older formulas. Marks left waiting are younger than the last
-    drain's `every_s`."""
+    wait, and a rebuild queued when the states are of older formulas. Within `every_s` of the last drain it reads
+    nothing more (what waits is that young), and says nothing waits."""
     state = db.get(AgreementState, project.id)
     if state is not None and state.formula != AGREEMENT_FORMULA:
         return Kept(None, 0, ensure_job(db, project, actor, "rebuild"))
-    count = waiting(db, project.id, INLINE_MARKS + 1)
     age = None if state is None or state.as_of is None else (utcnow() - state.as_of).total_seconds()
+    every = drain_every_s() if every_s is None else every_s
+    if age is not None and age < every:
+        return Kept(state, 0, False)  # drained moments ago: a view reads the totals and nothing else
+    count = waiting(db, project.id, INLINE_MARKS + 1)
     if count > INLINE_MARKS:
         return Kept(state if age is not None else None, count, ensure_job(db, project, actor, "drain"))
-    every = drain_every_s() if every_s is None else every_s
     if age is None or age > RECOUNT_S or (count and age >= every):
         if count and _marked_rankings(db, project.id, INLINE_RANKINGS + 1) > INLINE_RANKINGS:
             return Kept(state if age is not None else None, count, ensure_job(db, project, actor, "drain"))
