@@ -17,12 +17,14 @@ folded in, each compared with the ones there (O(n) per new ranking, partial.exte
 or changed, a removed ranking's id reused, a gold order set or cleared) computes the group from all its rankings. Either
 way the state equals partial.group_state of its rankings.
 
-Who drains: a view of the figures, when few marks wait (INLINE_MARKS: a few ms) and the last drain is older than
-PREFLAB_AGREEMENT_DRAIN_EVERY_S (2 s), so leads reloading a page pay for one small drain every few seconds; the figures
-a view shows are then at most that old, plus the drain's own time, and the page says as of when. More marks, and a
-`project_rollup` job with `{"agreement": "drain"}` drains batch after batch, at a lower CPU priority (nice +10). A state
-computed under older formulas (AGREEMENT_FORMULA) is rebuilt once by a job with `{"agreement": "rebuild"}`, as `preflab
-agreement rebuild` does on demand: every state and total deleted and every group drained again, in one transaction.
+Who drains: a view of the figures, when few marks wait (INLINE_MARKS, of groups holding at most INLINE_RANKINGS
+rankings: a few ms) and the last drain is older than PREFLAB_AGREEMENT_DRAIN_EVERY_S (2 s), so leads reloading a page
+pay for one small drain every few seconds; within that time of the last drain a view reads the totals and nothing else.
+While few marks wait, what a view shows lacks only rankings younger than the last drain; the page says as of when. More
+marks, or larger groups, and a `project_rollup` job with `{"agreement": "drain"}` drains batch after batch, at a lower
+CPU priority (nice +10). A state computed under older formulas (AGREEMENT_FORMULA) is rebuilt once by a job with
+`{"agreement": "rebuild"}`, as `preflab agreement rebuild` does on demand: every state and total deleted and every group
+drained again, in one transaction.
 """
 
 from __future__ import annotations
