@@ -225,6 +225,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     from app.projects import constitution_routes as constitutions
     from app.projects import pages as pages_projects
     from app.quality import routes as agreement
+    from app.runs import cluster_routes as clusters
     from app.runs import routes as training
     from app.web import health_routes as health
     from app.webhooks import routes as webhooks
@@ -246,6 +247,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         judge,
         exports,
         training,
+        clusters,
         webhooks,
     )
     for module in routers:

@@ -171,6 +171,39 @@ class ModelEndpoint(Base):
     created_by: Mapped[User | None] = relationship()
 
 
+class ComputeCluster(Base):
+    """A Slurm or Ray cluster that an admin configured in the app, where runs may be sent (beside those of
+    PREFLAB_CLUSTERS_FILE, which are read-only). The secret stays here, encrypted: no page or API answer shows it."""
+
+    __tablename__ = "clusters"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(40), unique=True)
+    kind: Mapped[str] = mapped_column(String(10))
+    """slurm | ray."""
+    address: Mapped[str | None] = mapped_column(String(1000))
+    """Ray: the head's dashboard address (http://host:8265)."""
+    partition: Mapped[str | None] = mapped_column(String(200))
+    """Slurm: the partition runs go to unless they ask for another."""
+    shared_dir: Mapped[str] = mapped_column(String(1000))
+    resources: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    """Default resources a run's own override (cpus, gpus, memory_gb, nodes, workers, time_limit_min)."""
+    env: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    """More environment variables for the run on the nodes (HF_HOME, a module path)."""
+    job_prefix: Mapped[str] = mapped_column(String(40), default="preflab")
+    """Job names are JOB_PREFIX-{job}-{attempt}: two preflab installs that share a cluster each set their own."""
+    max_running: Mapped[int | None] = mapped_column(Integer)
+    """The concurrency cap: at most this many runs at once on the cluster; the worker holds further runs queued."""
+    secret_stored: Mapped[str | None] = mapped_column("secret", Text)
+    """A Ray token or an SSH private key, encrypted (`fernet:<token>`, app/platform/crypto.py); read through
+    app.runs.cluster_config only."""
+    created_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
+
+    created_by: Mapped[User | None] = relationship()
+
+
 class Project(Base):
     __tablename__ = "projects"
     __table_args__ = (

@@ -258,6 +258,82 @@ class ModelEndpointAdminOut(ModelEndpointOut):
                    created_at=endpoint.created_at)
 
 
+class ClusterIn(Strict):
+    name: str = Field(min_length=1, max_length=40, description="What runs name in `where`: a letter, then letters, "
+                                                               "digits, - or _.")
+    kind: Literal["slurm", "ray"]
+    address: str | None = Field(default=None, max_length=1000,
+                                description="Ray: the head's dashboard address (http://host:8265).")
+    partition: str | None = Field(default=None, max_length=200, description="Slurm: the default partition.")
+    shared_dir: str = Field(min_length=1, max_length=1000,
+                            description="The path the app, the workers and every node see (PREFLAB_DATA_DIR and "
+                                        "the models lie under it).")
+    resources: dict[str, Any] = Field(default_factory=dict,
+                                      description="Default resources a run's own override: cpus, gpus, memory_gb, "
+                                                  "nodes, workers, time_limit_min.")
+    env: dict[str, str] = Field(default_factory=dict, description="More environment variables for runs there.")
+    job_prefix: str = Field(default="preflab", max_length=40,
+                            description="Job names are JOB_PREFIX-<job>-<attempt>; two installs sharing a cluster "
+                                        "each set their own.")
+    max_running: int | None = Field(default=None, ge=1, le=10_000,
+                                    description="The concurrency cap: at most this many runs at once on the cluster; "
+                                                "further runs wait queued (none: no cap).")
+    secret: str | None = Field(default=None, max_length=20_000,
+                               description="A Ray token (sent as a Bearer header to the head) or an SSH private key; "
+                                           "stored encrypted and never shown again.")
+
+
+class ClusterPatch(Strict):
+    name: str | None = Field(default=None, min_length=1, max_length=40)
+    kind: Literal["slurm", "ray"] | None = None
+    address: str | None = Field(default=None, max_length=1000, description='"" removes it.')
+    partition: str | None = Field(default=None, max_length=200, description='"" removes it.')
+    shared_dir: str | None = Field(default=None, min_length=1, max_length=1000)
+    resources: dict[str, Any] | None = Field(default=None, description="Replaces the default resources whole.")
+    env: dict[str, str] | None = Field(default=None, description="Replaces the variables whole.")
+    job_prefix: str | None = Field(default=None, max_length=40)
+    max_running: int | None = Field(default=None, ge=1, le=10_000)
+    no_cap: bool = Field(default=False, description="Remove the concurrency cap.")
+    secret: str | None = Field(default=None, max_length=20_000, description="A new secret (omit to keep the stored "
+                                                                            "one).")
+    clear_secret: bool = False
+
+
+class ClusterOut(BaseModel):
+    """A cluster as admins see it: never its secret, only whether one is set."""
+
+    id: int | None = Field(description="None for a cluster of PREFLAB_CLUSTERS_FILE (not editable here).")
+    name: str
+    kind: str
+    source: Literal["app", "file"] = Field(description='"file": from PREFLAB_CLUSTERS_FILE, read-only in the app.')
+    address: str | None
+    partition: str | None
+    shared_dir: str | None
+    resources: dict[str, Any]
+    env_names: list[str] = Field(description="The names of the extra variables (their values are not shown).")
+    job_prefix: str
+    max_running: int | None
+    running: int = Field(description="preflab's runs going on the cluster now.")
+    secret: Literal["not set", "set", "unreadable"] = Field(
+        description='"unreadable": no configured encryption key decrypts the stored secret; enter it again.')
+
+
+class ClusterTestOut(BaseModel):
+    ok: bool
+    seconds: float = Field(description="From submitting the trivial job to its end.")
+    detail: str = Field(description="What the backend said: the job it ran, or its own words on failure.")
+
+
+class DefaultClusterIn(Strict):
+    default_cluster: str | None = Field(default=None, max_length=40,
+                                        description="The cluster the project's runs go to when they name none "
+                                                    "(null or local: the worker's host).")
+
+
+class DefaultClusterOut(BaseModel):
+    default_cluster: str = Field(description="`local` when none is set.")
+
+
 class WebhookIn(Strict):
     url: str = Field(min_length=8, max_length=1000, description="The https:// URL each event is POSTed to.")
     events: list[str] = Field(min_length=1, max_length=10, description="Events to send: export.ready, "
@@ -734,7 +810,9 @@ class TrainingRunIn(Strict):
                                                            "--help`); validated before any job exists.")
     where: str | None = Field(default=None, max_length=100,
                               description="The cluster the run executes on: `local` (the worker's host, the default) "
-                                          "or a Slurm or Ray cluster named in PREFLAB_CLUSTERS_FILE.")
+                                          "or a Slurm or Ray cluster an admin configured (admin page, "
+                                          "PREFLAB_CLUSTERS_FILE). Default: the project's default cluster, else "
+                                          "local.")
     resources: dict | None = Field(default=None,
                                    description="What the run asks of its cluster, over the cluster's defaults: cpus, "
                                                "gpus, memory_gb, nodes, workers (DDP processes in all), "

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.jobs import HANDLERS, handler_for
 from app.jobs import queue as jobs
-from app.jobs.context import JobContext, JobError, JobRetry, JobStopped, is_permanent
+from app.jobs.context import JobContext, JobError, JobRetry, JobStopped, JobWait, is_permanent
 from app.models import Job
 from app.platform import outbound
 from app.platform.db import make_engine, make_session_factory, run_transaction, session_scope
@@ -163,6 +163,8 @@ class Worker:
             outcome = ("error", str(exc))
         except JobRetry as exc:  # the handler asks for another attempt after a backoff
             outcome = ("retry", exc)
+        except JobWait as exc:  # not yet: back to the queue, the attempt not counted
+            outcome = ("wait", exc)
         except Exception as exc:  # log the traceback; fail at once when no attempt can end otherwise, else retry
             ctx.log(traceback.format_exc())
             outcome = ("error" if is_permanent(exc) else "crash", reason(exc))
@@ -191,6 +193,9 @@ class Worker:
             if kind == "error":
                 jobs.fail(db, ctx.job_id, self.worker_id, value, retry=False)
                 return f"failed: {value}"
+            if kind == "wait":
+                jobs.defer(db, ctx.job_id, self.worker_id, str(value), value.after)
+                return str(value)
             if kind == "retry":
                 jobs.fail(db, ctx.job_id, self.worker_id, str(value), retry=True, retry_after=value.after)
                 return f"will retry in {value.after.total_seconds():g}s: {value}"

@@ -65,6 +65,8 @@ ACTIONS: dict[str, Action] = {
     "selection.manage": _project({LEAD}, "choose the queue order",
                                  "choose the queue's selection (random, uncertainty, disagreement) and compute "
                                  "priorities"),
+    "cluster.choose": _project({LEAD}, "choose the default cluster",
+                               "choose the cluster the project's training runs go to by default"),
     "webhooks.manage": _project({LEAD}, "manage webhooks", "add and remove webhooks and see their deliveries"),
     "webhooks.allow_private": _project(set(), "point a webhook at a private or loopback address",
                                        "let a webhook call a private or loopback host (admins only)"),
@@ -72,6 +74,8 @@ ACTIONS: dict[str, Action] = {
     "project.create": _account({LEAD}, "only admins and leads create projects", "create a project"),
     "users.manage": _account(set(), "this needs the admin role", "create, change and deactivate accounts"),
     "endpoints.manage": _account(set(), "only admins configure model endpoints", "configure model endpoints"),
+    "clusters.manage": _account(set(), "only admins configure clusters", "configure the Slurm and Ray clusters runs "
+                                                                         "are sent to"),
 }
 
 

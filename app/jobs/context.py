@@ -31,6 +31,15 @@ class JobRetry(Exception):
         self.after = after
 
 
+class JobWait(Exception):
+    """Not yet (a cluster's runs are at its cap): the job goes back to the queue as it was, its attempt not counted,
+    says what it waits for, and is not claimed again before `after` has passed."""
+
+    def __init__(self, message: str, after: timedelta) -> None:
+        super().__init__(message)
+        self.after = after
+
+
 PERMANENT: tuple[type[BaseException], ...] = (JobError, DomainError, ValueError, TypeError, LookupError,
                                               AttributeError, NotImplementedError)
 """Failures that come out the same on every attempt: bad input or configuration (ValueError and its kin: a

@@ -177,6 +177,16 @@ def requeue(db: Session, job_id: int, worker_id: str, message: str) -> bool:
     return True
 
 
+def defer(db: Session, job_id: int, worker_id: str, message: str, after: timedelta) -> bool:
+    """Give a job back until `after` has passed, its attempt not counted (it waits for a slot, it did not fail)."""
+    if not requeue(db, job_id, worker_id, message):
+        return False
+    job = db.get(Job, job_id)
+    assert job is not None
+    job.run_after = utcnow() + after
+    return True
+
+
 def cancel(db: Session, job: Job, actor: User) -> Job:
     """Queued jobs never start; a running job's worker sees the state at its next heartbeat and stops."""
     if job.state in TERMINAL:

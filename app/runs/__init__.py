@@ -2,7 +2,8 @@
 
 Other packages use `training_runs` and `iteration`; the app mounts `routes`; the worker runs `train_job` (which also
 runs alone as the trainer's supervisor, so this door imports nothing), and `train_job` submits each run through
-the execution backend of its cluster (`backends`: local, Slurm, Ray).
+the execution backend of its cluster (`backends`: local, Slurm, Ray). `cluster_config` holds the clusters an admin
+configures in the app (`cluster_routes`: the admin page and API) beside PREFLAB_CLUSTERS_FILE's.
 """
 
-__all__ = ["iteration", "routes", "train_job", "training_runs"]
+__all__ = ["cluster_config", "cluster_routes", "iteration", "routes", "train_job", "training_runs"]

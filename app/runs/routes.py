@@ -12,10 +12,19 @@ from app.accounts import permissions
 from app.projects import projects
 from app.quality import charts
 from app.runs import iteration, training_runs
-from app.schemas import IterateIn, JobAccepted, SampleIntoProjectIn, TrainingRunAccepted, TrainingRunIn, TrainingRunOut
+from app.schemas import (
+    DefaultClusterIn,
+    DefaultClusterOut,
+    IterateIn,
+    JobAccepted,
+    SampleIntoProjectIn,
+    TrainingRunAccepted,
+    TrainingRunIn,
+    TrainingRunOut,
+)
 from app.web.deps import MAX_ID, CurrentUser, Id, PageUser, SessionDep
 from app.web.form_pages import ProjectPage
-from app.web.forms import IterateForm, TrainingForm
+from app.web.forms import DefaultClusterForm, IterateForm, TrainingForm
 from app.web.rendering import render
 
 router = APIRouter()
@@ -113,7 +122,9 @@ def _list_context(db, project, user, default_policy=None, clusters_file=None) ->
             "can_train": permissions.may(db, user, project, "training.start"),
             "kinds": training_runs.KINDS, "fields": {k: training_runs.config_fields(k) for k in training_runs.KINDS},
             "defaults": {k: training_runs.default_model(k, default_policy) for k in training_runs.KINDS},
-            "policy_kinds": training_runs.POLICY_KINDS, "clusters": training_runs.cluster_names(clusters_file)}
+            "policy_kinds": training_runs.POLICY_KINDS, "clusters": training_runs.cluster_names(db, clusters_file),
+            "default_cluster": training_runs.default_cluster(project) or "local",
+            "can_choose_cluster": permissions.may(db, user, project, "cluster.choose")}
 
 
 def _page(request: Request) -> ProjectPage:
@@ -121,6 +132,25 @@ def _page(request: Request) -> ProjectPage:
     settings = request.app.state.settings
     return ProjectPage("training.html", lambda db, project, user: _list_context(
         db, project, user, settings.default_policy_model, settings.clusters_file))
+
+
+@router.put("/api/projects/{project_id}/default-cluster", tags=["training"],
+            summary="Set the cluster the project's runs go to when they name none (lead)")
+def set_default_cluster(request: Request, project_id: Id, body: DefaultClusterIn, db: SessionDep,
+                        user: CurrentUser) -> DefaultClusterOut:
+    project = projects.get_visible(db, project_id, user)
+    training_runs.set_default_cluster(db, project, user, body.default_cluster, request.app.state.settings.clusters_file)
+    return DefaultClusterOut(default_cluster=training_runs.default_cluster(project) or "local")
+
+
+@router.post("/projects/{project_id}/training/default-cluster", include_in_schema=False)
+def default_cluster_from_page(request: Request, project_id: Id, db: SessionDep, user: PageUser,
+                              form: Annotated[DefaultClusterForm, Form()]) -> Response:
+    clusters_file = request.app.state.settings.clusters_file
+    return _page(request).submit(request, db, user, project_id, form,
+                                 lambda db, project, user, body: training_runs.set_default_cluster(
+                                     db, project, user, body.default_cluster, clusters_file),
+                                 redirect="/projects/{project_id}/training")
 
 
 @router.get("/projects/{project_id}/training", include_in_schema=False)

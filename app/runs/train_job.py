@@ -75,11 +75,16 @@ def trainer_args(kind: str, config_path: Path) -> list[str]:
 
 
 def run(ctx: JobContext) -> dict[str, Any]:
-    from app.jobs.context import JobError, JobStopped, will_retry  # not at the top: keeps the supervisor stdlib-only
+    from app.jobs.context import (  # not at the top: keeps the supervisor stdlib-only
+        JobError,
+        JobStopped,
+        JobWait,
+        will_retry,
+    )
 
     try:
         return _run(ctx)
-    except JobStopped:
+    except (JobStopped, JobWait):  # stopped, or waiting for a slot: the run's state is not this attempt's to end
         raise
     except JobError:  # never retried: the run fails now
         _set_state(ctx, int(ctx.payload["training_run_id"]), "failed")
@@ -98,20 +103,22 @@ def _run(ctx: JobContext) -> dict[str, Any]:
     from app.runs import training_runs
 
     run_id = int(ctx.payload["training_run_id"])
+    out = training_runs.run_dir(ctx.settings.data_dir, run_id)
     with session_scope(ctx.session_factory) as db:
         tr = job_row(db, training_runs.find, run_id, "training run")
         if tr.state == "cancelled":
             raise JobStopped("cancelled")
-        training_runs.set_state(db, run_id, "running")
         kind = tr.kind
         resolved = dict((tr.config or {}).get("resolved") or {})
         where = dict((tr.config or {}).get("where") or {})
+        cluster, resources = _placement(ctx, db, where)
+        if not (out / SUBMISSION_FILE).exists():  # a run already on the cluster holds its slot: it is followed
+            _wait_for_slot(db, cluster, run_id)
+        training_runs.set_state(db, run_id, "running")
         checksums = _export_checksums(ctx, training_runs.export_of(db, tr))
         if isinstance(resolved.get("server_base_url"), str):  # the trainer fetches from it: checked again now
             resolved["server_base_url"] = _checked_server_url(db, resolved["server_base_url"])
-    out = training_runs.run_dir(ctx.settings.data_dir, run_id)
     out.mkdir(parents=True, exist_ok=True)
-    cluster, resources = _placement(ctx, where)
     backend = _backend(cluster)
     config = resolved | {"out": str(out)}
     submission = _earlier_submission(ctx, backend, run_id, out, config)
@@ -194,24 +201,43 @@ def _export_checksums(ctx: JobContext, export: Any) -> dict[str, str]:
     return {str(root / name): str(sha) for name, sha in dict(export.files).items()}
 
 
-def _placement(ctx: JobContext, where: dict[str, Any]) -> tuple[Cluster, Resources]:
-    """The run's cluster as configured now, and the resources it asked for, or JobError naming what is gone."""
+def _placement(ctx: JobContext, db: Any, where: dict[str, Any]) -> tuple[Cluster, Resources]:
+    """The run's cluster as configured now (with its secret), and the resources it asked for, or JobError naming
+    what is gone."""
     from app.jobs.context import JobError
-    from app.runs.backends import clusters
+    from app.platform.crypto import Keyring
+    from app.platform.errors import DomainError
+    from app.runs import cluster_config
 
     name = str(where.get("cluster") or LOCAL)
     try:
-        found = clusters.load(ctx.settings.clusters_file)
-    except clusters.ClusterError as exc:
-        raise JobError(str(exc)) from None
+        found = cluster_config.available(db, ctx.settings.clusters_file, Keyring(ctx.settings))
+    except DomainError as exc:
+        raise JobError(exc.message) from None
     if name not in found:
-        raise JobError(f"the run's cluster {name} is no longer configured (PREFLAB_CLUSTERS_FILE)")
+        raise JobError(f"the run's cluster {name} is no longer configured (admin page, PREFLAB_CLUSTERS_FILE)")
     cluster = found[name]
     try:
         resources = Resources.from_dict(where.get("resources") or {}, base=cluster.resources)
     except (ValueError, TypeError) as exc:
         raise JobError(f"resources: {exc}") from None
     return cluster, resources
+
+
+SLOT_WAIT_S = 5.0
+"""How long a run held back by its cluster's cap waits before a worker looks for a free slot again."""
+
+
+def _wait_for_slot(db: Any, cluster: Cluster, run_id: int) -> None:
+    """JobWait (back to the queue, the run still queued) while the cluster runs as many runs as its cap allows."""
+    from datetime import timedelta
+
+    from app.jobs.context import JobWait
+    from app.runs import cluster_config
+
+    waiting = cluster_config.slot_wait(db, cluster, run_id)
+    if waiting is not None:
+        raise JobWait(waiting, timedelta(seconds=SLOT_WAIT_S))
 
 
 def _backend(cluster: Cluster) -> Backend:

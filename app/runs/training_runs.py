@@ -26,7 +26,7 @@ from app.models import Completion, Export, Job, Project, Prompt, TrainingRun, Us
 from app.platform import audit
 from app.platform.errors import Conflict, Invalid, NotFound
 from app.projects import projects, versions
-from app.runs.backends import clusters
+from app.runs import cluster_config
 from app.runs.backends.base import LOCAL, Resources
 from app.webhooks import service as webhooks
 from training import config, methods
@@ -140,7 +140,7 @@ def request_run(db: Session, project: Project, actor: User, *, data_dir: Path, k
     export = _finished_export(db, project, kind, export_id)
     model_path = _base_model(kind, base_model, default_policy)
     parent = _reward_run(db, project, kind, reward_run_id, config)
-    placement = _placement(where, resources, clusters_file)
+    placement = _placement(db, project, where, resources, clusters_file)
     if isinstance(config.get("server_base_url"), str):  # GRPO sampling through a server: a fetch the server makes
         config = dict(config) | {"server_base_url": endpoints.check_server_url(
             db, actor, config["server_base_url"], field="config.server_base_url")}
@@ -166,16 +166,16 @@ def request_run(db: Session, project: Project, actor: User, *, data_dir: Path, k
     return run, job
 
 
-def _placement(where: str | None, resources: dict[str, Any] | None, clusters_file: Path | None) -> dict[str, Any]:
+def _placement(db: Session, project: Project, where: str | None, resources: dict[str, Any] | None,
+               clusters_file: Path | None) -> dict[str, Any]:
     """Where the run executes, as stored in its config (`{"where": {"cluster", "kind", "resources"}}`; nothing for the
-    local default), or Invalid naming `where` or `resources.<field>`."""
-    name = (where or "").strip() or LOCAL
-    try:
-        found = clusters.load(clusters_file)
-    except clusters.ClusterError as exc:
-        raise Invalid(str(exc), field="where") from None
+    local default), or Invalid naming `where` or `resources.<field>`. No `where`: the project's default cluster."""
+    default = default_cluster(project)
+    name = (where or "").strip() or default or LOCAL
+    found = cluster_config.available(db, clusters_file)
     if name not in found:
-        raise Invalid(f"no cluster named {name!r}; configured: {', '.join(found)}", field="where")
+        said = "" if (where or "").strip() else " (the project's default cluster, set on its settings page)"
+        raise Invalid(f"no cluster named {name!r}{said}; configured: {', '.join(found)}", field="where")
     if name == LOCAL:
         if resources:
             raise Invalid("a local run takes the worker's host as it is and asks for no resources (spread it over "
@@ -184,7 +184,7 @@ def _placement(where: str | None, resources: dict[str, Any] | None, clusters_fil
         return {}
     cluster = found[name]
     if "address" in (resources or {}):  # where the worker sends requests: the admin's to choose, not a run's
-        raise Invalid("is the cluster's own (PREFLAB_CLUSTERS_FILE); a run cannot point elsewhere",
+        raise Invalid("is the cluster's own (set by an admin); a run cannot point elsewhere",
                       field="resources.address")
     try:
         Resources.from_dict(resources or {}, base=cluster.resources)
@@ -195,12 +195,39 @@ def _placement(where: str | None, resources: dict[str, Any] | None, clusters_fil
     return {"where": {"cluster": name, "kind": cluster.kind, "resources": dict(resources or {})}}
 
 
-def cluster_names(clusters_file: Path | None) -> list[str]:
-    """The clusters a run may be sent to, `local` first (only `local` while the clusters file is unreadable)."""
+def cluster_names(db: Session, clusters_file: Path | None) -> list[str]:
+    """The clusters a run may be sent to, `local` first (only `local` and the app's while the clusters file is
+    unreadable)."""
     try:
-        return list(clusters.load(clusters_file))
-    except clusters.ClusterError:
-        return [LOCAL]
+        return list(cluster_config.available(db, clusters_file))
+    except Invalid:
+        return [LOCAL, *(row.name for row in cluster_config.list_rows(db))]
+
+
+def default_cluster(project: Project) -> str | None:
+    """The cluster the project's runs go to when they name none (a lead's project setting), or None: local."""
+    value = (project.settings or {}).get("default_cluster")
+    return value if isinstance(value, str) and value else None
+
+
+def set_default_cluster(db: Session, project: Project, actor: User, name: str | None,
+                        clusters_file: Path | None) -> Project:
+    """Set (or, with None or "", clear) the project's default cluster; Invalid naming `default_cluster` for a name
+    no admin configured."""
+    permissions.require(db, actor, project, "cluster.choose")
+    name = (name or "").strip() or None
+    if name is not None and name != LOCAL and name not in cluster_names(db, clusters_file):
+        raise Invalid(f"no cluster named {name!r}; configured: {', '.join(cluster_names(db, clusters_file))}",
+                      field="default_cluster")
+    settings = dict(project.settings or {})
+    if name is None or name == LOCAL:
+        settings.pop("default_cluster", None)
+    else:
+        settings["default_cluster"] = name
+    project.settings = settings
+    audit.record(db, actor, "project.default_cluster", project_id=project.id, object_type="project",
+                 object_id=project.id, default_cluster=name or LOCAL)
+    return project
 
 
 def where_of(run: TrainingRun) -> str:

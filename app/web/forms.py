@@ -24,7 +24,10 @@ from app.platform.errors import DomainError, Invalid
 from app.schemas import (
     AILabelsIn,
     AIStepLabelsIn,
+    ClusterIn,
+    ClusterPatch,
     ConstitutionIn,
+    DefaultClusterIn,
     ExportIn,
     IterateIn,
     JudgeRunIn,
@@ -342,6 +345,79 @@ class EndpointUpdateForm(EndpointForm):
 
 
 # --- generators: sampling, the judge, revisions -------------------------------------------------------------------
+
+
+_CLUSTER_LABELS = {"name": "Name", "kind": "Kind", "address": "Ray head address", "partition": "Slurm partition",
+                   "shared_dir": "Shared path", "resources": "Default resources", "job_prefix": "Job prefix",
+                   "max_running": "Runs at once (cap)", "secret": "Secret", "clear_secret": "remove the stored secret"}
+
+
+def key_values(raw: str, field: str) -> dict[str, Any]:
+    """`gpus=1, cpus=8` (commas or lines) as a dict, numbers as numbers; Invalid naming `field` for a bad item."""
+    found: dict[str, Any] = {}
+    for item in (part.strip() for part in raw.replace("\n", ",").split(",")):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise Invalid(f"{item!r} is not KEY=VALUE", field=field)
+        text = value.strip()
+        found[key.strip()] = int(text) if text.isdigit() else _number(text)
+    return found
+
+
+def _number(text: str) -> Any:
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+class ClusterForm(ApiForm):
+    LABELS: ClassVar[Mapping[str, str]] = _CLUSTER_LABELS
+    SECRET = ("secret",)
+
+    name: str = Field("", max_length=40)
+    kind: str = Field("slurm", max_length=10)
+    address: str = Field("", max_length=1000)
+    partition: str = Field("", max_length=200)
+    shared_dir: str = Field("", max_length=1000)
+    resources: str = Field("", max_length=2000)
+    job_prefix: str = Field("preflab", max_length=40)
+    max_running: str = Field("", max_length=10)
+    secret: str = Field("", max_length=20_000)
+
+    def to_api(self) -> ClusterIn:
+        return ClusterIn.from_form(name=self.name, kind=self.kind, address=self.address or None,
+                                   partition=self.partition or None, shared_dir=self.shared_dir,
+                                   resources=key_values(self.resources, "resources"), job_prefix=self.job_prefix,
+                                   max_running=self.max_running.strip() or None, secret=self.secret or None)
+
+
+class ClusterUpdateForm(ClusterForm):
+    clear_secret: bool = False
+
+    def to_api(self) -> ClusterPatch:  # type: ignore[override]
+        cap = self.max_running.strip()
+        return ClusterPatch.from_form(name=self.name, kind=self.kind, address=self.address, partition=self.partition,
+                                      shared_dir=self.shared_dir, resources=key_values(self.resources, "resources"),
+                                      job_prefix=self.job_prefix, max_running=cap or None, no_cap=not cap,
+                                      secret=self.secret or None, clear_secret=self.clear_secret)
+
+    def values(self) -> dict[str, Any]:
+        return {}  # a row's edit: the page's one form to fill again is "Add a cluster", which this is not
+
+
+class DefaultClusterForm(ApiForm):
+    LABELS: ClassVar[Mapping[str, str]] = {"default_cluster": "Default cluster"}
+
+    default_cluster: str = Field("local", max_length=40)
+
+    def to_api(self) -> DefaultClusterIn:
+        return DefaultClusterIn.from_form(default_cluster=self.default_cluster or None)
+
+    def values(self) -> dict[str, Any]:
+        return {}  # the page's form to fill again is the run's, which this is not
 
 
 class GeneratorForm(PageForm):

@@ -214,6 +214,24 @@ class Cluster:
     job_prefix: str = "preflab"
     """The start of every job name (`{job_prefix}-{job}-{attempt}`): two preflab installs that share a cluster each
     set their own, since their job ids overlap."""
+    max_running: int | None = None
+    """The concurrency cap: at most this many of preflab's runs at once on the cluster (None: no cap); the worker
+    holds further runs queued rather than submitting them."""
+    secret: str | None = field(default=None, repr=False)
+    """Ray: a token sent to the head as `Authorization: Bearer …`. Decrypted only in the worker, never logged."""
+    source: str = "file"
+    """Where the cluster is configured: `file` (PREFLAB_CLUSTERS_FILE, read-only in the app) or `app` (the admin
+    page and API)."""
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What a cluster's connection test found: whether the trivial job ran, how long it took and the backend's
+    own words."""
+
+    ok: bool
+    seconds: float
+    detail: str
 
 
 def check_shared(cluster: Cluster, workdir: Path, reads: tuple[Path, ...]) -> None:

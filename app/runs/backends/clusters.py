@@ -9,6 +9,7 @@ The file is TOML, one table per cluster:
     template = "/etc/preflab/slurm-job.sh"   # optional: the job script template (see slurm.DEFAULT_TEMPLATE)
     python = "/opt/preflab/.venv/bin/python" # optional: the interpreter on the nodes (default: the worker's)
     job_prefix = "preflab"             # optional: job names are JOB_PREFIX-{job}-{attempt}
+    max_running = 4                    # optional: the concurrency cap (runs at once; more wait queued)
     [clusters.hpc.resources]           # defaults a run's own resources override
     partition = "gpu"
     gpus = 1
@@ -23,7 +24,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from app.runs.backends.base import LOCAL, Backend, Cluster, Resources
+from app.runs.backends.base import LOCAL, Backend, Cluster, Probe, Resources
 
 KINDS = ("local", "slurm", "ray")
 
@@ -53,7 +54,8 @@ def _cluster(path: Path, name: str, table: Any) -> Cluster:
     where = f"PREFLAB_CLUSTERS_FILE {path}: clusters.{name}"
     if name == LOCAL or not isinstance(table, dict):
         raise ClusterError(f"{where}: {'local is built in' if name == LOCAL else 'must be a table'}")
-    known = {"kind", "resources", "shared_dir", "template", "python", "env", "runtime_env", "job_prefix"}
+    known = {"kind", "resources", "shared_dir", "template", "python", "env", "runtime_env", "job_prefix",
+             "max_running"}
     unknown = sorted(set(table) - known)
     if unknown:
         raise ClusterError(f"{where}.{unknown[0]} is not a cluster setting (known: {', '.join(sorted(known))})")
@@ -71,11 +73,14 @@ def _cluster(path: Path, name: str, table: Any) -> Cluster:
     prefix = table.get("job_prefix", "preflab")
     if not isinstance(prefix, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,39}", prefix):
         raise ClusterError(f"{where}.job_prefix must be a letter then up to 39 letters, digits, - or _, got {prefix!r}")
+    cap = table.get("max_running")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+        raise ClusterError(f"{where}.max_running must be a whole number of at least 1, got {cap!r}")
     return Cluster(name, kind, resources, shared_dir=Path(table["shared_dir"]),
                    template=Path(table["template"]) if table.get("template") else None,
                    python=str(table.get("python") or sys.executable),
                    env={str(k): str(v) for k, v in (table.get("env") or {}).items()},
-                   runtime_env=dict(table.get("runtime_env") or {}), job_prefix=prefix)
+                   runtime_env=dict(table.get("runtime_env") or {}), job_prefix=prefix, max_running=cap)
 
 
 def backend_for(cluster: Cluster) -> Backend:
@@ -91,3 +96,16 @@ def backend_for(cluster: Cluster) -> Backend:
     from app.runs.backends.local import LocalBackend
 
     return LocalBackend()
+
+
+def probe(cluster: Cluster, timeout: float = 120.0) -> Probe:
+    """Submit a trivial job to `cluster` (Ray: `python -c 'print(1)'`; Slurm: `sbatch --wrap true`) and wait for it."""
+    if cluster.kind == "slurm":
+        from app.runs.backends.slurm import probe as slurm_probe
+
+        return slurm_probe(cluster, timeout)
+    if cluster.kind == "ray":
+        from app.runs.backends.ray_jobs import probe as ray_probe
+
+        return ray_probe(cluster, timeout)
+    return Probe(True, 0.0, "local runs on the worker's own host: nothing to reach")

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import os
 import shlex
+import time
 from typing import Any
 
-from app.runs.backends.base import BackendError, Cluster, Launch, Status, Submission, check_shared, checked
+from app.runs.backends.base import BackendError, Cluster, Launch, Probe, Status, Submission, check_shared, checked
 
 STATES = {"PENDING": "queued", "RUNNING": "running", "SUCCEEDED": "succeeded", "STOPPED": "cancelled",
           "FAILED": "failed"}
@@ -44,6 +45,42 @@ def runtime_env(launch: Launch, cluster: Cluster) -> dict[str, Any]:
     return extra | {"env_vars": dict(extra.get("env_vars") or {}) | env}
 
 
+def headers(cluster: Cluster) -> dict[str, str] | None:
+    """The cluster's token as a bearer header for the head (a token-authenticated dashboard or a proxy before it)."""
+    return {"Authorization": f"Bearer {cluster.secret}"} if cluster.secret else None
+
+
+def probe(cluster: Cluster, timeout: float = 120.0) -> Probe:
+    """Submit `python -c 'print(1)'` as a Ray job and wait for it to end: the connection test of the admin page."""
+    started = time.monotonic()
+    backend = RayBackend(cluster)
+    try:
+        client = backend.client()
+        job_id = client.submit_job(entrypoint=f"{shlex.quote(cluster.python)} -c 'print(1)'",
+                                   runtime_env={"env_vars": dict(cluster.env)} if cluster.env else None,
+                                   metadata={"preflab": "connection test"})
+        state = ""
+        while time.monotonic() - started < timeout:
+            state = str(getattr(client.get_job_status(job_id), "value", ""))
+            if state in ("SUCCEEDED", "FAILED", "STOPPED"):
+                break
+            time.sleep(0.5)
+        seconds = time.monotonic() - started
+        if state == "SUCCEEDED":
+            printed = client.get_job_logs(job_id).strip()[-200:]
+            return Probe(True, seconds, f"Ray ran job {job_id} (python -c 'print(1)'), which printed {printed!r}")
+        if state in ("FAILED", "STOPPED"):
+            info = client.get_job_info(job_id)
+            return Probe(False, seconds, f"Ray job {job_id} {state}: {(info.message or '').strip()[:500]}")
+        client.stop_job(job_id)
+        return Probe(False, seconds, f"Ray job {job_id} did not finish within {timeout:g} s "
+                                     f"(last state {state or 'unknown'})")
+    except BackendError as exc:
+        return Probe(False, time.monotonic() - started, str(exc))
+    except Exception as exc:  # the client's own words: a refused address, a rejected token
+        return Probe(False, time.monotonic() - started, f"Ray: {exc}"[:1000])
+
+
 class RayBackend:
     kind = "ray"
     remote = True
@@ -60,7 +97,7 @@ class RayBackend:
                 raise BackendError("the Ray client is not installed on the worker's host (pip install "
                                    "'preflab[cluster]')") from None
             try:
-                self._client = JobSubmissionClient(self.cluster.resources.address)
+                self._client = JobSubmissionClient(self.cluster.resources.address, headers=headers(self.cluster))
             except Exception as exc:  # a refused or unresolvable address: the client says which
                 raise BackendError(f"cannot reach the Ray head at {self.cluster.resources.address} "
                                    f"(cluster {self.cluster.name}): {exc}") from None

@@ -13,9 +13,10 @@ from __future__ import annotations
 import shlex
 import string
 import subprocess
+import time
 from pathlib import Path
 
-from app.runs.backends.base import BackendError, Cluster, Launch, Status, Submission, check_shared, checked
+from app.runs.backends.base import BackendError, Cluster, Launch, Probe, Status, Submission, check_shared, checked
 
 DEFAULT_TEMPLATE = """#!/bin/bash
 $sbatch
@@ -132,6 +133,34 @@ def job_script(launch: Launch, cluster: Cluster, log_file: Path) -> str:
     except (KeyError, ValueError) as exc:
         raise BackendError(f"the job script template {cluster.template} of cluster {cluster.name} has an unknown "
                            f"placeholder {exc}") from None
+
+
+def probe(cluster: Cluster, timeout: float = 120.0) -> Probe:
+    """Submit `sbatch --wrap true` and wait for it to end: the connection test of the admin page."""
+    started = time.monotonic()
+    partition = [f"--partition={cluster.resources.partition}"] if cluster.resources.partition else []
+    try:
+        out = _run(["sbatch", "--parsable", f"--job-name={cluster.job_prefix}-connection-test", "--output=/dev/null",
+                    *partition, "--wrap", "true"], what="sbatch")
+        job_id = out.strip().split(";")[0]
+        backend = SlurmBackend(cluster)
+        status = Status("queued")
+        while time.monotonic() - started < timeout:
+            found = backend._scontrol(job_id) or backend._sacct(job_id)
+            status = slurm_status(*found) if found else Status("failed", f"Slurm no longer knows job {job_id}")
+            if status.done:
+                break
+            time.sleep(0.5)
+        seconds = time.monotonic() - started
+        if status.state == "succeeded":
+            return Probe(True, seconds, f"Slurm ran job {job_id} (sbatch --wrap true)")
+        if not status.done:
+            _run(["scancel", job_id], what="scancel")
+            return Probe(False, seconds, f"Slurm job {job_id} did not finish within {timeout:g} s "
+                                         f"(still {status.state})")
+        return Probe(False, seconds, f"Slurm job {job_id}: {status.reason or status.state}")
+    except BackendError as exc:
+        return Probe(False, time.monotonic() - started, str(exc))
 
 
 class SlurmBackend:
