@@ -108,6 +108,8 @@ REQUESTS: dict[str, Call] = {
     "export.delete": Call("DELETE", "/api/exports/{export}"),
     "training.start": Call("POST", "/api/projects/{project}/training-runs",
                            {"json": {"kind": "reward", "export_id": 999_999}}),
+    # the default cluster cleared again: allowed callers change nothing
+    "cluster.choose": Call("PUT", "/api/projects/{project}/default-cluster", {"json": {"default_cluster": None}}),
     "webhooks.manage": Call("GET", "/api/projects/{project}/webhooks"),
     # an unknown event: allowed callers get a 422 naming the field, and nothing is registered
     "webhooks.allow_private": Call("POST", "/api/projects/{project}/webhooks",
@@ -118,6 +120,7 @@ REQUESTS: dict[str, Call] = {
     "users.manage": Call("GET", "/api/users"),
     "endpoints.manage": Call("POST", "/api/model-endpoints",
                              {"json": {"name": "Walk", "base_url": "http://10.1.2.3:8000/v1", "model": "   "}}),
+    "clusters.manage": Call("GET", "/api/admin/clusters"),
 }
 
 

@@ -85,6 +85,13 @@ def _endpoint(form: bool = False) -> dict[str, Any]:
     return body | ({"allow_private": "on"} if form else {"allow_private": True})
 
 
+def _cluster(form: bool = False) -> dict[str, Any]:
+    """A valid cluster body (another name than the world's own)."""
+    body: dict[str, Any] = {"name": "another", "kind": "ray", "address": "http://127.0.0.1:9",
+                            "shared_dir": "/shared/preflab"}
+    return body | ({"max_running": "2"} if form else {"max_running": 2})
+
+
 POLICY: dict[tuple[str, str], Policy] = {
     ("GET", "/openapi.json"): Policy(ALL, object_scoped=False),
     ("GET", "/docs"): Policy(ALL, object_scoped=False),
@@ -127,6 +134,23 @@ POLICY: dict[tuple[str, str], Policy] = {
     ("POST", "/admin/endpoints/{endpoint_id}"): Policy(ADMIN, lambda w: {"data": _endpoint(form=True)},
                                                        object_scoped=False),
     ("POST", "/admin/endpoints/{endpoint_id}/delete"): Policy(ADMIN, object_scoped=False),
+    # clusters: global objects, admins only; the connection test of the world's Ray cluster (a closed port) fails
+    # fast with the client's own words
+    ("GET", "/api/admin/clusters"): Policy(ADMIN, object_scoped=False),
+    ("POST", "/api/admin/clusters"): Policy(ADMIN, lambda w: {"json": _cluster()}, object_scoped=False),
+    ("PATCH", "/api/admin/clusters/{cluster_id}"): Policy(ADMIN, lambda w: {"json": {"max_running": 3}},
+                                                         object_scoped=False),
+    ("DELETE", "/api/admin/clusters/{cluster_id}"): Policy(ADMIN, object_scoped=False),
+    ("POST", "/api/admin/clusters/{cluster_name}/test"): Policy(ADMIN, object_scoped=False),
+    ("GET", "/admin/clusters"): Policy(ADMIN, object_scoped=False),
+    ("POST", "/admin/clusters"): Policy(ADMIN, lambda w: {"data": _cluster(form=True)}, object_scoped=False),
+    ("POST", "/admin/clusters/{cluster_id}"): Policy(ADMIN, lambda w: {"data": _cluster(form=True) | {"name": "world"}},
+                                                     object_scoped=False),
+    ("POST", "/admin/clusters/{cluster_id}/delete"): Policy(ADMIN, object_scoped=False),
+    ("POST", "/admin/clusters/{cluster_name}/test"): Policy(ADMIN, object_scoped=False),
+    ("PUT", "/api/projects/{project_id}/default-cluster"): Policy(MANAGE, lambda w: {"json": {"default_cluster": "world"}}),
+    ("POST", "/projects/{project_id}/training/default-cluster"): Policy(
+        MANAGE, lambda w: {"data": {"default_cluster": "world"}}),
     # projects
     ("GET", "/api/projects"): Policy(AUTHED, object_scoped=False),
     ("POST", "/api/projects"): Policy(CREATORS, lambda w: {"json": {"name": "New", "completions_per_prompt": 2,
@@ -276,7 +300,8 @@ def policy_key(route: RouteInfo) -> tuple[str, str]:
 
 
 def a_params(w: World) -> dict[str, Any]:
-    return w.a.params() | {"user_id": w.user_ids["victim"], "token_id": w.lead_token_id, "endpoint_id": w.endpoint_id}
+    return w.a.params() | {"user_id": w.user_ids["victim"], "token_id": w.lead_token_id, "endpoint_id": w.endpoint_id,
+                                 "cluster_id": w.cluster_id, "cluster_name": "world"}
 
 
 def outcome(response: Any) -> str:

@@ -17,7 +17,18 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from app.accounts import users
-from app.models import Assignment, Completion, Export, Job, ModelEndpoint, Project, Prompt, TrainingRun, Webhook
+from app.models import (
+    Assignment,
+    Completion,
+    ComputeCluster,
+    Export,
+    Job,
+    ModelEndpoint,
+    Project,
+    Prompt,
+    TrainingRun,
+    Webhook,
+)
 from app.platform.crypto import Keyring
 from app.platform.settings import Settings
 from app.projects import constitutions, projects
@@ -57,6 +68,8 @@ class World:
     outsider_token_id: int
     endpoint_id: int
     """A model endpoint the admin configured (global, not a project's), with an API key stored."""
+    cluster_id: int = 0
+    """A Ray cluster `world` the admin configured, its head on a closed port, with a token stored."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def headers(self, who: str) -> dict[str, str]:
@@ -143,9 +156,14 @@ def seed(db: Session, data_dir: Path) -> World:
                              allow_private=True, created_by_id=people["admin"].id)
     db.add(endpoint)
     db.flush()
+    cluster = ComputeCluster(name="world", kind="ray", address="http://127.0.0.1:9", shared_dir=str(data_dir),
+                             resources={}, env={}, job_prefix="preflab",
+                             secret_stored=Keyring(Settings(data_dir=data_dir)).encrypt("ray-world-token"))
+    db.add(cluster)
+    db.flush()
     lead_row, _ = users.create_token(db, people["lead"], "revocable")
     outsider_row, _ = users.create_token(db, people["outsider"], "revocable")
     db.commit()
     return World(tokens=tokens, emails={w: u.email for w, u in people.items()},
                  user_ids={w: u.id for w, u in people.items()}, a=a, b=b, lead_token_id=lead_row.id,
-                 outsider_token_id=outsider_row.id, endpoint_id=endpoint.id)
+                 outsider_token_id=outsider_row.id, endpoint_id=endpoint.id, cluster_id=cluster.id)

@@ -67,7 +67,7 @@ def probe(cluster: Cluster, timeout: float = 120.0) -> Probe:
             time.sleep(0.5)
         seconds = time.monotonic() - started
         if state == "SUCCEEDED":
-            printed = client.get_job_logs(job_id).strip()[-200:]
+            printed = (client.get_job_logs(job_id).strip().splitlines() or [""])[-1][:200]  # after Ray's own lines
             return Probe(True, seconds, f"Ray ran job {job_id} (python -c 'print(1)'), which printed {printed!r}")
         if state in ("FAILED", "STOPPED"):
             info = client.get_job_info(job_id)
