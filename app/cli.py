@@ -603,8 +603,9 @@ def _queue_training_run(args: list[str]) -> None:
                              "process reward)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--where", default=None,
-                        help="the cluster the run executes on: local (the worker's host, the default) or one named "
-                             "in PREFLAB_CLUSTERS_FILE")
+                        help="the cluster the run executes on: local (the worker's host) or one an admin "
+                             "configured (Admin › Clusters, PREFLAB_CLUSTERS_FILE); default: the project's default "
+                             "cluster, else local")
     parser.add_argument("--resource", action="append", default=[], metavar="KEY=VALUE",
                         help="what the run asks of its cluster (cpus, gpus, memory_gb, nodes, workers, "
                              "time_limit_min, partition), over the cluster's defaults")
@@ -708,7 +709,8 @@ def rotate_encryption_key(
         forget_unreadable: Annotated[bool, typer.Option(
             "--forget-unreadable", help="Remove the keys no configured encryption key opens (an admin enters them "
                                         "again) instead of stopping with nothing changed")] = False) -> None:
-    """Re-encrypt every model-endpoint API key under the current encryption key, in one transaction.
+    """Re-encrypt every model-endpoint API key and cluster secret under the current encryption key, in one
+    transaction.
 
     With PREFLAB_ENCRYPTION_KEY: set it to the new key and PREFLAB_ENCRYPTION_KEY_OLD to the old one (on the
     servers and workers too), run this, then unset PREFLAB_ENCRYPTION_KEY_OLD. Without it (dev, demo): a new key
@@ -717,6 +719,7 @@ def rotate_encryption_key(
     from app.platform.crypto import Keyring, KeyringError, finish_rotation, start_rotation
     from app.platform.db import session_scope
     from app.platform.errors import Invalid
+    from app.runs import cluster_config
 
     settings = _settings()
     if not _at_head(settings):
@@ -726,6 +729,7 @@ def rotate_encryption_key(
         next_file = start_rotation(keyring)
         with session_scope(_session_factory(settings)) as db:
             report = endpoints.reencrypt_all(db, keyring, forget_unreadable=forget_unreadable)
+            secrets, lost = cluster_config.reencrypt_secrets(db, keyring, forget_unreadable=forget_unreadable)
     except (KeyringError, Invalid) as exc:
         _fail(f"{exc}; nothing was changed")
     finish_rotation(next_file)
@@ -734,6 +738,9 @@ def rotate_encryption_key(
     if report.forgotten:
         typer.echo(f"removed {report.forgotten} unreadable key(s), of: {', '.join(report.unreadable or [])}; "
                    "enter them again on the model endpoints page")
+    if secrets or lost:
+        typer.echo(f"re-encrypted {secrets} cluster secret(s)" + (f"; removed the unreadable secret of: "
+                                                                  f"{', '.join(lost)}" if lost else ""))
     if settings.encryption_key_old is not None:
         typer.echo("PREFLAB_ENCRYPTION_KEY_OLD is no longer needed: unset it and restart the servers and workers")
 

@@ -333,3 +333,30 @@ def run_connection_test(db: Session, actor: User, keyring: Keyring, clusters_fil
     audit.record(db, actor, "cluster.test", object_type="cluster", name=name, ok=probe.ok,
                  seconds=round(probe.seconds, 2))
     return probe
+
+
+def reencrypt_secrets(db: Session, keyring: Keyring, *, forget_unreadable: bool = False) -> tuple[int, list[str]]:
+    """Every cluster secret encrypted again under the current key, in the caller's transaction (the key rotation's
+    companion to the model endpoints' `reencrypt_all`): how many, and the clusters whose secret no key opens
+    (removed with `forget_unreadable`; else Invalid naming them, so the caller rolls back and nothing changes)."""
+    rows = [row for row in list_rows(db) if row.secret_stored is not None]
+    unreadable: list[ComputeCluster] = []
+    done = 0
+    for row in rows:
+        try:
+            plain = keyring.decrypt(str(row.secret_stored))
+        except KeyUnreadable:
+            unreadable.append(row)
+            continue
+        row.secret_stored = keyring.encrypt(plain)
+        done += 1
+    names = [row.name for row in unreadable]
+    if unreadable and not forget_unreadable:
+        raise Invalid(f"no configured encryption key opens the secret of {len(names)} cluster(s): {', '.join(names)}; "
+                      "set PREFLAB_ENCRYPTION_KEY_OLD to the key they were encrypted with, or pass "
+                      "--forget-unreadable to remove them (an admin enters them again)",
+                      field="PREFLAB_ENCRYPTION_KEY_OLD")
+    for row in unreadable:
+        row.secret_stored = None
+    db.flush()
+    return done, names

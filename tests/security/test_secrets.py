@@ -304,3 +304,23 @@ def test_rotation_of_the_generated_dev_key_replaces_the_key_file(db: Any, databa
     assert ring.decrypt(stored) == "sk-dev"  # the keyring reads the new file
     with pytest.raises(KeyUnreadable):
         Keyring(Settings(encryption_key=old_key.decode(), data_dir=tmp_path / "x")).decrypt(stored)
+
+
+def test_rotation_reencrypts_cluster_secrets_too(db: Any, database_url: str, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.models import ComputeCluster
+
+    old, new = (Fernet.generate_key().decode() for _ in range(2))
+    db.add(ComputeCluster(name="lab", kind="ray", address="http://ray:8265", shared_dir="/shared", resources={},
+                          env={}, job_prefix="preflab",
+                          secret_stored=Keyring(Settings(encryption_key=old, data_dir=tmp_path)).encrypt("ray-token")))
+    db.commit()
+    monkeypatch.setenv("PREFLAB_ENCRYPTION_KEY", new)
+    monkeypatch.setenv("PREFLAB_ENCRYPTION_KEY_OLD", old)
+    done = _rotate(monkeypatch, database_url, tmp_path)
+    assert done.exit_code == 0 and "re-encrypted 1 cluster secret(s)" in done.output, done.output
+    engine = create_engine(database_url)
+    with engine.connect() as conn:
+        stored = conn.execute(text("SELECT secret FROM clusters")).scalar_one()
+    engine.dispose()
+    assert Keyring(Settings(encryption_key=new, data_dir=tmp_path)).decrypt(stored) == "ray-token"
