@@ -78,6 +78,8 @@ def test_ray_cap_holds_a_second_run_queued_until_the_first_ends(db, app, admin, 
         job = eng.get(f"/api/jobs/{second['job_id']}").json()
         assert job["state"] == "queued" and job["message"] == "waiting for a slot on lab (1 of 1 running)", job
         assert eng.get(f"/api/training-runs/{second['run_id']}").json()["state"] == "queued"
+        assert 'id="run-waiting">waiting for a slot on lab (1 of 1 running)<' in eng.get(
+            f"/training-runs/{second['run_id']}").text
         [listed] = admin.get("/api/v1/admin/clusters").json()
         assert listed["running"] == 1 and listed["max_running"] == 1
         release.touch()
