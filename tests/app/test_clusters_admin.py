@@ -154,3 +154,25 @@ def test_a_projects_runs_go_to_its_default_cluster_when_they_name_none(db, app, 
     # The training form preselects the default.
     page = eng.get(f"/projects/{project_id}/training").text
     assert '<option value="lab" selected>' in page
+
+
+def test_a_full_cluster_says_what_a_run_waits_for_and_a_free_slot_lets_it_go(db, make_project) -> None:
+    from app.models import TrainingRun
+    from app.runs import cluster_config
+    from app.runs.backends.base import Cluster
+
+    project = make_project(db)
+    lab = {"where": {"cluster": "lab", "kind": "ray", "resources": {}}}
+    going, other, waiting = (TrainingRun(project_id=project.id, kind="reward", state=state, config=config)
+                             for state, config in (("running", lab), ("running", {}), ("queued", lab)))
+    db.add_all([going, other, waiting])
+    db.flush()
+    capped = Cluster("lab", "ray", max_running=1)
+    assert cluster_config.slot_wait(db, capped, waiting.id) == "waiting for a slot on lab (1 of 1 running)"
+    assert cluster_config.slot_wait(db, capped, going.id) is None  # a run never waits for its own slot
+    assert cluster_config.slot_wait(db, Cluster("lab", "ray", max_running=2), waiting.id) is None
+    assert cluster_config.slot_wait(db, Cluster("lab", "ray"), waiting.id) is None  # no cap
+    going.state = "succeeded"
+    db.flush()
+    assert cluster_config.slot_wait(db, capped, waiting.id) is None
+    db.rollback()
