@@ -45,6 +45,7 @@ def seed(url: str) -> None:
         AssignmentDraft,
         AuditEvent,
         Completion,
+        ComputeCluster,
         Constitution,
         Export,
         Job,
@@ -160,6 +161,11 @@ def seed(url: str) -> None:
         # The agreement figures kept as rankings arrive (0018): the rankings above folded in, one change waiting.
         upkeep.drain(db, project)
         db.add(AgreementMark(project_id=project.id, prompt_id=prompt.id, round=1))
+        # A Ray cluster an admin configured, capped, with a token stored (0019).
+        db.add(ComputeCluster(name="lab", kind="ray", address="http://ray-head:8265", shared_dir="/shared/preflab",
+                              resources={"cpus": 4}, env={"HF_HOME": "/shared/hf"}, job_prefix="preflab",
+                              max_running=2, secret_stored="fernet:gAAAA-not-a-real-token", created_by_id=lead.id,
+                              created_at=now, updated_at=now))
         # A webhook, one delivery that took a retry, and its job waiting out a backoff (0011).
         hook = Webhook(project_id=project.id, url="https://hooks.example.org/preflab", events=["export.ready"],
                        secret_stored="fernet:gAAAA-not-a-real-token", allow_private=False, created_by_id=lead.id,
