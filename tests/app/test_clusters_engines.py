@@ -54,9 +54,14 @@ def test_slurm_connection_test_runs_sbatch_wrap_true(db, app, admin, slurm, tmp_
     _add(admin, name="hpc", kind="slurm", shared_dir=str(tmp_path))
     out = admin.post("/api/v1/admin/clusters/hpc/test").json()
     assert out["ok"] is True and "sbatch --wrap true" in out["detail"] and out["seconds"] > 0, out
-    _add(admin, name="nopart", kind="slurm", partition="no-such-partition", shared_dir=str(tmp_path))
+    _add(admin, name="nopart", kind="slurm", partition="<b>nope</b>", shared_dir=str(tmp_path))
     refused = admin.post("/api/v1/admin/clusters/nopart/test").json()
     assert refused["ok"] is False and "sbatch failed" in refused["detail"], refused  # Slurm's own words follow
+    # The page shows the same words, escaped: the partition Slurm quotes back is text, not markup.
+    page = admin.post("/admin/clusters/nopart/test")
+    assert page.status_code == 200 and "<b>nope</b>" not in page.text
+    shown = page.text.split('id="connection-test"', 1)[1].split("</section>", 1)[0]
+    assert "Failed after" in shown and "invalid partition specified: &lt;b&gt;nope&lt;/b&gt;" in shown
 
 
 def test_ray_cap_holds_a_second_run_queued_until_the_first_ends(db, app, admin, make_user, make_project, api,
