@@ -94,7 +94,8 @@ class Settings(BaseSettings):
     `preflab demo`) has prepared it under DATA_DIR/models; before that, such a run must name its base model."""
     clusters_file: Path | None = None
     """A TOML file naming the Slurm and Ray clusters runs may be sent to, each with its shared path and default
-    resources (docs: Running on a cluster). Unset, every run executes on the worker's own host (`local`)."""
+    resources (docs: Running on a cluster); read-only beside the clusters admins add in the app (Admin › Clusters).
+    Unset, and with none added there, every run executes on the worker's own host (`local`)."""
     log_format: Literal["text", "json"] = "text"
     """Log lines as plain text, or one JSON object per line (time, level, logger, message, request_id, job_id)."""
     metrics_allowed_networks: str = "127.0.0.1/32,::1/128"
