@@ -36,7 +36,7 @@ PAGES = {
              "/projects/{p}/revisions", "/projects/{p}/jobs"],
     "engineer": ["/projects/{p}", "/projects/{p}/exports", "/projects/{p}/training", "/training-runs/{r}", "/training-runs/{live}",
                  "/projects/{p}/training/compare?a={r}&b={r}", "/jobs/{j}"],
-    "admin": ["/projects", "/admin/users", "/admin/endpoints"],
+    "admin": ["/projects", "/admin/users", "/admin/endpoints", "/admin/clusters"],
 }
 
 
