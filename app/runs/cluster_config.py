@@ -68,12 +68,22 @@ def as_cluster(row: ComputeCluster, keyring: Keyring | None = None) -> Cluster:
                    job_prefix=row.job_prefix, max_running=row.max_running, secret=secret, source="app")
 
 
-def available(db: Session, clusters_file: Path | None, keyring: Keyring | None = None) -> dict[str, Cluster]:
+def with_secret(db: Session, cluster: Cluster, keyring: Keyring) -> Cluster:
+    """An app cluster with its secret decrypted (for a worker's backend or a connection test; no other cluster's
+    secret is read, so one an admin must enter again stops only the runs sent to its own cluster)."""
+    if cluster.source != "app":
+        return cluster
+    row = db.scalar(select(ComputeCluster).where(ComputeCluster.name == cluster.name))
+    return as_cluster(row, keyring) if row is not None else cluster
+
+
+def available(db: Session, clusters_file: Path | None) -> dict[str, Cluster]:
     """Every cluster a run may be sent to, by name: `local`, the file's, then the app's (a name in both is the
-    file's: the app refuses to add it, and the file is what the operator last said)."""
+    file's: the app refuses to add it, and the file is what the operator last said). Secrets are not read here
+    (`with_secret`)."""
     found = {LOCAL: Cluster(LOCAL, "local")} | file_clusters(clusters_file)
     for row in list_rows(db):
-        found.setdefault(row.name, as_cluster(row, keyring))
+        found.setdefault(row.name, as_cluster(row))
     return found
 
 
@@ -324,11 +334,7 @@ def run_connection_test(db: Session, actor: User, keyring: Keyring, clusters_fil
     """Submit a trivial job to the named cluster (with its secret) and wait for it: whether it ran, how long it took,
     the backend's own words on failure. Recorded in the audit log."""
     permissions.require_account(actor, "clusters.manage")
-    cluster = find(db, clusters_file, name)
-    if cluster.source == "app":
-        row = db.scalar(select(ComputeCluster).where(ComputeCluster.name == name))
-        assert row is not None  # found among the app's clusters just now
-        cluster = as_cluster(row, keyring)
+    cluster = with_secret(db, find(db, clusters_file, name), keyring)
     probe = clusters.probe(cluster, timeout)
     audit.record(db, actor, "cluster.test", object_type="cluster", name=name, ok=probe.ok,
                  seconds=round(probe.seconds, 2))

@@ -211,12 +211,12 @@ def _placement(ctx: JobContext, db: Any, where: dict[str, Any]) -> tuple[Cluster
 
     name = str(where.get("cluster") or LOCAL)
     try:
-        found = cluster_config.available(db, ctx.settings.clusters_file, Keyring(ctx.settings))
+        found = cluster_config.available(db, ctx.settings.clusters_file)
+        if name not in found:
+            raise JobError(f"the run's cluster {name} is no longer configured (admin page, PREFLAB_CLUSTERS_FILE)")
+        cluster = cluster_config.with_secret(db, found[name], Keyring(ctx.settings))
     except DomainError as exc:
         raise JobError(exc.message) from None
-    if name not in found:
-        raise JobError(f"the run's cluster {name} is no longer configured (admin page, PREFLAB_CLUSTERS_FILE)")
-    cluster = found[name]
     try:
         resources = Resources.from_dict(where.get("resources") or {}, base=cluster.resources)
     except (ValueError, TypeError) as exc:

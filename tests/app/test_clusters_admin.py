@@ -176,3 +176,21 @@ def test_a_full_cluster_says_what_a_run_waits_for_and_a_free_slot_lets_it_go(db,
     db.flush()
     assert cluster_config.slot_wait(db, capped, waiting.id) is None
     db.rollback()
+
+
+def test_a_secret_no_key_opens_is_shown_unreadable_and_the_test_says_so(db, app, make_user, api, token_for) -> None:
+    from cryptography.fernet import Fernet
+
+    from app.platform.crypto import Keyring
+    from app.platform.settings import Settings
+
+    admin, _ = _admin_and_lead(db, make_user, api, token_for)
+    created = admin.post("/api/v1/admin/clusters", json=_body()).json()
+    lost = Keyring(Settings(encryption_key=Fernet.generate_key().decode())).encrypt(SECRET)
+    db.get(ComputeCluster, created["id"]).secret_stored = lost
+    db.commit()
+    assert admin.get("/api/v1/admin/clusters").json()[0]["secret"] == "unreadable"
+    tested = admin.post("/api/v1/admin/clusters/lab/test")
+    assert tested.status_code == 422 and "cannot be read" in tested.text and "secret" in tested.text
+    renewed = admin.patch(f"/api/v1/admin/clusters/{created['id']}", json={"secret": "a new token"})
+    assert renewed.json()["secret"] == "set"
