@@ -161,7 +161,7 @@ def seed(url: str) -> None:
         # The agreement figures kept as rankings arrive (0018): the rankings above folded in, one change waiting.
         upkeep.drain(db, project)
         db.add(AgreementMark(project_id=project.id, prompt_id=prompt.id, round=1))
-        # A Ray cluster an admin configured, capped, with a token stored (0019).
+        # A Ray cluster an admin configured, capped, with a token stored (0020).
         db.add(ComputeCluster(name="lab", kind="ray", address="http://ray-head:8265", shared_dir="/shared/preflab",
                               resources={"cpus": 4}, env={"HF_HOME": "/shared/hf"}, job_prefix="preflab",
                               max_running=2, secret_stored="fernet:gAAAA-not-a-real-token", created_by_id=lead.id,

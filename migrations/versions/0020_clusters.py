@@ -3,8 +3,8 @@ an optional secret stored encrypted
 
 Downgrade: drops the table; runs already sent to one of its clusters fail when a worker next looks for it.
 
-Revision ID: 0019
-Revises: 0018
+Revision ID: 0020
+Revises: 0019
 Create Date: 2026-12-09 10:00:00.000000
 """
 
@@ -14,8 +14,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision: str = '0019'
-down_revision: str | None = '0018'
+revision: str = '0020'
+down_revision: str | None = '0019'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
