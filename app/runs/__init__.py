@@ -6,4 +6,4 @@ the execution backend of its cluster (`backends`: local, Slurm, Ray). `cluster_c
 configures in the app (`cluster_routes`: the admin page and API) beside PREFLAB_CLUSTERS_FILE's.
 """
 
-__all__ = ["cluster_config", "cluster_routes", "iteration", "routes", "train_job", "training_runs"]
+__all__ = ["cluster_config", "cluster_routes", "estimates", "iteration", "routes", "train_job", "training_runs"]

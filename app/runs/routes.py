@@ -7,11 +7,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
+from pydantic import BaseModel, Field
 
 from app.accounts import permissions
 from app.projects import projects
 from app.quality import charts
-from app.runs import iteration, training_runs
+from app.runs import estimates, iteration, training_runs
 from app.schemas import (
     DefaultClusterIn,
     DefaultClusterOut,
@@ -127,11 +128,41 @@ def _list_context(db, project, user, default_policy=None, clusters_file=None) ->
             "can_choose_cluster": permissions.may(db, user, project, "cluster.choose")}
 
 
-def _page(request: Request) -> ProjectPage:
-    """The training page of this app: the form names the default policy model the settings give."""
+class EstimateQuery(BaseModel):
+    """What the training form holds so far, sent for its time estimate (each field as the form names it)."""
+
+    kind: str = Field("reward", max_length=20)
+    export_id: str = Field("", max_length=20)
+    base_model: str = Field("", max_length=1000)
+    config: str = Field("", max_length=20_000)
+
+
+def _estimate(request: Request, db, project, chosen: EstimateQuery) -> dict:
+    """The form's values as the page shows them (the export it would choose filled in) and their time estimate."""
     settings = request.app.state.settings
-    return ProjectPage("training.html", lambda db, project, user: _list_context(
-        db, project, user, settings.default_policy_model, settings.clusters_file))
+    shown = chosen.model_dump()
+    if not shown["export_id"]:
+        fitting = training_runs.EXPORT_KIND.get(chosen.kind)
+        newest = next((e for e in training_runs.ready_exports(db, project) if e.kind == fitting), None)
+        shown["export_id"] = str(newest.id) if newest else ""
+    found = estimates.for_form(db, project, data_dir=settings.data_dir, default_policy=settings.default_policy_model,
+                               kind=shown["kind"], export_id=shown["export_id"], base_model=shown["base_model"],
+                               config_text=shown["config"])
+    return {"estimate": found, "estimate_form": shown}
+
+
+def _page(request: Request, chosen: EstimateQuery | None = None) -> ProjectPage:
+    """The training page of this app: the form names the default policy model the settings give, and says how long
+    the run it holds would take."""
+    settings = request.app.state.settings
+
+    def context(db, project, user) -> dict:
+        found = _estimate(request, db, project, chosen or EstimateQuery())
+        form = {k: v for k, v in (chosen.model_dump() if chosen else {}).items() if v}
+        return _list_context(db, project, user, settings.default_policy_model, settings.clusters_file) | found | {
+            "form": form}
+
+    return ProjectPage("training.html", context)
 
 
 @router.put("/api/projects/{project_id}/default-cluster", tags=["training"],
@@ -154,17 +185,30 @@ def default_cluster_from_page(request: Request, project_id: Id, db: SessionDep, 
 
 
 @router.get("/projects/{project_id}/training", include_in_schema=False)
-def training_page(request: Request, project_id: Id, db: SessionDep, user: PageUser) -> Response:
-    return _page(request).show(request, db, user, project_id)
+def training_page(request: Request, project_id: Id, db: SessionDep, user: PageUser,
+                  chosen: Annotated[EstimateQuery, Query()]) -> Response:
+    # A form sent with the no-script "Update the estimate" button comes back filled in, with its estimate.
+    return _page(request, chosen).show(request, db, user, project_id)
+
+
+@router.get("/projects/{project_id}/training/estimate", include_in_schema=False)
+def training_estimate(request: Request, project_id: Id, db: SessionDep, user: PageUser,
+                      chosen: Annotated[EstimateQuery, Query()]) -> Response:
+    """The form's estimate panel alone, re-rendered as the form changes."""
+    project = projects.get_visible(db, project_id, user)
+    return render(request, "_training_estimate.html", {"project": project, **_estimate(request, db, project, chosen)})
 
 
 @router.post("/projects/{project_id}/training", include_in_schema=False)
 def launch_from_page(request: Request, project_id: Id, db: SessionDep, user: PageUser,
                      form: Annotated[TrainingForm, Form()]) -> Response:
     # Not mounted like the other project pages: the run's data directory comes from the request.
-    return _page(request).submit(request, db, user, project_id, form,
-                                lambda db, project, user, body: _request_run(request, db, project, user, body),
-                                redirect=lambda started: f"/training-runs/{started[0].id}")
+    chosen = EstimateQuery(kind=form.kind[:20], export_id=form.export_id[:20], base_model=form.base_model,
+                           config=form.config)
+    return _page(request, chosen).submit(request, db, user, project_id, form,
+                                         lambda db, project, user, body: _request_run(request, db, project, user,
+                                                                                      body),
+                                         redirect=lambda started: f"/training-runs/{started[0].id}")
 
 
 @router.get("/training-runs/{run_id}", include_in_schema=False)

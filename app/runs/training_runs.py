@@ -123,6 +123,11 @@ def _validate_config(kind: str, config: dict[str, Any], filled: dict[str, Any]) 
     return dataclasses.asdict(resolved)
 
 
+def resolved_config(kind: str, config: dict[str, Any], filled: dict[str, Any]) -> dict[str, Any]:
+    """Every field of the config a run of `kind` would train with, or Invalid naming `config.<field>`."""
+    return _validate_config(kind, config, filled)
+
+
 def request_run(db: Session, project: Project, actor: User, *, data_dir: Path, kind: str, export_id: int,
                 base_model: str | None, reward_run_id: int | None, config: dict[str, Any],
                 default_policy: str | Path | None = None, where: str | None = None,
