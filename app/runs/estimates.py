@@ -223,5 +223,6 @@ def _chosen_export(db: Session, project: Project, kind: str, export_id: str) -> 
     if not export_id.strip().isdigit():
         return None
     export = db.get(Export, int(export_id))
-    fits = export is not None and export.project_id == project.id and export.deleted_at is None
-    return export if fits and export.kind == training_runs.EXPORT_KIND[kind] and export.sha256 else None
+    if export is None or export.project_id != project.id or export.deleted_at is not None:
+        return None
+    return export if export.kind == training_runs.EXPORT_KIND[kind] and export.sha256 else None

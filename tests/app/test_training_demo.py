@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from app.accounts import users
-from app.demo.seed import DEMO_PROJECT, demo_policy_dir, setup_demo
+from app.demo.seed import DEMO_PROJECT, demo_policy_dir, measure_speed, setup_demo, speed_unmeasured
 from app.main import create_app
 from app.models import Completion, Job, Project, Prompt, TrainingRun
 from app.platform.settings import Settings
@@ -141,3 +141,19 @@ def test_an_engineer_trains_a_reward_model_and_a_policy_in_the_demo_with_the_def
     # Every demo prompt, K answers each, for the next round of ranking; the empty or repeated answers a random
     # tiny model writes now and then are never queued, and the job counts them.
     assert produced + dropped == 100 * 4 and produced >= 100 * 4 * 0.9, (produced, sampled.result)
+
+
+@pytest.mark.slow
+def test_the_demo_measures_its_policy_once_and_the_training_form_says_how_long_a_run_takes(demo) -> None:  # type: ignore[no-untyped-def]
+    app, accounts, project_id = demo
+    settings = app.state.settings
+    eng = _Page(app, "engineer@example.org", accounts["engineer@example.org"])
+    prompts = _export(eng, app, project_id, "prompts")
+    before = eng.get(f"/projects/{project_id}/training?kind=grpo").text
+    assert "not measured yet" in before and "python -m training speed --model" in before
+    assert measure_speed(settings, "tiny", encoder=False) == []
+    assert speed_unmeasured(settings, "tiny", encoder=False) == []  # once: a second start measures nothing
+    page = eng.get(f"/projects/{project_id}/training?kind=grpo&export_id={prompts}").text
+    found = re.search(r'id="estimate-minutes">About (\d+) min on this machine', page)
+    assert found and int(found.group(1)) >= 1, page[page.find('id="estimate"'):][:2000]
+    assert "on demo-policy (cpu" in page
