@@ -212,7 +212,8 @@ def launch_from_page(request: Request, project_id: Id, db: SessionDep, user: Pag
 
 
 @router.get("/training-runs/{run_id}", include_in_schema=False)
-def run_page(request: Request, run_id: Id, db: SessionDep, user: PageUser) -> Response:
+def run_page(request: Request, run_id: Id, db: SessionDep, user: PageUser,
+             samples_page: Annotated[int, Query(ge=1, le=100_000)] = 1) -> Response:
     run = training_runs.get_visible(db, run_id, user)
     project = training_runs.project_of(db, run)
     metrics = training_runs.read_metrics(run)
@@ -229,7 +230,8 @@ def run_page(request: Request, run_id: Id, db: SessionDep, user: PageUser) -> Re
            "job": training_runs.job_of(db, run), "human_check": training_runs.read_human_check(run),
            "log": training_runs.log_tail(request.app.state.settings.data_dir, run.job_id),
            "small_data": training_runs.small_data(training_runs.export_of(db, run)),
-           "samples": training_runs.latest_samples(run, samples=samples),
+           "samples": training_runs.sample_page(samples, samples_page),
+           "verdict": training_runs.verdict(run, evaluation),
            "config_json": json.dumps((run.config or {}).get("user", {}), indent=2),
            "can_train": permissions.may(db, user, project, "training.start"),
            "trackers": training_runs.read_trackers(run), "policy_kinds": training_runs.POLICY_KINDS,

@@ -592,13 +592,6 @@ def read_samples(run: TrainingRun, limit: int = 20_000) -> list[dict[str, Any]]:
     return rows
 
 
-def latest_samples(run: TrainingRun, limit: int = 8, samples: list[dict[str, Any]] | None = None
-                   ) -> list[dict[str, Any]]:
-    """The last answers the policy wrote while training (or, failing that, at evaluation)."""
-    rows = read_samples(run) if samples is None else samples
-    return rows[-limit:]
-
-
 def compare(db: Session, project: Project, runs: list[TrainingRun]) -> dict[str, Any]:
     """Two runs of `project` side by side: eval and last metrics, lineage, and the diff of their resolved configs."""
     if any(r.project_id != project.id for r in runs):
@@ -612,3 +605,75 @@ def compare(db: Session, project: Project, runs: list[TrainingRun]) -> dict[str,
          "lineage": lineage(db, run)} for run in runs]
     keys = sorted({k for r in rows for k, v in r["eval"].items() if isinstance(v, int | float)})
     return {"rows": rows, "eval_keys": keys, "diff": versions.diff_lines(config_lines(runs[0]), config_lines(runs[1]))}
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def verdict(run: TrainingRun, evaluation: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A finished run's outcome in a headline and its figures, from its evaluation: for a policy, whether it beat
+    its reference on the held-out prompts (reward, win rate, KL); for a reward model, its held-out accuracy against
+    chance. None while there is nothing to judge by."""
+    if run.state != "succeeded" or not evaluation:
+        return None
+    if run.kind in POLICY_KINDS:
+        return _policy_verdict(evaluation)
+    accuracy = _number(evaluation.get("accuracy"))
+    if accuracy is None:
+        return None
+    headline = ("Ranks held-out pairs better than chance" if accuracy > 0.55 else
+                "Ranks held-out pairs about as well as a coin")
+    return {"headline": headline, "good": accuracy > 0.55,
+            "figures": [("held-out accuracy", f"{accuracy:.3f}", "chance is 0.5")]}
+
+
+def _policy_verdict(evaluation: dict[str, Any]) -> dict[str, Any] | None:
+    found = evaluation.get("reward_mean")
+    means: dict[str, Any] = found if isinstance(found, dict) else {}
+    policy = _number(means.get("policy", (evaluation.get("policy") or {}).get("reward_mean")))
+    reference = _number(means.get("reference", (evaluation.get("reference") or {}).get("reward_mean")))
+    win, kl = _number(evaluation.get("win_rate")), _number(evaluation.get("kl"))
+    if policy is None and win is None:
+        return None
+    better = (win is not None and win > 0.5) or (win is None and policy is not None and reference is not None
+                                                  and policy > reference)
+    worse = (win is not None and win < 0.5) or (win is None and policy is not None and reference is not None
+                                                 and policy < reference)
+    prompts = evaluation.get("prompts")
+    on = f" on {prompts} held-out prompts" if isinstance(prompts, int) else " on the held-out prompts"
+    headline = ("Beats its reference" if better else "Worse than its reference" if worse
+                else "No better than its reference") + on
+    figures = []
+    if policy is not None:
+        change = f", {policy - reference:+.3f} on the reference's {reference:.3f}" if reference is not None else ""
+        figures.append(("reward", f"{policy:.3f}", change.lstrip(", ")))
+    if win is not None:
+        figures.append(("win rate", f"{win:.2f}", "against the reference; 0.5 is a tie"))
+    if kl is not None:
+        figures.append(("KL", f"{kl:.3f}", "how far it moved from the reference"))
+    return {"headline": headline, "good": better, "figures": figures}
+
+
+SAMPLES_PER_PAGE = 5
+"""Held-out prompts per page of a run's samples table."""
+
+
+def sample_page(samples: list[dict[str, Any]], page: int) -> dict[str, Any]:
+    """One page of a run's samples, a row per prompt: the prompt once, the policy's answers beside the reference's
+    (the first shown, every sample's reward listed), the pages there are, and the page shown (clamped)."""
+    prompts: dict[str, dict[str, Any]] = {}
+    for row in samples:
+        prompt = row.get("prompt")
+        text = prompt if isinstance(prompt, str) else json.dumps(prompt, ensure_ascii=False)
+        side = "reference" if row.get("model") == "reference" else "policy"
+        entry = prompts.setdefault(text, {"prompt": text, "policy": [], "reference": []})
+        answer = row.get("answer", row.get("response", row.get("completion", "")))
+        entry[side].append({"answer": answer if isinstance(answer, str) else json.dumps(answer),
+                            "reward": _number(row.get("reward"))})
+    rows = list(prompts.values())
+    pages = max(1, -(-len(rows) // SAMPLES_PER_PAGE))
+    page = min(max(1, page), pages)
+    shown = rows[(page - 1) * SAMPLES_PER_PAGE:page * SAMPLES_PER_PAGE]
+    return {"rows": shown, "page": page, "pages": pages, "prompts": len(rows),
+            "has_reference": any(r["reference"] for r in rows)}
