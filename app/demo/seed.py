@@ -4,6 +4,8 @@ runs (GRPO, PPO, …), sampling and the local judge work offline. Tests ask for 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import secrets
 import subprocess
 import sys
@@ -15,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from app.accounts import users
 from app.imports import service as imports
-from app.models import Project, User
+from app.models import Export, Project, User
 from app.platform.db import make_engine, make_session_factory, session_scope
 from app.platform.migrate import upgrade
 from app.platform.settings import Settings
@@ -101,10 +103,48 @@ def setup_demo(settings: Settings, policy: DemoPolicy = "smollm2") -> tuple[list
                                 max_rows=settings.max_import_rows)
             # Ten questions with a known answer (correct solutions above wrong ones) become gold tasks.
             gold.gold_from_metadata(db, project, limit=10, actor=lead)
+            _add_premade_pairs(db, project, lead, settings.data_dir)
         else:
             _add_missing_members(db, project, accounts["lead@example.org"])
         project_id = project.id
     return printed, project_id
+
+
+PREMADE_PAIRS = "correct over incorrect GSM8K solutions, from the shipped is_correct labels"
+"""The demo's pre-made pairs export, as its filters say: a first reward model has enough to learn from before
+anyone has ranked more than a few prompts."""
+
+
+def premade_pairs(data: Path = DEMO_DATA) -> list[dict[str, str]]:
+    """Every correct solution over every incorrect one of the same question, in the question's split (220 training
+    pairs and 46 held out from the shipped questions)."""
+    pairs = []
+    for line in data.read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        correct = row["metadata"]["is_correct"]
+        for good, chosen in zip(correct, row["completions"], strict=True):
+            for bad, rejected in zip(correct, row["completions"], strict=True):
+                if good and not bad:
+                    pairs.append({"prompt": row["prompt"], "chosen": chosen, "rejected": rejected,
+                                  "split": row.get("split", "train")})
+    return pairs
+
+
+def _add_premade_pairs(db: Session, project: Project, lead: User, data_dir: Path) -> Export:
+    """The pre-made pairs as a ready JSONL export of the demo project, written under DATA_DIR/exports/."""
+    pairs = premade_pairs()
+    folder = data_dir / "exports" / f"demo-{project.id}"
+    folder.mkdir(parents=True, exist_ok=True)
+    body = "".join(json.dumps(p, ensure_ascii=False) + "\n" for p in pairs).encode()
+    (folder / "pairs.jsonl").write_bytes(body)
+    digest = hashlib.sha256(body).hexdigest()
+    heldout = sum(p["split"] == "heldout" for p in pairs)
+    export = Export(project_id=project.id, kind="pairs", format="jsonl", filters={"premade": PREMADE_PAIRS},
+                    row_count=len(pairs), row_counts={"split.train": len(pairs) - heldout, "split.heldout": heldout},
+                    sha256=digest, files={"pairs.jsonl": digest}, path=str(folder), created_by_id=lead.id)
+    db.add(export)
+    db.flush()
+    return export
 
 
 def _add_missing_members(db: Session, project: Project, lead: User) -> None:

@@ -117,7 +117,8 @@ def _list_context(db, project, user, default_policy=None, clusters_file=None) ->
     rows = [(r, training_runs.read_eval(r), (training_runs.read_metrics(r, last=1) or [{}])[-1]) for r in runs]
     exports = training_runs.ready_exports(db, project)
     return {"project": project, "rows": rows, "exports": exports, "form": {},
-            "small_data": {e.id: training_runs.small_data(e) for e in exports},
+            "small_data": training_runs.small_data_advice(exports),
+            "preferred": training_runs.preferred_exports(exports),
             "export_kind": training_runs.EXPORT_KIND,
             "reward_runs": [r for r in runs if r.kind in ("reward", "prm") and r.state == "succeeded"],
             "can_train": permissions.may(db, user, project, "training.start"),
@@ -142,9 +143,9 @@ def _estimate(request: Request, db, project, chosen: EstimateQuery) -> dict:
     settings = request.app.state.settings
     shown = chosen.model_dump()
     if not shown["export_id"]:
-        fitting = training_runs.EXPORT_KIND.get(chosen.kind)
-        newest = next((e for e in training_runs.ready_exports(db, project) if e.kind == fitting), None)
-        shown["export_id"] = str(newest.id) if newest else ""
+        preferred = training_runs.preferred_exports(training_runs.ready_exports(db, project))
+        found = preferred.get(training_runs.EXPORT_KIND.get(chosen.kind, ""))
+        shown["export_id"] = str(found) if found else ""
     found = estimates.for_form(db, project, data_dir=settings.data_dir, default_policy=settings.default_policy_model,
                                kind=shown["kind"], export_id=shown["export_id"], base_model=shown["base_model"],
                                config_text=shown["config"])

@@ -490,6 +490,43 @@ def small_data(export: Export | None) -> str | None:
             f"a first run worth reading wants {needed} or more (rank more, or let the AI judge label some).")
 
 
+def premade(exports: list[Export]) -> Export | None:
+    """The newest ready pairs export that came with the project (the demo's, its filters say `premade`) and is big
+    enough to learn from, or None."""
+    return next((e for e in exports if e.kind == "pairs" and (e.filters or {}).get("premade")
+                 and small_data(e) is None), None)
+
+
+def preferred_exports(exports: list[Export]) -> dict[str, int]:
+    """The export the training form chooses first for each export kind: the newest, unless it is too small to learn
+    from and pre-made pairs are there to learn from instead."""
+    chosen: dict[str, int] = {}
+    for export in exports:  # newest first
+        chosen.setdefault(export.kind, export.id)
+    ready = premade(exports)
+    newest = next((e for e in exports if e.kind == "pairs"), None)
+    if ready is not None and newest is not None and small_data(newest) is not None:
+        chosen["pairs"] = ready.id
+    return chosen
+
+
+def small_data_advice(exports: list[Export]) -> dict[int, str]:
+    """Per export too small to learn from, why (`small_data`), and where pre-made pairs can stand in for it."""
+    ready = premade(exports)
+    advice = {}
+    for export in exports:
+        why = small_data(export)
+        if why is None:
+            continue
+        if ready is not None and export.kind == "pairs":
+            counts = ready.row_counts or {}
+            why += (f" For a first reward model, choose export #{ready.id}: the demo's {counts.get('split.train', 0)}"
+                    f" pre-made training pairs ({counts.get('split.heldout', 0)} more held out), "
+                    f"{(ready.filters or {})['premade']}.")
+        advice[export.id] = why
+    return advice
+
+
 def sample_into_project(db: Session, run: TrainingRun, actor: User, *, k: int | None, seed: int | None,
                         new_round: bool, max_new_tokens: int | None = None, temperature: float | None = None) -> Job:
     """Sample a finished policy's answers into its project; with `new_round` every prompt is ranked again."""

@@ -1,5 +1,6 @@
 // The training form: the Export list offers only exports of the kind the chosen method reads (the kind option's
-// data-export-kind), newest first as the server lists them, and says when the chosen export is too small to learn
+// data-export-kind), newest first as the server lists them (choosing the newest, or the one the server marks
+// data-preferred: pre-made pairs when the newest is too small), and says when the chosen export is too small to learn
 // from. Without this script preflab.css still hides the other kinds' exports and the server's choice stands.
 (function () {
   "use strict";
@@ -27,7 +28,7 @@
         var fits = option.dataset.kind === wanted;
         option.hidden = !fits;
         option.disabled = !fits;
-        if (fits && newest === null) newest = option;
+        if (fits && (newest === null || "preferred" in option.dataset)) newest = option;
       });
       var chosen = exportSelect.selectedOptions[0];
       if (!chosen || chosen.disabled) {

@@ -5,6 +5,7 @@ the real worker and the real trainer processes, on the demo's own data."""
 from __future__ import annotations
 
 import html
+import json
 import re
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from sqlalchemy import func, select
 from app.accounts import users
 from app.demo.seed import DEMO_PROJECT, demo_policy_dir, measure_speed, setup_demo, speed_unmeasured
 from app.main import create_app
-from app.models import Completion, Job, Project, Prompt, TrainingRun
+from app.models import Completion, Export, Job, Project, Prompt, TrainingRun
 from app.platform.settings import Settings
 from app.runs import training_runs
 from app.worker import Worker
@@ -157,3 +158,27 @@ def test_the_demo_measures_its_policy_once_and_the_training_form_says_how_long_a
     found = re.search(r'id="estimate-minutes">About (\d+) min on this machine', page)
     assert found and int(found.group(1)) >= 1, page[page.find('id="estimate"'):][:2000]
     assert "on demo-policy (cpu" in page
+
+
+def test_the_demo_ships_pairs_to_learn_from_and_the_form_offers_them_over_a_first_days_few(demo) -> None:  # type: ignore[no-untyped-def]
+    app, accounts, project_id = demo
+    with app.state.session_factory() as db:
+        premade = db.scalars(select(Export).where(Export.project_id == project_id)).one()
+        assert (premade.kind, premade.row_counts) == ("pairs", {"split.train": 220, "split.heldout": 46})
+        rows = [json.loads(line) for line in Path(training_runs.export_file(app.state.settings.data_dir, premade))
+                .read_text().splitlines()]
+        assert len(rows) == 266 and {"prompt", "chosen", "rejected", "split"} <= set(rows[0])
+        premade_id = premade.id
+    eng = _Page(app, "engineer@example.org", accounts["engineer@example.org"])
+    form = eng.get(f"/projects/{project_id}/training").text
+    assert re.search(rf'<option value="{premade_id}"[^>]*data-preferred[^>]*selected>#{premade_id} pairs · jsonl · 266 '
+                     r'rows · pre-made</option>', form)
+    _rank_some(app, accounts, project_id, per_annotator=3)
+    mine = _export(eng, app, project_id, "pairs")  # a first day's few pairs, newer than the pre-made ones
+    form = html.unescape(eng.get(f"/projects/{project_id}/training").text)
+    chosen = re.search(r'<option value="(\d+)"[^>]*selected>#\d+ pairs', form)
+    assert chosen and int(chosen.group(1)) == premade_id  # still the pre-made pairs: there is too little of one's own
+    warning = re.search(rf'<option value="{mine}"[^>]*data-warning="([^"]*)"', form)
+    assert warning and "too few to learn from" in warning.group(1)
+    assert f"For a first reward model, choose export #{premade_id}: the demo's 220 pre-made training pairs" in (
+        warning.group(1))
