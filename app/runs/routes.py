@@ -144,8 +144,8 @@ def _estimate(request: Request, db, project, chosen: EstimateQuery) -> dict:
     shown = chosen.model_dump()
     if not shown["export_id"]:
         preferred = training_runs.preferred_exports(training_runs.ready_exports(db, project))
-        found = preferred.get(training_runs.EXPORT_KIND.get(chosen.kind, ""))
-        shown["export_id"] = str(found) if found else ""
+        first = preferred.get(training_runs.EXPORT_KIND.get(chosen.kind, ""))
+        shown["export_id"] = str(first) if first else ""
     found = estimates.for_form(db, project, data_dir=settings.data_dir, default_policy=settings.default_policy_model,
                                kind=shown["kind"], export_id=shown["export_id"], base_model=shown["base_model"],
                                config_text=shown["config"])
