@@ -155,7 +155,7 @@ def test_the_demo_measures_its_policy_once_and_the_training_form_says_how_long_a
     assert measure_speed(settings, "tiny", encoder=False) == []
     assert speed_unmeasured(settings, "tiny", encoder=False) == []  # once: a second start measures nothing
     page = eng.get(f"/projects/{project_id}/training?kind=grpo&export_id={prompts}").text
-    found = re.search(r'id="estimate-minutes">About (\d+) min on this machine', page)
+    found = re.search(r'id="estimate-minutes" data-minutes="(\d+)">About ', page)
     assert found and int(found.group(1)) >= 1, page[page.find('id="estimate"'):][:2000]
     assert "on demo-policy (cpu" in page
 
