@@ -14,7 +14,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app.runs import estimates
+from training.base_model import smollm2_dir
+
 CSRF_RE = re.compile(r'name="csrf_token" value="([0-9a-f]{64})"')
+SPEED = {"start_s": 4.0, "forward_token_s": 0.002, "train_token_s": 0.006, "optimizer_s": 0.4, "decode_step_s": 0.04,
+         "decode_row_s": 0.001, "save_s": 0.4, "device": "cpu", "threads": 2}
 
 
 def _free_port() -> int:
@@ -30,6 +35,12 @@ def demo_server(tmp_path: Path, smollm2: Path):  # type: ignore[no-untyped-def]
     # tests/training/test_base_model.py covers.
     (tmp_path / "data" / "models").mkdir(parents=True)
     (tmp_path / "data" / "models" / smollm2.name).symlink_to(smollm2, target_is_directory=True)
+    # So do figures for its speed measurement (a minute, or several on a busy machine), which
+    # tests/app/test_training_demo.py covers on the tiny policy.
+    for model in (str(smollm2_dir(tmp_path / "data")), estimates.ENCODER):
+        figures = estimates.speed_file(tmp_path / "data", model)
+        figures.parent.mkdir(parents=True, exist_ok=True)
+        figures.write_text(json.dumps(SPEED | {"model": model, "measured_at": "2026-12-01T09:30:00+00:00"}))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFLAB_")}
     env.update(PREFLAB_DATA_DIR=str(tmp_path / "data"), PREFLAB_DATABASE_URL=f"sqlite:///{tmp_path}/data/demo.db")
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "demo", "--port", str(port)], cwd=tmp_path, env=env,
@@ -102,6 +113,10 @@ def test_demo_serves_a_working_project(demo_server) -> None:  # type: ignore[no-
     policy = re.search(r"Policy runs start from (\S+) ", output).group(1)  # type: ignore[union-attr]
     assert Path(policy, "config.json").is_file() and Path(policy, "model.safetensors").is_file()
     assert f'data-kind="grpo"><strong>grpo</strong>: <code>{policy}</code>' in training.text
+    # Its first reward run is on the pre-made pairs, and the form says how long it takes at the measured speed.
+    assert re.search(r"selected>#\d+ pairs · jsonl · 266 rows · pre-made</option>", training.text)
+    assert re.search(r'data-minutes="\d+">About .* on this machine</strong>', training.text)
+    assert "Measuring this machine's speed" not in output  # measured already: once is enough
     refused = engineer.post(f"{project_path}/rubric", data={"text": "x", "criteria": "", "base_version": "2",
                                                             "csrf_token": csrf, "note": ""})
     assert refused.status_code == 403
