@@ -520,11 +520,20 @@ def small_data_advice(exports: list[Export]) -> dict[int, str]:
             continue
         if ready is not None and export.kind == "pairs":
             counts = ready.row_counts or {}
-            why += (f" For a first reward model, choose export #{ready.id}: the demo's {counts.get('split.train', 0)}"
+            why += (f" For a first reward model, train on export #{ready.id}: the demo's {counts.get('split.train', 0)}"
                     f" pre-made training pairs ({counts.get('split.heldout', 0)} more held out), "
                     f"{(ready.filters or {})['premade']}.")
         advice[export.id] = why
     return advice
+
+
+def run_small_data(db: Session, run: TrainingRun) -> str | None:
+    """Why the run's export was too small to learn from, and where pre-made pairs could stand in, or None."""
+    export = export_of(db, run)
+    if export is None or small_data(export) is None:
+        return None
+    project = project_of(db, run)
+    return small_data_advice([export, *(e for e in ready_exports(db, project) if e.id != export.id)])[export.id]
 
 
 def sample_into_project(db: Session, run: TrainingRun, actor: User, *, k: int | None, seed: int | None,

@@ -180,5 +180,18 @@ def test_the_demo_ships_pairs_to_learn_from_and_the_form_offers_them_over_a_firs
     assert chosen and int(chosen.group(1)) == premade_id  # still the pre-made pairs: there is too little of one's own
     warning = re.search(rf'<option value="{mine}"[^>]*data-warning="([^"]*)"', form)
     assert warning and "too few to learn from" in warning.group(1)
-    assert f"For a first reward model, choose export #{premade_id}: the demo's 220 pre-made training pairs" in (
+    assert f"For a first reward model, train on export #{premade_id}: the demo's 220 pre-made training pairs" in (
         warning.group(1))
+
+
+def test_a_run_on_a_first_days_few_pairs_says_so_and_names_the_pre_made_ones(demo) -> None:  # type: ignore[no-untyped-def]
+    app, accounts, project_id = demo
+    _rank_some(app, accounts, project_id, per_annotator=3)
+    eng = _Page(app, "engineer@example.org", accounts["engineer@example.org"])
+    mine = _export(eng, app, project_id, "pairs")
+    started = eng.post(f"/projects/{project_id}/training", {"kind": "reward", "export_id": str(mine), "base_model": "",
+                                                            "reward_run_id": "", "config": "steps = 1"})
+    assert started.status_code == 303, started.text[-2000:]
+    page = html.unescape(eng.get(started.headers["location"]).text)  # queued: nothing needs to run for this
+    warning = page.split('id="small-data">', 1)[1].split("</p>", 1)[0]
+    assert "too few to learn from" in warning and "the demo's 220 pre-made training pairs" in warning
