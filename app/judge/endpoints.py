@@ -9,6 +9,7 @@ encrypted here on the way in and decrypted only for a worker's generator.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from sqlalchemy import select, text
@@ -22,8 +23,21 @@ from app.platform import audit, outbound
 from app.platform.crypto import Keyring, KeyringError, KeyUnreadable, encrypted_under_current, is_encrypted
 from app.platform.errors import Conflict, DomainError, Invalid, NotFound
 from training.generation import GenerationError, make_generator
+from training.weights import UnsafeWeights, require_safetensors
 
 NAME_MAX = 100
+
+
+def local_model_dir(path: str, *, field: str, note: str = "") -> str:
+    """A local model directory checked before any job starts: it holds config.json and safetensors weights (pickle
+    weights are never loaded). Invalid naming `field` otherwise; `note` says where the path came from."""
+    if not (Path(path) / "config.json").is_file():
+        raise Invalid(f"model directory {path}{note} not found (no config.json there)", field=field)
+    try:
+        require_safetensors(path)
+    except UnsafeWeights as exc:
+        raise Invalid(str(exc).removeprefix("model: "), field=field) from None
+    return path
 
 
 def list_endpoints(db: Session) -> list[ModelEndpoint]:

