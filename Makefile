@@ -67,13 +67,24 @@ slurm:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm munge >/dev/null; \
 	  else echo "note: install slurm-wlm and munge (apt-get install slurm-wlm munge) to run the Slurm tests"; fi; }
 
+# The tests that start a Slurm or a Ray engine spend most of their time waiting on it, so they run beside the rest in
+# a second process (on a Postgres database of its own, PREFLAB_TEST_DATABASE_URL's name + "_cluster"); its output
+# follows the first's, and either failing fails the target.
+CLUSTER_TESTS = tests/app/test_cluster_slurm.py tests/app/test_cluster_ray.py tests/app/test_clusters_engines.py
+
 test: setup-dev browser slurm
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	@log=$$(mktemp); \
+	PREFLAB_TEST_DATABASE_SUFFIX=_cluster $(BIN)/python -m pytest -q -p no:cacheprovider $(CLUSTER_TESTS) >"$$log" 2>&1 & \
+	cluster=$$!; \
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(addprefix --ignore=,$(CLUSTER_TESTS)); rest=$$?; \
+	wait $$cluster; engines=$$?; \
+	echo "== the cluster tests ($(CLUSTER_TESTS))"; cat "$$log"; rm -f "$$log"; \
+	[ $$rest -eq 0 ] && [ $$engines -eq 0 ]
 
 # The Slurm and Ray tests alone (their names hold slurm or ray): each module starts its engine (a single-node Slurm,
 # a local Ray head) and stops it afterwards. With CI=true an engine that cannot start fails them.
 test-cluster: setup-dev slurm
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests/app/test_cluster_slurm.py tests/app/test_cluster_ray.py
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(CLUSTER_TESTS)
 
 # The slow, crash and browser tests 10 times idle, then 3 times with every core busy (tests/soak.py; set
 # PREFLAB_TEST_DATABASE_URL for Postgres too). SOAK_ARGS, e.g. "--idle 2 --busy 1", shortens it.

@@ -23,6 +23,9 @@ os.environ.setdefault("PREFLAB_JOB_RETRY_BASE_S", "0")
 # on the next view, never waiting on the clock. The cadence's own tests set it.
 os.environ.setdefault("PREFLAB_AGREEMENT_DRAIN_EVERY_S", "0")
 PG_URL = os.environ.get("PREFLAB_TEST_DATABASE_URL", "")
+# A second test process beside the first (`make test` runs the cluster tests so) takes a database of its own, named
+# with this suffix and created when missing: each process drops and recreates its database's schema at the start.
+PG_SUFFIX = os.environ.get("PREFLAB_TEST_DATABASE_SUFFIX", "")
 IN_CI = os.environ.get("CI", "").lower() == "true"
 TEST_SECRET = "test-secret-key-that-is-long-enough-for-production-0123456789"
 TEST_ENCRYPTION_KEY = "hV0bY8cZq3o5pM6Tq0uU1lX7cQe2yWm9nK4rJ8sD1aE="
@@ -38,9 +41,27 @@ def _pg_unavailable(reason: str) -> None:
     pytest.skip(reason=f"Postgres tests skipped: {reason}")
 
 
+def _create_missing(url: str) -> None:
+    """Create the URL's database on its server when it does not exist yet."""
+    from sqlalchemy import make_url
+
+    from app.platform.db import make_engine
+
+    target = make_url(url)
+    server = make_engine(target.set(database="postgres").render_as_string(hide_password=False))
+    try:
+        with server.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            if conn.scalar(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": target.database}) is None:
+                conn.execute(text(f'CREATE DATABASE "{target.database}"'))
+    finally:
+        server.dispose()
+
+
 def _reset_postgres(url: str) -> None:
     from app.platform.db import make_engine
 
+    if PG_SUFFIX:
+        _create_missing(url)
     engine = make_engine(url)
     try:
         with engine.begin() as conn:
@@ -58,7 +79,13 @@ def pg_url() -> str:
 
     if not PG_URL:
         _pg_unavailable("PREFLAB_TEST_DATABASE_URL is not set")
-    return Settings(database_url=PG_URL).database_url
+    url = Settings(database_url=PG_URL).database_url
+    if PG_SUFFIX:
+        from sqlalchemy import make_url
+
+        parsed = make_url(url)
+        url = parsed.set(database=f"{parsed.database}{PG_SUFFIX}").render_as_string(hide_password=False)
+    return url
 
 
 @pytest.fixture(scope="session")
