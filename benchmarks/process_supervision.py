@@ -40,11 +40,12 @@ accuracy against updates (mean over seeds; PATH gets `-L2`, `-L8` … before its
 
 **Cost.** A run costs about `updates` × (sampling G × prompts_per_step chains + one optimisation pass) plus a greedy
 curve point every `--curve-every` updates, so it grows with L. How the defaults were sized: a slice of 10 updates
-per arm at L = 8 was timed on one thread (4–5 s wall per arm, the curve points and final evaluation included) and
-the SFT fit on its own (about 80 s per seed); extrapolating linearly in updates and halving for L = 2 and L = 4
-gives about 40 s (L = 8), 20 s (L = 4) and 15 s (L = 2) per run of 80 updates, so 9 arms × 3 lengths × 5 seeds
-≈ 9 × 75 s × 5 + 5 × 80 s ≈ 63 min on one idle core; two worker processes with the seeds split between them
-(`--seeds 0 1 2` and `--seeds 3 4`, each to a file, then `--from-lines FILE FILE` to summarise both) use both cores.
+per arm at L = 8 was timed on one thread (4–5 s wall per arm, curve points and final evaluation included) and the
+SFT fit on its own (about 80 s per seed); full runs of 80 updates then took about 5 s of CPU at L = 2 and 20 s at
+L = 8 (less for an arm whose answers shrink), so with about 10 s at L = 4 the defaults cost about
+9 arms × 35 s × 5 seeds + 5 × 80 s ≈ 33 min of CPU on one idle core, under the 90 minutes allowed for 2 idle cores
+even at twice these figures. Two worker processes with the seeds split between them (`--seeds 0 1 2` and
+`--seeds 3 4`, each to a file, then `--from-lines FILE FILE` to summarise both) use both cores.
 `--quick` is a one-seed, L = 2, two-arm, six-update version for CI (about a minute, its SFT fit included).
 """
 
@@ -486,6 +487,7 @@ def plot(lines: list[dict[str, Any]], path: Path) -> list[Path]:
             series.append(Series(arm, [(float(u), statistics.fmean(c[u] for c in curves)) for u in points]))
         seeds = len({r["seed"] for r in lines if r["L"] == length})
         target = path.with_name(f"{path.stem}-L{length}{path.suffix}")
+        target.parent.mkdir(parents=True, exist_ok=True)
         line_chart(series, target, title=f"Greedy accuracy, chains of {length} lines", x_label="GRPO updates",
                    y_label=f"held-out greedy accuracy, mean of {seeds} seeds", y_range=(0.0, 1.0))
         written.append(target)
