@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from app.accounts import permissions
 from app.projects import projects
@@ -132,6 +132,8 @@ def _list_context(db, project, user, default_policy=None, clusters_file=None) ->
 class EstimateQuery(BaseModel):
     """What the training form holds so far, sent for its time estimate (each field as the form names it)."""
 
+    model_config = ConfigDict(extra="forbid")
+
     kind: str = Field("reward", max_length=20)
     export_id: str = Field("", max_length=20)
     base_model: str = Field("", max_length=1000)
@@ -206,6 +208,8 @@ def launch_from_page(request: Request, project_id: Id, db: SessionDep, user: Pag
     # Not mounted like the other project pages: the run's data directory comes from the request.
     chosen = EstimateQuery(kind=form.kind[:20], export_id=form.export_id[:20], base_model=form.base_model,
                            config=form.config)
+    if form.action == "estimate":  # the no-script "Update the estimate" button: the form again, priced, no run
+        return _page(request, chosen).show(request, db, user, project_id)
     return _page(request, chosen).submit(request, db, user, project_id, form,
                                          lambda db, project, user, body: _request_run(request, db, project, user,
                                                                                       body),

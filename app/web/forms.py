@@ -820,6 +820,8 @@ class TrainingForm(ApiForm):
     config: str = Field("", max_length=20_000)
     where: str = Field("local", max_length=100)
     resources: str = Field("", max_length=2_000)
+    action: str = Field("", max_length=20)
+    """"estimate": the button that prices the form without starting a run (pages without scripts)."""
 
     def label(self, field: str) -> str | None:
         # A key of the TOML the user typed: name it, since the label alone does not say which line is wrong.

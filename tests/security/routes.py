@@ -268,6 +268,7 @@ POLICY: dict[tuple[str, str], Policy] = {
     ("POST", "/api/training-runs/{run_id}/human-check"): Policy(LEAD_ENG),
     ("POST", "/api/training-runs/{run_id}/iterate"): Policy(LEAD_ENG, lambda w: {"json": {}}),
     ("GET", "/projects/{project_id}/training"): Policy(MEMBERS),
+    ("GET", "/projects/{project_id}/training/estimate"): Policy(MEMBERS),
     ("POST", "/projects/{project_id}/training"): Policy(LEAD_ENG, lambda w: {"data": {"export_id": str(w.a.export_id)}}),
     ("GET", "/training-runs/{run_id}"): Policy(MEMBERS),
     ("POST", "/training-runs/{run_id}/cancel"): Policy(LEAD_ENG, params=lambda w: {"run_id": w.a.running_run_id}),
