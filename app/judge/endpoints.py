@@ -29,7 +29,7 @@ NAME_MAX = 100
 
 
 def local_model_dir(path: str, *, field: str, note: str = "") -> str:
-    """A local model directory checked before any job starts: it holds config.json and safetensors weights (pickle
+    """A local model directory checked before any job starts: it holds config.json and safetensors weights (pickled
     weights are never loaded). Invalid naming `field` otherwise; `note` says where the path came from."""
     if not (Path(path) / "config.json").is_file():
         raise Invalid(f"model directory {path}{note} not found (no config.json there)", field=field)
