@@ -43,6 +43,10 @@ FIRST_TRY: dict[str, dict[str, Any]] = {
 }
 """A few minutes of an online method on a small model and a CPU: enough to watch the loop run end to end (sampling,
 reward, update, evaluation), too little to expect the policy to improve."""
+FIRST_TRY_REWARD = ("gsm8k_exact_match",)
+"""The reward a first try gets when its config names none: the final number against each prompt's reference (the
+demo's GSM8K prompts carry one). With a reward model run chosen too, both are summed; delete the line to use the
+reward model alone."""
 
 
 @dataclass
@@ -217,8 +221,11 @@ def for_form(db: Session, project: Project, *, data_dir: Path, default_policy: s
     found.phases = [(p.name, _in_words(p.seconds), p.detail) for p in priced.phases]
     small = FIRST_TRY.get(kind)
     if small is not None and found.minutes > FIRST_TRY_MINUTES:
-        found.first_try = "\n".join(f"{k} = {json.dumps(v)}" for k, v in small.items())
-        found.first_try_minutes = _minutes(_priced(kind, small, data, speed).seconds)
+        # The run as written, made small: what the user set (a reward, a learning rate) stays.
+        tried = _parse_config(config_text) | small
+        tried.setdefault("reward_fn", list(FIRST_TRY_REWARD))
+        found.first_try = "\n".join(f"{k} = {json.dumps(v)}" for k, v in tried.items())
+        found.first_try_minutes = _minutes(_priced(kind, tried, data, speed).seconds)
     return found
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import tomllib
 from pathlib import Path
 
 from app.models import Export
@@ -67,6 +68,13 @@ def test_a_long_run_offers_a_first_try_of_a_few_minutes(db, make_project, tmp_pa
     assert found.minutes is not None and found.minutes > 60
     assert found.first_try is not None and "steps = 5" in found.first_try
     assert found.first_try_minutes is not None and found.first_try_minutes <= 5
+    # A run needs a reward to start: a first try of a config that names none checks the final number.
+    assert 'reward_fn = ["gsm8k_exact_match"]' in found.first_try
+    # What the user wrote stays (their reward, their learning rate); only the size shrinks.
+    theirs = _form(db, project, tmp_path, prompts, config_text='lr = 2e-6\nreward_fn = ["format_regex"]\nsteps = 300')
+    assert theirs.first_try is not None
+    assert tomllib.loads(theirs.first_try) == {**tomllib.loads(found.first_try), "lr": 2e-6,
+                                                    "reward_fn": ["format_regex"]}
 
 
 def test_the_export_texts_lengths_count_and_a_reward_run_uses_the_encoders_figures(
