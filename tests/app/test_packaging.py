@@ -35,18 +35,3 @@ def test_a_build_warns_about_nothing_and_ships_static_vendor_and_migrations(tmp_
     # Whatever `make vendor` put beside the README ships too (the package serves it at /static/vendor).
     vendored = {f"app/static/vendor/{p.name}" for p in (REPO / "app" / "static" / "vendor").iterdir() if p.is_file()}
     assert vendored <= shipped, sorted(vendored - shipped)
-
-
-@pytest.mark.timeout(300)
-def test_the_editable_install_make_setup_runs_prints_nothing(tmp_path: Path) -> None:
-    # Makefile's EDITABLE options, as `make setup` passes them: setuptools' default editable mode prints a page about
-    # its import hook on every install.
-    (options,) = [line.split(":=", 1)[1].split() for line in (REPO / "Makefile").read_text().splitlines()
-                  if line.startswith("EDITABLE :=")]
-    subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "venv")], check=True, timeout=120)
-    install = subprocess.run([str(tmp_path / "venv" / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps",
-                              *options, "-e", str(REPO)], capture_output=True, text=True, timeout=280)
-    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
-    said = [line for line in (install.stdout + install.stderr).splitlines()
-            if line.strip() and "is ignored: it is neither a file nor a directory" not in line]  # this machine's pip.conf
-    assert said == []
