@@ -258,21 +258,27 @@ class ModelEndpointAdminOut(ModelEndpointOut):
                    created_at=endpoint.created_at)
 
 
+CLUSTER_NAME = r"^[A-Za-z][A-Za-z0-9_-]{0,39}$"
+"""A cluster's name, as runs give it in `where`."""
+JOB_PREFIX = r"^([A-Za-z][A-Za-z0-9_-]{0,39})?$"
+"""A cluster's job-name prefix; empty: preflab."""
+
+
 class ClusterIn(Strict):
-    name: str = Field(min_length=1, max_length=40, description="What runs name in `where`: a letter, then letters, "
-                                                               "digits, - or _.")
+    name: str = Field(min_length=1, max_length=40, pattern=CLUSTER_NAME,
+                      description="What runs name in `where`: a letter, then letters, digits, - or _.")
     kind: Literal["slurm", "ray"]
     address: str | None = Field(default=None, max_length=1000,
                                 description="Ray: the head's dashboard address (http://host:8265).")
     partition: str | None = Field(default=None, max_length=200, description="Slurm: the default partition.")
-    shared_dir: str = Field(min_length=1, max_length=1000,
+    shared_dir: str = Field(min_length=1, max_length=1000, pattern=r"^\s*/",
                             description="The path the app, the workers and every node see (PREFLAB_DATA_DIR and "
                                         "the models lie under it).")
     resources: dict[str, Any] = Field(default_factory=dict,
                                       description="Default resources a run's own override: cpus, gpus, memory_gb, "
                                                   "nodes, workers, time_limit_min.")
     env: dict[str, str] = Field(default_factory=dict, description="More environment variables for runs there.")
-    job_prefix: str = Field(default="preflab", max_length=40,
+    job_prefix: str = Field(default="preflab", max_length=40, pattern=JOB_PREFIX,
                             description="Job names are JOB_PREFIX-<job>-<attempt>; two installs sharing a cluster "
                                         "each set their own.")
     max_running: int | None = Field(default=None, ge=1, le=10_000,
@@ -284,14 +290,14 @@ class ClusterIn(Strict):
 
 
 class ClusterPatch(Strict):
-    name: str | None = Field(default=None, min_length=1, max_length=40)
+    name: str | None = Field(default=None, min_length=1, max_length=40, pattern=CLUSTER_NAME)
     kind: Literal["slurm", "ray"] | None = None
     address: str | None = Field(default=None, max_length=1000, description='"" removes it.')
     partition: str | None = Field(default=None, max_length=200, description='"" removes it.')
-    shared_dir: str | None = Field(default=None, min_length=1, max_length=1000)
+    shared_dir: str | None = Field(default=None, min_length=1, max_length=1000, pattern=r"^\s*/")
     resources: dict[str, Any] | None = Field(default=None, description="Replaces the default resources whole.")
     env: dict[str, str] | None = Field(default=None, description="Replaces the variables whole.")
-    job_prefix: str | None = Field(default=None, max_length=40)
+    job_prefix: str | None = Field(default=None, max_length=40, pattern=JOB_PREFIX)
     max_running: int | None = Field(default=None, ge=1, le=10_000)
     no_cap: bool = Field(default=False, description="Remove the concurrency cap.")
     secret: str | None = Field(default=None, max_length=20_000, description="A new secret (omit to keep the stored "
