@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session, joinedload
 from app.accounts import security
 from app.models import ROLES, ApiToken, User, UserSession, utcnow
 from app.platform import audit
-from app.platform.db import core
+from app.platform.db import core, get_or_missing
 from app.platform.direct_sql import direct
 from app.platform.errors import Conflict, Invalid, NotFound
 
@@ -45,10 +45,7 @@ def create_user(db: Session, email: str, password: str, role: str, *, name: str 
 
 
 def get_user(db: Session, user_id: int) -> User:
-    user = db.get(User, user_id)
-    if user is None:
-        raise NotFound("no such user")
-    return user
+    return get_or_missing(db, User, user_id, "no such user")
 
 
 def get_by_email(db: Session, email: str) -> User | None:

@@ -21,7 +21,8 @@ from app.jobs.context import JobContext, JobError
 from app.models import ModelEndpoint, User
 from app.platform import audit, outbound
 from app.platform.crypto import Keyring, KeyringError, KeyUnreadable, encrypted_under_current, is_encrypted
-from app.platform.errors import Conflict, DomainError, Invalid, NotFound
+from app.platform.db import get_or_missing
+from app.platform.errors import Conflict, DomainError, Invalid
 from training.generation import GenerationError, make_generator
 from training.weights import UnsafeWeights, require_safetensors
 
@@ -45,10 +46,7 @@ def list_endpoints(db: Session) -> list[ModelEndpoint]:
 
 
 def get(db: Session, endpoint_id: int) -> ModelEndpoint:
-    endpoint = db.get(ModelEndpoint, endpoint_id)
-    if endpoint is None:
-        raise NotFound("no such model endpoint")
-    return endpoint
+    return get_or_missing(db, ModelEndpoint, endpoint_id, "no such model endpoint")
 
 
 def _clean_name(db: Session, name: str, current: ModelEndpoint | None = None) -> str:

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Mapper, Session, SessionTransaction, make_transient_t
 from sqlalchemy.orm.util import identity_key
 
 from app.platform.direct_sql import CoreConnection
-from app.platform.errors import DomainError
+from app.platform.errors import DomainError, NotFound
 
 log = logging.getLogger("preflab.db")
 T = TypeVar("T")
@@ -191,6 +191,15 @@ class RowLoader:
         make_transient_to_detached(instance)  # loaded and unmodified, as from a query
         db.add(instance)
         return instance
+
+
+def get_or_missing(db: Session, model: type[T], key: int, message: str) -> T:
+    """The row of `model` with primary key `key`, or NotFound(`message`): for objects every caller of the service may
+    see (an admin's clusters, endpoints, users); a project's objects check their project as well."""
+    row = db.get(model, key)
+    if row is None:
+        raise NotFound(message)
+    return row
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:

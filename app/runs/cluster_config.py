@@ -21,6 +21,7 @@ from app.accounts import permissions
 from app.models import ComputeCluster, TrainingRun, User
 from app.platform import audit
 from app.platform.crypto import Keyring, KeyringError, KeyUnreadable
+from app.platform.db import get_or_missing
 from app.platform.errors import Conflict, Invalid, NotFound
 from app.runs.backends import clusters
 from app.runs.backends.base import LOCAL, Cluster, Probe, Resources
@@ -103,10 +104,7 @@ def list_rows(db: Session) -> list[ComputeCluster]:
 
 
 def get(db: Session, cluster_id: int) -> ComputeCluster:
-    row = db.get(ComputeCluster, cluster_id)
-    if row is None:
-        raise NotFound("no such cluster")
-    return row
+    return get_or_missing(db, ComputeCluster, cluster_id, "no such cluster")
 
 
 def find(db: Session, clusters_file: Path | None, name: str) -> Cluster:
