@@ -44,12 +44,19 @@ class Tally:
     """What a judge run did, for its result."""
 
     written: int = 0
+    """Prompts ranked by the judge (one AI ranking each)."""
     low: int = 0
+    """Of those, rankings whose confidence was below the project's gate."""
     routed: int = 0
+    """Prompts sent to humans first: low confidence, or a verdict that flipped when A and B were swapped."""
     step_labels: int = 0
+    """Step labels written (a judge with `label_steps` rates each step of an answer)."""
     steps_unlabelled: int = 0
+    """Steps left without a label: too long to ask about in the judge's context."""
     truncated: int = 0
+    """Comparisons judged on answers cut to fit the judge's context."""
     skipped_prompts: int = 0
+    """Prompts left to humans because a comparison did not fit the judge's context at all."""
     skipped: list[dict[str, Any]] = field(default_factory=list)
     """{prompt_id, completions: [a, b], reason} per comparison left unjudged."""
 
