@@ -61,11 +61,12 @@ browser:
 	  else echo "note: install chromium (apt-get install chromium) to run the browser tests"; fi; }
 
 # Slurm's daemons and clients and munge (Debian's packages) for the cluster tests, which start their own single-node
-# Slurm in a scratch directory; the packages' own services are not used.
+# Slurm in a scratch directory, and OpenSSH's server, which stands in for a login node there; the packages' own
+# services are not used.
 slurm:
-	@command -v sbatch >/dev/null && [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/munged ] || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm munge >/dev/null; \
-	  else echo "note: install slurm-wlm and munge (apt-get install slurm-wlm munge) to run the Slurm tests"; fi; }
+	@command -v sbatch >/dev/null && [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/munged ] && [ -x /usr/sbin/sshd ] || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm munge openssh-server >/dev/null; \
+	  else echo "note: install slurm-wlm, munge and openssh-server (apt-get install slurm-wlm munge openssh-server) to run the Slurm tests"; fi; }
 
 # The tests that start a Slurm or a Ray engine spend most of their time waiting on it, so they run beside the rest in
 # a second process (on a Postgres database of its own, PREFLAB_TEST_DATABASE_URL's name + "_cluster"); its output

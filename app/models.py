@@ -185,6 +185,8 @@ class ComputeCluster(Base):
     """Ray: the head's dashboard address (http://host:8265)."""
     partition: Mapped[str | None] = mapped_column(String(200))
     """Slurm: the partition runs go to unless they ask for another."""
+    login: Mapped[str | None] = mapped_column(String(330))
+    """Slurm: user@host[:port] of a login node the worker runs sbatch and the rest on over SSH; None: its own host."""
     shared_dir: Mapped[str] = mapped_column(String(1000))
     resources: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
     """Default resources a run's own override (cpus, gpus, memory_gb, nodes, workers, time_limit_min)."""
@@ -195,8 +197,8 @@ class ComputeCluster(Base):
     max_running: Mapped[int | None] = mapped_column(Integer)
     """The concurrency cap: at most this many runs at once on the cluster; the worker holds further runs queued."""
     secret_stored: Mapped[str | None] = mapped_column("secret", Text)
-    """A Ray token or an SSH private key, encrypted (`fernet:<token>`, app/platform/crypto.py); read through
-    app.runs.cluster_config only."""
+    """A Ray token or the SSH private key for a Slurm login node, encrypted (`fernet:<token>`,
+    app/platform/crypto.py); read through app.runs.cluster_config only."""
     created_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)

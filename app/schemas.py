@@ -262,6 +262,9 @@ CLUSTER_NAME = r"^[A-Za-z][A-Za-z0-9_-]{0,39}$"
 """A cluster's name, as runs give it in `where`."""
 JOB_PREFIX = r"^([A-Za-z][A-Za-z0-9_-]{0,39})?$"
 """A cluster's job-name prefix; empty: preflab."""
+CLUSTER_LOGIN = r"^[A-Za-z0-9._-]{1,64}@[A-Za-z0-9.-]{1,253}(:[0-9]{1,5})?$"
+"""A Slurm login node, user@host[:port] (app.runs.backends.clusters.LOGIN)."""
+CLUSTER_LOGIN_OR_EMPTY = r"^([A-Za-z0-9._-]{1,64}@[A-Za-z0-9.-]{1,253}(:[0-9]{1,5})?)?$"
 
 
 class ClusterIn(Strict):
@@ -271,6 +274,10 @@ class ClusterIn(Strict):
     address: str | None = Field(default=None, max_length=1000,
                                 description="Ray: the head's dashboard address (http://host:8265).")
     partition: str | None = Field(default=None, max_length=200, description="Slurm: the default partition.")
+    login: str | None = Field(default=None, max_length=330, pattern=CLUSTER_LOGIN,
+                              description="Slurm: user@host or user@host:port of a login node that runs sbatch and "
+                                          "the rest over SSH (the secret is its private key); none: the worker's "
+                                          "own host.")
     shared_dir: str = Field(min_length=1, max_length=1000, pattern=r"^\s*/",
                             description="The path the app, the workers and every node see (PREFLAB_DATA_DIR and "
                                         "the models lie under it).")
@@ -285,8 +292,8 @@ class ClusterIn(Strict):
                                     description="The concurrency cap: at most this many runs at once on the cluster; "
                                                 "further runs wait queued (none: no cap).")
     secret: str | None = Field(default=None, max_length=20_000,
-                               description="A Ray token (sent as a Bearer header to the head) or an SSH private key; "
-                                           "stored encrypted and never shown again.")
+                               description="A Ray token (sent as a Bearer header to the head) or the login node's SSH "
+                                           "private key; stored encrypted and never shown again.")
 
 
 class ClusterPatch(Strict):
@@ -294,6 +301,8 @@ class ClusterPatch(Strict):
     kind: Literal["slurm", "ray"] | None = None
     address: str | None = Field(default=None, max_length=1000, description='"" removes it.')
     partition: str | None = Field(default=None, max_length=200, description='"" removes it.')
+    login: str | None = Field(default=None, max_length=330, pattern=CLUSTER_LOGIN_OR_EMPTY,
+                              description='"" removes it.')
     shared_dir: str | None = Field(default=None, min_length=1, max_length=1000, pattern=r"^\s*/")
     resources: dict[str, Any] | None = Field(default=None, description="Replaces the default resources whole.")
     env: dict[str, str] | None = Field(default=None, description="Replaces the variables whole.")
@@ -314,6 +323,7 @@ class ClusterOut(BaseModel):
     source: Literal["app", "file"] = Field(description='"file": from PREFLAB_CLUSTERS_FILE, read-only in the app.')
     address: str | None
     partition: str | None
+    login: str | None = Field(description="Slurm: the login node its commands run on over SSH.")
     shared_dir: str | None
     resources: dict[str, Any]
     env_names: list[str] = Field(description="The names of the extra variables (their values are not shown).")

@@ -66,7 +66,8 @@ def as_cluster(row: ComputeCluster, keyring: Keyring | None = None) -> Cluster:
             raise Invalid(f"the secret of cluster {row.name} cannot be read ({exc}); an admin enters it again",
                           field="secret") from None
     return Cluster(row.name, row.kind, resources, shared_dir=Path(row.shared_dir), env=dict(row.env or {}),
-                   job_prefix=row.job_prefix, max_running=row.max_running, secret=secret, source="app")
+                   job_prefix=row.job_prefix, max_running=row.max_running, secret=secret, source="app",
+                   login=row.login)
 
 
 def with_secret(db: Session, cluster: Cluster, keyring: Keyring) -> Cluster:
@@ -133,6 +134,7 @@ class Fields:
     kind: str | None = None
     address: str | None = None
     partition: str | None = None
+    login: str | None = None
     shared_dir: str | None = None
     resources: dict[str, Any] | None = None
     env: dict[str, str] | None = None
@@ -207,6 +209,8 @@ def _checked(db: Session, row: ComputeCluster, fields: Fields, clusters_file: Pa
         value = getattr(fields, key)
         if value is not None:
             values[key] = _one_line(value, key) or None
+    if fields.login is not None:
+        values["login"] = _login(fields.login)
     if fields.shared_dir is not None:
         shared = fields.shared_dir.strip()
         if not shared.startswith("/"):
@@ -221,6 +225,14 @@ def _checked(db: Session, row: ComputeCluster, fields: Fields, clusters_file: Pa
     if fields.no_cap or fields.max_running is not None:
         values["max_running"] = None if fields.no_cap else _cap(fields.max_running)
     return values
+
+
+def _login(value: str) -> str | None:
+    login = value.strip()
+    if login and not clusters.LOGIN.fullmatch(login):
+        raise Invalid("must be user@host or user@host:port (the login node the worker reaches over SSH)",
+                      field="login")
+    return login or None
 
 
 def _prefix(value: str) -> str:
@@ -288,9 +300,11 @@ def _check_kind(row: ComputeCluster) -> None:
             raise Invalid("a Ray cluster needs its head's dashboard address (http://host:8265)", field="address")
         if row.partition:
             raise Invalid("a partition is Slurm's; a Ray cluster has none", field="partition")
+        if row.login:
+            raise Invalid("a login node is Slurm's; a Ray cluster is reached at its address", field="login")
     elif row.kind == "slurm" and row.address:
-        raise Invalid("an address is Ray's; a Slurm cluster is reached through sbatch on the worker's host",
-                      field="address")
+        raise Invalid("an address is Ray's; a Slurm cluster is reached through sbatch on the worker's host or its "
+                      "login node", field="address")
 
 
 def _sealed(keyring: Keyring, secret: str) -> str:

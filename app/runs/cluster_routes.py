@@ -24,7 +24,7 @@ NAME_PATH = r"[A-Za-z][A-Za-z0-9_-]{0,39}"
 def _out(item: cluster_config.Listed, keyring: Keyring, running: dict[str, int]) -> ClusterOut:
     c = item.cluster
     return ClusterOut(id=item.row.id if item.row else None, name=c.name, kind=c.kind, source=c.source,
-                      address=c.resources.address, partition=c.resources.partition,
+                      address=c.resources.address, partition=c.resources.partition, login=c.login,
                       shared_dir=str(c.shared_dir) if c.shared_dir else None,
                       resources=_given(c.resources),
                       env_names=sorted(c.env), job_prefix=c.job_prefix, max_running=c.max_running,

@@ -348,8 +348,9 @@ class EndpointUpdateForm(EndpointForm):
 
 
 _CLUSTER_LABELS = {"name": "Name", "kind": "Kind", "address": "Ray head address", "partition": "Slurm partition",
-                   "shared_dir": "Shared path", "resources": "Default resources", "job_prefix": "Job prefix",
-                   "max_running": "Runs at once (cap)", "secret": "Secret", "clear_secret": "remove the stored secret"}
+                   "login": "Slurm login node", "shared_dir": "Shared path", "resources": "Default resources",
+                   "job_prefix": "Job prefix", "max_running": "Runs at once (cap)", "secret": "Secret",
+                   "clear_secret": "remove the stored secret"}
 
 
 def key_values(raw: str, field: str) -> dict[str, Any]:
@@ -381,6 +382,7 @@ class ClusterForm(ApiForm):
     kind: str = Field("slurm", max_length=10)
     address: str = Field("", max_length=1000)
     partition: str = Field("", max_length=200)
+    login: str = Field("", max_length=330)
     shared_dir: str = Field("", max_length=1000)
     resources: str = Field("", max_length=2000)
     job_prefix: str = Field("preflab", max_length=40)
@@ -389,7 +391,8 @@ class ClusterForm(ApiForm):
 
     def to_api(self) -> ClusterIn:
         return ClusterIn.from_form(name=self.name, kind=self.kind, address=self.address or None,
-                                   partition=self.partition or None, shared_dir=self.shared_dir,
+                                   partition=self.partition or None, login=self.login.strip() or None,
+                                   shared_dir=self.shared_dir,
                                    resources=key_values(self.resources, "resources"), job_prefix=self.job_prefix,
                                    max_running=self.max_running.strip() or None, secret=self.secret or None)
 
@@ -400,7 +403,8 @@ class ClusterUpdateForm(ClusterForm):
     def to_api(self) -> ClusterPatch:  # type: ignore[override]
         cap = self.max_running.strip()
         return ClusterPatch.from_form(name=self.name, kind=self.kind, address=self.address, partition=self.partition,
-                                      shared_dir=self.shared_dir, resources=key_values(self.resources, "resources"),
+                                      login=self.login.strip(), shared_dir=self.shared_dir,
+                                      resources=key_values(self.resources, "resources"),
                                       job_prefix=self.job_prefix, max_running=cap or None, no_cap=not cap,
                                       secret=self.secret or None, clear_secret=self.clear_secret)
 

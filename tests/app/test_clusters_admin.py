@@ -37,7 +37,7 @@ def test_admins_add_change_and_remove_clusters_and_nobody_else_may(db, app, make
     assert created.status_code == 201, created.text
     out = created.json()
     assert out | {"id": None} == {"id": None, "name": "lab", "kind": "ray", "source": "app",
-                                  "address": "http://127.0.0.1:9", "partition": None, "shared_dir": "/shared/preflab",
+                                  "address": "http://127.0.0.1:9", "partition": None, "login": None, "shared_dir": "/shared/preflab",
                                   "resources": {"cpus": 2}, "env_names": [], "job_prefix": "preflab",
                                   "max_running": 2, "running": 0, "secret": "set"}
     assert lead.patch(f"/api/v1/admin/clusters/{out['id']}", json={"max_running": 1}).status_code == 403
@@ -60,7 +60,10 @@ def test_bad_clusters_are_refused_naming_the_field(db, app, make_user, api, toke
                         (_body(address=None), "address"), (_body(kind="slurm"), "address"),
                         (_body(shared_dir="relative/path"), "shared_dir"),
                         (_body(resources={"gpus": -1}), "resources.gpus"),
-                        (_body(resources={"address": "http://elsewhere:8265"}), "resources.address")):
+                        (_body(resources={"address": "http://elsewhere:8265"}), "resources.address"),
+                        (_body(login="preflab@login.hpc"), "login"),  # a login node is Slurm's
+                        (_body(kind="slurm", address=None, login="-oProxyCommand=sh@x"), "login"),
+                        (_body(kind="slurm", address=None, login="login.hpc"), "login")):
         r = admin.post("/api/v1/admin/clusters", json=body)
         assert r.status_code == 422, (body, r.text)
         assert field in r.text, (field, r.text)

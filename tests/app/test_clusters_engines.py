@@ -5,16 +5,20 @@ a second run queued, saying what it waits for, until the first run ends."""
 from __future__ import annotations
 
 import signal
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from app.runs.backends.slurm import KNOWN_HOSTS_ENV
 from tests.app.test_cluster_ray import head  # noqa: F401 (a fixture: the real Ray head)
 from tests.app.test_cluster_slurm import slurm  # noqa: F401 (a fixture: the real Slurm)
 from tests.app.test_training_runs import _export, _ranked_project, _work, models_dir  # noqa: F401 (a fixture)
 from tests.conftest import only_on
-from tests.support.clusters import reward_run, spawn_worker, use_clusters
+from tests.support import sshd as local_sshd
+from tests.support.clusters import reward_run, spawn_worker, unavailable, use_clusters
 from tests.support.server import wait_for
 from training.hold import ENV as HOLD_ENV
 
@@ -98,3 +102,58 @@ def test_ray_cap_holds_a_second_run_queued_until_the_first_ends(db, app, admin, 
         assert eng.get(f"/api/training-runs/{run['run_id']}").json()["state"] == "succeeded"
     log = (Path(app.state.settings.data_dir) / "jobs" / f"{second['job_id']}.log").read_text()
     assert "waiting for a slot on lab (1 of 1 running)" in log
+
+
+@pytest.fixture(scope="module")
+def sshd(slurm) -> Iterator[local_sshd.Sshd]:  # type: ignore[no-untyped-def]  # noqa: F811
+    """A real sshd on 127.0.0.1 standing in for the cluster's login node: its sessions see the test's Slurm."""
+    if local_sshd.missing():
+        unavailable("sshd", f"not installed: {', '.join(local_sshd.missing())} (apt-get install openssh-server)")
+    try:
+        server = local_sshd.start(slurm.env)
+    except (RuntimeError, subprocess.SubprocessError) as exc:
+        unavailable("sshd", f"it did not start: {exc}")
+    yield server
+    server.stop()
+
+
+def test_slurm_through_a_login_node_runs_every_command_over_ssh_with_the_stored_key(
+        db, app, admin, make_user, make_project, api, token_for, models_dir, slurm, sshd,  # noqa: F811
+        tmp_path, tmp_path_factory, monkeypatch) -> None:
+    only_on(db, "sqlite", "the engine is the same on both")
+    monkeypatch.setenv(KNOWN_HOSTS_ENV, str(sshd.known_hosts))
+    shared = str(tmp_path_factory.getbasetemp())
+    _add(admin, name="login", kind="slurm", login=sshd.login, secret=sshd.private_key, shared_dir=shared,
+         resources={"cpus": 1})
+    [listed] = admin.get("/api/v1/admin/clusters").json()
+    assert listed["login"] == sshd.login and listed["secret"] == "set" and "PRIVATE KEY" not in str(listed)
+    out = admin.post("/api/v1/admin/clusters/login/test").json()
+    assert out["ok"] is True and f"through {sshd.login}" in out["detail"], out
+    # The login node's host key was taken on first contact and is checked from now on.
+    assert sshd.known_hosts.read_text().rstrip().endswith(sshd.host_key)
+    logins = sshd.log().count("Accepted publickey")
+    assert logins >= 2  # sbatch, then scontrol until the job ended
+
+    project_id, eng = _ranked_project(db, make_user, make_project, api, token_for, n=8)
+    pairs = _export(eng, app, project_id, "pairs")
+    run = reward_run(eng, project_id, pairs, models_dir["reward"], "login")
+    _work(app)
+    job = eng.get(f"/api/jobs/{run['job_id']}").json()
+    assert job["state"] == "succeeded", job
+    assert eng.get(f"/api/training-runs/{run['run_id']}").json()["state"] == "succeeded"
+    log = (Path(app.state.settings.data_dir) / "jobs" / f"{run['job_id']}.log").read_text()
+    assert f"(through {sshd.login})" in log and "progress: step 4/4" in log
+    assert sshd.log().count("Accepted publickey") > logins  # the run's sbatch and polls went over SSH too
+
+    # A key the login node does not accept: the test says so in ssh's words, naming the node; nothing runs.
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "stranger")], check=True)
+    _add(admin, name="stranger", kind="slurm", login=sshd.login, secret=(tmp_path / "stranger").read_text(),
+         shared_dir=shared)
+    refused = admin.post("/api/v1/admin/clusters/stranger/test").json()
+    assert refused["ok"] is False, refused
+    assert f"ssh to the login node {sshd.login} of cluster stranger failed" in refused["detail"], refused
+    assert "Permission denied" in refused["detail"], refused
+    # A login node is Slurm's: a Ray cluster given one is refused, naming the field.
+    bad = admin.post("/api/v1/admin/clusters", json={"name": "rayish", "kind": "ray", "address": "http://h:8265",
+                                                      "login": sshd.login, "shared_dir": shared})
+    assert bad.status_code == 422 and '"field":"login"' in bad.text.replace(" ", ""), bad.text

@@ -63,6 +63,7 @@ EXCEPTIONS: list[tuple[str, str, str]] = [
     ("*", "a Ray cluster needs its head's dashboard address", "a Ray cluster's kind asks for an http(s) address"),
     ("*", "a partition is Slurm's", "a Ray cluster has no partition"),
     ("*", "an address is Ray's", "a Slurm cluster has no address: it is reached through sbatch"),
+    ("*", "a login node is Slurm's", "a Ray cluster has no login node: it is reached at its address"),
     ("*", "is not a default resource here", "default resources are the run resources the backends take"),
     ("*", "must map variable names to text values", "env keys must be environment variable names"),
     ("*", "must be one line of at most 1000 characters", "an address or a partition is one line"),

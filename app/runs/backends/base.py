@@ -218,7 +218,11 @@ class Cluster:
     """The concurrency cap: at most this many of preflab's runs at once on the cluster (None: no cap); the worker
     holds further runs queued rather than submitting them."""
     secret: str | None = field(default=None, repr=False)
-    """Ray: a token sent to the head as `Authorization: Bearer …`. Decrypted only in the worker, never logged."""
+    """Ray: a token sent to the head as `Authorization: Bearer …`; Slurm with a `login` node: the SSH private key.
+    Decrypted only in the worker, never logged."""
+    login: str | None = None
+    """Slurm: `user@host` or `user@host:port` of a login node that runs sbatch, squeue, scontrol, sacct and scancel
+    over SSH; None: they run on the worker's own host."""
     source: str = "file"
     """Where the cluster is configured: `file` (PREFLAB_CLUSTERS_FILE, read-only in the app) or `app` (the admin
     page and API)."""

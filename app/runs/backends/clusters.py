@@ -9,6 +9,7 @@ The file is TOML, one table per cluster:
     template = "/etc/preflab/slurm-job.sh"   # optional: the job script template (see slurm.DEFAULT_TEMPLATE)
     python = "/opt/preflab/.venv/bin/python" # optional: the interpreter on the nodes (default: the worker's)
     job_prefix = "preflab"             # optional: job names are JOB_PREFIX-{job}-{attempt}
+    login = "preflab@login.hpc"        # optional: run the Slurm commands on this login node over SSH
     max_running = 4                    # optional: the concurrency cap (runs at once; more wait queued)
     [clusters.hpc.resources]           # defaults a run's own resources override
     partition = "gpu"
@@ -27,6 +28,9 @@ from typing import Any
 from app.runs.backends.base import LOCAL, Backend, Cluster, Probe, Resources
 
 KINDS = ("local", "slurm", "ray")
+LOGIN = re.compile(r"[A-Za-z0-9._-]{1,64}@[A-Za-z0-9.-]{1,253}(:[0-9]{1,5})?")
+"""A Slurm login node: `user@host` or `user@host:port` (ssh's own form; no options can ride in on it)."""
+LOGIN_RULE = "a Slurm cluster's login node is user@host or user@host:port"
 
 
 class ClusterError(ValueError):
@@ -55,7 +59,7 @@ def _cluster(path: Path, name: str, table: Any) -> Cluster:
     if name == LOCAL or not isinstance(table, dict):
         raise ClusterError(f"{where}: {'local is built in' if name == LOCAL else 'must be a table'}")
     known = {"kind", "resources", "shared_dir", "template", "python", "env", "runtime_env", "job_prefix",
-             "max_running"}
+             "max_running", "login"}
     unknown = sorted(set(table) - known)
     if unknown:
         raise ClusterError(f"{where}.{unknown[0]} is not a cluster setting (known: {', '.join(sorted(known))})")
@@ -73,6 +77,9 @@ def _cluster(path: Path, name: str, table: Any) -> Cluster:
     prefix = table.get("job_prefix", "preflab")
     if not isinstance(prefix, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,39}", prefix):
         raise ClusterError(f"{where}.job_prefix must be a letter then up to 39 letters, digits, - or _, got {prefix!r}")
+    login = table.get("login")
+    if login is not None and (kind != "slurm" or not isinstance(login, str) or not LOGIN.fullmatch(login)):
+        raise ClusterError(f"{where}.login: {LOGIN_RULE}, got {login!r}")
     cap = table.get("max_running")
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
         raise ClusterError(f"{where}.max_running must be a whole number of at least 1, got {cap!r}")
@@ -80,7 +87,8 @@ def _cluster(path: Path, name: str, table: Any) -> Cluster:
                    template=Path(table["template"]) if table.get("template") else None,
                    python=str(table.get("python") or sys.executable),
                    env={str(k): str(v) for k, v in (table.get("env") or {}).items()},
-                   runtime_env=dict(table.get("runtime_env") or {}), job_prefix=prefix, max_running=cap)
+                   runtime_env=dict(table.get("runtime_env") or {}), job_prefix=prefix, max_running=cap,
+                   login=login)
 
 
 def backend_for(cluster: Cluster) -> Backend:

@@ -6,13 +6,21 @@ node through `srun`, with the rendezvous on the allocation's first node (SLURM_J
 SLURM_JOB_ID. The run's output goes to its own directory on the shared path (`slurm-ATTEMPT.log`), which the worker
 copies into the job's log from the offset it stored. The job is submitted with --no-requeue: a preempted job ends
 PREEMPTED and the worker submits the next attempt itself, resuming from the trainer's last checkpoint.
+
+The Slurm commands run on the worker's own host, or, for a cluster with a `login` node, on that node over SSH
+(`ssh -o BatchMode=yes user@login -- sbatch …`) with the cluster's secret as the private key: the job script and the
+run's log lie on the shared path, so only the commands travel.
 """
 
 from __future__ import annotations
 
+import atexit
+import hashlib
+import os
 import shlex
 import string
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -140,10 +148,10 @@ def probe(cluster: Cluster, timeout: float = 120.0) -> Probe:
     started = time.monotonic()
     partition = [f"--partition={cluster.resources.partition}"] if cluster.resources.partition else []
     try:
-        out = _run(["sbatch", "--parsable", f"--job-name={cluster.job_prefix}-connection-test", "--output=/dev/null",
-                    *partition, "--wrap", "true"], what="sbatch")
-        job_id = out.strip().split(";")[0]
         backend = SlurmBackend(cluster)
+        out = backend.shell.run(["sbatch", "--parsable", f"--job-name={cluster.job_prefix}-connection-test",
+                                 "--output=/dev/null", *partition, "--wrap", "true"], what="sbatch")
+        job_id = out.strip().split(";")[0]
         status = Status("queued")
         while time.monotonic() - started < timeout:
             found = backend._scontrol(job_id) or backend._sacct(job_id)
@@ -153,9 +161,10 @@ def probe(cluster: Cluster, timeout: float = 120.0) -> Probe:
             time.sleep(0.5)
         seconds = time.monotonic() - started
         if status.state == "succeeded":
-            return Probe(True, seconds, f"Slurm ran job {job_id} (sbatch --wrap true)")
+            where = f" through {cluster.login}" if cluster.login else ""
+            return Probe(True, seconds, f"Slurm ran job {job_id} (sbatch --wrap true){where}")
         if not status.done:
-            _run(["scancel", job_id], what="scancel")
+            backend.shell.run(["scancel", job_id], what="scancel")
             return Probe(False, seconds, f"Slurm job {job_id} did not finish within {timeout:g} s "
                                          f"(still {status.state})")
         return Probe(False, seconds, f"Slurm job {job_id}: {status.reason or status.state}")
@@ -169,18 +178,20 @@ class SlurmBackend:
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
+        self.shell = Shell(cluster)
 
     def check(self, launch: Launch) -> None:
         check_shared(self.cluster, launch.workdir, launch.reads)
 
     def describe(self, launch: Launch) -> str:
-        return f"sbatch {launch.workdir / self._script_name(launch)} on cluster {self.cluster.name}"
+        where = f" (through {self.cluster.login})" if self.cluster.login else ""
+        return f"sbatch {launch.workdir / self._script_name(launch)} on cluster {self.cluster.name}{where}"
 
     def submit(self, launch: Launch) -> Submission:
         log_file = self._log_file(launch.workdir, launch.attempt)
         script = launch.workdir / self._script_name(launch)
         script.write_text(job_script(launch, self.cluster, log_file), encoding="utf-8")
-        out = _run(["sbatch", "--parsable", str(script)], what="sbatch")
+        out = self.shell.run(["sbatch", "--parsable", str(script)], what="sbatch")
         job_id = out.strip().split(";")[0]  # `ID` or `ID;cluster`
         if not job_id.isdigit():
             raise BackendError(f"sbatch answered {out.strip()!r}, not a job id")
@@ -189,8 +200,8 @@ class SlurmBackend:
     def find(self, launch: Launch) -> Submission | None:
         """The job of this name whose working directory is this run's: another preflab on the same cluster numbers
         its jobs alike, and its jobs are not this run's."""
-        out = _run(["squeue", "--noheader", "--states=all", f"--name={launch.name}", "--format=%i %Z"],
-                   what="squeue")
+        out = self.shell.run(["squeue", "--noheader", "--states=all", f"--name={launch.name}", "--format=%i %Z"],
+                             what="squeue")
         ids = [job for job, _, workdir in (line.strip().partition(" ") for line in out.splitlines())
                if job.isdigit() and Path(workdir) == launch.workdir]
         log_file = self._log_file(launch.workdir, launch.attempt)
@@ -204,16 +215,15 @@ class SlurmBackend:
         return slurm_status(*found)
 
     def _scontrol(self, job_id: str) -> tuple[str, str | None, str | None] | None:
-        done = subprocess.run(["scontrol", "show", "job", "--oneliner", job_id], capture_output=True, text=True,
-                              timeout=60)
+        done = self.shell.call(["scontrol", "show", "job", "--oneliner", job_id], what="scontrol")
         if done.returncode != 0:
             return None  # "Invalid job id specified": gone from the controller's memory (MinJobAge)
         fields = dict(part.split("=", 1) for part in done.stdout.split() if "=" in part)
         return fields.get("JobState", ""), fields.get("ExitCode"), fields.get("Reason")
 
     def _sacct(self, job_id: str) -> tuple[str, str | None, str | None] | None:
-        done = subprocess.run(["sacct", "--noheader", "--parsable2", "--jobs", job_id, "--format=State,ExitCode"],
-                              capture_output=True, text=True, timeout=60)
+        done = self.shell.call(["sacct", "--noheader", "--parsable2", "--jobs", job_id, "--format=State,ExitCode"],
+                               what="sacct")
         lines = [line for line in done.stdout.splitlines() if line.strip()]
         if done.returncode != 0 or not lines:  # no accounting on this cluster, or it never heard of the job
             return None
@@ -225,7 +235,7 @@ class SlurmBackend:
         return read_from(Path(submission.log_file), submission.log_offset, final)
 
     def cancel(self, submission: Submission) -> None:
-        _run(["scancel", submission.id], what="scancel")
+        self.shell.run(["scancel", submission.id], what="scancel")
 
     def close(self) -> None:
         return None
@@ -252,13 +262,81 @@ def read_from(path: Path, offset: int, final: bool) -> tuple[str, int]:
     return data.decode("utf-8", errors="replace"), offset + len(data)
 
 
-def _run(cmd: list[str], *, what: str) -> str:
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    except FileNotFoundError:
-        raise BackendError(f"{what} is not installed on the worker's host (a Slurm login node can run it)") from None
-    except subprocess.TimeoutExpired:
-        raise BackendError(f"{what} did not answer within 60 s (is slurmctld up?)") from None
-    if done.returncode != 0:
-        raise BackendError(f"{what} failed: {(done.stderr or done.stdout).strip()[:500]}")
-    return done.stdout
+KNOWN_HOSTS_ENV = "PREFLAB_SSH_KNOWN_HOSTS"
+"""A known_hosts file of preflab's own for the login nodes' host keys (default: the worker user's)."""
+SSH_EXIT = 255
+"""ssh's own exit status when it could not reach or log in to the login node (the command's status otherwise)."""
+
+
+class Shell:
+    """Runs the Slurm commands: on the worker's host, or on the cluster's login node over SSH.
+
+    Over SSH: BatchMode (never a password prompt), the cluster's secret as the identity when it holds a private key
+    (else the worker user's own keys and ssh config), and a host key accepted on first contact and checked on every
+    later one (`StrictHostKeyChecking=accept-new`; the worker user's known_hosts, or PREFLAB_SSH_KNOWN_HOSTS): put
+    the node's key there beforehand (`ssh-keyscan`) for no first-contact trust at all.
+    """
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+
+    def call(self, cmd: list[str], *, what: str) -> subprocess.CompletedProcess[str]:
+        """The command's completed process (its own non-zero status is the caller's to read); BackendError when
+        the command or the login node cannot be reached at all."""
+        argv = self._argv(cmd)
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        except FileNotFoundError:
+            if self.cluster.login:
+                raise BackendError("ssh is not installed on the worker's host (cluster "
+                                   f"{self.cluster.name} reaches Slurm through {self.cluster.login})") from None
+            raise BackendError(f"{what} is not installed on the worker's host (a Slurm login node can run it; or "
+                               f"set the cluster's login node)") from None
+        except subprocess.TimeoutExpired:
+            where = f"on {self.cluster.login} " if self.cluster.login else ""
+            raise BackendError(f"{what} did not answer {where}within 60 s (is slurmctld up?)") from None
+        if self.cluster.login and done.returncode == SSH_EXIT:
+            said = (done.stderr or "").strip().splitlines()
+            raise BackendError(f"ssh to the login node {self.cluster.login} of cluster {self.cluster.name} failed: "
+                               f"{(said[-1] if said else 'no answer')[:300]}")
+        return done
+
+    def run(self, cmd: list[str], *, what: str) -> str:
+        """The command's output; BackendError with its own words when it fails."""
+        done = self.call(cmd, what=what)
+        if done.returncode != 0:
+            raise BackendError(f"{what} failed: {(done.stderr or done.stdout).strip()[:500]}")
+        return done.stdout
+
+    def _argv(self, cmd: list[str]) -> list[str]:
+        login = self.cluster.login
+        if not login:
+            return cmd
+        target, _, port = login.partition(":")
+        ssh = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new", "-o", "ConnectTimeout=20"]
+        known_hosts = os.environ.get(KNOWN_HOSTS_ENV)
+        if known_hosts:
+            ssh += ["-o", f"UserKnownHostsFile={known_hosts}"]
+        if port:
+            ssh += ["-p", port]
+        if self.cluster.secret and "PRIVATE KEY" in self.cluster.secret:
+            ssh += ["-o", "IdentitiesOnly=yes", "-i", str(_key_file(self.cluster.secret))]
+        # The remote side hands the command to a shell: every word is quoted so a path or a name stays one argument.
+        return [*ssh, "--", target, shlex.join(cmd)]
+
+
+_KEY_FILES: dict[str, Path] = {}
+
+
+def _key_file(secret: str) -> Path:
+    """The private key in a file only this user may read (ssh's `-i` wants a file), written once per worker process
+    and key, removed when the process exits."""
+    digest = hashlib.sha256(secret.encode()).hexdigest()[:16]
+    path = _KEY_FILES.get(digest)
+    if path is None or not path.exists():
+        fd, name = tempfile.mkstemp(prefix="preflab-ssh-", suffix=".key")  # mode 0600
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(secret.strip() + "\n")  # OpenSSH refuses a key file without its final newline
+        path = _KEY_FILES[digest] = Path(name)
+        atexit.register(path.unlink, missing_ok=True)
+    return path
