@@ -19,6 +19,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
 # CPU wheels keep the image small; pass --build-arg TORCH_INDEX=... for a CUDA build.
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 RUN pip install "torch==2.13.0" --index-url "$TORCH_INDEX"
+# ssh: a worker reaches a Slurm cluster's login node with it (a cluster's `login`).
+RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends openssh-client && rm -rf /var/lib/apt/lists/*
 WORKDIR /srv/preflab
 COPY pyproject.toml README.md ./
 COPY app app
