@@ -179,7 +179,8 @@ def advantages_by_step(rewards: RewardResult, group_size: int, scale: str, eps: 
 
 
 STEP_INDICES_LOGGED = 16
-"""Step indices whose mean reward and advantage a process run logs (`step_reward/j`, `step_adv/j`)."""
+"""Step indices whose mean reward and advantage, and how many rollouts reach them, a process run logs
+(`step_reward/j`, `step_adv/j`, `step_reached/j`)."""
 
 
 def step_index_sums(step_rewards: list[list[float]], step_adv: list[list[float]]) -> Tensor:
@@ -278,7 +279,8 @@ class GRPOTrainer(RLMethod):
 
     def _step_figures(self, rewards: RewardResult, step_adv: list[list[float]]) -> dict[str, float]:
         """Per step index j, the mean step reward (process scores alone) and advantage over the rollouts that reach
-        step j (`step_reward/j`, `step_adv/j`); and the share of groups whose outcome reward does not vary."""
+        step j (`step_reward/j`, `step_adv/j`) and how many rollouts do (`step_reached/j`, over every process); and the
+        share of groups whose outcome reward does not vary."""
         assert rewards.process_steps is not None
         device = self.accelerator.device
         sums = self.accelerator.reduce(step_index_sums(rewards.process_steps, step_adv).float().to(device),
@@ -288,6 +290,7 @@ class GRPOTrainer(RLMethod):
             if sums[2, j] > 0:
                 out[f"step_reward/{j}"] = (sums[0, j] / sums[2, j]).item()
                 out[f"step_adv/{j}"] = (sums[1, j] / sums[2, j]).item()
+                out[f"step_reached/{j}"] = sums[2, j].item()
         if rewards.outcome is not None:
             grouped = rewards.outcome.view(-1, self.config.group_size)
             flat = (grouped.max(dim=1).values - grouped.min(dim=1).values < 1e-8).float().mean().reshape(1)

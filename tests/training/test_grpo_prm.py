@@ -117,6 +117,9 @@ def test_cli_runs_grpo_with_a_prm_beside_an_outcome_reward(char_prm, tmp_path, c
     assert "reward/process_reward_model" in rows[0] and "reward/digit_share" in rows[0]
     # the step figures beside the outcome's: mean step reward and advantage by step index, the advantage's scale
     assert 0.0 <= rows[0]["step_reward/0"] <= 0.5 and "step_adv/0" in rows[0]
+    # and how many of the 8 rollouts reach each step index: fewer or as many at each next one
+    reached = [rows[0][f"step_reached/{j}"] for j in range(16) if f"step_reached/{j}" in rows[0]]
+    assert 0 < reached[0] <= 8 and reached == sorted(reached, reverse=True)
     assert 0.0 < rows[0]["adv_rms"] and 0.0 <= rows[0]["outcome_zero_std_frac"] <= 1.0
     run = json.loads((out / "run.json").read_text())["config"]
     assert run["process_reward_model"] == str(char_prm) and run["process_reward_weight"] == 0.5
