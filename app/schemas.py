@@ -841,6 +841,29 @@ class TrainingRunAccepted(BaseModel):
     job_id: int
 
 
+class StepStatOut(BaseModel):
+    index: int = Field(description="j, the step's place in the rollout (0 = the first step).")
+    reward: float | None = Field(description="Mean step reward over the rollouts that reach step j, averaged over the "
+                                             "last `window` updates (process scores alone).")
+    advantage: float | None = Field(description="Mean advantage of step j, over the same rollouts and updates.")
+    reward_first: float | None = Field(description="The step reward over the first `window` updates (null for a run "
+                                                   "of one update).")
+    advantage_first: float | None = Field(description="The advantage over the first `window` updates.")
+    rollouts: float | None = Field(description="Rollouts that reach step j per update, over the last `window` "
+                                               "updates (null when the trainer did not log `step_reached/j`).")
+
+
+class StepStatsOut(BaseModel):
+    updates: int = Field(description="Updates that logged step figures.")
+    window: int = Field(description="Updates averaged: at most 20, at most half the run's.")
+    early: bool = Field(description="Whether the first-window figures are given (more than one update).")
+    steps: list[StepStatOut]
+    outcome_zero_std_frac: float | None = Field(
+        description="Share of groups whose outcome reward did not vary (no outcome signal), over the last `window` "
+                    "updates.")
+    outcome_zero_std_frac_first: float | None = Field(description="The same share over the first `window` updates.")
+
+
 class TrainingRunOut(BaseModel):
     id: int
     kind: str
@@ -854,6 +877,9 @@ class TrainingRunOut(BaseModel):
     eval: dict | None = None
     human_check: dict | None = Field(default=None, description="Reward runs: accuracy on held-out human pairs and "
                                                                "on pairs labelled after the export (drift).")
+    step_stats: StepStatsOut | None = Field(
+        default=None, description="A run whose reward scores steps (GRPO with a process reward model): its figures "
+                                  "per step index, from metrics.jsonl. Null for other runs and in a project's list.")
     model_dir: str | None = None
     config: dict
     lineage: dict

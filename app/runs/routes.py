@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.accounts import permissions
 from app.projects import projects
 from app.quality import charts
-from app.runs import estimates, iteration, training_runs
+from app.runs import estimates, iteration, step_figures, training_runs
 from app.schemas import (
     DefaultClusterIn,
     DefaultClusterOut,
@@ -31,12 +31,15 @@ from app.web.rendering import render
 router = APIRouter()
 
 
-def _out(db, run, last: int = 50) -> TrainingRunOut:
+def _out(db, run, last: int = 50, steps: bool = True) -> TrainingRunOut:
+    """A run as the API shows it; `steps` adds a process-reward run's figures per step (left out of project lists)."""
+    metrics = training_runs.read_metrics(run)
     return TrainingRunOut(
         id=run.id, kind=run.kind, state=run.state, export_id=run.export_id, parent_run_id=run.parent_run_id,
         base_model=run.base_model, job_id=run.job_id, created_at=run.created_at,
-        metrics=training_runs.read_metrics(run, last=last), eval=training_runs.read_eval(run),
+        metrics=metrics[-last:], eval=training_runs.read_eval(run),
         human_check=training_runs.read_human_check(run),
+        step_stats=step_figures.summary(metrics) if steps else None,
         model_dir=run.model_dir if run.state == "succeeded" else None, config=run.config or {},
         lineage=training_runs.lineage(db, run))
 
@@ -63,7 +66,7 @@ def create_run(request: Request, project_id: Id, body: TrainingRunIn, db: Sessio
 @router.get("/api/projects/{project_id}/training-runs", tags=["training"], summary="The project's training runs")
 def list_runs(project_id: Id, db: SessionDep, user: CurrentUser) -> list[TrainingRunOut]:
     project = projects.get_visible(db, project_id, user)
-    return [_out(db, r, last=1) for r in training_runs.list_for_project(db, project)]
+    return [_out(db, r, last=1, steps=False) for r in training_runs.list_for_project(db, project)]
 
 
 @router.get("/api/training-runs/{run_id}", tags=["training"], summary="A run: state, recent metrics, eval, lineage")
@@ -216,6 +219,18 @@ def launch_from_page(request: Request, project_id: Id, db: SessionDep, user: Pag
                                          redirect=lambda started: f"/training-runs/{started[0].id}")
 
 
+def _curves(metrics: list[dict]) -> dict:
+    """The run's curves; a process-reward run's outcome curve moves into the panel of its figures per step, beside
+    them."""
+    curves = charts.charts_for(metrics)
+    found = step_figures.summary(metrics)
+    if found is None:
+        return {"charts": curves, "step_stats": None, "step_charts": []}
+    outcome = [c for c in curves if c.key == "reward_mean"]
+    return {"charts": [c for c in curves if c.key != "reward_mean"], "step_stats": found,
+            "step_charts": outcome + step_figures.panel_charts(metrics, found)}
+
+
 @router.get("/training-runs/{run_id}", include_in_schema=False)
 def run_page(request: Request, run_id: Id, db: SessionDep, user: PageUser,
              samples_page: Annotated[int, Query(ge=1, le=100_000)] = 1) -> Response:
@@ -228,8 +243,7 @@ def run_page(request: Request, run_id: Id, db: SessionDep, user: PageUser,
     # One progress figure: the job's own progress line (the log's); a run from before it has only its last step.
     shown = training_runs.progress(run) or ({"step": last["step"], "total": None, "eta_s": None}
                                             if isinstance(last.get("step"), int) else None)
-    ctx = {"run": run, "project": project, "progress": shown,
-           "charts": charts.charts_for(metrics), "last": last,
+    ctx = {"run": run, "project": project, "progress": shown, **_curves(metrics), "last": last,
            "eval": evaluation, "eval_charts": charts.eval_charts(evaluation, samples),
            "eval_rows": charts.eval_table(evaluation), "lineage": training_runs.lineage(db, run),
            "job": training_runs.job_of(db, run), "human_check": training_runs.read_human_check(run),
