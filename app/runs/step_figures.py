@@ -63,17 +63,24 @@ def summary(metrics: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def panel_charts(metrics: list[dict[str, Any]], found: dict[str, Any]) -> list[charts.Chart]:
-    """The panel's charts beside the outcome curve: reward and advantage by step index over the last updates, and
-    the share of groups without outcome variance over the run."""
+    """The panel's charts beside the outcome curve: reward and advantage by step index over the last updates, the
+    first and the last step's reward over the run, and the share of groups without outcome variance over it."""
     steps = found["steps"]
     by_index = charts.line_chart(
         "step_by_index", f"By step index, last {found['window']} updates",
         {"step reward": [(s["index"], s["reward"]) for s in steps if s["reward"] is not None],
          "advantage": [(s["index"], s["advantage"]) for s in steps if s["advantage"] is not None]},
         x_label="step index", y_label="mean over the rollouts that reach the step")
+    shown = [s["index"] for s in steps if s["reward"] is not None]
+    ends = sorted({shown[0], shown[-1]}) if shown else []
+    over_time = charts.line_chart(
+        "step_reward_over_time", "Step reward over the run",
+        {f"step {j}": [(m.get("step", i), m.get(f"{REWARD}{j}")) for i, m in enumerate(metrics)
+                       if isinstance(m, dict)] for j in ends},
+        y_label="mean step reward")
     zero = charts.line_chart(
         ZERO_STD, "Groups with no outcome variance",
         {"share of groups": [(m.get("step", i), m.get(ZERO_STD)) for i, m in enumerate(metrics)
                               if isinstance(m, dict) and ZERO_STD in m]},
         y_label="share of groups", y_range=(0.0, 1.0))
-    return [c for c in (by_index, zero) if c is not None]
+    return [c for c in (by_index, over_time, zero) if c is not None]

@@ -81,6 +81,9 @@ def test_a_process_run_page_shows_the_step_panel_beside_its_outcome_curve(db, ma
     assert "Groups with no outcome variance</dt><dd>0.12" in panel and "first 0.38" in panel
     assert "<b>bold</b>" not in html  # the file's stray text is no markup (and no step index)
     assert 'aria-label="By step index, last 2 updates: 2 points, from 0.7 to 0.8"' in panel
+    # over the run: the first step's reward and the last step's, each a series
+    assert 'aria-label="Step reward over the run: 4 points, from 0.2 to 0.8"' in panel
+    assert "step 1 at step 3: 0.8" in panel and "step 1 at step 4" not in panel
 
     other = b.get(f"/training-runs/{plain.id}").text
     assert 'id="step-stats"' not in other and 'data-metric="reward_mean"' in other

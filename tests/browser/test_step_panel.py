@@ -1,6 +1,7 @@
-"""A process-reward GRPO run's page: the outcome curve with, beside it, the step reward and advantage by step index and
-the share of groups without outcome variance, then the table of each step's figures; on a laptop the three charts
-share a row, on a phone nothing runs off the side of the page; axe finds nothing serious on it."""
+"""A process-reward GRPO run's page: the outcome curve with, beside it, the step reward and advantage by step index,
+the first and last step's reward over the run and the share of groups without outcome variance, then the table of
+each step's figures; on a laptop the four charts share a row, on a phone nothing runs off the side of the page; axe
+finds nothing serious on it."""
 
 from __future__ import annotations
 
@@ -75,3 +76,5 @@ def test_the_step_panel_sits_beside_the_outcome_curve_and_reads_on_a_phone(live_
     assert_console_clean(pg)
     if size is LAPTOP:
         assert abs(a["y"] - b["y"]) < 2 and b["x"] > a["x"] + a["width"]  # side by side, in one row
+        tops = {round(box["y"]) for box in (f.bounding_box() for f in panel.locator("figure.chart").all()) if box}
+        assert len(tops) == 1 and panel.locator("figure.chart").count() == 4  # all four charts in that row
