@@ -15,10 +15,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(300)
-def test_a_build_warns_about_nothing_and_ships_static_vendor_and_migrations(tmp_path: Path) -> None:
+def test_a_build_warns_about_nothing_and_ships_static_vendor_migrations_and_templates(tmp_path: Path) -> None:
     source = tmp_path / "src"
     junk = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
-    for name in ("app", "training", "migrations"):
+    for name in ("app", "training", "migrations", "templates"):
         shutil.copytree(REPO / name, source / name, ignore=junk)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
@@ -31,7 +31,10 @@ def test_a_build_warns_about_nothing_and_ships_static_vendor_and_migrations(tmp_
     (wheel,) = (tmp_path / "dist").glob("preflab-*.whl")
     shipped = set(zipfile.ZipFile(wheel).namelist())
     assert {"app/static/preflab.css", "app/static/vendor/README.md", "migrations/alembic.ini",
-            "migrations/versions/0001_initial_schema.py", "app/demo/gsm8k_demo.jsonl", "preflab/client.py"} <= shipped
+            "migrations/versions/0001_initial_schema.py", "app/demo/gsm8k_demo.jsonl", "preflab/client.py",
+            "templates/base.html", "templates/training_run.html"} <= shipped
+    # Every page's template ships: an install from the wheel (not editable) renders them from site-packages.
+    assert {f"templates/{p.name}" for p in (REPO / "templates").glob("*.html")} <= shipped
     # Whatever `make vendor` put beside the README ships too (the package serves it at /static/vendor).
     vendored = {f"app/static/vendor/{p.name}" for p in (REPO / "app" / "static" / "vendor").iterdir() if p.is_file()}
     assert vendored <= shipped, sorted(vendored - shipped)

@@ -35,3 +35,23 @@ def test_the_project_and_training_pages_do_not_scroll_sideways_on_a_phone(live_s
         who = pg.locator("header.top a.who")
         assert who.get_attribute("title") == LONG  # the whole address is one hover away
         assert pg.evaluate("e => e.scrollWidth > e.clientWidth", who.element_handle())  # cut, not wrapped
+
+
+def test_the_admin_lists_stack_each_row_on_a_phone(live_server, new_page) -> None:  # noqa: F811
+    """A cluster's and a model endpoint's row is a whole form: on a phone it is read top to bottom, not side to side."""
+    with live_server.session() as db:
+        admin = users.create_user(db, "admin@example.org", PASSWORD, "admin")
+        db.commit()
+    pg = new_page(**PHONE)
+    _login(pg, live_server.base, admin.email)
+    pg.goto(live_server.base + "/admin/clusters")
+    form = pg.locator("form[action='/admin/clusters']")
+    form.locator("input[name=name]").fill("hpc")
+    form.locator("input[name=login]").fill("preflab@login.hpc")
+    form.locator("input[name=shared_dir]").fill("/shared/preflab")
+    form.locator("button[type=submit]").click()
+    pg.wait_for_load_state()
+    assert pg.locator("table.list input[name=login]").input_value() == "preflab@login.hpc"
+    for url in ("/admin/clusters", "/admin/endpoints"):
+        pg.goto(live_server.base + url)
+        assert pg.evaluate("document.documentElement.scrollWidth") <= PHONE["width"], (url, pg.evaluate(WIDE))
