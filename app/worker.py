@@ -127,8 +127,11 @@ class Worker:
                              on_given_up=training_runs.fail_given_up)
             if job is None:
                 return None
+            waited = (job.result or {}).get(jobs.WAITING)
+            if waited is not None:  # it waited for a slot; whether it waits again, this claim decides
+                job.result = {key: value for key, value in job.result.items() if key != jobs.WAITING}
             ctx = JobContext(self, job.id, job.kind, dict(job.payload or {}), job.project_id, job.attempts,
-                             job.max_attempts)
+                             job.max_attempts, waited=waited)
             if job.log_path is None:
                 job.log_path = str(ctx.log_path)
             return ctx
@@ -148,7 +151,8 @@ class Worker:
         return True
 
     def _run_claimed(self, ctx: JobContext) -> None:
-        ctx.log(f"claimed by {self.worker_id} (attempt {ctx.attempts})")
+        if ctx.waited is None:  # a job that waits for a slot says so once, and once when it gets it
+            ctx.log(f"claimed by {self.worker_id} (attempt {ctx.attempts})")
         log.info("job %s (%s): claimed, attempt %s", ctx.job_id, ctx.kind, ctx.attempts)
         stop_beating = threading.Event()
         beat = threading.Thread(target=self._heartbeat_loop, args=(ctx, stop_beating), daemon=True)
@@ -195,7 +199,7 @@ class Worker:
                 return f"failed: {value}"
             if kind == "wait":
                 jobs.defer(db, ctx.job_id, self.worker_id, str(value), value.after)
-                return str(value)
+                return str(value) if ctx.waited is None else None
             if kind == "retry":
                 jobs.fail(db, ctx.job_id, self.worker_id, str(value), retry=True, retry_after=value.after)
                 return f"will retry in {value.after.total_seconds():g}s: {value}"

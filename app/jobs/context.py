@@ -77,7 +77,7 @@ class JobContext:
     """What a handler gets: the job's payload, a session factory, progress and log reporting, and stop checks."""
 
     def __init__(self, worker: WorkerState, job_id: int, kind: str, payload: dict[str, Any], project_id: int | None,
-                 attempts: int, max_attempts: int | None = None) -> None:
+                 attempts: int, max_attempts: int | None = None, *, waited: str | None = None) -> None:
         self.worker = worker
         self.job_id = job_id
         self.kind = kind
@@ -86,6 +86,9 @@ class JobContext:
         self.attempts = attempts
         self.max_attempts = max_attempts
         """None: unknown, so every crash is taken for the last attempt."""
+        self.waited = waited
+        """What the job waited for when it was last given back (`JobWait`), or None: the handler says when the
+        wait is over, and the worker does not log the same wait again."""
         self.settings = worker.settings
         self.session_factory: sessionmaker[Session] = worker.session_factory
         self.stop_reason: str | None = None

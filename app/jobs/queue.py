@@ -177,6 +177,10 @@ def requeue(db: Session, job_id: int, worker_id: str, message: str) -> bool:
     return True
 
 
+WAITING = "waiting"
+"""The key of a deferred job's result that says what it waits for, until a worker claims it again."""
+
+
 def defer(db: Session, job_id: int, worker_id: str, message: str, after: timedelta) -> bool:
     """Give a job back until `after` has passed, its attempt not counted (it waits for a slot, it did not fail)."""
     if not requeue(db, job_id, worker_id, message):
@@ -184,6 +188,7 @@ def defer(db: Session, job_id: int, worker_id: str, message: str, after: timedel
     job = db.get(Job, job_id)
     assert job is not None
     job.run_after = utcnow() + after
+    job.result = dict(job.result or {}) | {WAITING: message}  # the next claim knows it waited, and logs no repeat
     return True
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import shutil
 import sys
 import time
@@ -23,18 +22,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from app.runs.backends.base import (
-    LOCAL,
-    Backend,
-    BackendError,
-    Cluster,
-    Launch,
-    Resources,
-    Status,
-    Submission,
-    submission_name,
-)
+from app.runs import cluster_job
+from app.runs.backends.base import LOCAL, Backend, Cluster, Launch, Resources, Status, Submission, submission_name
 from app.runs.backends.local import RUN_MARKER, STOP_GRACE_S, kill_leftovers, run_marker, supervise
+from app.runs.cluster_job import failure_reason, tail
 
 if TYPE_CHECKING:
     from app.jobs.context import JobContext
@@ -43,13 +34,9 @@ if TYPE_CHECKING:
 # module (`python -m app.runs.train_job --supervise`) for a whole training run, and loads nothing but the stdlib.
 
 # The supervisor and the leftovers' sweep live with the local backend; their names stay importable here.
-__all__ = ["RUN_MARKER", "STOP_GRACE_S", "check_against_humans", "kill_leftovers", "run", "run_marker", "supervise"]
+__all__ = ["RUN_MARKER", "STOP_GRACE_S", "check_against_humans", "failure_reason", "kill_leftovers", "run",
+           "run_marker", "supervise"]
 
-SUBMISSION_FILE = "submission.json"
-"""OUT/submission.json: the backend's id of the run's current submission and how much of its log was copied."""
-LOCAL_POLL_S = 0.5
-REMOTE_POLL_S = 2.0
-"""How often a cluster is asked for the run's state and new log: one short request each time, no open connection."""
 READS = ("model", "train", "eval", "prompts", "reward_model", "process_reward_model")
 """Config fields that name files or directories the trainer reads: a cluster must see each of them."""
 
@@ -111,15 +98,15 @@ def _run(ctx: JobContext) -> dict[str, Any]:
         kind = tr.kind
         resolved = dict((tr.config or {}).get("resolved") or {})
         where = dict((tr.config or {}).get("where") or {})
-        cluster, resources = _placement(ctx, db, where)
-        if not (out / SUBMISSION_FILE).exists():  # a run already on the cluster holds its slot: it is followed
-            _wait_for_slot(db, cluster, run_id)
+        cluster, resources = cluster_job.placement(ctx, db, where)
+        if not (out / cluster_job.SUBMISSION_FILE).exists():  # a run already on the cluster keeps its slot
+            _wait_for_slot(ctx, db, cluster, run_id)
         training_runs.set_state(db, run_id, "running")
         checksums = _export_checksums(ctx, training_runs.export_of(db, tr))
         if isinstance(resolved.get("server_base_url"), str):  # the trainer fetches from it: checked again now
             resolved["server_base_url"] = _checked_server_url(db, resolved["server_base_url"])
     out.mkdir(parents=True, exist_ok=True)
-    backend = _backend(cluster)
+    backend = cluster_job.backend_for(cluster)
     config = resolved | {"out": str(out)}
     submission = _earlier_submission(ctx, backend, run_id, out, config)
     launch = _launch(ctx, kind, config, out, resources, submission_name(cluster.job_prefix, ctx.job_id,
@@ -128,10 +115,12 @@ def _run(ctx: JobContext) -> dict[str, Any]:
     tracker = Progress(out, int(config.get("steps") or 0), ctx)
     try:
         if submission is None:
-            submission = _submit(ctx, backend, launch)
+            submission = cluster_job.submit(ctx, backend, launch)
         else:
             ctx.log(f"following {backend.kind} job {submission.id} again (submitted by an earlier attempt)")
-        status, stopped = _follow(ctx, backend, submission, launch, config, tracker)
+        status, stopped = cluster_job.follow(ctx, backend, submission, launch, poll=tracker.poll,
+                                             next_launch=lambda done: _next_attempt(done, config), what="trainer",
+                                             resumes=", resuming from the last checkpoint")
     finally:
         backend.close()
     _end_unless_succeeded(ctx, run_id, backend, status, stopped, out, tracker)
@@ -152,8 +141,8 @@ def _earlier_submission(ctx: JobContext, backend: Backend, run_id: int, out: Pat
                         config: dict[str, Any]) -> Submission | None:
     """What an earlier attempt submitted to a cluster, to follow again; None, and the run's config written (to resume
     from the checkpoint on a retry, a dead local attempt's leftovers gone), when a new submission is due."""
-    submission = Submission.load(out / SUBMISSION_FILE) if backend.remote else None
-    if submission is not None and submission.backend == backend.kind:
+    submission = cluster_job.earlier(backend, out)
+    if submission is not None:
         return submission
     if ctx.attempts > 1:
         if not backend.remote:
@@ -190,7 +179,7 @@ def _end_unless_succeeded(ctx: JobContext, run_id: int, backend: Backend, status
     if not _complete_model(out / "model"):
         _set_state(ctx, run_id, "failed")
         raise JobError(f"the trainer exited 0 but {out / 'model'} holds no complete model (config.json and "
-                       f"weights):\n{_tail(ctx.log_path)}")
+                       f"weights):\n{tail(ctx.log_path)}")
 
 
 def _export_checksums(ctx: JobContext, export: Any) -> dict[str, str]:
@@ -201,132 +190,27 @@ def _export_checksums(ctx: JobContext, export: Any) -> dict[str, str]:
     return {str(root / name): str(sha) for name, sha in dict(export.files).items()}
 
 
-def _placement(ctx: JobContext, db: Any, where: dict[str, Any]) -> tuple[Cluster, Resources]:
-    """The run's cluster as configured now (with its secret), and the resources it asked for, or JobError naming
-    what is gone."""
-    from app.jobs.context import JobError
-    from app.platform.crypto import Keyring
-    from app.platform.errors import DomainError
-    from app.runs import cluster_config
-
-    name = str(where.get("cluster") or LOCAL)
-    try:
-        found = cluster_config.available(db, ctx.settings.clusters_file)
-        if name not in found:
-            raise JobError(f"the run's cluster {name} is no longer configured (admin page, PREFLAB_CLUSTERS_FILE)")
-        cluster = cluster_config.with_secret(db, found[name], Keyring(ctx.settings))
-    except DomainError as exc:
-        raise JobError(exc.message) from None
-    try:
-        resources = Resources.from_dict(where.get("resources") or {}, base=cluster.resources)
-    except (ValueError, TypeError) as exc:
-        raise JobError(f"resources: {exc}") from None
-    return cluster, resources
-
-
-SLOT_WAIT_S = 5.0
-"""How long a run held back by its cluster's cap waits before a worker looks for a free slot again."""
-
-
-def _wait_for_slot(db: Any, cluster: Cluster, run_id: int) -> None:
+def _wait_for_slot(ctx: JobContext, db: Any, cluster: Cluster, run_id: int) -> None:
     """JobWait (back to the queue, the run still queued) while the cluster runs as many runs as its cap allows."""
-    from datetime import timedelta
-
-    from app.jobs.context import JobWait
     from app.runs import cluster_config
 
-    waiting = cluster_config.slot_wait(db, cluster, run_id)
-    if waiting is not None:
-        raise JobWait(waiting, timedelta(seconds=SLOT_WAIT_S))
-
-
-def _backend(cluster: Cluster) -> Backend:
-    from app.runs.backends import clusters
-
-    return clusters.backend_for(cluster)
+    cluster_job.wait_for_slot(ctx, cluster, cluster_config.slot_wait(db, cluster, run_id))
 
 
 def _launch(ctx: JobContext, kind: str, config: dict[str, Any], out: Path, resources: Resources,
             name: str) -> Launch:
-    # No progress bars in the log: a bar redraws its line with carriage returns, which a log file keeps as one
-    # line per redraw (the same line over and over); the job writes the run's progress lines itself (Progress).
-    env = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TQDM_DISABLE": "1",
-           "HF_HUB_DISABLE_PROGRESS_BARS": "1", RUN_MARKER: str(out.resolve())}
+    env = cluster_job.OFFLINE_ENV | {RUN_MARKER: str(out.resolve())}  # the job writes progress lines (Progress)
     reads = tuple(Path(config[k]) for k in READS if isinstance(config.get(k), str) and config[k])
     return Launch(name=name, attempt=int(name.rsplit("-", 1)[1]), module="training",
                   args=trainer_args(kind, out / "run.toml"), workdir=out, log_path=ctx.log_path,
                   resources=resources, reads=reads, env=env)
 
 
-def _submit(ctx: JobContext, backend: Backend, launch: Launch) -> Submission:
-    """Check and submit the launch, or adopt the submission an earlier attempt made under the same name; the
-    submission is stored in the run's directory before anything else can go wrong."""
-    from app.jobs.context import JobError
-
-    try:
-        backend.check(launch)
-        ctx.log(backend.describe(launch))
-        found = backend.find(launch) if backend.remote else None
-        if found is not None:
-            ctx.log(f"{backend.kind} already holds {launch.name} (job {found.id}): following it, not submitting twice")
-        submission = found or backend.submit(launch)
-    except BackendError as exc:
-        raise JobError(str(exc)) from None
-    if backend.remote:
-        ctx.log(f"submitted to {backend.kind} as job {submission.id}")
-        submission.save(launch.workdir / SUBMISSION_FILE)
-    return submission
-
-
-def _follow(ctx: JobContext, backend: Backend, submission: Submission, launch: Launch, config: dict[str, Any],
-            tracker: Progress) -> tuple[Status, bool]:
-    """Poll the backend until the run ends (or this job must stop): copy new log text, publish progress, submit a
-    preempted run again from its checkpoint. (The status it ended with, whether the job stopped.)"""
-    stopped = False
-    record = launch.workdir / SUBMISSION_FILE
-    while True:
-        status = backend.status(submission)
-        submission = _copy_log(ctx, backend, submission, record, final=status.done)
-        if not stopped:  # after a stop, `end` gives the last progress line: no time left is promised again
-            tracker.poll()
-        if status.requeue and not stopped:
-            ctx.log(f"{status.reason}; submitting again, resuming from the last checkpoint")
-            launch = _next_attempt(launch, config)
-            submission = _submit(ctx, backend, launch)
-            continue
-        if status.done or (stopped and status.state not in ("queued", "running")):
-            return status, stopped
-        if ctx.should_stop() and not stopped:
-            stopped = True
-            if backend.remote and ctx.stop_reason != "cancelled":
-                ctx.log(f"leaving {backend.kind} job {submission.id} running ({ctx.stop_reason}): it is followed "
-                        "again from its stored submission")
-                return status, stopped
-            ctx.log(f"stopping the trainer ({ctx.stop_reason})")
-            backend.cancel(submission)
-            continue
-        time.sleep(REMOTE_POLL_S if backend.remote else LOCAL_POLL_S)
-
-
 def _next_attempt(launch: Launch, config: dict[str, Any]) -> Launch:
+    """A preempted run submitted again resumes from its last checkpoint."""
     config["resume"] = True
     write_toml(launch.workdir / "run.toml", config)
-    attempt = launch.attempt + 1
-    job = launch.name.rsplit("-", 1)[0]
-    return dataclasses.replace(launch, attempt=attempt, name=f"{job}-{attempt}")
-
-
-def _copy_log(ctx: JobContext, backend: Backend, submission: Submission, record: Path, *,
-              final: bool) -> Submission:
-    """New log text from the backend appended to the job's log, and the offset stored with the submission."""
-    text, offset = backend.read_log(submission, final=final)
-    if not text:
-        return submission
-    with open(ctx.log_path, "a", encoding="utf-8") as log:
-        log.write(text if text.endswith("\n") else text + "\n")
-    submission = dataclasses.replace(submission, log_offset=offset)
-    submission.save(record)
-    return submission
+    return cluster_job.again(launch)
 
 
 def queue_priorities(ctx: JobContext, run_id: int) -> int | None:
@@ -485,27 +369,6 @@ def _last_step(path: Path) -> int:
         except ValueError:
             continue
     return 0
-
-
-ERROR_LINE = re.compile(r"^(?:[\w.]+(?:Error|Exception|Interrupt)(?::|$)|error: )")
-
-
-def failure_reason(path: Path) -> str:
-    """Why the trainer failed, in one line: the last exception line of its log (`ValueError: …`, `error: …`), else
-    its last line; the whole traceback stays in the job's log."""
-    lines = [line.strip() for line in _tail(path, 200).splitlines() if line.strip()]
-    for line in reversed(lines):
-        if ERROR_LINE.match(line):
-            return line[:500]
-    return lines[-1][:500] if lines else "no output (see the job log)"
-
-
-def _tail(path: Path, lines: int = 25) -> str:
-    try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
 
 
 def _set_state(ctx: JobContext, run_id: int, state: str) -> None:
