@@ -7,95 +7,127 @@ Empty, whitespace-only and identical completions are resampled or dropped before
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from app.jobs.context import JobContext, JobError, JobStopped
 from app.judge import endpoints, sampling
 from app.platform.db import session_scope
+from app.runs import cluster_config, cluster_job
+from app.runs.backends.base import LOCAL, Launch, submission_name
 from training.generation import (
     GenerationCancelled,
     GenerationError,
     GenerationParams,
+    Sample,
     diversity,
-    near_duplicates,
     params_from_spec,
 )
-
-BATCH_PROMPTS = 8
+from training.sample_batch import BATCH_PROMPTS, resample, write_whole
 
 
 def run(ctx: JobContext) -> dict[str, Any]:
     payload = ctx.payload
     k = int(payload["k"])
-    tries = int(payload.get("resample_duplicates", 0))
-    base_seed = payload.get("seed")
     try:
         generator, spec = endpoints.job_generator(ctx, payload["generator"])
-        params = params_from_spec(spec | {"seed": base_seed})
+        params = params_from_spec(spec | {"seed": payload.get("seed")})
         generator.check()
     except (GenerationError, ValueError, TypeError) as exc:
         raise JobError(f"generator: {exc}") from None
-
-    todo, already_complete = _prompts_needing(ctx, k, payload.get("prompt_ids"))
-    total = len(todo) + already_complete
-    done = already_complete
-    ctx.progress(done, total, f"sampling {len(todo)} prompts with {generator.name}")
-    ctx.log(f"{len(todo)} prompts need completions (K={k}); generator {generator.describe()}")
-    created = 0
-    reports: list[dict[str, Any]] = []
-    hygiene = Hygiene()
-    cap_logged = None
+    where = dict(payload.get("where") or {})
+    tally = Tally(k)
     try:
-        for start in range(0, len(todo), BATCH_PROMPTS):
-            ctx.check()
-            batch = todo[start:start + BATCH_PROMPTS]
-            n = max(need for _, _, need, _ in batch)
-            seed = None if base_seed is None else int(base_seed)  # each sample derives its own stream (see generation)
-            try:
-                samples = generator.generate([p for _, p, _, _ in batch], n,
-                                             _with_seed(GenerationParams, params, seed), should_stop=ctx.should_stop)
-            except GenerationCancelled as stopped:
-                # Keep what finished before the stop (screened all the same); the rest is sampled on resume.
-                kept = [(batch[i][0], hygiene.screen(batch[i][3], outs[: batch[i][2]]))
-                        for i, outs in sorted(stopped.completed.items())]
-                created += _write(ctx, k, generator, params, kept)
-                raise JobStopped(ctx.stop_reason or "stopped") from None
-            cap_logged = _log_n_cap(ctx, generator, cap_logged)
-            ctx.check()
-            per_prompt = []
-            for (prompt_id, prompt, need, existing), outs in zip(batch, samples, strict=True):
-                chosen = _resample(generator, prompt, existing, list(outs[:need]), tries, params, seed, hygiene)
-                cap_logged = _log_n_cap(ctx, generator, cap_logged)
-                per_prompt.append((prompt_id, hygiene.screen(existing, chosen)))
-            created += _write(ctx, k, generator, params, per_prompt)
-            for prompt_id, _ in per_prompt:
-                texts = _texts(ctx, prompt_id)
-                reports.append({"prompt_id": prompt_id, "completions": len(texts)} | diversity(texts))
-            done += len(batch)
-            ctx.progress(done, total, f"{done}/{total} prompts")
-            ctx.log(f"batch of {len(batch)} prompts written ({created} completions so far)")
+        if where.get("cluster", LOCAL) != LOCAL and generator.backend == "hf":
+            _on_cluster(ctx, tally, generator, spec, params, where)
+        else:
+            _on_worker(ctx, tally, generator, params)
     finally:
         generator.close()
-    with_dupes = sum(1 for r in reports if r["distinct"] < r["completions"])
-    short = sum(1 for r in reports if r["completions"] < k)
-    if hygiene.resampled or hygiene.dropped:
-        ctx.log(hygiene.describe(short))
-    summary = {
-        "prompts": total, "completions_created": created, "generator": generator.describe(),
-        "prompts_with_duplicates": with_dupes,
-        "mean_jaccard": round(sum(r["mean_jaccard"] for r in reports) / len(reports), 4) if reports else None,
-        "diversity": reports[:500],
-        "resampled": hygiene.resampled, "dropped_empty": hygiene.dropped_empty,
-        "dropped_identical": hygiene.dropped_identical, "prompts_short_of_k": short,
-        "message": f"{created} completions for {len(reports)} prompts" + (
-            f"; {with_dupes} prompts still have duplicate answers" if with_dupes else "") + (
-            f"; {hygiene.describe(short)}" if hygiene.dropped else ""),
-    }
-    server_cap = getattr(generator, "n_cap", None)
-    if server_cap is not None:
-        summary["server_n_cap"] = server_cap
-    return summary
+    return tally.summary(ctx, generator)
+
+
+def _on_worker(ctx: JobContext, tally: Tally, generator: Any, params: GenerationParams) -> None:
+    """Sample here, batch by batch, each batch written as soon as it is drawn."""
+    tries = int(ctx.payload.get("resample_duplicates", 0))
+    todo = tally.start(ctx, *_prompts_needing(ctx, tally.k, ctx.payload.get("prompt_ids")), generator)
+    hygiene = tally.hygiene
+    cap_logged = None
+    for start in range(0, len(todo), BATCH_PROMPTS):
+        ctx.check()
+        batch = todo[start:start + BATCH_PROMPTS]
+        n = max(need for _, _, need, _ in batch)
+        try:  # each sample derives its own stream from the seed (see training.generation)
+            samples = generator.generate([p for _, p, _, _ in batch], n, params, should_stop=ctx.should_stop)
+        except GenerationCancelled as stopped:
+            # Keep what finished before the stop (screened all the same); the rest is sampled on resume.
+            kept = [(batch[i][0], hygiene.screen(batch[i][3], outs[: batch[i][2]]))
+                    for i, outs in sorted(stopped.completed.items())]
+            tally.created += _write(ctx, tally.k, generator, params, kept)
+            raise JobStopped(ctx.stop_reason or "stopped") from None
+        cap_logged = _log_n_cap(ctx, generator, cap_logged)
+        ctx.check()
+        per_prompt = []
+        for (prompt_id, prompt, need, existing), outs in zip(batch, samples, strict=True):
+            chosen, redrawn = resample(generator, prompt, existing, list(outs[:need]), tries, params)
+            hygiene.resampled += redrawn
+            cap_logged = _log_n_cap(ctx, generator, cap_logged)
+            per_prompt.append((prompt_id, hygiene.screen(existing, chosen)))
+        tally.written(ctx, _write(ctx, tally.k, generator, params, per_prompt), per_prompt)
+
+
+@dataclass
+class Tally:
+    """What the job wrote and saw, batch by batch, for its progress, its log and its result."""
+
+    k: int
+    total: int = 0
+    done: int = 0
+    created: int = 0
+    reports: list[dict[str, Any]] = field(default_factory=list)
+    hygiene: Hygiene = field(default_factory=lambda: Hygiene())
+
+    def start(self, ctx: JobContext, todo: sampling.Todo, complete: int, generator: Any) -> sampling.Todo:
+        self.total, self.done = len(todo) + complete, complete
+        ctx.progress(self.done, self.total, f"sampling {len(todo)} prompts with {generator.name}")
+        ctx.log(f"{len(todo)} prompts need completions (K={self.k}); generator {generator.describe()}")
+        return todo
+
+    def written(self, ctx: JobContext, created: int, per_prompt: list[tuple[int, list[Any]]]) -> None:
+        """A batch is in the database: report each prompt's completions as they stand now."""
+        self.created += created
+        for prompt_id, _ in per_prompt:
+            texts = _texts(ctx, prompt_id)
+            self.reports.append({"prompt_id": prompt_id, "completions": len(texts)} | diversity(texts))
+        self.done += len(per_prompt)
+        ctx.progress(self.done, self.total, f"{self.done}/{self.total} prompts")
+        ctx.log(f"batch of {len(per_prompt)} prompts written ({self.created} completions so far)")
+
+    def summary(self, ctx: JobContext, generator: Any) -> dict[str, Any]:
+        reports, hygiene, created = self.reports, self.hygiene, self.created
+        with_dupes = sum(1 for r in reports if r["distinct"] < r["completions"])
+        short = sum(1 for r in reports if r["completions"] < self.k)
+        if hygiene.resampled or hygiene.dropped:
+            ctx.log(hygiene.describe(short))
+        summary = {
+            "prompts": self.total, "completions_created": created, "generator": generator.describe(),
+            "prompts_with_duplicates": with_dupes,
+            "mean_jaccard": round(sum(r["mean_jaccard"] for r in reports) / len(reports), 4) if reports else None,
+            "diversity": reports[:500],
+            "resampled": hygiene.resampled, "dropped_empty": hygiene.dropped_empty,
+            "dropped_identical": hygiene.dropped_identical, "prompts_short_of_k": short,
+            "message": f"{created} completions for {len(reports)} prompts" + (
+                f"; {with_dupes} prompts still have duplicate answers" if with_dupes else "") + (
+                f"; {hygiene.describe(short)}" if hygiene.dropped else ""),
+        }
+        server_cap = getattr(generator, "n_cap", None)
+        if server_cap is not None:
+            summary["server_n_cap"] = server_cap
+        if ctx.payload.get("where"):
+            summary["cluster"] = ctx.payload["where"].get("cluster")
+        return summary
 
 
 def _normal(text: str) -> str:
@@ -116,13 +148,6 @@ class Hygiene:
     @property
     def dropped(self) -> int:
         return self.dropped_empty + self.dropped_identical
-
-    @staticmethod
-    def bad_slots(existing: list[str], chosen: list[Any]) -> list[int]:
-        """Indices into `chosen` to sample again: blank ones, and repeats of an earlier text (near ones too)."""
-        texts = existing + [s.text for s in chosen]
-        repeats = {i - len(existing) for i in near_duplicates(texts) if i >= len(existing)}
-        return sorted(repeats | {i for i, s in enumerate(chosen) if not s.text.strip()})
 
     def screen(self, existing: list[str], chosen: list[Any]) -> list[Any]:
         """`chosen` without blank completions and without ones identical to an existing or earlier kept text."""
@@ -147,21 +172,6 @@ class Hygiene:
         return line
 
 
-def _resample(generator: Any, prompt: Any, existing: list[str], chosen: list[Any], tries: int, params: Any,
-              seed: int | None, hygiene: Hygiene) -> list[Any]:
-    """`chosen` with its blank and repeated samples drawn again, up to `tries` rounds."""
-    for attempt in range(tries):
-        slots = hygiene.bad_slots(existing, chosen)
-        if not slots:
-            break
-        retry_seed = None if seed is None else seed + 7919 * (attempt + 1)
-        again = generator.generate([prompt], len(slots), _with_seed(GenerationParams, params, retry_seed))[0]
-        hygiene.resampled += len(slots)
-        for slot, sample in zip(slots, again, strict=False):
-            chosen[slot] = sample
-    return chosen
-
-
 def _log_n_cap(ctx: JobContext, generator: Any, logged: Any) -> Any:
     """Say so in the job log when the server answered fewer choices than asked (sampling goes on at its cap);
     once per cap found. Returns what was logged."""
@@ -172,11 +182,6 @@ def _log_n_cap(ctx: JobContext, generator: Any, logged: Any) -> Any:
                 f"sampling continues with {'one request per sample' if got == 1 else f'{got} samples per request'} "
                 f"(set max_n={got} on the generator to skip this check)")
     return seen
-
-
-def _with_seed(cls: Any, params: Any, seed: int | None) -> Any:
-    return cls(temperature=params.temperature, top_p=params.top_p, max_new_tokens=params.max_new_tokens, seed=seed,
-               stop=list(params.stop))
 
 
 def _prompts_needing(ctx: JobContext, k: int, prompt_ids: list[int] | None) -> tuple[sampling.Todo, int]:
@@ -201,3 +206,89 @@ def _write(ctx: JobContext, k: int, generator: Any, params: Any, per_prompt: lis
     with session_scope(ctx.session_factory) as db:
         return sampling.add_samples(db, ctx.project_id, per_prompt, k=k, source=_source(ctx),
                                     generator_name=generator.name, generator_params=described, job_id=ctx.job_id)
+
+
+# --- on a cluster: the model work is a job of its own there (training.sample_batch), the writing stays here --------
+
+PROMPTS_FILE, SPEC_FILE, OUT_FILE, FULL_FILE = "prompts.jsonl", "spec.json", "completions.jsonl", "full.txt"
+
+
+def _on_cluster(ctx: JobContext, tally: Tally, generator: Any, spec: dict[str, Any], params: GenerationParams,
+                where: dict[str, Any]) -> None:
+    """Send the prompts short of K to the project's cluster (`python -m training.sample_batch`), follow that job as
+    the train job follows a run, then write what it sampled here, batch by batch under the same recount and
+    hygiene as on the worker. A worker that dies meanwhile leaves the cluster's job going; the next one follows the
+    stored submission instead of submitting again."""
+    workdir = ctx.settings.data_dir / "sampling" / str(ctx.job_id)
+    with session_scope(ctx.session_factory) as db:
+        cluster, resources = cluster_job.placement(ctx, db, where)
+    backend = cluster_job.backend_for(cluster)
+    try:
+        submission = cluster_job.earlier(backend, workdir)
+        if not (workdir / PROMPTS_FILE).exists():  # once: a cluster job may be reading it already
+            todo, complete = _prompts_needing(ctx, tally.k, ctx.payload.get("prompt_ids"))
+            _write_inputs(workdir, todo, complete, spec | {"seed": params.seed, "resample_duplicates": int(
+                ctx.payload.get("resample_duplicates", 0))})
+        todo, complete = _read_inputs(workdir)
+        if todo and submission is None:  # a job already on the cluster keeps its slot
+            with session_scope(ctx.session_factory) as db:
+                cluster_job.wait_for_slot(ctx, cluster, cluster_config.take_slot(db, cluster, ctx.job_id))
+        tally.start(ctx, todo, complete, generator)
+        if not todo:
+            return
+        launch = Launch(
+            name=submission_name(cluster.job_prefix, ctx.job_id, submission.attempt if submission else 1),
+            attempt=submission.attempt if submission else 1, module="training.sample_batch",
+            args=["--spec", str(workdir / SPEC_FILE), "--prompts", str(workdir / PROMPTS_FILE),
+                  "--out", str(workdir / OUT_FILE)],
+            workdir=workdir, log_path=ctx.log_path, resources=resources, reads=(generator.path,),
+            env=dict(cluster_job.OFFLINE_ENV))
+        if submission is None:
+            submission = cluster_job.submit(ctx, backend, launch)
+        else:
+            ctx.log(f"following {backend.kind} job {submission.id} again (submitted by an earlier attempt)")
+        status, stopped = cluster_job.follow(ctx, backend, submission, launch, what="sampling")
+    finally:
+        backend.close()
+    if stopped:
+        raise JobStopped(ctx.stop_reason or "stopped")
+    if status.state == "cancelled":
+        raise JobError(status.reason or "the sampling job was cancelled on the cluster")
+    if status.state != "succeeded":
+        raise JobError(f"{status.reason}: {cluster_job.failure_reason(ctx.log_path)}")
+    _ingest(ctx, tally, generator, params, todo, workdir / OUT_FILE)
+
+
+def _write_inputs(workdir: Path, todo: sampling.Todo, complete: int, spec: dict[str, Any]) -> None:
+    workdir.mkdir(parents=True, exist_ok=True)
+    rows = [{"prompt_id": prompt_id, "prompt": prompt, "need": need, "existing": existing}
+            for prompt_id, prompt, need, existing in todo]
+    (workdir / SPEC_FILE).write_text(json.dumps(spec), encoding="utf-8")
+    (workdir / FULL_FILE).write_text(str(complete), encoding="utf-8")  # prompts already at K: the job's progress
+    write_whole(workdir / PROMPTS_FILE, rows)  # last: its presence says the inputs are whole
+
+
+def _read_inputs(workdir: Path) -> tuple[sampling.Todo, int]:
+    rows = [json.loads(line) for line in (workdir / PROMPTS_FILE).read_text(encoding="utf-8").splitlines()]
+    complete = int((workdir / FULL_FILE).read_text(encoding="utf-8"))
+    return [(int(r["prompt_id"]), r["prompt"], int(r["need"]), list(r["existing"])) for r in rows], complete
+
+
+def _ingest(ctx: JobContext, tally: Tally, generator: Any, params: GenerationParams, todo: sampling.Todo,
+            out: Path) -> None:
+    """Write the cluster's samples, `BATCH_PROMPTS` prompts a transaction. Each is screened against the prompt's
+    completions as they are now, so ingesting again after a crash adds nothing twice (and K is re-counted)."""
+    try:
+        lines = {int(line["prompt_id"]): line for line in map(json.loads, out.read_text(encoding="utf-8").splitlines())}
+    except (OSError, ValueError, KeyError) as exc:
+        raise JobError(f"the cluster's job ended without its completions in {out}: {exc}") from None
+    wanted = [prompt_id for prompt_id, _, _, _ in todo if prompt_id in lines]
+    for start in range(0, len(wanted), BATCH_PROMPTS):
+        ctx.check()
+        per_prompt = []
+        for prompt_id in wanted[start:start + BATCH_PROMPTS]:
+            line = lines[prompt_id]
+            tally.hygiene.resampled += int(line.get("resampled", 0))
+            samples = [Sample(**sample) for sample in line["samples"]]
+            per_prompt.append((prompt_id, tally.hygiene.screen(_texts(ctx, prompt_id), samples)))
+        tally.written(ctx, _write(ctx, tally.k, generator, params, per_prompt), per_prompt)

@@ -144,3 +144,10 @@ def counts(db: Session, project: Project) -> ProjectCounts:
                 .where(Prompt.project_id == project.id)),
         rubric_versions=n(select(func.count(Rubric.id)).where(Rubric.project_id == project.id)),
     )
+
+
+def default_cluster(project: Project) -> str | None:
+    """The cluster the project's runs (and its heavy sampling) go to when they name none (a lead's project setting),
+    or None: local."""
+    value = (project.settings or {}).get("default_cluster")
+    return value if isinstance(value, str) and value else None

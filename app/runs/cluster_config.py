@@ -18,7 +18,7 @@ from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from app.accounts import permissions
-from app.models import ComputeCluster, TrainingRun, User
+from app.models import ComputeCluster, Job, TrainingRun, User
 from app.platform import audit
 from app.platform.crypto import Keyring, KeyringError, KeyUnreadable
 from app.platform.db import get_or_missing
@@ -317,28 +317,50 @@ def _sealed(keyring: Keyring, secret: str) -> str:
 # --- the concurrency cap and the connection test -----------------------------------------------------------------
 
 
+ON_CLUSTER = "on_cluster"
+"""The key of a job's result that names the cluster its model work holds a slot on (a sampling job sent there)."""
+
+
+def _jobs_on_clusters(db: Session) -> list[Job]:
+    """Running jobs other than training runs that hold a cluster slot (a few rows: jobs in state running)."""
+    return [job for job in db.scalars(select(Job).where(Job.state == "running")) if (job.result or {}).get(ON_CLUSTER)]
+
+
 def running_counts(db: Session) -> dict[str, int]:
-    """preflab's runs going on each cluster now (a few rows: runs in state running)."""
+    """preflab's runs (and sampling jobs) going on each cluster now (a few rows: runs and jobs in state running)."""
     counts: dict[str, int] = {}
-    for run in db.scalars(select(TrainingRun).where(TrainingRun.state == "running")):
-        name = ((run.config or {}).get("where") or {}).get("cluster") or LOCAL
+    names = [((run.config or {}).get("where") or {}).get("cluster") or LOCAL
+             for run in db.scalars(select(TrainingRun).where(TrainingRun.state == "running"))]
+    for name in names + [str(job.result[ON_CLUSTER]) for job in _jobs_on_clusters(db)]:
         counts[name] = counts.get(name, 0) + 1
     return counts
 
 
-def slot_wait(db: Session, cluster: Cluster, run_id: int) -> str | None:
-    """None when the run may be submitted to `cluster` now; else what it waits for (`waiting for a slot on lab (2 of
-    2 running)`). On Postgres the check holds a lock on the cluster's name until the caller's transaction ends, in
-    which the run is marked running: two workers never both take the last slot."""
+def slot_wait(db: Session, cluster: Cluster, run_id: int | None = None, job_id: int | None = None) -> str | None:
+    """None when the run (or the job, for a sampling job) may be submitted to `cluster` now; else what it waits for
+    (`waiting for a slot on lab (2 of 2 running)`). On Postgres the check holds a lock on the cluster's name until the
+    caller's transaction ends, in which the run is marked running (the job takes its slot, `take_slot`): two workers
+    never both take the last slot."""
     if cluster.max_running is None or cluster.name == LOCAL:
         return None
     if db.get_bind().dialect.name == "postgresql":
         db.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": zlib.crc32(f"cluster:{cluster.name}".encode())})
     running = db.scalars(select(TrainingRun).where(TrainingRun.state == "running", TrainingRun.id != run_id))
     busy = sum(1 for run in running if ((run.config or {}).get("where") or {}).get("cluster") == cluster.name)
+    busy += sum(1 for job in _jobs_on_clusters(db) if job.id != job_id and job.result[ON_CLUSTER] == cluster.name)
     if busy < cluster.max_running:
         return None
     return f"waiting for a slot on {cluster.name} ({busy} of {cluster.max_running} running)"
+
+
+def take_slot(db: Session, cluster: Cluster, job_id: int) -> str | None:
+    """A job's model work takes a slot on `cluster` (it counts against the cap until the job ends), or what it
+    waits for (`slot_wait`)."""
+    waiting = slot_wait(db, cluster, job_id=job_id)
+    job = db.get(Job, job_id, with_for_update=db.get_bind().dialect.name == "postgresql")  # as the heartbeat does
+    if waiting is None and job is not None:
+        job.result = dict(job.result or {}) | {ON_CLUSTER: cluster.name}
+    return waiting
 
 
 def run_connection_test(db: Session, actor: User, keyring: Keyring, clusters_file: Path | None, name: str,

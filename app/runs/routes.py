@@ -128,7 +128,7 @@ def _list_context(db, project, user, default_policy=None, clusters_file=None) ->
             "kinds": training_runs.KINDS, "fields": {k: training_runs.config_fields(k) for k in training_runs.KINDS},
             "defaults": {k: training_runs.default_model(k, default_policy) for k in training_runs.KINDS},
             "policy_kinds": training_runs.POLICY_KINDS, "clusters": training_runs.cluster_names(db, clusters_file),
-            "default_cluster": training_runs.default_cluster(project) or "local",
+            "default_cluster": projects.default_cluster(project) or "local",
             "can_choose_cluster": permissions.may(db, user, project, "cluster.choose")}
 
 
@@ -177,7 +177,7 @@ def set_default_cluster(request: Request, project_id: Id, body: DefaultClusterIn
                         user: CurrentUser) -> DefaultClusterOut:
     project = projects.get_visible(db, project_id, user)
     training_runs.set_default_cluster(db, project, user, body.default_cluster, request.app.state.settings.clusters_file)
-    return DefaultClusterOut(default_cluster=training_runs.default_cluster(project) or "local")
+    return DefaultClusterOut(default_cluster=projects.default_cluster(project) or "local")
 
 
 @router.post("/projects/{project_id}/training/default-cluster", include_in_schema=False)

@@ -174,7 +174,7 @@ def _placement(db: Session, project: Project, where: str | None, resources: dict
                clusters_file: Path | None) -> dict[str, Any]:
     """Where the run executes, as stored in its config (`{"where": {"cluster", "kind", "resources"}}`; nothing for the
     local default), or Invalid naming `where` or `resources.<field>`. No `where`: the project's default cluster."""
-    default = default_cluster(project)
+    default = projects.default_cluster(project)
     name = (where or "").strip() or default or LOCAL
     found = cluster_config.available(db, clusters_file)
     if name not in found:
@@ -206,12 +206,6 @@ def cluster_names(db: Session, clusters_file: Path | None) -> list[str]:
         return list(cluster_config.available(db, clusters_file))
     except Invalid:
         return [LOCAL, *(row.name for row in cluster_config.list_rows(db))]
-
-
-def default_cluster(project: Project) -> str | None:
-    """The cluster the project's runs go to when they name none (a lead's project setting), or None: local."""
-    value = (project.settings or {}).get("default_cluster")
-    return value if isinstance(value, str) and value else None
 
 
 def set_default_cluster(db: Session, project: Project, actor: User, name: str | None,
