@@ -138,3 +138,53 @@ def estimate_steps(policy: ContinuingGenerator, solutions: Sequence[Solution], n
             out[k].append(StepEstimate(int(check(solution.text, solution.reference)), 1))
     return out
 
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m training.step_estimates --spec SPEC.json --prompts IN.jsonl --out OUT.jsonl`: the estimates of a
+    list of prompts' solutions where the model work is done (the app's Monte-Carlo job sends them to its project's
+    cluster). SPEC: the policy's `model` directory, `n`, `temperature`, `max_new_tokens`, `seed`, `checker`. IN, one
+    prompt a line: `{"prompt_id", "prompt", "reference", "solutions": [{"completion_id", "text", "steps"}]}`, each
+    prompt's solutions estimated in one generate call, as the app's job does it (so the same seed gives the same
+    tallies). OUT, written whole (`training.sample_batch.write_whole`): `{"prompt_id", "estimates": {completion id:
+    [[correct, n] per step]}}`."""
+    import argparse
+    import json
+    import sys
+    from pathlib import Path
+
+    from training.generation import GenerationError, HFGenerator
+    from training.hold import hold
+    from training.sample_batch import write_whole
+
+    parser = argparse.ArgumentParser(prog="python -m training.step_estimates", description=main.__doc__)
+    for name in ("spec", "prompts", "out"):
+        parser.add_argument(f"--{name}", type=Path, required=True)
+    args = parser.parse_args(argv)
+    spec = json.loads(args.spec.read_text(encoding="utf-8"))
+    rows = [json.loads(line) for line in args.prompts.read_text(encoding="utf-8").splitlines() if line.strip()]
+    out = []
+    try:
+        policy = HFGenerator(spec["model"])
+        policy.check()
+        checker = Checker(spec["checker"])
+        params = GenerationParams(temperature=float(spec["temperature"]), max_new_tokens=int(spec["max_new_tokens"]),
+                                  seed=int(spec["seed"]))
+        for i, row in enumerate(rows, 1):
+            solutions = [Solution(row["prompt"], s["text"], s["steps"], row["reference"]) for s in row["solutions"]]
+            tallies = estimate_steps(policy, solutions, int(spec["n"]), params, checker)
+            out.append({"prompt_id": row["prompt_id"], "estimates": {
+                str(s["completion_id"]): [[e.correct, e.n] for e in per_step]
+                for s, per_step in zip(row["solutions"], tallies, strict=True)}})
+            print(f"labelled {i}/{len(rows)} prompts", flush=True)
+            hold(f"step_estimates.prompts.{i}")  # crash tests stop here, OUT not yet written
+    except (GenerationError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    write_whole(args.out, out)
+    print(f"wrote the estimates of {len(out)} prompts to {args.out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -31,6 +31,7 @@ from app.judge import endpoints
 from app.models import Completion, Job, JudgeRun, Project, Prompt, Ranking, StepLabel, User
 from app.platform import audit
 from app.platform.errors import Invalid
+from app.projects import projects
 from training.step_estimates import CHECKERS, ESTIMATES
 
 METHOD = "monte_carlo"
@@ -139,8 +140,11 @@ def request_mc_labels(db: Session, project: Project, actor: User, *, model: str 
                    created_by_id=actor.id, name=f"Monte-Carlo steps · N={n} · {estimate} · {Path(path).name}")
     db.add(run)
     db.flush()
-    job = jobs.enqueue(db, "mc_step_labels", {"judge_run_id": run.id, "prompt_ids": prompt_ids},
-                       project=project, actor=actor)
+    payload: dict[str, Any] = {"judge_run_id": run.id, "prompt_ids": prompt_ids}
+    cluster = projects.default_cluster(project)
+    if cluster is not None:  # the policy's sampling is heavy: it goes where the runs go
+        payload["where"] = {"cluster": cluster}
+    job = jobs.enqueue(db, "mc_step_labels", payload, project=project, actor=actor)
     audit.record(db, actor, "mc_step_labels.start", project_id=project.id, object_type="judge_run",
                  object_id=run.id, n=n, estimate=estimate, max_completions=max_completions,
                  planned_continuations=continuations)

@@ -15,8 +15,7 @@ from typing import Any
 from app.jobs.context import JobContext, JobError, JobStopped
 from app.judge import endpoints, sampling
 from app.platform.db import session_scope
-from app.runs import cluster_config, cluster_job
-from app.runs.backends.base import LOCAL, Launch, submission_name
+from app.runs import cluster_job
 from training.generation import (
     GenerationCancelled,
     GenerationError,
@@ -40,7 +39,7 @@ def run(ctx: JobContext) -> dict[str, Any]:
     where = dict(payload.get("where") or {})
     tally = Tally(k)
     try:
-        if where.get("cluster", LOCAL) != LOCAL and generator.backend == "hf":
+        if where.get("cluster") and generator.backend == "hf":  # `where` names a cluster other than local
             _on_cluster(ctx, tally, generator, spec, params, where)
         else:
             _on_worker(ctx, tally, generator, params)
@@ -220,42 +219,20 @@ def _on_cluster(ctx: JobContext, tally: Tally, generator: Any, spec: dict[str, A
     hygiene as on the worker. A worker that dies meanwhile leaves the cluster's job going; the next one follows the
     stored submission instead of submitting again."""
     workdir = ctx.settings.data_dir / "sampling" / str(ctx.job_id)
-    with session_scope(ctx.session_factory) as db:
-        cluster, resources = cluster_job.placement(ctx, db, where)
-    backend = cluster_job.backend_for(cluster)
-    try:
-        submission = cluster_job.earlier(backend, workdir)
-        if not (workdir / PROMPTS_FILE).exists():  # once: a cluster job may be reading it already
-            todo, complete = _prompts_needing(ctx, tally.k, ctx.payload.get("prompt_ids"))
-            _write_inputs(workdir, todo, complete, spec | {"seed": params.seed, "resample_duplicates": int(
-                ctx.payload.get("resample_duplicates", 0))})
-        todo, complete = _read_inputs(workdir)
-        if todo and submission is None:  # a job already on the cluster keeps its slot
-            with session_scope(ctx.session_factory) as db:
-                cluster_job.wait_for_slot(ctx, cluster, cluster_config.take_slot(db, cluster, ctx.job_id))
-        tally.start(ctx, todo, complete, generator)
-        if not todo:
-            return
-        launch = Launch(
-            name=submission_name(cluster.job_prefix, ctx.job_id, submission.attempt if submission else 1),
-            attempt=submission.attempt if submission else 1, module="training.sample_batch",
-            args=["--spec", str(workdir / SPEC_FILE), "--prompts", str(workdir / PROMPTS_FILE),
-                  "--out", str(workdir / OUT_FILE)],
-            workdir=workdir, log_path=ctx.log_path, resources=resources, reads=(generator.path,),
-            env=dict(cluster_job.OFFLINE_ENV))
-        if submission is None:
-            submission = cluster_job.submit(ctx, backend, launch)
-        else:
-            ctx.log(f"following {backend.kind} job {submission.id} again (submitted by an earlier attempt)")
-        status, stopped = cluster_job.follow(ctx, backend, submission, launch, what="sampling")
-    finally:
-        backend.close()
-    if stopped:
-        raise JobStopped(ctx.stop_reason or "stopped")
-    if status.state == "cancelled":
-        raise JobError(status.reason or "the sampling job was cancelled on the cluster")
-    if status.state != "succeeded":
-        raise JobError(f"{status.reason}: {cluster_job.failure_reason(ctx.log_path)}")
+    placed = cluster_job.place(ctx, where, workdir)
+    if not (workdir / PROMPTS_FILE).exists():  # once: a cluster job may be reading it already
+        todo, complete = _prompts_needing(ctx, tally.k, ctx.payload.get("prompt_ids"))
+        _write_inputs(workdir, todo, complete, spec | {"seed": params.seed, "resample_duplicates": int(
+            ctx.payload.get("resample_duplicates", 0))})
+    todo, complete = _read_inputs(workdir)
+    if todo:
+        cluster_job.hold_slot(ctx, placed)
+    tally.start(ctx, todo, complete, generator)
+    if not todo:
+        return
+    cluster_job.carry_out(ctx, placed, module="training.sample_batch", what="sampling", reads=(generator.path,),
+                          args=["--spec", str(workdir / SPEC_FILE), "--prompts", str(workdir / PROMPTS_FILE),
+                                "--out", str(workdir / OUT_FILE)])
     _ingest(ctx, tally, generator, params, todo, workdir / OUT_FILE)
 
 

@@ -16,7 +16,6 @@ from app.judge import endpoints
 from app.models import Completion, Job, Project, Prompt, TrainingRun, User
 from app.platform.errors import Invalid
 from app.projects import projects
-from app.runs.backends.base import LOCAL
 from training.generation import Sample
 
 Todo = list[tuple[int, Any, int, list[str]]]
@@ -44,7 +43,7 @@ def request_sampling(db: Session, project: Project, actor: User, *, generator: d
     payload = {"generator": generator, "k": k, "prompt_ids": prompt_ids, "seed": seed,
                "resample_duplicates": resample_duplicates, "source": source}
     cluster = projects.default_cluster(project)
-    if cluster is not None and cluster != LOCAL and generator.get("backend") == "hf":
+    if cluster is not None and generator.get("backend") == "hf":
         # A local model's sampling is heavy: it goes where the project's runs go. A server's stays on the worker.
         payload["where"] = {"cluster": cluster}
     return jobs.enqueue(db, "sample_completions", payload, project=project, actor=actor)

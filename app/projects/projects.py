@@ -147,7 +147,7 @@ def counts(db: Session, project: Project) -> ProjectCounts:
 
 
 def default_cluster(project: Project) -> str | None:
-    """The cluster the project's runs (and its heavy sampling) go to when they name none (a lead's project setting),
-    or None: local."""
+    """The cluster the project's runs (and its sampling with a local model, its Monte-Carlo labels) go to when they
+    name none (a lead's project setting), or None: local, the worker's own host."""
     value = (project.settings or {}).get("default_cluster")
-    return value if isinstance(value, str) and value else None
+    return value if isinstance(value, str) and value and value != "local" else None

@@ -13,10 +13,21 @@ import dataclasses
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from app.runs.backends.base import LOCAL, Backend, BackendError, Cluster, Launch, Resources, Status, Submission
+from app.runs.backends.base import (
+    LOCAL,
+    Backend,
+    BackendError,
+    Cluster,
+    Launch,
+    Resources,
+    Status,
+    Submission,
+    submission_name,
+)
 
 if TYPE_CHECKING:
     from app.jobs.context import JobContext
@@ -148,6 +159,67 @@ def copy_log(ctx: JobContext, backend: Backend, submission: Submission, record: 
     submission = dataclasses.replace(submission, log_offset=offset)
     submission.save(record)
     return submission
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A job's model work placed on a cluster (`place`): where, with what, from which directory, and what an earlier
+    attempt of the job submitted there (None: nothing yet)."""
+
+    cluster: Cluster
+    resources: Resources
+    workdir: Path
+    submission: Submission | None
+
+
+def place(ctx: JobContext, where: dict[str, Any], workdir: Path) -> Placed:
+    """The job's cluster and resources as configured now (JobError naming what is gone), and its earlier submission."""
+    from app.platform.db import session_scope
+
+    with session_scope(ctx.session_factory) as db:
+        cluster, resources = placement(ctx, db, where)
+    found = Submission.load(workdir / SUBMISSION_FILE)
+    return Placed(cluster, resources, workdir, found if found is not None and found.backend == cluster.kind else None)
+
+
+def hold_slot(ctx: JobContext, placed: Placed) -> None:
+    """Take a slot on the cluster for the job's model work (JobWait while it is full); a job already submitted there
+    keeps the one it has."""
+    from app.platform.db import session_scope
+    from app.runs import cluster_config
+
+    if placed.submission is None:
+        with session_scope(ctx.session_factory) as db:
+            wait_for_slot(ctx, placed.cluster, cluster_config.take_slot(db, placed.cluster, ctx.job_id))
+
+
+def carry_out(ctx: JobContext, placed: Placed, *, module: str, args: list[str], reads: tuple[Path, ...],
+              what: str) -> None:
+    """Run `python -m MODULE ARGS` on the cluster as `{prefix}-{job}-{attempt}` (or follow what an earlier attempt
+    submitted) until it ends, its output copied into the job's log. Returns when it succeeded; JobStopped when this
+    job must stop (a cancel stops the cluster's job too), JobError with the cluster's reason when it failed."""
+    from app.jobs.context import JobError, JobStopped
+
+    attempt = placed.submission.attempt if placed.submission else 1
+    launch = Launch(name=submission_name(placed.cluster.job_prefix, ctx.job_id, attempt), attempt=attempt,
+                    module=module, args=args, workdir=placed.workdir, log_path=ctx.log_path,
+                    resources=placed.resources, reads=reads, env=dict(OFFLINE_ENV))
+    backend = backend_for(placed.cluster)
+    try:
+        submission = placed.submission
+        if submission is None:
+            submission = submit(ctx, backend, launch)
+        else:
+            ctx.log(f"following {backend.kind} job {submission.id} again (submitted by an earlier attempt)")
+        status, stopped = follow(ctx, backend, submission, launch, what=what)
+    finally:
+        backend.close()
+    if stopped:
+        raise JobStopped(ctx.stop_reason or "stopped")
+    if status.state == "cancelled":
+        raise JobError(status.reason or f"the {what} was cancelled on the cluster")
+    if status.state != "succeeded":
+        raise JobError(f"{status.reason}: {failure_reason(ctx.log_path)}")
 
 
 def earlier(backend: Backend, workdir: Path) -> Submission | None:

@@ -2,7 +2,8 @@
 a local model's completions are drawn by `python -m training.sample_batch` on the cluster and written by the worker
 exactly as a local job writes them (same count, source and seeds, so the same texts); a worker killed while the
 cluster samples leaves that job going and the next worker writes its output without submitting again; a cancel
-stops the cluster's job; a shared path the worker cannot see fails the job at submit, naming the path.
+stops the cluster's job; the cluster's cap holds a second job queued; a shared path the worker cannot see fails the
+job at submit, naming the path. Monte-Carlo step labels estimated on the cluster are the worker's own.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from app.models import Completion, Prompt
 from tests.app.test_cluster_ray import _submissions, head  # noqa: F401 (a fixture: the real Ray head)
 from tests.app.test_cluster_slurm import _jobs, new_jobs, slurm  # noqa: F401 (fixtures: the real Slurm, its new jobs)
 from tests.app.test_job_crashes import _let_lease_lapse, _run_in_process
+from tests.app.test_mc_step_labels import RIGHT, WRONG, _apples, _labels, silent_dir  # noqa: F401 (a fixture)
+from tests.app.test_mc_step_labels import _project as _mc_project
 from tests.app.test_training_runs import _work
 from tests.conftest import only_on
 from tests.support.clusters import spawn_worker, use_clusters
@@ -223,3 +226,45 @@ def test_ray_cancelled_sampling_stops_the_clusters_job(db, app, make_user, make_
         worker.wait(timeout=60)
     assert client.get(f"/api/jobs/{job_id}").json()["state"] == "cancelled"
     assert not _completions(db, project_id) and "stopping the sampling (cancelled)" in _log(app, job_id)
+
+
+def _mc_labels_on(db, make_user, make_project, api, token_for, app, cluster: str, model: Path) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """A Monte-Carlo run of a project whose runs go to `cluster`, carried out: its job and labels."""
+    lead, _, project = _mc_project(db, make_user, make_project)
+    _apples(db, project)
+    client = api(token_for(db, lead))
+    db.commit()
+    assert client.put(f"/api/projects/{project.id}/default-cluster", json={"default_cluster": cluster}).is_success
+    r = client.post(f"/api/projects/{project.id}/mc-step-labels", json={"model": str(model), "n": 2})
+    assert r.status_code == 202, r.text
+    _work(app)
+    job = client.get(f"/api/jobs/{r.json()['job_id']}").json()
+    db.expire_all()
+    labels = _labels(db, r.json()["run_id"])
+    db.rollback()
+    return {"job": job, "labels": labels, "log": _log(app, job["id"])}
+
+
+def test_slurm_monte_carlo_labels_are_the_ones_the_worker_would_estimate(db, app, make_user, make_project, api,
+                                                                         token_for, slurm, silent_dir,  # noqa: F811
+                                                                         monkeypatch, tmp_path_factory) -> None:
+    only_on(db, "sqlite", "the backend is the same; jobs are tested on both")
+    use_clusters(app, monkeypatch, tmp_path_factory.mktemp("conf") / "clusters.toml", {
+        "hpc": {"kind": "slurm", "shared_dir": str(tmp_path_factory.getbasetemp()), "resources": {"cpus": 1}}})
+    out = _mc_labels_on(db, make_user, make_project, api, token_for, app, "hpc", silent_dir)
+    assert out["job"]["state"] == "succeeded", out["job"]
+    assert out["job"]["result"]["step_labels_written"] == 6 and out["job"]["result"]["continuations_sampled"] == 8
+    # The labels of tests/app/test_mc_step_labels.py's run on the worker, with the same silent policy.
+    assert out["labels"] == {RIGHT: [(-1, 0.0), (1, 1.0), (1, 1.0)], WRONG: [(-1, 0.0), (-1, 0.0), (-1, 0.0)]}
+    assert "submitted to slurm as job" in out["log"] and out["log"].count("labelled 1/1 prompts") == 1
+
+
+def test_ray_monte_carlo_labels_are_the_ones_the_worker_would_estimate(db, app, make_user, make_project, api,
+                                                                       token_for, head, silent_dir,  # noqa: F811
+                                                                       monkeypatch, tmp_path_factory) -> None:
+    only_on(db, "sqlite", "the backend is the same; jobs are tested on both")
+    _on_ray(app, monkeypatch, tmp_path_factory.mktemp("conf"), head.address)
+    out = _mc_labels_on(db, make_user, make_project, api, token_for, app, "lab", silent_dir)
+    assert out["job"]["state"] == "succeeded", out["job"]
+    assert out["labels"] == {RIGHT: [(-1, 0.0), (1, 1.0), (1, 1.0)], WRONG: [(-1, 0.0), (-1, 0.0), (-1, 0.0)]}
+    assert "submitted to ray as job" in out["log"] and out["log"].count("labelled 1/1 prompts") == 1
