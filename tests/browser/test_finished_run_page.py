@@ -9,11 +9,9 @@ import json
 
 import pytest
 
-from app.accounts import users
-from app.models import Job, TrainingRun
-from app.projects import projects
 from tests.browser.screens import shoot
 from tests.browser.test_annotate_page import PASSWORD, _login, new_page  # noqa: F401 - fixture
+from tests.support.runs import finished_run
 
 pytestmark = pytest.mark.slow
 LAPTOP = {"width": 1366, "height": 900}
@@ -48,19 +46,10 @@ def _finished_grpo(live_server) -> dict[str, int]:  # type: ignore[no-untyped-de
                                          "sample": sample, "answer": f"{model} {sample}: {ANSWER}",
                                          "reward": reward}) + "\n")
     with live_server.session() as db:
-        lead = users.create_user(db, "eng@example.org", PASSWORD, "lead")
-        project = projects.create_project(db, lead, name="Runs", completions_per_prompt=4, overlap=1,
-                                          rubric_text="r", criteria=[])
-        job = Job(kind="train", payload={}, state="succeeded", result={}, project_id=project.id)
-        db.add(job)
-        db.flush()
-        run = TrainingRun(project_id=project.id, kind="grpo", state="succeeded", job_id=job.id,
-                          config={"user": {"steps": 100}}, metrics_path=str(out / "metrics.jsonl"),
-                          model_dir=str(out / "model"))
-        db.add(run)
-        db.commit()
-        made = {"project": project.id, "run": run.id}
-    log = data_dir / "jobs" / f"{job.id}.log"
+        project_id, run_id, job_id = finished_run(db, out, email="eng@example.org", password=PASSWORD,
+                                                  project="Runs", steps=100)
+        made = {"project": project_id, "run": run_id}
+    log = data_dir / "jobs" / f"{job_id}.log"
     log.parent.mkdir(parents=True)
     log.write_text("".join(f"step {i}/100 loss 0.5\n" for i in range(1, 101)) + "progress: step 100/100\n")
     return made

@@ -9,13 +9,11 @@ import json
 
 import pytest
 
-from app.accounts import users
-from app.models import Job, TrainingRun
-from app.projects import projects
 from tests.browser.conftest import settle
 from tests.browser.screens import shoot
 from tests.browser.test_accessibility import axe_violations
 from tests.browser.test_annotate_page import PASSWORD, _login, assert_console_clean, new_page  # noqa: F401 - fixture
+from tests.support.runs import finished_run
 
 pytestmark = pytest.mark.slow
 LAPTOP = {"width": 1366, "height": 900}
@@ -38,18 +36,8 @@ def _process_run(live_server) -> int:  # type: ignore[no-untyped-def]
                         f"step_reached/{j}": 16 - 2 * j}
             fh.write(json.dumps(row) + "\n")
     with live_server.session() as db:
-        lead = users.create_user(db, "eng@example.org", PASSWORD, "lead")
-        project = projects.create_project(db, lead, name="Process", completions_per_prompt=4, overlap=1,
-                                          rubric_text="r", criteria=[])
-        job = Job(kind="train", payload={}, state="succeeded", result={}, project_id=project.id)
-        db.add(job)
-        db.flush()
-        run = TrainingRun(project_id=project.id, kind="grpo", state="succeeded", job_id=job.id,
-                          config={"user": {"steps": 60}}, metrics_path=str(out / "metrics.jsonl"),
-                          model_dir=str(out / "model"))
-        db.add(run)
-        db.commit()
-        return run.id
+        _, run_id, _ = finished_run(db, out, email="eng@example.org", password=PASSWORD, project="Process", steps=60)
+        return run_id
 
 
 @pytest.mark.parametrize("size", [LAPTOP, PHONE], ids=["laptop", "phone"])
