@@ -141,6 +141,8 @@ class EstimateQuery(BaseModel):
     export_id: str = Field("", max_length=20)
     base_model: str = Field("", max_length=1000)
     config: str = Field("", max_length=20_000)
+    reward_run_id: str = Field("", max_length=20)
+    """Not priced; carried so that taking up the first try keeps the reward model chosen."""
 
 
 def _estimate(request: Request, db, project, chosen: EstimateQuery) -> dict:
@@ -210,7 +212,7 @@ def launch_from_page(request: Request, project_id: Id, db: SessionDep, user: Pag
                      form: Annotated[TrainingForm, Form()]) -> Response:
     # Not mounted like the other project pages: the run's data directory comes from the request.
     chosen = EstimateQuery(kind=form.kind[:20], export_id=form.export_id[:20], base_model=form.base_model,
-                           config=form.config)
+                           config=form.config, reward_run_id=form.reward_run_id[:20])
     if form.action == "estimate":  # the no-script "Update the estimate" button: the form again, priced, no run
         return _page(request, chosen).show(request, db, user, project_id)
     return _page(request, chosen).submit(request, db, user, project_id, form,

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
+from playwright.sync_api import expect
 
 from app.accounts import users
-from app.models import Export
+from app.models import Export, TrainingRun
 from app.projects import projects
 from app.runs import estimates
 from tests.browser.screens import shoot
@@ -40,8 +42,10 @@ def _world(live_server) -> dict:  # type: ignore[no-untyped-def]
         folder.mkdir(parents=True)
         (folder / "prompts.jsonl").write_text(json.dumps({"prompt": "How many clips? " * 20}) + "\n")
         export.path = str(folder)
+        reward = TrainingRun(project_id=project.id, kind="reward", state="succeeded", config={})
+        db.add(reward)
         db.commit()
-        made = {"project": project.id, "export": export.id}
+        made = {"project": project.id, "export": export.id, "reward": reward.id}
     model = str(data_dir / "models" / "policy")
     figures = estimates.speed_file(data_dir, model)
     figures.parent.mkdir(parents=True)
@@ -104,7 +108,12 @@ def test_a_long_run_offers_a_first_try_that_the_form_takes_up(live_server, new_p
     pg.goto(f"{live_server.base}/projects/{made['project']}/training?kind=grpo&base_model={made['model']}")
     assert pg.evaluate("document.documentElement.scrollWidth") <= size["width"]
     shoot(pg, "training-estimate-long")
+    # The reward model chosen first stays chosen: a policy run without one cannot run a full round later.
+    pg.select_option("select[name=reward_run_id]", str(made["reward"]))
+    expect(pg.get_by_role("link", name="Use this first try")).to_have_attribute(
+        "href", re.compile(f"reward_run_id={made['reward']}&"))
     pg.get_by_role("link", name="Use this first try").click()
     pg.wait_for_load_state()
     assert "steps = 5" in pg.locator("textarea[name=config]").input_value()
+    assert pg.locator("select[name=reward_run_id]").input_value() == str(made["reward"])
     assert _minutes(pg) <= 5 and not pg.locator("#first-try").is_visible()
