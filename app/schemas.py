@@ -891,6 +891,9 @@ class SampleIntoProjectIn(Strict):
     seed: Int | None = Field(default=None, ge=0, le=2**31 - 1)
     max_new_tokens: Int | None = Field(default=None, ge=1, le=32_768, description="Default: the run's own.")
     temperature: float | None = Field(default=None, ge=0, le=5, description="Default: the run's own.")
+    max_prompts: Int | None = Field(default=None, ge=1, le=MAX_ID, description=(
+        "Answer at most this many of the prompts still short of k, oldest first (default: every one). The run page "
+        "fills in what fits a quarter of an hour on the worker's measured speed."))
 
 
 class RevisionJobIn(Strict):
@@ -929,6 +932,8 @@ class IterateIn(Strict):
     replay_share: float = Field(default=0.1, ge=0, le=1, description="Share of earlier pairs mixed into the new "
                                                                      "reward-model export (replay).")
     k: Int | None = Field(default=None, ge=1, le=16, description="Completions per prompt for the next round.")
+    max_prompts: Int | None = Field(default=None, ge=1, le=MAX_ID, description=(
+        "The next round's sampling answers at most this many prompts, oldest first (default: every one)."))
 
 
 class ExportIn(Strict):

@@ -184,9 +184,12 @@ def _log_n_cap(ctx: JobContext, generator: Any, logged: Any) -> Any:
 
 
 def _prompts_needing(ctx: JobContext, k: int, prompt_ids: list[int] | None) -> tuple[sampling.Todo, int]:
-    """[(prompt id, text or messages, completions still needed, existing texts)] oldest first, and how many are full."""
+    """[(prompt id, text or messages, completions still needed, existing texts)] oldest first, and how many are full;
+    with `max_prompts` (a round sized for the machine), only that many of the oldest prompts still short of K."""
     with ctx.session_factory() as db:
-        return sampling.prompts_needing(db, ctx.project_id, k, prompt_ids, _source(ctx))
+        todo, complete = sampling.prompts_needing(db, ctx.project_id, k, prompt_ids, _source(ctx))
+    most = ctx.payload.get("max_prompts")
+    return (todo[:int(most)] if most else todo), complete
 
 
 def _texts(ctx: JobContext, prompt_id: int) -> list[str]:

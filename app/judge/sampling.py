@@ -16,15 +16,20 @@ from app.judge import endpoints
 from app.models import Completion, Job, Project, Prompt, TrainingRun, User
 from app.platform.errors import Invalid
 from app.projects import projects
+from training import sample_batch
 from training.generation import Sample
 
 Todo = list[tuple[int, Any, int, list[str]]]
 """[(prompt id, its text or chat messages, completions still needed, its completions' texts)]."""
 
 
+# Prompts a sampling job answers per generation call (and per transaction), on the worker or on a cluster's node.
+BATCH_PROMPTS = sample_batch.BATCH_PROMPTS
+
+
 def request_sampling(db: Session, project: Project, actor: User, *, generator: dict[str, Any], k: int | None,
                      prompt_ids: list[int] | None, seed: int | None, resample_duplicates: int,
-                     source: str = "sampled") -> Job:
+                     source: str = "sampled", max_prompts: int | None = None) -> Job:
     """A queued `sample_completions` job, or Invalid naming the field when something can be checked now."""
     permissions.require(db, actor, project, "sampling.start")
     k = k or project.completions_per_prompt
@@ -41,7 +46,7 @@ def request_sampling(db: Session, project: Project, actor: User, *, generator: d
     elif not db.scalar(select(func.count(Prompt.id)).where(Prompt.project_id == project.id)):
         raise Invalid("the project has no prompts yet; import some first", field="prompt_ids")
     payload = {"generator": generator, "k": k, "prompt_ids": prompt_ids, "seed": seed,
-               "resample_duplicates": resample_duplicates, "source": source}
+               "resample_duplicates": resample_duplicates, "source": source, "max_prompts": max_prompts}
     cluster = projects.default_cluster(project)
     if cluster is not None and generator.get("backend") == "hf":
         # A local model's sampling is heavy: it goes where the project's runs go. A server's stays on the worker.
@@ -61,11 +66,12 @@ def policy_generator(run: TrainingRun, *, max_new_tokens: int | None = None,
 
 def request_policy_sampling(db: Session, project: Project, actor: User, run: TrainingRun, *, k: int | None,
                             seed: int | None, max_new_tokens: int | None = None,
-                            temperature: float | None = None) -> Job:
-    """Sample a finished policy's answers into the project (the completions' source names the run)."""
+                            temperature: float | None = None, max_prompts: int | None = None) -> Job:
+    """Sample a finished policy's answers into the project (the completions' source names the run); with
+    `max_prompts`, only that many of the prompts still short of K, oldest first."""
     generator = policy_generator(run, max_new_tokens=max_new_tokens, temperature=temperature)
     return request_sampling(db, project, actor, generator=generator, k=k, prompt_ids=None, seed=seed,
-                            resample_duplicates=0, source=f"policy:{run.id}")
+                            resample_duplicates=0, source=f"policy:{run.id}", max_prompts=max_prompts)
 
 
 # --- what the sampling job reads and writes ------------------------------------------------------------------------

@@ -20,7 +20,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from app.models import Export, Project
+from app.judge.sampling import BATCH_PROMPTS
+from app.models import Export, Project, TrainingRun
 from app.platform.errors import DomainError
 from app.runs import training_runs
 from training.estimate import Data, Estimate, Speed, estimate
@@ -236,3 +237,47 @@ def _chosen_export(db: Session, project: Project, kind: str, export_id: str) -> 
     if export is None or export.project_id != project.id or export.deleted_at is not None:
         return None
     return export if export.kind == training_runs.EXPORT_KIND[kind] and export.sha256 else None
+
+
+@dataclass
+class SamplingSize:
+    """How long sampling a finished policy into its project takes on this machine, and how many prompts fit a
+    quarter of an hour when all of them do not (what the run page's forms fill in)."""
+
+    prompts: int
+    """Every prompt the sampling would answer."""
+    minutes: float
+    """All of them."""
+    answers: int
+    """Answers per prompt (the project's K)."""
+    max_new_tokens: int
+    suggested: int | None = None
+    """Fewer prompts, the first batches that fit FIRST_TRY_MINUTES; None when all of them do."""
+    suggested_minutes: float | None = None
+
+
+def sampling_seconds(speed: Speed, prompts: int, k: int, max_new_tokens: int) -> float:
+    """The sampling job's time: the model loaded once, then batches of BATCH_PROMPTS prompts, K answers each, each
+    decoding up to `max_new_tokens` steps (prompt reading is small beside it and left out)."""
+    batches = math.ceil(prompts / BATCH_PROMPTS)
+    rows = min(prompts, BATCH_PROMPTS) * k
+    return speed.start_s + batches * max_new_tokens * (speed.decode_step_s + rows * speed.decode_row_s)
+
+
+def for_sampling(data_dir: Path, run: TrainingRun, prompts: int, k: int) -> SamplingSize | None:
+    """The run page's sizing of *Sample into project* and of a full round's sampling, at the speed measured on the
+    run's base model (the policy has its architecture); None without figures or prompts."""
+    measured = read_speed(data_dir, run.base_model or "") if run.base_model else None
+    if measured is None or prompts <= 0:
+        return None
+    speed, _ = measured
+    new = int(((run.config or {}).get("resolved") or {}).get("max_new_tokens") or 256)  # as policy_generator reads it
+    found = SamplingSize(prompts=prompts, minutes=_minutes(sampling_seconds(speed, prompts, k, new)), answers=k,
+                         max_new_tokens=new)
+    if found.minutes > FIRST_TRY_MINUTES:
+        fit = BATCH_PROMPTS
+        while fit + BATCH_PROMPTS < prompts and sampling_seconds(speed, fit + BATCH_PROMPTS, k, new) <= \
+                FIRST_TRY_MINUTES * 60:
+            fit += BATCH_PROMPTS
+        found.suggested, found.suggested_minutes = fit, _minutes(sampling_seconds(speed, fit, k, new))
+    return found

@@ -11,19 +11,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from app.accounts import permissions
 from app.exports import service as exports
 from app.judge import sampling
-from app.models import Export, Job, Project, TrainingRun, User
+from app.models import Export, Job, Pair, Project, Ranking, TrainingRun, User
 from app.platform.errors import Invalid
 from app.runs import training_runs
 
 STEPS = ("export_pairs", "reward", "export_prompts", "policy", "sample")
 
 
-def start(db: Session, run: TrainingRun, actor: User, *, replay_share: float, k: int | None) -> Job:
+def start(db: Session, run: TrainingRun, actor: User, *, replay_share: float, k: int | None,
+          max_prompts: int | None = None) -> Job:
     """Begin a round from a finished policy run; returns the first step's job."""
     project = db.get_one(Project, run.project_id)
     permissions.require(db, actor, project, "training.start", doing="start an iteration")
@@ -41,11 +43,29 @@ def start(db: Session, run: TrainingRun, actor: User, *, replay_share: float, k:
         filters["created_after"] = previous.created_at.isoformat()
         if replay_share > 0:
             filters["replay_share"] = replay_share
+    if not _pairs_to_export(db, project, previous, replay_share):
+        # Refused now rather than two steps in, where the reward model would fail on an empty export.
+        since = f" since its export #{previous.id}" if previous is not None else ""
+        raise Invalid(f"no pairs to retrain the reward model on: none labelled{since}, and none earlier to replay "
+                      "(a pre-made export's pairs are not in the project). Rank the policy's answers first: "
+                      "Sample into project starts that round", field="run_id")
     export = exports.request_export(db, project, actor, "pairs", "jsonl", filters=filters)
     job = db.get_one(Job, export.job_id)
     job.payload = dict(job.payload) | {"iteration": {"step": "export_pairs", "actor_id": actor.id,
-                                                     "policy_run_id": run.id, "reward_run_id": reward.id, "k": k}}
+                                                     "policy_run_id": run.id, "reward_run_id": reward.id, "k": k,
+                                                     "max_prompts": max_prompts}}
     return job
+
+
+def _pairs_to_export(db: Session, project: Project, previous: Export | None, replay_share: float) -> bool:
+    """Whether the round's first export would hold any pair: one labelled since the reward model's export, or an
+    earlier one its replay share picks (the same pseudo-random rule as the export's)."""
+    query = select(Pair.id).join(Ranking, Pair.ranking_id == Ranking.id).where(Ranking.project_id == project.id)
+    if previous is not None:
+        recent = Ranking.created_at >= previous.created_at
+        replayed = (Pair.id * 7919) % 1000 < int(round(1000 * replay_share)) if replay_share > 0 else None
+        query = query.where(recent if replayed is None else or_(recent, replayed))
+    return db.scalar(query.limit(1)) is not None
 
 
 def advance(db: Session, job: Job, data_dir: Path) -> Job | None:
@@ -81,7 +101,8 @@ def advance(db: Session, job: Job, data_dir: Path) -> Job | None:
         plan |= {"step": "policy", "new_policy_run_id": run.id}
     else:  # "policy": the new policy's answers become the next round
         new_policy = db.get_one(TrainingRun, plan["new_policy_run_id"])
-        nxt = sampling.request_policy_sampling(db, project, actor, new_policy, k=plan.get("k"), seed=None)
+        nxt = sampling.request_policy_sampling(db, project, actor, new_policy, k=plan.get("k"), seed=None,
+                                               max_prompts=plan.get("max_prompts"))
         project.current_round += 1
         plan |= {"step": "sample"}
     nxt.payload = dict(nxt.payload) | {"iteration": plan}

@@ -25,7 +25,7 @@ from app.schemas import (
 )
 from app.web.deps import MAX_ID, CurrentUser, Id, PageUser, SessionDep
 from app.web.form_pages import ProjectPage
-from app.web.forms import DefaultClusterForm, IterateForm, TrainingForm
+from app.web.forms import DefaultClusterForm, IterateForm, SampleIntoProjectForm, TrainingForm
 from app.web.rendering import render
 
 router = APIRouter()
@@ -88,7 +88,8 @@ def cancel_run(run_id: Id, db: SessionDep, user: CurrentUser) -> TrainingRunOut:
 
 def _sample_into_project(db, run, user, body: SampleIntoProjectIn):
     return training_runs.sample_into_project(db, run, user, k=body.k, seed=body.seed, new_round=body.new_round,
-                                             max_new_tokens=body.max_new_tokens, temperature=body.temperature)
+                                             max_new_tokens=body.max_new_tokens, temperature=body.temperature,
+                                             max_prompts=body.max_prompts)
 
 
 @router.post("/api/training-runs/{run_id}/human-check", status_code=202, tags=["training"],
@@ -102,7 +103,7 @@ def recheck_against_humans(run_id: Id, db: SessionDep, user: CurrentUser) -> Job
              summary="Run one automated RLHF round from a finished policy run (each step a job)")
 def iterate(request: Request, run_id: Id, body: IterateIn, db: SessionDep, user: CurrentUser) -> JobAccepted:
     run = training_runs.get_visible(db, run_id, user)
-    job = iteration.start(db, run, user, replay_share=body.replay_share, k=body.k)
+    job = iteration.start(db, run, user, replay_share=body.replay_share, k=body.k, max_prompts=body.max_prompts)
     return JobAccepted(job_id=job.id)
 
 
@@ -256,8 +257,18 @@ def run_page(request: Request, run_id: Id, db: SessionDep, user: PageUser,
            "config_json": json.dumps((run.config or {}).get("user", {}), indent=2),
            "can_train": permissions.may(db, user, project, "training.start"),
            "trackers": training_runs.read_trackers(run), "policy_kinds": training_runs.POLICY_KINDS,
-           "iterating_kinds": training_runs.ITERATING_KINDS}
+           "iterating_kinds": training_runs.ITERATING_KINDS,
+           "sampling": _sampling_size(request, db, run, project)}
     return render(request, "training_run.html", ctx, block="live")
+
+
+def _sampling_size(request: Request, db, run, project) -> estimates.SamplingSize | None:
+    """How long *Sample into project* takes on this machine, for a finished policy run (every prompt is short of the
+    new policy's own answers)."""
+    if run.kind not in training_runs.POLICY_KINDS or run.state != "succeeded":
+        return None
+    prompts = training_runs.prompt_count(db, project)
+    return estimates.for_sampling(request.app.state.settings.data_dir, run, prompts, project.completions_per_prompt)
 
 
 @router.post("/training-runs/{run_id}/cancel", include_in_schema=False)
@@ -268,9 +279,10 @@ def cancel_from_page(run_id: Id, db: SessionDep, user: PageUser) -> Response:
 
 
 @router.post("/training-runs/{run_id}/sample", include_in_schema=False)
-def sample_from_page(run_id: Id, db: SessionDep, user: PageUser) -> Response:
+def sample_from_page(run_id: Id, db: SessionDep, user: PageUser,
+                     form: Annotated[SampleIntoProjectForm, Form()]) -> Response:
     run = training_runs.get_visible(db, run_id, user)
-    _sample_into_project(db, run, user, SampleIntoProjectIn())
+    _sample_into_project(db, run, user, form.to_api())
     return RedirectResponse(f"/projects/{run.project_id}/jobs", status_code=303)
 
 
@@ -278,7 +290,7 @@ def sample_from_page(run_id: Id, db: SessionDep, user: PageUser) -> Response:
 def iterate_from_page(run_id: Id, db: SessionDep, user: PageUser, form: Annotated[IterateForm, Form()]) -> Response:
     run = training_runs.get_visible(db, run_id, user)
     body = form.to_api()
-    iteration.start(db, run, user, replay_share=body.replay_share, k=body.k)
+    iteration.start(db, run, user, replay_share=body.replay_share, k=body.k, max_prompts=body.max_prompts)
     return RedirectResponse(f"/projects/{run.project_id}/jobs", status_code=303)
 
 

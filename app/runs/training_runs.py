@@ -524,7 +524,8 @@ def run_small_data(db: Session, run: TrainingRun) -> str | None:
 
 
 def sample_into_project(db: Session, run: TrainingRun, actor: User, *, k: int | None, seed: int | None,
-                        new_round: bool, max_new_tokens: int | None = None, temperature: float | None = None) -> Job:
+                        new_round: bool, max_new_tokens: int | None = None, temperature: float | None = None,
+                        max_prompts: int | None = None) -> Job:
     """Sample a finished policy's answers into its project; with `new_round` every prompt is ranked again."""
     project = project_of(db, run)
     permissions.require(db, actor, project, "sampling.start", doing="sample into the project")
@@ -533,7 +534,7 @@ def sample_into_project(db: Session, run: TrainingRun, actor: User, *, k: int | 
     if run.state != "succeeded" or not run.model_dir:
         raise Invalid("the run has not finished", field="run_id")
     job = sampling.request_policy_sampling(db, project, actor, run, k=k, seed=seed, max_new_tokens=max_new_tokens,
-                                           temperature=temperature)
+                                           temperature=temperature, max_prompts=max_prompts)
     if new_round:
         project.current_round += 1  # every prompt is ranked again, on the new policy's answers
     return job
@@ -677,7 +678,13 @@ def _policy_verdict(evaluation: dict[str, Any]) -> dict[str, Any] | None:
     on = f" on {prompts} held-out prompts" if isinstance(prompts, int) else " on the held-out prompts"
     headline = ("Beats its reference" if better else "Worse than its reference" if worse
                 else "No better than its reference") + on
-    figures = []
+    right = _before_after(evaluation, "accuracy")
+    if right is not None and right[0] != right[1]:
+        # Prompts with a reference answer (GSM8K's): whether the final number is right settles it, not a reward
+        # model's scores or the win rate they give.
+        better, headline = right[1] > right[0], ("More" if right[1] > right[0] else "Fewer") + \
+            " final answers right than its reference" + on
+    figures = _accuracy_figures(evaluation)
     if policy is not None:
         change = f", {policy - reference:+.3f} on the reference's {reference:.3f}" if reference is not None else ""
         figures.append(("reward", f"{policy:.3f}", change.lstrip(", ")))
@@ -686,6 +693,29 @@ def _policy_verdict(evaluation: dict[str, Any]) -> dict[str, Any] | None:
     if kl is not None:
         figures.append(("KL", f"{kl:.3f}", "how far it moved from the reference"))
     return {"headline": headline, "good": better, "figures": figures}
+
+
+def _before_after(evaluation: dict[str, Any], key: str) -> tuple[float, float] | None:
+    """(reference, policy) of an evaluation figure both sides have, else None."""
+    found = evaluation.get(key)
+    if not isinstance(found, dict):
+        return None
+    before, after = _number(found.get("reference")), _number(found.get("policy"))
+    return None if before is None or after is None else (before, after)
+
+
+def _accuracy_figures(evaluation: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The held-out accuracy before (the reference) and after (the policy) where the prompts carry reference
+    answers: exact match of the final number over every sample, Pass@K and Maj@K."""
+    k = evaluation.get("k")
+    named = (("exact match", "accuracy", "final number, every sample"), (f"Pass@{k}", "pass_at_k", "any of K right"),
+             (f"Maj@{k}", "maj_at_k", "the most common answer right"))
+    figures = []
+    for name, key, what in named:
+        found = _before_after(evaluation, key)
+        if found is not None:
+            figures.append((name, f"{found[0]:.3f} → {found[1]:.3f}", f"before → after; {what}"))
+    return figures
 
 
 SAMPLES_PER_PAGE = 5
@@ -710,3 +740,8 @@ def sample_page(samples: list[dict[str, Any]], page: int) -> dict[str, Any]:
     shown = rows[(page - 1) * SAMPLES_PER_PAGE:page * SAMPLES_PER_PAGE]
     return {"rows": shown, "page": page, "pages": pages, "prompts": len(rows),
             "has_reference": any(r["reference"] for r in rows)}
+
+
+def prompt_count(db: Session, project: Project) -> int:
+    """The project's prompts: what sampling a new policy into it answers (none has that policy's answers yet)."""
+    return int(db.scalar(select(func.count(Prompt.id)).where(Prompt.project_id == project.id)) or 0)

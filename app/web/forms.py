@@ -41,6 +41,7 @@ from app.schemas import (
     RevisionDecisionIn,
     RevisionJobIn,
     RubricVersionIn,
+    SampleIntoProjectIn,
     SamplingJobIn,
     SelectionIn,
     StepOptionsIn,
@@ -852,7 +853,22 @@ class TrainingForm(ApiForm):
 
 
 class IterateForm(ApiForm):
+    LABELS: ClassVar[Mapping[str, str]] = {"replay_share": "Replay share of earlier pairs",
+                                           "max_prompts": "Prompts to answer"}
+
     replay_share: float = Field(0.1, ge=0, le=1)
+    max_prompts: str = Field("", max_length=12)
+    """Blank: every prompt."""
 
     def to_api(self) -> IterateIn:
-        return IterateIn.from_form(replay_share=self.replay_share)
+        return IterateIn.from_form(replay_share=self.replay_share, max_prompts=self.max_prompts.strip() or None)
+
+
+class SampleIntoProjectForm(ApiForm):
+    LABELS: ClassVar[Mapping[str, str]] = {"max_prompts": "Prompts to answer"}
+
+    max_prompts: str = Field("", max_length=12)
+    """Blank: every prompt."""
+
+    def to_api(self) -> SampleIntoProjectIn:
+        return SampleIntoProjectIn.from_form(max_prompts=self.max_prompts.strip() or None)
