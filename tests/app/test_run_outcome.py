@@ -43,3 +43,22 @@ def test_samples_come_a_page_of_prompts_at_a_time_each_prompt_once() -> None:
     assert [r["prompt"] for r in training_runs.sample_page(samples, 99)["rows"]] == ["q10", "q11"]  # the last page
     alone = training_runs.sample_page([{"prompt": "p", "response": "r"}], 1)
     assert alone["rows"][0]["policy"] == [{"answer": "r", "reward": None}] and not alone["has_reference"]
+
+
+def test_a_policy_on_prompts_with_answers_is_judged_by_its_final_numbers_before_and_after() -> None:
+    # A first try on GSM8K: one of 16 answers right against none, while the reward model's scores lose more pairs.
+    evaluation = {"prompts": 8, "k": 2, "reward_mean": {"policy": 0.078, "reference": 0.020}, "win_rate": 0.41,
+                  "kl": 0.012, "accuracy": {"policy": 0.0625, "reference": 0.0},
+                  "pass_at_k": {"policy": 0.125, "reference": 0.0}, "maj_at_k": {"policy": 0.125, "reference": 0.0}}
+    found = training_runs.verdict(_run(), evaluation)
+    assert found is not None and found["good"]
+    assert found["headline"] == "More final answers right than its reference on 8 held-out prompts"
+    assert found["figures"][:3] == [
+        ("exact match", "0.000 → 0.062", "before → after; final number, every sample"),
+        ("Pass@2", "0.000 → 0.125", "before → after; any of K right"),
+        ("Maj@2", "0.000 → 0.125", "before → after; the most common answer right")]
+    same = training_runs.verdict(_run(), evaluation | {"accuracy": {"policy": 0.0, "reference": 0.0}})
+    assert same is not None and same["headline"].startswith("Worse than its reference")  # a tie: the win rate says
+    fewer = training_runs.verdict(_run(), evaluation | {"accuracy": {"policy": 0.1, "reference": 0.3}, "win_rate": 0.7})
+    assert fewer is not None and not fewer["good"]
+    assert fewer["headline"] == "Fewer final answers right than its reference on 8 held-out prompts"

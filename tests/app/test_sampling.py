@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select, update
 
-from app.models import Completion, Job, Prompt
+from app.models import Completion, Job, Prompt, TrainingRun
 from app.platform.settings import Settings
 from app.projects import projects
 from app.worker import Worker
@@ -329,3 +329,25 @@ def test_sampled_completions_are_split_into_steps_when_the_project_labels_steps(
                       .where(Prompt.project_id == project_id)).all()
     db.rollback()
     assert len(rows) == 4 and all(stored == steps.split(text) for text, stored in rows)
+
+
+def test_sampling_a_policy_into_its_project_can_answer_only_the_first_prompts(db, make_user, make_project, token_for,
+                                                                               api, tiny_model_dir, database_url,
+                                                                               clean_engine, tmp_path) -> None:
+    lead, project = _project_with_prompts(db, make_user, make_project, n=5, k=2)
+    run = TrainingRun(project_id=project.id, kind="grpo", state="succeeded", model_dir=str(tiny_model_dir),
+                      config={"resolved": {"max_new_tokens": 6}})
+    db.add(run)
+    client = api(token_for(db, lead))
+    db.commit()
+    project_id, run_id = project.id, run.id
+    db.rollback()
+    r = client.post(f"/api/training-runs/{run_id}/sample-into-project", json={"max_prompts": 3, "seed": 1})
+    assert r.status_code == 202, r.text
+    _worker(database_url, tmp_path, clean_engine).run(exit_when_idle=True)
+    status = client.get(f"/api/jobs/{r.json()['job_id']}").json()
+    assert status["state"] == "succeeded" and status["progress"] == {"done": 3, "total": 3}
+    counts = _counts(db, project_id)
+    first = sorted(counts)[:3]
+    # The three oldest prompts got the policy's answers (the tiny model may drop an empty one); the others none.
+    assert all(counts[p] >= 1 for p in first) and all(counts[p] == 0 for p in sorted(counts)[3:])

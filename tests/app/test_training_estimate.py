@@ -9,7 +9,9 @@ import json
 import tomllib
 from pathlib import Path
 
-from app.models import Export
+import pytest
+
+from app.models import Export, TrainingRun
 from app.runs import estimates
 from training.estimate import Speed
 
@@ -108,3 +110,20 @@ def test_what_stops_an_estimate_is_said(db, make_project, tmp_path) -> None:  # 
     assert other_kind.problem == "Choose a pairs export to see how long the run takes."
     unmeasured = _form(db, project, tmp_path, prompts, base_model=str(tmp_path / "other"))
     assert unmeasured.measure_command is not None and f"--model {tmp_path / 'other'}" in unmeasured.measure_command
+
+
+def test_sampling_a_policy_into_its_project_is_priced_and_sized_to_a_quarter_hour(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    _measure(tmp_path, str(tmp_path / "policy"))
+    run = TrainingRun(kind="grpo", state="succeeded", base_model=str(tmp_path / "policy"),
+                      config={"resolved": {"max_new_tokens": 100}})
+    # A batch of 8 prompts × 4 answers: 100 steps × (20 ms + 32 rows × 10 ms) = 34 s; 13 batches and the 10 s start.
+    assert estimates.sampling_seconds(UNIT, 100, 4, 100) == pytest.approx(10.0 + 13 * 34.0)
+    found = estimates.for_sampling(tmp_path, run, 100, 4)
+    assert found is not None and (found.prompts, found.answers, found.max_new_tokens) == (100, 4, 100)
+    assert found.minutes == 8 and found.suggested is None  # under a quarter of an hour: all of them
+    slow = dataclasses.replace(UNIT, decode_row_s=0.03)  # 98 s a batch: 9 batches (72 prompts) fit 15 min
+    _measure(tmp_path, str(tmp_path / "policy"), slow)
+    sized = estimates.for_sampling(tmp_path, run, 100, 4)
+    assert sized is not None and sized.minutes == 22 and (sized.suggested, sized.suggested_minutes) == (72, 15)
+    assert estimates.for_sampling(tmp_path, TrainingRun(kind="grpo", base_model=str(tmp_path / "other")), 100, 4) \
+        is None  # not measured: nothing to size by

@@ -111,6 +111,30 @@ def test_bad_runs_are_refused_before_any_job_exists(db, app, make_user, make_pro
     assert db.scalar(select(func.count(TrainingRun.id))) == 0
 
 
+def test_a_full_round_with_no_pairs_to_retrain_on_is_refused_before_any_job(db, app, make_user, make_project,
+                                                                            token_for, api, tmp_path) -> None:
+    project_id, eng = _ranked_project(db, make_user, make_project, api, token_for, n=4)
+    pairs = _export(eng, app, project_id, "pairs")  # after every ranking: nothing is new since
+    reward = TrainingRun(project_id=project_id, kind="reward", state="succeeded", export_id=pairs, config={},
+                         model_dir=str(tmp_path / "rm"))
+    db.add(reward)
+    db.flush()
+    policy = TrainingRun(project_id=project_id, kind="grpo", state="succeeded", parent_run_id=reward.id, config={},
+                         model_dir=str(tmp_path / "policy"))
+    db.add(policy)
+    db.commit()
+    policy_id, before = policy.id, db.scalar(select(func.count(Job.id)))
+    db.rollback()  # no read left open: on SQLite it would hold off the app's writes
+    r = eng.post(f"/api/training-runs/{policy_id}/iterate", json={"replay_share": 0})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["message"].startswith(f"no pairs to retrain the reward model on: none labelled "
+                                                       f"since its export #{pairs}")
+    assert db.scalar(select(func.count(Job.id))) == before
+    db.rollback()
+    # Replaying every earlier pair gives the reward model something to train on: the round starts.
+    assert eng.post(f"/api/training-runs/{policy_id}/iterate", json={"replay_share": 1}).status_code == 202
+
+
 @pytest.mark.slow
 def test_the_loop_from_labels_to_a_policy_and_back_with_lineage(db, app, make_user, make_project, token_for, api,
                                                                 models_dir) -> None:
