@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
 
-from app.models import Completion, Job, Project, Prompt, TrainingRun
+from app.models import Completion, Job, Project, Prompt, TrainingRun, User
 from app.projects import projects
 from app.worker import Worker
 from tests.conftest import only_on
@@ -112,7 +112,7 @@ def test_bad_runs_are_refused_before_any_job_exists(db, app, make_user, make_pro
 
 
 def test_a_full_round_with_no_pairs_to_retrain_on_is_refused_before_any_job(db, app, make_user, make_project,
-                                                                            token_for, api, tmp_path) -> None:
+                                                                            token_for, api, browser, tmp_path) -> None:
     project_id, eng = _ranked_project(db, make_user, make_project, api, token_for, n=4)
     pairs = _export(eng, app, project_id, "pairs")  # after every ranking: nothing is new since
     reward = TrainingRun(project_id=project_id, kind="reward", state="succeeded", export_id=pairs, config={},
@@ -131,8 +131,17 @@ def test_a_full_round_with_no_pairs_to_retrain_on_is_refused_before_any_job(db, 
                                                        f"since its export #{pairs}")
     assert db.scalar(select(func.count(Job.id))) == before
     db.rollback()
-    # Replaying every earlier pair gives the reward model something to train on: the round starts.
-    assert eng.post(f"/api/training-runs/{policy_id}/iterate", json={"replay_share": 1}).status_code == 202
+    # Replaying every earlier pair gives the reward model something to train on: the round starts, and the jobs
+    # page says which step of it each job is.
+    r = eng.post(f"/api/training-runs/{policy_id}/iterate", json={"replay_share": 1})
+    assert r.status_code == 202
+    email = db.scalar(select(User.email).where(User.role == "engineer"))
+    db.rollback()
+    page = browser()
+    page.login(email)
+    row = next(row for row in page.get(f"/projects/{project_id}/jobs").text.split("<tr>")
+               if f"#{r.json()['job_id']}<" in row)
+    assert "full round, step 1 of 5: export the new pairs" in row
 
 
 @pytest.mark.slow
