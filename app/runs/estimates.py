@@ -264,10 +264,14 @@ def sampling_seconds(speed: Speed, prompts: int, k: int, max_new_tokens: int) ->
     return speed.start_s + batches * max_new_tokens * (speed.decode_step_s + rows * speed.decode_row_s)
 
 
-def for_sampling(data_dir: Path, run: TrainingRun, prompts: int, k: int) -> SamplingSize | None:
+def for_sampling(data_dir: Path, run: TrainingRun, prompts: int, k: int,
+                 models: list[str] | None = None) -> SamplingSize | None:
     """The run page's sizing of *Sample into project* and of a full round's sampling, at the speed measured on the
-    run's base model (the policy has its architecture); None without figures or prompts."""
-    measured = read_speed(data_dir, run.base_model or "") if run.base_model else None
+    run's base model (the policy has its architecture), or on the first of `models` (the base models it descends
+    from: a round's policy starts from the last policy, whose speed nobody measured) that has figures; None without
+    figures or prompts."""
+    found_speed = (read_speed(data_dir, model) for model in (models or [run.base_model or ""]) if model)
+    measured = next((m for m in found_speed if m is not None), None)
     if measured is None or prompts <= 0:
         return None
     speed, _ = measured

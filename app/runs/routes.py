@@ -268,7 +268,8 @@ def _sampling_size(request: Request, db, run, project) -> estimates.SamplingSize
     if run.kind not in training_runs.POLICY_KINDS or run.state != "succeeded":
         return None
     prompts = training_runs.prompt_count(db, project)
-    return estimates.for_sampling(request.app.state.settings.data_dir, run, prompts, project.completions_per_prompt)
+    return estimates.for_sampling(request.app.state.settings.data_dir, run, prompts, project.completions_per_prompt,
+                                  models=training_runs.base_models(db, run))
 
 
 @router.post("/training-runs/{run_id}/cancel", include_in_schema=False)

@@ -745,3 +745,16 @@ def sample_page(samples: list[dict[str, Any]], page: int) -> dict[str, Any]:
 def prompt_count(db: Session, project: Project) -> int:
     """The project's prompts: what sampling a new policy into it answers (none has that policy's answers yet)."""
     return int(db.scalar(select(func.count(Prompt.id)).where(Prompt.project_id == project.id)) or 0)
+
+
+def base_models(db: Session, run: TrainingRun, most: int = 20) -> list[str]:
+    """The model directories `run` descends from, nearest first: its base model, that model's run's base model when it
+    is another run's output (a full round continues the last policy), and so on up to `most`."""
+    found: list[str] = []
+    while run.base_model and len(found) < most and run.base_model not in found:
+        found.append(run.base_model)
+        parent = db.scalar(select(TrainingRun).where(TrainingRun.model_dir == run.base_model).limit(1))
+        if parent is None:
+            break
+        run = parent
+    return found

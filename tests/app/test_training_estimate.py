@@ -127,3 +127,23 @@ def test_sampling_a_policy_into_its_project_is_priced_and_sized_to_a_quarter_hou
     assert sized is not None and sized.minutes == 22 and (sized.suggested, sized.suggested_minutes) == (72, 15)
     assert estimates.for_sampling(tmp_path, TrainingRun(kind="grpo", base_model=str(tmp_path / "other")), 100, 4) \
         is None  # not measured: nothing to size by
+
+
+def test_a_rounds_policy_is_sized_at_the_speed_of_the_model_it_descends_from(db, make_project, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from app.runs import training_runs
+
+    project = make_project(db)
+    _measure(tmp_path, str(tmp_path / "policy"))
+    first = TrainingRun(project_id=project.id, kind="grpo", state="succeeded", base_model=str(tmp_path / "policy"),
+                        model_dir=str(tmp_path / "runs" / "1" / "model"), config={})
+    db.add(first)
+    db.flush()
+    again = TrainingRun(project_id=project.id, kind="grpo", state="succeeded", base_model=first.model_dir,
+                        model_dir=str(tmp_path / "runs" / "2" / "model"), config={"resolved": {"max_new_tokens": 100}})
+    db.add(again)
+    db.flush()
+    chain = training_runs.base_models(db, again)
+    assert chain == [first.model_dir, str(tmp_path / "policy")]
+    assert estimates.for_sampling(tmp_path, again, 100, 4) is None  # its own base model was never measured
+    found = estimates.for_sampling(tmp_path, again, 100, 4, models=chain)
+    assert found is not None and found.minutes == 8
