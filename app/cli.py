@@ -305,7 +305,7 @@ def demo(host: Annotated[str, typer.Option(help="Interface to bind")] = "127.0.0
 
     if speed_unmeasured(settings):
         typer.echo("Measuring this machine's speed on the demo's models, for the training form's time estimates "
-                   "(once; about a minute)…")
+                   "(once; one to three minutes)…")
         for failure in measure_speed(settings):
             typer.echo(f"  not measured, the training form will say so: {failure}")
     # The server and its worker read it from the environment: policy runs without a base model start from it.

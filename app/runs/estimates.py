@@ -1,7 +1,7 @@
 """How long a run will take, said on the training form before it starts: the run's config, export and model, priced
 at this machine's measured speed on that model (`training.estimate`, torch-free).
 
-The speed figures are measured once per model (`python -m training speed`, about a minute; `preflab demo` does it
+The speed figures are measured once per model (`python -m training speed`, one to three minutes; `preflab demo` does it
 for its models) and kept under DATA_DIR/speed/, one JSON file per model directory. Without them the form says how
 to measure them rather than guess.
 """
