@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from app.accounts import users
+from app.models import Job
 from app.projects import projects
 from tests.browser.test_annotate_page import PASSWORD, _login, new_page  # noqa: F401 - fixture
 from tests.browser.test_exports_page import PHONE
@@ -52,6 +53,18 @@ def test_the_admin_lists_stack_each_row_on_a_phone(live_server, new_page) -> Non
     form.locator("button[type=submit]").click()
     pg.wait_for_load_state()
     assert pg.locator("table.list input[name=login]").input_value() == "preflab@login.hpc"
-    for url in ("/admin/clusters", "/admin/endpoints"):
+    with live_server.session() as db:
+        project = projects.create_project(db, db.merge(admin), name="Jobs", completions_per_prompt=2, overlap=1,
+                                          rubric_text="r", criteria=[])
+        db.add(Job(kind="sample_completions", payload={}, state="running", project_id=project.id,
+                   result={"done": 3, "total": 8, "message": "sampling 8 prompts with hf:smollm2-135m-instruct, "
+                                                             "batch of 8 prompts written (24 completions so far)"}))
+        db.commit()
+        jobs_page = f"/projects/{project.id}/jobs"
+    for url in ("/admin/clusters", "/admin/endpoints", jobs_page):
         pg.goto(live_server.base + url)
         assert pg.evaluate("document.documentElement.scrollWidth") <= PHONE["width"], (url, pg.evaluate(WIDE))
+    # The jobs list is stacked too, not left to scroll sideways in its box: a job's message is read whole.
+    box = pg.locator("#job-table .table-scroll")
+    assert pg.evaluate("e => e.scrollWidth <= e.clientWidth", box.element_handle())
+    assert pg.get_by_text("24 completions so far").is_visible()
