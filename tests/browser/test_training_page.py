@@ -107,6 +107,12 @@ def test_run_page_follows_the_run_and_its_log(live_server, page, tmp_path) -> No
     settle(page)
     assert panel.evaluate(at_end) and "progress: step 7/20" in panel.inner_text()
 
+    # Every step done, the run still going: it is evaluating and saving, not "0 s" left for minutes.
+    _step(out, log, 20)
+    page.wait_for_function("() => document.querySelector('#run-progress').textContent.startsWith('20/20')",
+                           timeout=15000)
+    assert page.locator("#run-eta").inner_text() == "the steps are done: evaluating and saving"
+
     with live_server.session() as db:
         db.get(TrainingRun, run_id).state = "succeeded"
         db.commit()
