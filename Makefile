@@ -72,7 +72,7 @@ slurm:
 # a second process (on a Postgres database of its own, PREFLAB_TEST_DATABASE_URL's name + "_cluster"); its output
 # follows the first's, and either failing fails the target.
 CLUSTER_TESTS = tests/app/test_cluster_slurm.py tests/app/test_cluster_ray.py tests/app/test_clusters_engines.py \
-	tests/app/test_cluster_sampling.py
+	tests/app/test_cluster_sampling.py tests/app/test_cluster_judging.py
 
 test: setup-dev browser slurm
 	@log=$$(mktemp); \

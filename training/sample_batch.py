@@ -16,7 +16,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -90,6 +90,28 @@ def write_whole(path: Path, lines: list[dict[str, Any]]) -> None:
         fh.flush()
         os.fsync(fh.fileno())  # on a shared file system the rename must not overtake the data
     os.replace(tmp, path)
+
+
+def run_batch(argv: list[str] | None, prog: str, description: str, helps: tuple[str, str, str],
+              work: Callable[[dict[str, Any], list[dict[str, Any]]], list[dict[str, Any]]],
+              said: Callable[[list[dict[str, Any]], Path], str]) -> int:
+    """`python -m PROG --spec SPEC.json --prompts IN.jsonl --out OUT.jsonl`: OUT's lines are `work(spec, IN's
+    lines)`, written whole, and `said(lines, OUT)` printed; a GenerationError or ValueError is printed as
+    `error: …` and OUT is not written (exit status 1). `helps`: the three options' help."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    for name, help_ in zip(("spec", "prompts", "out"), helps, strict=True):
+        parser.add_argument(f"--{name}", type=Path, required=True, help=help_)
+    args = parser.parse_args(argv)
+    spec = json.loads(args.spec.read_text(encoding="utf-8"))
+    rows = [json.loads(line) for line in args.prompts.read_text(encoding="utf-8").splitlines() if line.strip()]
+    try:
+        out = work(spec, rows)
+    except (GenerationError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    write_whole(args.out, out)
+    print(said(out, args.out), flush=True)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,13 +11,19 @@ A comparison too long for the judge model's context is judged on its answers cut
 even that leaves too little of them (`training.judge`); a prompt with a skipped comparison gets no AI ranking (it
 would order two answers the judge never compared) and stays with the humans. The run goes on, and its result counts
 and names what it skipped and why, and how many comparisons it judged on cut answers.
+
+When the judge is a local model and the project's runs go to a cluster, so does the judging: the prompts, their
+completions (and stored steps) are written under the cluster's shared path, `python -m training.judge_batch` judges
+them there (the same chunks, principles and seed: the same verdicts), and the worker writes the rankings from its
+verdicts with the code it uses after judging here, so routing, gates and step labels are the same.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import combinations
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -29,12 +35,14 @@ from app.judge import endpoints, judging
 from app.judge import steps as judge_steps
 from app.platform.db import session_scope
 from app.projects import constitutions, projects
+from app.runs import cluster_job
 from training.generation import GenerationError
 from training.judge import Judge, JudgeCancelled, JudgeConfig, Skipped, Verdict
-from training.judge_prompts import TEMPLATE_VERSION, format_conversation
+from training.judge_batch import ByPrompt, Chunk, StepsByPrompt, chunks, judge_chunk, read_line
+from training.judge_prompts import TEMPLATE_VERSION
 from training.judge_ranking import rank_from_pairwise
+from training.sample_batch import write_whole
 
-PROMPTS_PER_CALL = 4
 SKIPPED_LISTED = 100
 """The result names at most this many skipped comparisons (it counts them all)."""
 
@@ -69,33 +77,22 @@ def run(ctx: JobContext) -> dict[str, Any]:
                         if judge_run.constitution_id is not None else None)
         if constitution is None:
             raise JobError("the judge run's constitution no longer exists")
-        principles = list(constitution.principles)
-        params = dict(judge_run.params)
-        project_id = judge_run.project_id
+        work = Work(run_id, judge_run.project_id, constitution.id, list(constitution.principles),
+                    dict(judge_run.params))
         judging.set_run_state(db, run_id, "running")
-    try:
-        config = JudgeConfig(mode=params.get("mode", "logprob"), principles=params.get("principles", "sample"),
-                             seed=int(params.get("seed", 0)), low_confidence=float(params.get("low_confidence", 0.6)))
-        judge = Judge(endpoints.job_generator(ctx, ctx.payload["generator"], "judge")[0], config)
-        judge.generator.check()
-    except JobError:  # the model endpoint is gone or its URL is refused now
-        _set_state(ctx, run_id, "failed")
-        raise
-    except (GenerationError, ValueError, TypeError) as exc:
-        _set_state(ctx, run_id, "failed")
-        raise JobError(f"judge: {exc}") from None
-
-    todo, done_before = _prompts_to_judge(ctx, project_id, run_id, ctx.payload.get("prompt_ids"))
+    judge, spec = _judge(ctx, work)
+    where = dict(ctx.payload.get("where") or {})
+    on_cluster = bool(where.get("cluster")) and judge.backend == "hf"  # `where` names a cluster other than local
+    todo, done_before = _prompts_to_judge(ctx, work.project_id, run_id, ctx.payload.get("prompt_ids"))
     total, done = len(todo) + done_before, done_before
     ctx.progress(done, total, f"judging {len(todo)} prompts")
     ctx.log(f"judge {judge.describe()} · constitution v{constitution.version} · templates {TEMPLATE_VERSION}")
     tally = Tally()
     try:
-        for start in range(0, len(todo), PROMPTS_PER_CALL):
-            ctx.check()
-            chunk = todo[start:start + PROMPTS_PER_CALL]
-            _judge_chunk(ctx, judge, chunk, principles, tally, run_id=run_id, project_id=project_id,
-                         constitution_id=constitution.id, params=params)
+        judged = (_from_cluster(ctx, work, judge, spec, where, todo) if on_cluster
+                  else _here(ctx, work, judge, todo))
+        for chunk, by_prompt, step_ps in judged:
+            _write_chunk(ctx, work, judge.config, chunk, by_prompt, step_ps, tally)
             done += len(chunk)
             ctx.progress(done, total, f"{done}/{total} prompts judged")
     except JudgeCancelled:
@@ -110,23 +107,104 @@ def run(ctx: JobContext) -> dict[str, Any]:
     finally:
         judge.generator.close()
     _set_state(ctx, run_id, "succeeded")
-    return _summary(run_id, params, total, tally)
+    return _summary(run_id, work.params, total, tally) | ({"cluster": where["cluster"]} if on_cluster else {})
 
 
-def _judge_chunk(ctx: JobContext, judge: Judge, chunk: list[judging.PromptToJudge], principles: list[Any],
-                 tally: Tally, *, run_id: int, project_id: int, constitution_id: int, params: dict[str, Any]) -> None:
-    """Judge every pair of the chunk's prompts in one call, then write each prompt's ranking (one transaction)."""
-    items, keys = [], []
-    for prompt_id, prompt, completions in chunk:
-        conversation = format_conversation(prompt)
-        for (i, text_i), (j, text_j) in combinations(completions, 2):
-            items.append((conversation, text_i, text_j))
-            keys.append((prompt_id, i, j))
-    verdicts = judge.compare(items, principles, keys=keys, should_stop=ctx.should_stop)
-    step_soft = _judge_steps(ctx, judge, project_id, chunk, tally) if params.get("label_steps") else {}
-    by_prompt: dict[int, dict[tuple[int, int], Verdict | Skipped]] = {}
-    for key, verdict in zip(keys, verdicts, strict=True):
-        by_prompt.setdefault(key[0], {})[(key[1], key[2])] = verdict
+@dataclass(frozen=True)
+class Work:
+    """The judge run the job carries out: its run, project, constitution and the principles and params it keeps."""
+
+    run_id: int
+    project_id: int
+    constitution_id: int
+    principles: list[Any]
+    params: dict[str, Any]
+
+
+def _judge(ctx: JobContext, work: Work) -> tuple[Judge, dict[str, Any]]:
+    """The run's judge and its generator's spec, checked (the run failed, JobError, when it cannot judge now)."""
+    params = work.params
+    try:
+        config = JudgeConfig(mode=params.get("mode", "logprob"), principles=params.get("principles", "sample"),
+                             seed=int(params.get("seed", 0)), low_confidence=float(params.get("low_confidence", 0.6)))
+        generator, spec = endpoints.job_generator(ctx, ctx.payload["generator"], "judge")
+        judge = Judge(generator, config)
+        judge.generator.check()
+    except JobError:  # the model endpoint is gone or its URL is refused now
+        _set_state(ctx, work.run_id, "failed")
+        raise
+    except (GenerationError, ValueError, TypeError) as exc:
+        _set_state(ctx, work.run_id, "failed")
+        raise JobError(f"judge: {exc}") from None
+    return judge, spec
+
+
+Judged = Iterator[tuple[Chunk, ByPrompt, StepsByPrompt]]
+"""Each chunk of prompts with its verdicts and, when the run labels steps, its step labels."""
+
+
+def _here(ctx: JobContext, work: Work, judge: Judge, todo: list[judging.PromptToJudge]) -> Judged:
+    """Judge the prompts on the worker, a chunk a call."""
+    for chunk in chunks(todo):
+        ctx.check()
+        stored = _stored_steps(ctx, work.project_id, chunk) if work.params.get("label_steps") else None
+        yield chunk, *judge_chunk(judge, chunk, work.principles, steps=stored, should_stop=ctx.should_stop)
+
+
+# --- on a cluster: the verdicts are a job of their own there (training.judge_batch), the writing stays here ---------
+
+PROMPTS_FILE, SPEC_FILE, OUT_FILE = "prompts.jsonl", "spec.json", "verdicts.jsonl"
+
+
+def _from_cluster(ctx: JobContext, work: Work, judge: Judge, spec: dict[str, Any], where: dict[str, Any],
+                  todo: list[judging.PromptToJudge]) -> Judged:
+    """The verdicts made on the project's cluster (`python -m training.judge_batch`), followed as the train job
+    follows a run, chunk by chunk once its job succeeded. The inputs are written once: a worker that dies meanwhile
+    leaves the cluster's job going and the next one follows the stored submission; a prompt ranked since (by an
+    earlier attempt that wrote part of the verdicts) is passed over."""
+    workdir = ctx.settings.data_dir / "judging" / str(ctx.job_id)
+    placed = cluster_job.place(ctx, where, workdir)
+    if not (workdir / PROMPTS_FILE).exists():  # once: a cluster job may be reading it already
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / SPEC_FILE).write_text(json.dumps({
+            "generator": spec, "config": judge.config.to_dict(), "principles": work.principles,
+            "label_steps": bool(work.params.get("label_steps"))}), encoding="utf-8")
+        write_whole(workdir / PROMPTS_FILE, [
+            {"prompt_id": prompt_id, "prompt": prompt, "completions": [[cid, text] for cid, text in completions]}
+            | ({"steps": {str(cid): s for cid, s in _stored_steps(ctx, work.project_id, chunk).items()}}
+               if work.params.get("label_steps") else {})
+            for chunk in chunks(todo) for prompt_id, prompt, completions in chunk])
+    if not todo:
+        return
+    cluster_job.hold_slot(ctx, placed)
+    cluster_job.carry_out(ctx, placed, module="training.judge_batch", what="judging",
+                          reads=(Path(str(spec["model"])).expanduser(),),
+                          args=["--spec", str(workdir / SPEC_FILE), "--prompts", str(workdir / PROMPTS_FILE),
+                                "--out", str(workdir / OUT_FILE)])
+    try:
+        lines = {int(line["prompt_id"]): read_line(line) for line in
+                 map(json.loads, (workdir / OUT_FILE).read_text(encoding="utf-8").splitlines())}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise JobError(f"the cluster's job ended without its verdicts in {workdir / OUT_FILE}: {exc}") from None
+    sent = {int(row["prompt_id"]): row for row in map(
+        json.loads, (workdir / PROMPTS_FILE).read_text(encoding="utf-8").splitlines())}
+    still = {prompt_id for prompt_id, _, _ in todo}
+    judged = [(prompt_id, row["prompt"], [(int(cid), text) for cid, text in row["completions"]])
+              for prompt_id, row in sent.items() if prompt_id in still and prompt_id in lines]
+    for chunk in chunks(judged):
+        ctx.check()
+        yield (chunk, {prompt_id: lines[prompt_id][0] for prompt_id, _, _ in chunk},
+               {prompt_id: lines[prompt_id][1] for prompt_id, _, _ in chunk if work.params.get("label_steps")})
+
+
+def _write_chunk(ctx: JobContext, work: Work, config: JudgeConfig, chunk: Chunk, by_prompt: ByPrompt,
+                 step_soft: StepsByPrompt, tally: Tally) -> None:
+    """Write each judged prompt's ranking (and its step labels) in one transaction, routing those a human should
+    see first; the same whether the verdicts were made here or on a cluster."""
+    if step_soft:
+        stored = _stored_steps(ctx, work.project_id, chunk)
+        tally.steps_unlabelled += sum(len(stored.get(cid, [])) - len(ps)
+                                      for per_prompt in step_soft.values() for cid, ps in per_prompt.items())
     with session_scope(ctx.session_factory) as db:
         routed_now: dict[int, str] = {}
         for prompt_id, _, completions in chunk:
@@ -137,20 +215,20 @@ def _judge_chunk(ctx: JobContext, judge: Judge, chunk: list[judging.PromptToJudg
             p = {}
             for (i, j), v in pair_verdicts.items():
                 p[(i, j)], p[(j, i)] = v.p, 1.0 - v.p
-            tiers, scores, confidence = rank_from_pairwise(ids, p, judge.config.ranking)
+            tiers, scores, confidence = rank_from_pairwise(ids, p, config.ranking)
             reason, ranking_id = _write_ranking(
-                db, ctx, judge_run_id=run_id, project_id=project_id, constitution_id=constitution_id,
+                db, ctx, judge_run_id=work.run_id, project_id=work.project_id, constitution_id=work.constitution_id,
                 prompt_id=prompt_id, ids=ids, tiers=tiers, scores=scores, confidence=confidence, p=p,
-                verdicts=pair_verdicts, config=judge.config)
+                verdicts=pair_verdicts, config=config)
             if ranking_id is not None and prompt_id in step_soft:  # in the ranking's transaction
                 tally.step_labels += judge_steps.write(db, ranking_id, step_soft[prompt_id])
             tally.low += reason == "low_confidence"
-            if reason is not None and params.get("route_low_confidence"):
+            if reason is not None and work.params.get("route_low_confidence"):
                 routed_now[prompt_id] = reason
             tally.written += 1
-        project_row = projects.find(db, project_id)
+        project_row = projects.find(db, work.project_id)
         assert project_row is not None
-        tally.routed += selection.route_to_humans(db, project_row, routed_now, judge_run_id=run_id)
+        tally.routed += selection.route_to_humans(db, project_row, routed_now, judge_run_id=work.run_id)
 
 
 def _judged(prompt_id: int, verdicts: dict[tuple[int, int], Verdict | Skipped], tally: Tally
@@ -190,25 +268,12 @@ def _summary(run_id: int, params: dict[str, Any], total: int, tally: Tally) -> d
             "message": message}
 
 
-def _judge_steps(ctx: JobContext, judge: Judge, project_id: int, chunk: list[judging.PromptToJudge], tally: Tally
-                 ) -> dict[int, dict[int, list[float]]]:
-    """Per prompt of the chunk, per completion, the judge's p(step correct) for each of its stored steps (its first
-    steps only, when a later question is too long for the judge model's context: the tally counts the rest)."""
+def _stored_steps(ctx: JobContext, project_id: int, chunk: Chunk) -> dict[int, list[str]]:
+    """The stored steps of the chunk's completions, {completion id: steps}, for the judge to label."""
     with session_scope(ctx.session_factory) as db:
         project = projects.find(db, project_id)
         assert project is not None
-        stored = steps.task_steps(db, project, [cid for _, _, completions in chunk for cid, _ in completions])
-    items, owners = [], []
-    for prompt_id, prompt, completions in chunk:
-        conversation = format_conversation(prompt)
-        for cid, _ in completions:
-            items.append((conversation, stored.get(cid, [])))
-            owners.append((prompt_id, cid))
-    out: dict[int, dict[int, list[float]]] = defaultdict(dict)
-    for (prompt_id, cid), ps in zip(owners, judge.label_steps(items, should_stop=ctx.should_stop), strict=True):
-        out[prompt_id][cid] = ps
-        tally.steps_unlabelled += len(stored.get(cid, [])) - len(ps)
-    return out
+        return steps.task_steps(db, project, [cid for _, _, completions in chunk for cid, _ in completions])
 
 
 def _set_state(ctx: JobContext, run_id: int, state: str) -> None:

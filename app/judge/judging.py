@@ -16,7 +16,7 @@ from app.judge import endpoints
 from app.models import Completion, Job, JudgeRun, Project, Prompt, Ranking, User
 from app.platform import audit
 from app.platform.errors import Invalid
-from app.projects import constitutions
+from app.projects import constitutions, projects
 from app.quality import judge_agreement, rollups
 from app.webhooks import service as webhooks
 
@@ -57,8 +57,12 @@ def request_judge_run(db: Session, project: Project, actor: User, *, constitutio
                    + (" · steps" if label_steps else ""))
     db.add(run)
     db.flush()
-    job = jobs.enqueue(db, "judge", {"judge_run_id": run.id, "generator": generator, "prompt_ids": prompt_ids},
-                       project=project, actor=actor)
+    payload: dict[str, Any] = {"judge_run_id": run.id, "generator": generator, "prompt_ids": prompt_ids}
+    cluster = projects.default_cluster(project)
+    if cluster is not None and generator.get("backend") == "hf":
+        # A local judge model's work is heavy: it goes where the project's runs go. A server's stays on the worker.
+        payload["where"] = {"cluster": cluster}
+    job = jobs.enqueue(db, "judge", payload, project=project, actor=actor)
     return run, job
 
 

@@ -44,12 +44,17 @@ def _project(db, make_user, make_project, api, token_for, cluster: str | None, n
     project = make_project(db, lead=lead, k=2)
     for i in range(n):
         db.add(Prompt(project_id=project.id, text=f"{i}+{i}=", text_hash=f"h{i}", split="train"))
+    return project.id, _lead_on(db, api, token_for, lead, project.id, cluster)
+
+
+def _lead_on(db, api, token_for, lead, project_id: int, cluster: str | None) -> Any:  # type: ignore[no-untyped-def]
+    """The lead's client, once the project (committed now) has `cluster` as its default cluster (None: local)."""
     client = api(token_for(db, lead))
     db.commit()
     if cluster is not None:
-        r = client.put(f"/api/projects/{project.id}/default-cluster", json={"default_cluster": cluster})
+        r = client.put(f"/api/projects/{project_id}/default-cluster", json={"default_cluster": cluster})
         assert r.status_code == 200, r.text
-    return project.id, client
+    return client
 
 
 def _sample(client: Any, project_id: int, model: Path) -> int:
@@ -91,8 +96,7 @@ def test_slurm_sampling_draws_on_the_node_what_the_worker_would_draw(db, app, ma
                                                                      token_for, slurm, new_jobs,  # noqa: F811
                                                                      tiny_model, monkeypatch, tmp_path_factory) -> None:
     only_on(db, "sqlite", "the backend is the same; jobs are tested on both")
-    use_clusters(app, monkeypatch, tmp_path_factory.mktemp("conf") / "clusters.toml", {
-        "hpc": {"kind": "slurm", "shared_dir": str(tmp_path_factory.getbasetemp()), "resources": {"cpus": 1}}})
+    _on_slurm(app, monkeypatch, tmp_path_factory)
     project_id, client = _project(db, make_user, make_project, api, token_for, "hpc")
     job_id = _sample(client, project_id, tiny_model)
     _work(app)
@@ -179,6 +183,12 @@ def test_slurm_sampling_whose_shared_path_is_missing_fails_at_submit(db, app, ma
     assert job["attempts"] == 1 and not new_jobs(f"preflab-{job_id}-1") and not _completions(db, project_id)
 
 
+def _on_slurm(app: Any, monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A Slurm cluster `hpc` on the test's Slurm, its shared path the pytest base directory, one CPU a job."""
+    use_clusters(app, monkeypatch, tmp_path_factory.mktemp("conf") / "clusters.toml", {
+        "hpc": {"kind": "slurm", "shared_dir": str(tmp_path_factory.getbasetemp()), "resources": {"cpus": 1}}})
+
+
 def _on_ray(app: Any, monkeypatch: pytest.MonkeyPatch, conf: Path, address: str, **env: str) -> str:
     """A Ray cluster `lab` on the test's head with a job prefix of the test's own (the head keeps earlier tests'
     jobs, whose ids start again with every test's database); the prefix."""
@@ -249,8 +259,7 @@ def test_slurm_monte_carlo_labels_are_the_ones_the_worker_would_estimate(db, app
                                                                          token_for, slurm, silent_dir,  # noqa: F811
                                                                          monkeypatch, tmp_path_factory) -> None:
     only_on(db, "sqlite", "the backend is the same; jobs are tested on both")
-    use_clusters(app, monkeypatch, tmp_path_factory.mktemp("conf") / "clusters.toml", {
-        "hpc": {"kind": "slurm", "shared_dir": str(tmp_path_factory.getbasetemp()), "resources": {"cpus": 1}}})
+    _on_slurm(app, monkeypatch, tmp_path_factory)
     out = _mc_labels_on(db, make_user, make_project, api, token_for, app, "hpc", silent_dir)
     assert out["job"]["state"] == "succeeded", out["job"]
     assert out["job"]["result"]["step_labels_written"] == 6 and out["job"]["result"]["continuations_sampled"] == 8

@@ -1,0 +1,124 @@
+"""AI judging sent to the project's cluster, on the real engines (a single-node Slurm, a local Ray head; never
+mocked): a local judge model's verdicts are made by `python -m training.judge_batch` on the cluster and the worker
+writes the rankings from them as it writes its own, so a judge run there gives the same orders, confidences, soft
+labels, step labels and routing as the same run on the worker.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from app.annotation import steps
+from app.models import Completion, Pair, Prompt, Ranking, StepLabel
+from tests.app.test_cluster_ray import _submissions, head  # noqa: F401 (a fixture: the real Ray head)
+from tests.app.test_cluster_sampling import _lead_on, _log, _on_ray, _on_slurm
+from tests.app.test_cluster_slurm import new_jobs, slurm  # noqa: F401 (fixtures: the real Slurm, its new jobs)
+from tests.app.test_judge import judge_model_dir  # noqa: F401 (a fixture: a tiny random GPT-2 the clusters share)
+from tests.app.test_training_runs import _work
+from tests.conftest import only_on
+
+pytestmark = pytest.mark.slow
+
+
+def _project(db, make_user, make_project, api, token_for, cluster: str | None) -> tuple[int, Any]:  # type: ignore[no-untyped-def]
+    """Five prompts of three two-step answers each (two chunks of the judge's calls), step labels on, the project's
+    default cluster `cluster`; and its lead's client."""
+    lead = make_user(db, "lead")
+    project = make_project(db, lead=lead, k=3)
+    steps.set_options(db, project, lead, enabled=True, separator=None)
+    for i in range(5):
+        prompt = Prompt(project_id=project.id, text=f"What is {i}+1?", text_hash=f"h{i}", split="train")
+        db.add(prompt)
+        db.flush()
+        db.add_all(Completion(prompt_id=prompt.id, text=t) for t in (
+            f"{i}+1={i + 1}\nSo {i + 1}.", f"{i}+1={i + 2}\nSo {i + 2}.", "No idea.\nSorry."))
+    return project.id, _lead_on(db, api, token_for, lead, project.id, cluster)
+
+
+def _judge(client: Any, project_id: int, model: Path) -> dict[str, Any]:
+    """A judge run (every principle, step labels, unsure prompts routed to humans) carried out: its job."""
+    r = client.post(f"/api/projects/{project_id}/judge-runs", json={
+        "generator": {"backend": "hf", "model": str(model)}, "principles": "all", "seed": 1, "label_steps": True,
+        "low_confidence": 0.9, "route_low_confidence": True})
+    assert r.status_code == 202, r.text
+    return {"run_id": r.json()["judge_run_id"], "job_id": r.json()["job_id"]}
+
+
+def _outcome(db, run_id: int) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """What the run wrote, by texts (ids differ between projects): per prompt its order, confidence and scores, each
+    pair's soft label and verdict, each step's label."""
+    db.expire_all()
+    text = dict(db.execute(select(Completion.id, Completion.text)).all())
+    out: dict[str, Any] = {}
+    for ranking in db.scalars(select(Ranking).where(Ranking.judge_run_id == run_id)):
+        prompt = db.get(Prompt, ranking.prompt_id).text
+        pairs = sorted((text[p.chosen_id], text[p.rejected_id], p.p, p.meta["p_a_first"], p.meta["p_a_second"],
+                        [text[c] for c in p.meta["compared_as"]], p.meta["low_confidence"])
+                       for p in db.scalars(select(Pair).where(Pair.ranking_id == ranking.id)))
+        labels = sorted((text[s.completion_id], s.step_index, s.label, s.p)
+                        for s in db.scalars(select(StepLabel).where(StepLabel.ranking_id == ranking.id)))
+        out[prompt] = {"order": [[text[c] for c in tier] for tier in ranking.tiers],
+                       "confidence": ranking.meta["confidence"],
+                       "scores": {text[int(c)]: s for c, s in ranking.meta["scores"].items()},
+                       "pairs": pairs, "steps": labels}
+    db.rollback()
+    return out
+
+
+def _same_as_on_the_worker(db, make_user, make_project, api, token_for, app, model: Path, client: Any,
+                           run: dict[str, Any]) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """The cluster's run wrote what the same run writes on the worker; its job."""
+    job = client.get(f"/api/jobs/{run['job_id']}").json()
+    assert job["state"] == "succeeded", job
+    local_id, local = _project(db, make_user, make_project, api, token_for, None)
+    here = _judge(local, local_id, model)
+    _work(app)
+    local_job = local.get(f"/api/jobs/{here['job_id']}").json()
+    assert local_job["state"] == "succeeded" and "cluster" not in local_job["result"], local_job
+    remote, on_worker = _outcome(db, run["run_id"]), _outcome(db, here["run_id"])
+    assert len(remote) == 5 and remote == on_worker
+    assert all(o["pairs"] and len(o["steps"]) == 6 for o in remote.values())  # two steps of three answers
+    ignored = ("judge_run_id", "cluster", "on_cluster")  # the slot the cluster's job held
+    assert ({k: v for k, v in job["result"].items() if k not in ignored}
+            == {k: v for k, v in local_job["result"].items() if k not in ignored})
+    assert job["result"]["rankings_written"] == 5 and job["result"]["step_labels_written"] == 30
+    assert job["result"]["routed_to_humans"] == local_job["result"]["routed_to_humans"] > 0
+    return job
+
+
+def test_slurm_judging_gives_the_rankings_the_worker_would_give(db, app, make_user, make_project, api, token_for,
+                                                                slurm, new_jobs, judge_model_dir,  # noqa: F811
+                                                                monkeypatch, tmp_path_factory) -> None:
+    only_on(db, "sqlite", "the backend is the same; jobs are tested on both")
+    _on_slurm(app, monkeypatch, tmp_path_factory)
+    project_id, client = _project(db, make_user, make_project, api, token_for, "hpc")
+    run = _judge(client, project_id, judge_model_dir)
+    _work(app)
+    [slurm_job] = new_jobs(f"preflab-{run['job_id']}-1")
+    assert slurm_job.endswith("COMPLETED")
+    job = _same_as_on_the_worker(db, make_user, make_project, api, token_for, app, judge_model_dir, client, run)
+    assert job["result"]["cluster"] == "hpc"
+    log = _log(app, run["job_id"])
+    # The node's own output is in the job's log, after the submission it came from.
+    assert log.index(f"submitted to slurm as job {slurm_job.split()[0]}") < log.index("judged 5/5 prompts")
+
+
+def test_ray_judging_gives_the_rankings_the_worker_would_give(db, app, make_user, make_project, api, token_for,
+                                                              head, judge_model_dir, monkeypatch,  # noqa: F811
+                                                              tmp_path_factory) -> None:
+    only_on(db, "sqlite", "the backend is the same; jobs are tested on both")
+    prefix = _on_ray(app, monkeypatch, tmp_path_factory.mktemp("conf"), head.address)
+    project_id, client = _project(db, make_user, make_project, api, token_for, "lab")
+    run = _judge(client, project_id, judge_model_dir)
+    _work(app)
+    name = f"{prefix}-{run['job_id']}-1"
+    assert [found.status.value for found in _submissions(head, name)] == ["SUCCEEDED"]
+    job = _same_as_on_the_worker(db, make_user, make_project, api, token_for, app, judge_model_dir, client, run)
+    assert job["result"]["cluster"] == "lab"
+    log = _log(app, run["job_id"])
+    assert f"submitted to ray as job {name}" in log and log.count("judged 5/5 prompts") == 1
+
