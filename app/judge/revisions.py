@@ -14,7 +14,7 @@ from app.judge import endpoints
 from app.models import Completion, Job, Project, Prompt, User
 from app.platform import audit
 from app.platform.errors import Conflict, Invalid, NotFound
-from app.projects import constitutions
+from app.projects import constitutions, projects
 
 
 def request_revisions(db: Session, project: Project, actor: User, *, generator: dict[str, Any],
@@ -27,9 +27,13 @@ def request_revisions(db: Session, project: Project, actor: User, *, generator: 
         raise Invalid("no principle has both a critique and a revision request", field="constitution_version")
     # An openai generator names an admin's model endpoint; the job keeps the id, never a URL or key.
     generator = endpoints.prepare(db, actor, generator)
-    return jobs.enqueue(db, "revise", {"generator": generator, "constitution_id": constitution.id,
-                                       "prompt_ids": prompt_ids, "limit": limit, "seed": seed},
-                        project=project, actor=actor)
+    payload: dict[str, Any] = {"generator": generator, "constitution_id": constitution.id, "prompt_ids": prompt_ids,
+                               "limit": limit, "seed": seed}
+    cluster = projects.default_cluster(project)
+    if cluster is not None and generator.get("backend") == "hf":
+        # A local model's critiques and revisions are heavy: they go where the project's runs go.
+        payload["where"] = {"cluster": cluster}
+    return jobs.enqueue(db, "revise", payload, project=project, actor=actor)
 
 
 def unrevised(db: Session, project_id: int, prompt_ids: list[int] | None, limit: int

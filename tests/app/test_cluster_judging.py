@@ -1,7 +1,8 @@
 """AI judging sent to the project's cluster, on the real engines (a single-node Slurm, a local Ray head; never
 mocked): a local judge model's verdicts are made by `python -m training.judge_batch` on the cluster and the worker
 writes the rankings from them as it writes its own, so a judge run there gives the same orders, confidences, soft
-labels, step labels and routing as the same run on the worker.
+labels, step labels and routing as the same run on the worker. A revision job with a local model critiques and
+revises on the cluster (`python -m training.revise_batch`) the texts the worker would write.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 from app.annotation import steps
 from app.models import Completion, Pair, Prompt, Ranking, StepLabel
@@ -122,3 +123,38 @@ def test_ray_judging_gives_the_rankings_the_worker_would_give(db, app, make_user
     log = _log(app, run["job_id"])
     assert f"submitted to ray as job {name}" in log and log.count("judged 5/5 prompts") == 1
 
+
+def _revisions(db, project_id: int, client: Any, model: Path, app: Any) -> tuple[dict[str, Any], list[Any]]:  # type: ignore[no-untyped-def]
+    """A revision job of three completions carried out: its job, and (original, principle, critique, revision, seed)
+    of each revision it stored."""
+    r = client.post(f"/api/projects/{project_id}/revision-jobs", json={
+        "generator": {"backend": "hf", "model": str(model), "max_new_tokens": 12}, "limit": 3, "seed": 2})
+    assert r.status_code == 202, r.text
+    _work(app)
+    job = client.get(f"/api/jobs/{r.json()['job_id']}").json()
+    db.expire_all()
+    text = dict(db.execute(select(Completion.id, Completion.text)).all())
+    stored = sorted((text[c.meta["original_id"]], c.meta["principle"], c.meta["critique"], c.text, c.seed,
+                     c.generator_name) for c in db.scalars(select(Completion).join(Prompt).where(
+                         Prompt.project_id == project_id, Completion.source == "revision")))
+    db.rollback()
+    return job, stored
+
+
+def test_slurm_revisions_are_the_ones_the_worker_would_write(
+        db, app, make_user, make_project, api, token_for, judge_model_dir, monkeypatch,  # noqa: F811
+        tmp_path_factory, slurm, new_jobs) -> None:  # noqa: F811
+    only_on(db, "sqlite", "the backend is the same; jobs are tested on both")
+    _on_slurm(app, monkeypatch, tmp_path_factory)
+    project_id, client = _project(db, make_user, make_project, api, token_for, "hpc")
+    job, remote = _revisions(db, project_id, client, judge_model_dir, app)
+    assert job["state"] == "succeeded" and job["result"]["revisions"] == 3 and job["result"]["cluster"] == "hpc", job
+    [slurm_job] = new_jobs(f"preflab-{job['id']}-1")
+    assert slurm_job.endswith("COMPLETED") and "revised 3/3 completions" in _log(app, job["id"])
+    # The same completions revised again on the worker (each one's principle is drawn from its id and the seed).
+    db.execute(delete(Completion).where(Completion.source == "revision"))
+    db.commit()
+    assert client.put(f"/api/projects/{project_id}/default-cluster", json={"default_cluster": None}).is_success
+    local_job, here = _revisions(db, project_id, client, judge_model_dir, app)
+    assert local_job["state"] == "succeeded" and "cluster" not in local_job["result"], local_job
+    assert len(remote) == 3 and remote == here
