@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 
 from app.annotation import rankings, selection, steps
 from app.annotation.pairs import expand_tiers
-from app.jobs.context import JobContext, JobError, JobStopped, job_row, will_retry
+from app.jobs.context import JobContext, JobError, JobStopped, JobWait, job_row, will_retry
 from app.judge import endpoints, judging
 from app.judge import steps as judge_steps
 from app.platform.db import session_scope
@@ -100,6 +100,9 @@ def run(ctx: JobContext) -> dict[str, Any]:
         raise JobStopped(ctx.stop_reason or "stopped") from None
     except JobStopped:
         _set_state(ctx, run_id, "cancelled" if ctx.stop_reason == "cancelled" else "queued")
+        raise
+    except JobWait:  # the cluster is at its cap: back to the queue, the attempt not counted
+        _set_state(ctx, run_id, "queued")
         raise
     except Exception as exc:  # queued again while the worker retries it, failed when it will not
         _set_state(ctx, run_id, "queued" if will_retry(exc, ctx.attempts, ctx.max_attempts) else "failed")
