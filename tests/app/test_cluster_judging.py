@@ -7,6 +7,7 @@ revises on the cluster (`python -m training.revise_batch`) the texts the worker 
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +15,16 @@ import pytest
 from sqlalchemy import delete, select
 
 from app.annotation import steps
-from app.models import Completion, Pair, Prompt, Ranking, StepLabel
+from app.models import Completion, JudgeRun, Pair, Prompt, Ranking, StepLabel
 from tests.app.test_cluster_ray import _submissions, head  # noqa: F401 (a fixture: the real Ray head)
 from tests.app.test_cluster_sampling import _lead_on, _log, _on_ray, _on_slurm
 from tests.app.test_cluster_slurm import new_jobs, slurm  # noqa: F401 (fixtures: the real Slurm, its new jobs)
 from tests.app.test_judge import judge_model_dir  # noqa: F401 (a fixture: a tiny random GPT-2 the clusters share)
 from tests.app.test_training_runs import _work
 from tests.conftest import only_on
+from tests.support.clusters import spawn_worker, use_clusters
+from tests.support.server import wait_for
+from training.hold import ENV as HOLD_ENV
 
 pytestmark = pytest.mark.slow
 
@@ -158,3 +162,38 @@ def test_slurm_revisions_are_the_ones_the_worker_would_write(
     local_job, here = _revisions(db, project_id, client, judge_model_dir, app)
     assert local_job["state"] == "succeeded" and "cluster" not in local_job["result"], local_job
     assert len(remote) == 3 and remote == here
+
+
+def test_slurm_cap_keeps_a_second_judge_run_queued_until_the_first_ends(
+        db, app, make_user, make_project, api, token_for, judge_model_dir, monkeypatch,  # noqa: F811
+        tmp_path, slurm) -> None:  # noqa: F811
+    only_on(db, "sqlite", "the backend is the same; the cap's lock is Postgres's own")
+    use_clusters(app, monkeypatch, tmp_path / "clusters.toml", {"hpc": {
+        "kind": "slurm", "shared_dir": str(judge_model_dir.parents[1]), "resources": {"cpus": 1}, "max_running": 1,
+        "job_prefix": f"preflab-{tmp_path.name}"[:40].replace(".", "-")}})
+    runs = [_judge(client, project_id, judge_model_dir)
+            for project_id, client in [_project(db, make_user, make_project, api, token_for, "hpc") for _ in "ab"]]
+    release = tmp_path / "release"
+    # The first run's node stops after its first chunk, holding the cluster's one slot.
+    worker = spawn_worker(app, env={HOLD_ENV: f"judge.prompts.4={release}"})
+    try:
+        wait_for("the node to judge the first chunk", Path(f"{release}.held").exists, timeout=600, every=0.1)
+        _work(app)  # this worker takes the second run, and gives it back: the cluster is full
+        db.expire_all()
+        assert db.get(JudgeRun, runs[1]["run_id"]).state == "queued"
+        db.rollback()
+        release.touch()
+        wait_for("both runs to end", lambda: _states(db, runs) == {"succeeded"}, timeout=600)
+    finally:
+        release.touch()
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+    log = _log(app, runs[1]["job_id"])
+    assert log.count("waiting for a slot on hpc (1 of 1 running)") == 1 and log.count("got a slot on hpc") == 1
+
+
+def _states(db, runs: list[dict[str, Any]]) -> set[str]:  # type: ignore[no-untyped-def]
+    db.expire_all()
+    states = {db.get(JudgeRun, run["run_id"]).state for run in runs}
+    db.rollback()
+    return states
