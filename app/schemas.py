@@ -934,6 +934,9 @@ class IterateIn(Strict):
     k: Int | None = Field(default=None, ge=1, le=16, description="Completions per prompt for the next round.")
     max_prompts: Int | None = Field(default=None, ge=1, le=MAX_ID, description=(
         "The next round's sampling answers at most this many prompts, oldest first (default: every one)."))
+    where: str | None = Field(default=None, max_length=40, description=(
+        "The cluster the round's reward-model and policy runs go to (`local`: the worker's host), with its default "
+        "resources; none: each goes where the run it continues went."))
 
 
 class ExportIn(Strict):

@@ -766,6 +766,8 @@ class TrainingRun(_Finishes):
     eval: dict[str, Any] | None = None
     human_check: dict[str, Any] | None = None
     model_dir: str | None = None
+    step_stats: dict[str, Any] | None = None
+    """A process-reward run's step reward and advantage per step index (null for other runs)."""
     _client: Client = dataclasses.field(default=None, repr=False, compare=False)  # type: ignore[assignment]
 
     def wait(self, timeout: float = 3600.0) -> TrainingRun:

@@ -25,8 +25,9 @@ STEPS = ("export_pairs", "reward", "export_prompts", "policy", "sample")
 
 
 def start(db: Session, run: TrainingRun, actor: User, *, replay_share: float, k: int | None,
-          max_prompts: int | None = None) -> Job:
-    """Begin a round from a finished policy run; returns the first step's job."""
+          max_prompts: int | None = None, where: str | None = None, clusters_file: Path | None = None) -> Job:
+    """Begin a round from a finished policy run; returns the first step's job. `where` names the cluster the round's
+    two runs go to (`local`: the worker's host); none: each goes where the run it continues went."""
     project = db.get_one(Project, run.project_id)
     permissions.require(db, actor, project, "training.start", doing="start an iteration")
     if run.kind not in training_runs.ITERATING_KINDS or run.state != "succeeded":
@@ -37,6 +38,7 @@ def start(db: Session, run: TrainingRun, actor: User, *, replay_share: float, k:
         raise Invalid("the policy run has no finished reward-model run to retrain", field="run_id")
     if not 0.0 <= replay_share <= 1.0:
         raise Invalid("must be between 0 and 1", field="replay_share")
+    placed = training_runs.placement(db, project, where, clusters_file) if where and where.strip() else None
     previous = db.get(Export, reward.export_id) if reward.export_id else None
     filters: dict[str, Any] = {}
     if previous is not None:
@@ -53,7 +55,7 @@ def start(db: Session, run: TrainingRun, actor: User, *, replay_share: float, k:
     job = db.get_one(Job, export.job_id)
     job.payload = dict(job.payload) | {"iteration": {"step": "export_pairs", "actor_id": actor.id,
                                                      "policy_run_id": run.id, "reward_run_id": reward.id, "k": k,
-                                                     "max_prompts": max_prompts}}
+                                                     "max_prompts": max_prompts, "placed": placed}}
     return job
 
 
@@ -84,7 +86,7 @@ def advance(db: Session, job: Job, data_dir: Path) -> Job | None:
             db, project, actor, data_dir=data_dir, kind="reward", export_id=int(job.payload["export_id"]),
             base_model=str(Path(previous.model_dir)), reward_run_id=previous.id,
             config=dict((previous.config or {}).get("user") or {}))
-        _same_place(run, previous)
+        _place(run, previous, plan.get("placed"))
         plan |= {"step": "reward", "new_reward_run_id": run.id}
     elif step == "reward":
         export = exports.request_export(db, project, actor, "prompts", "jsonl")
@@ -97,7 +99,7 @@ def advance(db: Session, job: Job, data_dir: Path) -> Job | None:
             db, project, actor, data_dir=data_dir, kind=policy.kind, export_id=int(job.payload["export_id"]),
             base_model=str(Path(policy.model_dir)), reward_run_id=plan["new_reward_run_id"],
             config=dict((policy.config or {}).get("user") or {}))
-        _same_place(run, policy)
+        _place(run, policy, plan.get("placed"))
         plan |= {"step": "policy", "new_policy_run_id": run.id}
     else:  # "policy": the new policy's answers become the next round
         new_policy = db.get_one(TrainingRun, plan["new_policy_run_id"])
@@ -110,9 +112,14 @@ def advance(db: Session, job: Job, data_dir: Path) -> Job | None:
     return nxt
 
 
-def _same_place(run: TrainingRun, previous: TrainingRun) -> None:
-    """A round's run executes where the run it continues did (its cluster and resources, checked again when the job
-    starts)."""
-    where = (previous.config or {}).get("where")
-    if where:
-        run.config = dict(run.config or {}) | {"where": where}
+def _place(run: TrainingRun, previous: TrainingRun, placed: dict[str, Any] | None) -> None:
+    """A round's run executes where the engineer chose for the round (`placed`: a cluster's placement, {} for the
+    worker's host), or else where the run it continues did (its cluster and resources); checked again when the job
+    starts."""
+    if placed is None:
+        where = (previous.config or {}).get("where")
+        if where:
+            run.config = dict(run.config or {}) | {"where": where}
+        return
+    config = {k: v for k, v in (run.config or {}).items() if k != "where"}
+    run.config = config | ({"where": placed["where"]} if placed.get("where") else {})

@@ -103,7 +103,8 @@ def recheck_against_humans(run_id: Id, db: SessionDep, user: CurrentUser) -> Job
              summary="Run one automated RLHF round from a finished policy run (each step a job)")
 def iterate(request: Request, run_id: Id, body: IterateIn, db: SessionDep, user: CurrentUser) -> JobAccepted:
     run = training_runs.get_visible(db, run_id, user)
-    job = iteration.start(db, run, user, replay_share=body.replay_share, k=body.k, max_prompts=body.max_prompts)
+    job = iteration.start(db, run, user, replay_share=body.replay_share, k=body.k, max_prompts=body.max_prompts,
+                          where=body.where, clusters_file=request.app.state.settings.clusters_file)
     return JobAccepted(job_id=job.id)
 
 
@@ -258,6 +259,8 @@ def run_page(request: Request, run_id: Id, db: SessionDep, user: PageUser,
            "can_train": permissions.may(db, user, project, "training.start"),
            "trackers": training_runs.read_trackers(run), "policy_kinds": training_runs.POLICY_KINDS,
            "iterating_kinds": training_runs.ITERATING_KINDS,
+           "clusters": training_runs.cluster_names(db, request.app.state.settings.clusters_file),
+           "where_now": training_runs.where_of(run),
            "sampling": _sampling_size(request, db, run, project)}
     return render(request, "training_run.html", ctx, block="live")
 
@@ -288,10 +291,12 @@ def sample_from_page(run_id: Id, db: SessionDep, user: PageUser,
 
 
 @router.post("/training-runs/{run_id}/iterate", include_in_schema=False)
-def iterate_from_page(run_id: Id, db: SessionDep, user: PageUser, form: Annotated[IterateForm, Form()]) -> Response:
+def iterate_from_page(request: Request, run_id: Id, db: SessionDep, user: PageUser,
+                      form: Annotated[IterateForm, Form()]) -> Response:
     run = training_runs.get_visible(db, run_id, user)
     body = form.to_api()
-    iteration.start(db, run, user, replay_share=body.replay_share, k=body.k, max_prompts=body.max_prompts)
+    iteration.start(db, run, user, replay_share=body.replay_share, k=body.k, max_prompts=body.max_prompts,
+                    where=body.where, clusters_file=request.app.state.settings.clusters_file)
     return RedirectResponse(f"/projects/{run.project_id}/jobs", status_code=303)
 
 

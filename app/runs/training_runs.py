@@ -199,6 +199,12 @@ def _placement(db: Session, project: Project, where: str | None, resources: dict
     return {"where": {"cluster": name, "kind": cluster.kind, "resources": dict(resources or {})}}
 
 
+def placement(db: Session, project: Project, where: str, clusters_file: Path | None) -> dict[str, Any]:
+    """A named cluster's placement (`{"where": …}`, or {} for local) with the cluster's default resources, or
+    Invalid naming `where`: what a full round's runs take when the engineer chooses where they go."""
+    return _placement(db, project, where, None, clusters_file)
+
+
 def cluster_names(db: Session, clusters_file: Path | None) -> list[str]:
     """The clusters a run may be sent to, `local` first (only `local` and the app's while the clusters file is
     unreadable)."""

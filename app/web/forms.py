@@ -854,14 +854,17 @@ class TrainingForm(ApiForm):
 
 class IterateForm(ApiForm):
     LABELS: ClassVar[Mapping[str, str]] = {"replay_share": "Replay share of earlier pairs",
-                                           "max_prompts": "Prompts to answer"}
+                                           "max_prompts": "Prompts to answer", "where": "Where"}
 
     replay_share: float = Field(0.1, ge=0, le=1)
     max_prompts: str = Field("", max_length=12)
     """Blank: every prompt."""
+    where: str = Field("", max_length=40)
+    """Blank: where the runs it continues went."""
 
     def to_api(self) -> IterateIn:
-        return IterateIn.from_form(replay_share=self.replay_share, max_prompts=self.max_prompts.strip() or None)
+        return IterateIn.from_form(replay_share=self.replay_share, max_prompts=self.max_prompts.strip() or None,
+                                   where=self.where.strip() or None)
 
 
 class SampleIntoProjectForm(ApiForm):

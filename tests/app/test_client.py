@@ -263,7 +263,7 @@ def test_the_client_is_shipped_as_preflab_and_imports_only_stdlib_and_httpx() ->
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert config["package-dir"] == {"preflab": "app/client"}
     # Every folder that ships, with or without an __init__.py (app/static, its vendor/, migrations/versions).
-    found = find_namespace_packages(str(REPO), include=["app*", "training*", "migrations*"], exclude=["*__pycache__*"])
+    found = find_namespace_packages(str(REPO), include=["app*", "training*", "migrations*", "templates"], exclude=["*__pycache__*"])
     assert sorted(config["packages"]) == sorted([*found, "preflab"]), "a new package is missing from pyproject"
     allowed = set(sys.stdlib_module_names) | {"httpx", "datasets", "pandas", "pyarrow"}
     for source in (REPO / "app" / "client").glob("*.py"):

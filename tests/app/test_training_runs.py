@@ -18,8 +18,10 @@ from transformers import BertConfig, BertForSequenceClassification, PreTrainedTo
 
 from app.models import Completion, Job, Project, Prompt, TrainingRun, User
 from app.projects import projects
+from app.runs import iteration
 from app.worker import Worker
 from tests.conftest import only_on
+from tests.support.clusters import use_clusters
 from tests.training.tiny import char_tokenizer, save_tiny, tiny_gpt2
 
 WORDS = ["what", "is", "the", "answer", "good", "bad", "wrong", "right", "it", "a", "b", "c"]
@@ -142,6 +144,45 @@ def test_a_full_round_with_no_pairs_to_retrain_on_is_refused_before_any_job(db, 
     row = next(row for row in page.get(f"/projects/{project_id}/jobs").text.split("<tr>")
                if f"#{r.json()['job_id']}<" in row)
     assert "full round, step 1 of 5: export the new pairs" in row
+
+
+def test_a_full_round_goes_where_the_engineer_chooses_or_where_its_runs_went(db, app, make_user, make_project,
+                                                                            token_for, api, browser, tmp_path,
+                                                                            monkeypatch) -> None:
+    use_clusters(app, monkeypatch, tmp_path / "clusters.toml", {"hpc": {"kind": "slurm", "shared_dir": str(tmp_path)}})
+    project_id, eng = _ranked_project(db, make_user, make_project, api, token_for, n=4)
+    pairs = _export(eng, app, project_id, "pairs")
+    on_hpc = {"cluster": "hpc", "kind": "slurm", "resources": {}}
+    reward = TrainingRun(project_id=project_id, kind="reward", state="succeeded", export_id=pairs, config={},
+                         model_dir=str(tmp_path / "rm"))
+    db.add(reward)
+    db.flush()
+    policy = TrainingRun(project_id=project_id, kind="grpo", state="succeeded", parent_run_id=reward.id,
+                         config={"where": on_hpc}, model_dir=str(tmp_path / "policy"))
+    db.add(policy)
+    db.commit()
+    policy_id = policy.id
+    db.rollback()
+    url = f"/api/training-runs/{policy_id}/iterate"
+    refused = eng.post(url, json={"replay_share": 1, "where": "nowhere"})
+    assert refused.status_code == 422 and refused.json()["detail"][0]["field"] == "where", refused.text
+    # The run page offers the choice, the run's own place first.
+    email = db.scalar(select(User.email).where(User.role == "engineer"))
+    db.rollback()
+    page = browser()
+    page.login(email)
+    form = page.get(f"/training-runs/{policy_id}").text.split('action="/training-runs/' + str(policy_id) + '/iterate"')[1]
+    assert '<option value="">as this run (hpc)</option>' in form.split("</form>")[0]
+    r = eng.post(url, json={"replay_share": 1, "where": "local"})
+    assert r.status_code == 202, r.text
+    assert db.get(Job, r.json()["job_id"]).payload["iteration"]["placed"] == {}
+    db.rollback()
+    # A round's runs: the chosen place (local: none), or else where the run each continues went.
+    chosen, kept = (TrainingRun(project_id=project_id, kind="reward", config={"user": {}, "where": on_hpc})
+                    for _ in range(2))
+    iteration._place(chosen, policy, {})
+    iteration._place(kept, policy, None)
+    assert "where" not in chosen.config and kept.config["where"] == on_hpc
 
 
 @pytest.mark.slow

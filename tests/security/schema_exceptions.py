@@ -19,6 +19,7 @@ EXCEPTIONS: list[tuple[str, str, str]] = [
     ("GET /api/v1/projects/{project_id}/agreement", "has no rubric version", "the rubric version must exist"),
     ("*", "no such export in this project", "export_id must name an export of this project"),
     ("*", "no such", "an id in the body must name an object of this project"),
+    ("*", "no cluster named", "where must name a cluster an admin configured (stored, not in the schema)"),
     ("*", "is not one of this prompt's completions", "completion ids must be the prompt's own"),
     ("POST /api/v1/projects/{project_id}/rankings", "does not match the task", "prompt_id must be the task's"),
     ("POST /api/v1/projects/{project_id}/rankings", "completion", "tiers must hold the task's completions"),
