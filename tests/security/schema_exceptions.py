@@ -44,6 +44,8 @@ EXCEPTIONS: list[tuple[str, str, str]] = [
      "priorities from a reward run need that run finished"),
     ("POST /api/v1/projects/{project_id}/priority-jobs", "serves prompts in random order",
      "priorities need the project's selection set to uncertainty or disagreement first"),
+    ("POST /api/v1/projects/{project_id}/priority-jobs", "uncertainty needs a finished reward-model run",
+     "uncertainty priorities score prompts with the project's reward model: one must have finished (stored state)"),
     ("POST /api/v1/projects/{project_id}/revision-jobs", "no principle has both a critique and a revision",
      "revisions need a constitution principle with a critique and a revision request"),
     ("PUT /api/v1/assignments/{assignment_id}/draft", "completion", "a draft holds the task's own completions"),
