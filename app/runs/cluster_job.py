@@ -1,7 +1,8 @@
-"""What every job that sends its heavy work through an execution backend shares: the train job, the sampling job and
-the Monte-Carlo job place themselves on a cluster, wait for a slot under its cap, submit under a deterministic name
-(or adopt what an earlier attempt submitted), store the submission beside their files, copy new log text into the
-job's log from the stored offset, and cancel the backend's job when theirs is cancelled.
+"""What every job that sends its heavy work through an execution backend shares: the train job and the sampling,
+judge, revision and Monte-Carlo jobs of a local model place themselves on a cluster, wait for a slot under its cap,
+submit under a deterministic name (or adopt what an earlier attempt submitted), store the submission beside their
+files, copy new log text into the job's log from the stored offset, and cancel the backend's job when theirs is
+cancelled.
 
 Like train_job, this module loads the standard library alone at import (the trainer's supervisor imports train_job);
 the app's database code is imported inside the functions.
