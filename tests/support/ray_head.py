@@ -16,10 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _free_ports(n: int) -> list[int]:
+    """`n` distinct free ports: each socket stays bound until all are chosen, so the kernel never hands one out
+    twice (picked one at a time, two of Ray's components once got the same port and the head refused to start)."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 @dataclass
@@ -68,15 +75,14 @@ def start(num_cpus: int = 2, timeout_s: float = 180) -> RayHead:
         raise RuntimeError("the `ray` command is not installed (pip install 'preflab[cluster]')")
     temp_dir = Path(tempfile.mkdtemp(prefix="pfray-", dir="/tmp"))  # short: Ray's socket paths must stay short
     output = temp_dir / "head.log"
-    port = _free_port()
-    dashboard = _free_port()
+    port, dashboard, client, agent, metrics, runtime_env, node_manager, object_manager = _free_ports(8)
     args = [*command, "start", "--head", "--block", f"--num-cpus={num_cpus}", "--num-gpus=0",
             "--disable-usage-stats", "--node-ip-address=127.0.0.1", f"--port={port}",
             "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", "--include-dashboard=true",
             f"--temp-dir={temp_dir}", "--object-store-memory=200000000",
-            f"--ray-client-server-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}",
-            f"--metrics-export-port={_free_port()}", f"--runtime-env-agent-port={_free_port()}",
-            f"--node-manager-port={_free_port()}", f"--object-manager-port={_free_port()}"]
+            f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}",
+            f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={runtime_env}",
+            f"--node-manager-port={node_manager}", f"--object-manager-port={object_manager}"]
     with open(output, "ab") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                 env=os.environ | {"RAY_USAGE_STATS_ENABLED": "0"})
