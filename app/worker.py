@@ -7,7 +7,8 @@ worker once its heartbeat is stale.
 A failure that cannot change (`app.jobs.context.is_permanent`: bad input, a refusal, a bug) fails the job at once
 with its reason; any other crash is retried after a backoff that doubles with each attempt. Beside its main slot,
 which runs any kind, a worker keeps a bookkeeping slot (a thread) that claims only short jobs that load no model
-(exports, rollups, webhook deliveries), so an export never waits behind a judge run or a training run.
+(exports, rollups, webhook deliveries), so an export never waits behind a judge run or a training run, and a thread
+that folds new rankings into the kept agreement figures every few seconds (app.quality.rollup_job.Sweeper).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from app.platform.observability import (
     request_id_var,
 )
 from app.platform.settings import Settings
+from app.quality import rollup_job
 from app.runs import iteration, training_runs
 
 __all__ = ["JobContext", "JobError", "JobStopped", "Worker", "run_worker"]  # the job names stay importable here
@@ -262,7 +264,8 @@ def run_worker(settings: Settings, *, kinds: tuple[str, ...] | None = None, poll
                max_jobs: int | None = None, exit_when_idle: bool = False, heartbeat_s: float = 2.0,
                stale_after_s: float = 30.0, bookkeeping_slots: int = 1) -> int:
     """Run a worker until it is stopped (or idle, with exit_when_idle), with `bookkeeping_slots` threads beside it
-    that run only exports, rollups and webhook deliveries; returns how many jobs they ran together."""
+    that run only exports, rollups and webhook deliveries, and (where it may run rollups) the agreement sweeper;
+    returns how many jobs they ran together."""
     configure_logging(settings.log_format)
     worker = Worker(settings, kinds=kinds, poll_s=poll_s, heartbeat_s=heartbeat_s, stale_after_s=stale_after_s)
     slots = [s for s in (worker.bookkeeping_slot(n + 1) for n in range(bookkeeping_slots)) if s is not None]
@@ -270,6 +273,10 @@ def run_worker(settings: Settings, *, kinds: tuple[str, ...] | None = None, poll
     log.info("worker %s started on %s with %d bookkeeping slot(s)", worker.worker_id,
              Path(settings.data_dir).resolve(), len(slots))
     counts = [0] * len(slots)
+    sweeper = None
+    if "project_rollup" in (kinds or tuple(HANDLERS)):  # a worker that drains the figures keeps them fresh too
+        sweeper = rollup_job.Sweeper(worker.session_factory, settings.agreement_drain_every_s)
+        sweeper.start()
 
     def run_slot(n: int) -> None:
         try:
@@ -288,6 +295,10 @@ def run_worker(settings: Settings, *, kinds: tuple[str, ...] | None = None, poll
             slot.terminating = slot.terminating or not exit_when_idle
         for thread in threads:
             thread.join()
+        if sweeper is not None:
+            sweeper.stop()
+            if exit_when_idle:  # idle means the figures too: what waits is folded in before the worker exits
+                sweeper.sweep()
         forget_worker(settings.data_dir, worker.worker_id)  # stopped on purpose: no longer counts as seen
     ran += sum(counts)
     log.info("worker %s stopped after %d job(s)", worker.worker_id, ran)

@@ -138,6 +138,30 @@ async def _side(base: str, project_id: int, tokens: list[str], seconds: float, w
     return result
 
 
+def _cpu_s(pid: int) -> float:
+    """A process's CPU time so far (user + system, its threads included), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _postgres_cpu_s() -> float:
+    """CPU time of every Postgres process on this host (the server shares the cores with the bench)."""
+    total = 0.0
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "comm").read_text().strip() == "postgres":
+                total += _cpu_s(int(proc.name))
+        except (OSError, IndexError):  # gone meanwhile
+            continue
+    return total
+
+
+def _cpu(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds so far of the named processes, of Postgres and of this process (the load generator)."""
+    return {name: _cpu_s(pid) for name, pid in pids.items()} | {"postgres": _postgres_cpu_s(),
+                                                                "load_generator": sum(os.times()[:2])}
+
+
 def _now() -> Any:
     from app.models import utcnow
 
@@ -158,7 +182,7 @@ def _rollups_between(url: str, start: Any, end: Any) -> int:
 
 
 def side_by_side(base: str, client: httpx.Client, project_id: int, tokens: list[str], seconds: float,
-                 rankings: int, url: str, rounds: int) -> dict[str, Any]:
+                 rankings: int, url: str, rounds: int, pids: dict[str, int]) -> dict[str, Any]:
     """32 annotators alone, then beside the leads, in turn `rounds` times (`seconds` / `rounds` measured each, after
     a 2 s warm-up); the rise compares each side's latencies pooled over its turns. In turn, because this machine's
     speed drifts by ±10 % within minutes: one turn per side put the drift into the rise (+1 to +47 % for the same
@@ -167,13 +191,16 @@ def side_by_side(base: str, client: httpx.Client, project_id: int, tokens: list[
     sides = {"alone": (tokens[:ANNOTATORS], None), "with_leads": (tokens[ANNOTATORS:], client.cookies)}
     raw = {side: {"next": [], "submit": [], "lead": []} for side in sides}
     turns: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
+    cpu: dict[str, dict[str, float]] = {side: {} for side in sides}
     for turn in range(rounds):
         for side, (people, cookies) in sides.items():
-            start = _now()
+            start, before = _now(), _cpu(pids)
             run = asyncio.run(_side(base, project_id, people, seconds / rounds, 2.0, cookies, f"{side}{turn}-",
                                     raw[side]))
+            for name, used in _cpu(pids).items():  # warm-up included: the CPU of the whole turn
+                cpu[side][name] = cpu[side].get(name, 0.0) + used - before[name]
             turns[side].append(run | {"rollup_jobs_running": _rollups_between(url, start, _now())})
-    alone, with_leads = (_pooled(turns[side], raw[side], seconds) for side in sides)
+    alone, with_leads = (_pooled(turns[side], raw[side], seconds) | {"cpu_s": _rounded(cpu[side])} for side in sides)
 
     def rise(a: float, b: float) -> float | None:
         return round(100 * (b - a) / a, 1) if a else None
@@ -185,6 +212,10 @@ def side_by_side(base: str, client: httpx.Client, project_id: int, tokens: list[
             "p95_rise_pct_per_round": {key: [rise(a[key]["p95_ms"], b[key]["p95_ms"])
                                              for a, b in zip(turns["alone"], turns["with_leads"], strict=True)]
                                        for key in ("next", "submit")}}
+
+
+def _rounded(cpu: dict[str, float]) -> dict[str, float]:
+    return {name: round(seconds, 2) for name, seconds in cpu.items()}
 
 
 def _human_rankings(engine: Any, project_id: int) -> int:
@@ -349,7 +380,8 @@ def main() -> None:
                               "load_avg": os.getloadavg()}), flush=True)
             for line in measure_pages(client, project_id, server.pid, args.views, args.rankings):
                 print(json.dumps(line), flush=True)
-            result = side_by_side(base, client, project_id, tokens, args.seconds, args.rankings, url, args.rounds)
+            result = side_by_side(base, client, project_id, tokens, args.seconds, args.rankings, url, args.rounds,
+                                  {"server": server.pid, "worker": worker.pid})
             result["database_check"] = _check(url, project_id)
             result["worker_peak_rss_mb"] = _rss_mb(worker.pid, "VmHWM")
             result["server_peak_rss_mb"] = _rss_mb(server.pid, "VmHWM")

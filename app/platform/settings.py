@@ -111,9 +111,10 @@ class Settings(BaseSettings):
     webhook_retry_base_s: float = Field(default=30.0, gt=0, le=3600)
     """Backoff before a failed webhook delivery's first retry; it doubles with each attempt (30 s, 1 min, 2 min, …)."""
     agreement_drain_every_s: float = Field(default=2.0, ge=0, le=60)
-    """A view of the agreement figures folds waiting changes in itself (when few wait) at most this often per
-    project; between, it shows the figures as of the last fold, a few seconds old, and says so. More waiting, and a
-    worker's drain job folds them in. 0: every view folds in what waits."""
+    """How often each worker folds new rankings (and other changes) into the kept agreement figures: they are that
+    fresh whether or not anyone looks, and a view only reads them, saying how old they are. Where no worker has folded
+    for three times this long, a view folds in what waits itself (when few changes wait). 0: every view folds in what
+    waits (the worker then sweeps every 0.5 s)."""
     job_retry_base_s: float = Field(default=10.0, ge=0, le=3600)
     """Backoff before a crashed job's next attempt (a lost connection, a server that did not answer); it doubles with
     each attempt (10 s, 20 s, …, at most an hour). A failure no attempt can change (bad input, a prompt longer than

@@ -17,14 +17,14 @@ folded in, each compared with the ones there (O(n) per new ranking, partial.exte
 or changed, a removed ranking's id reused, a gold order set or cleared) computes the group from all its rankings. Either
 way the state equals partial.group_state of its rankings.
 
-Who drains: a view of the figures, when few marks wait (INLINE_MARKS, of groups holding at most INLINE_RANKINGS
-rankings: a few ms) and the last drain is older than PREFLAB_AGREEMENT_DRAIN_EVERY_S (2 s), so leads reloading a page
-pay for one small drain every few seconds; within that time of the last drain a view reads the totals and nothing else.
-While few marks wait, what a view shows lacks only rankings younger than the last drain; the page says as of when. More
-marks, or larger groups, and a `project_rollup` job with `{"agreement": "drain"}` drains batch after batch, at a lower
-CPU priority (nice +10). A state computed under older formulas (AGREEMENT_FORMULA) is rebuilt once by a job with
-`{"agreement": "rebuild"}`, as `preflab agreement rebuild` does on demand: every state and total deleted and every group
-drained again, in one transaction.
+Who drains: each worker process's sweeper (app.quality.sweeper), every PREFLAB_AGREEMENT_DRAIN_EVERY_S (2 s), at a
+lower CPU priority (nice +10), for every project with marks waiting: the figures are that fresh whether or not anyone
+looks, and a view reads the totals and nothing else. Where no worker keeps up (none running, or one behind), a view of
+the figures drains itself once the last drain is VIEW_AFTER sweeps old, when few marks wait (INLINE_MARKS, of groups
+holding at most INLINE_RANKINGS rankings: a few ms); more marks, or larger groups, and it queues a `project_rollup` job
+with `{"agreement": "drain"}` that drains batch after batch. The page says as of when its figures are. A state computed
+under older formulas (AGREEMENT_FORMULA) is rebuilt once by a job with `{"agreement": "rebuild"}`, as `preflab
+agreement rebuild` does on demand: every state and total deleted and every group drained again, in one transaction.
 """
 
 from __future__ import annotations
@@ -149,6 +149,19 @@ def drain(db: Session, project: Project, *, limit: int = DRAIN_BATCH, wait: bool
     state.as_of, state.seconds = started, time.perf_counter() - t0
     db.flush()
     return Drained(len(marks), len(groups), state.seconds, tally["extended"], tally["computed"])
+
+
+def needs_rebuild(db: Session, project: Project) -> bool:
+    """Whether the project's kept states were computed under older formulas (a drain refuses them until rebuilt)."""
+    state = db.get(AgreementState, project.id)
+    return state is not None and state.formula != AGREEMENT_FORMULA
+
+
+def marked_projects(db: Session, limit: int = 100) -> list[int]:
+    """Projects with changes waiting for a drain, the longest waiting first (the marks table holds only what no drain
+    has read yet: a few thousand rows at most under load)."""
+    return list(db.scalars(select(AgreementMark.project_id).group_by(AgreementMark.project_id)
+                           .order_by(func.min(AgreementMark.id)).limit(limit)))
 
 
 def waiting(db: Session, project_id: int, up_to: int) -> int:
@@ -488,22 +501,29 @@ class Kept:
     """A drain or rebuild job is queued or running."""
 
 
+VIEW_AFTER = 3
+"""A view folds waiting changes in itself only once the last drain is older than this many sweeps: while a worker
+sweeps (every PREFLAB_AGREEMENT_DRAIN_EVERY_S) a view reads the totals and nothing else, and views take over only
+where no worker keeps up (none running, or one busy)."""
+
+
 def current(db: Session, project: Project, actor: User | None, *, every_s: float | None = None) -> Kept:
-    """The project's kept state for a view: drained here when few marks wait (of groups with few rankings) and the
-    last drain is older than `every_s` (the setting when None), or the counts are old; a job queued when many marks
-    wait, and a rebuild queued when the states are of older formulas. Within `every_s` of the last drain it reads
-    nothing more (what waits is that young), and says nothing waits."""
+    """The project's kept state for a view. A worker's sweeper folds the waiting changes in every `every_s` (the
+    setting when None); within VIEW_AFTER × `every_s` of the last drain a view reads nothing more and says nothing
+    waits. Older than that (no worker keeping up), or the counts older than RECOUNT_S: drained here when few marks
+    wait (of groups with few rankings), a drain job queued when more do. A rebuild is queued when the states are of
+    older formulas."""
     state = db.get(AgreementState, project.id)
     if state is not None and state.formula != AGREEMENT_FORMULA:
         return Kept(None, 0, ensure_job(db, project, actor, "rebuild"))
     age = None if state is None or state.as_of is None else (utcnow() - state.as_of).total_seconds()
     every = drain_every_s() if every_s is None else every_s
-    if age is not None and age < every:
-        return Kept(state, 0, False)  # drained moments ago: a view reads the totals and nothing else
+    if age is not None and age < VIEW_AFTER * every:
+        return Kept(state, 0, False)  # a worker drained moments ago: a view reads the totals and nothing else
     count = waiting(db, project.id, INLINE_MARKS + 1)
     if count > INLINE_MARKS:
         return Kept(state if age is not None else None, count, ensure_job(db, project, actor, "drain"))
-    if age is None or age > RECOUNT_S or (count and age >= every):
+    if age is None or age > RECOUNT_S or count:
         if count and _marked_rankings(db, project.id, INLINE_RANKINGS + 1) > INLINE_RANKINGS:
             return Kept(state if age is not None else None, count, ensure_job(db, project, actor, "drain"))
         drain(db, project, limit=INLINE_MARKS, wait=False)  # skipped while another drain holds the project
@@ -521,8 +541,8 @@ def _marked_rankings(db: Session, project_id: int, up_to: int) -> int:
 
 
 def drain_every_s() -> float:
-    """How often a view may drain (PREFLAB_AGREEMENT_DRAIN_EVERY_S, 2 s): a page reloaded by several leads at once
-    pays for one small drain every few seconds, not one per view."""
+    """How often a worker folds the waiting changes in (PREFLAB_AGREEMENT_DRAIN_EVERY_S, 2 s): the figures are that
+    fresh whether or not anyone looks, and a page reloaded by several leads costs them reads alone."""
     return float(get_settings().agreement_drain_every_s)
 
 

@@ -319,11 +319,11 @@ def test_a_drain_folds_new_rankings_in_and_computes_a_group_anew_after_any_other
     assert drained() == Counter(extended=1, computed=1)  # all versions folded in; the new version is new there
 
 
-def test_a_view_folds_new_rankings_in_at_most_every_few_seconds_and_says_how_old_its_figures_are(
+def test_a_view_reads_the_kept_figures_and_folds_new_rankings_in_itself_only_once_no_worker_has_for_three_sweeps(
         app, db, make_user, make_project, api, token_for, monkeypatch) -> None:
-    """Leads reloading the figures pay for one small drain per PREFLAB_AGREEMENT_DRAIN_EVERY_S, not one per view; in
-    between, a view shows the figures of the last drain with their age. (The last drain's time is set, not waited
-    for: 1 s and 31 s ago against a cadence of 30 s.)"""
+    """While a worker sweeps (every PREFLAB_AGREEMENT_DRAIN_EVERY_S) a view shows the figures of its last drain with
+    their age and drains nothing; once none has drained for VIEW_AFTER sweeps, the view folds in what waits. (The last
+    drain's time is set, not waited for: 31 s and 91 s ago against a cadence of 30 s.)"""
     from app.models import AgreementState
     from app.platform.settings import get_settings
 
@@ -344,16 +344,66 @@ def test_a_view_folds_new_rankings_in_at_most_every_few_seconds_and_says_how_old
             db.commit()
 
         campaign.run(("submit", 0, 1, 9, "tie", 12.0, 200))
-        drained_ago(1)
-        recent = lead.get(url).json()
-        assert recent["human_rankings"] == 4 and 1 <= recent["age_seconds"] < 30  # kept as of the last drain
         drained_ago(31)
+        recent = lead.get(url).json()
+        assert recent["human_rankings"] == 4 and 31 <= recent["age_seconds"] < 90  # kept as of the last drain
+        drained_ago(91)
         later = lead.get(url).json()
         assert later["human_rankings"] == 5 and later["age_seconds"] < 30
         db.commit()
         campaign.check()
     finally:
         get_settings.cache_clear()
+
+
+def test_the_workers_sweeper_keeps_the_figures_up_to_date_with_nobody_looking(
+        db, make_user, make_project, clean_engine) -> None:
+    """Rankings submitted while no lead looks are folded into the kept figures by the worker's sweeper, with no view
+    and no job: the totals then equal a recomputation from every ranking, and nothing waits."""
+    from app.models import Job
+    from app.platform.db import make_session_factory
+    from app.quality.rollup_job import Sweeper
+
+    campaign = Campaign(db, make_user, make_project)
+    for who in range(ANNOTATORS):
+        campaign.run(("submit", who, who % PROMPTS, who, "strict", 20.0, 30 * who))
+    db.commit()
+    pid = campaign.project.id
+    assert upkeep.waiting(db, pid, 100) == ANNOTATORS and upkeep.rankings(db, pid) == 0
+    db.rollback()  # this session's read ends: SQLite lets no one commit a write while it reads
+
+    done = Sweeper(make_session_factory(clean_engine), 2.0).sweep()
+
+    assert done == {"projects": 1, "marks": ANNOTATORS, "groups": PROMPTS, "extended": 0}
+    db.expire_all()
+    assert upkeep.waiting(db, pid, 100) == 0 and upkeep.rankings(db, pid) == ANNOTATORS
+    assert db.query(Job).count() == 0
+    campaign.check()
+    db.rollback()
+    assert Sweeper(make_session_factory(clean_engine), 2.0).sweep()["projects"] == 0  # nothing waits: nothing read
+
+
+def test_a_worker_run_until_idle_leaves_no_change_unfolded(db, make_user, make_project, database_url,
+                                                           tmp_path) -> None:
+    """`preflab worker --once` runs the queued jobs, then folds what waits into the figures before it exits."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import TEST_SECRET
+
+    campaign = Campaign(db, make_user, make_project)
+    for who in range(2):
+        campaign.run(("submit", who, 0, who, "tie", 12.0, 10 * who))
+    db.commit()
+    env = os.environ | {"PREFLAB_DATABASE_URL": database_url, "PREFLAB_DATA_DIR": str(tmp_path),
+                        "PREFLAB_SECRET_KEY": TEST_SECRET, "PREFLAB_AGREEMENT_DRAIN_EVERY_S": "60"}
+    done = subprocess.run([sys.executable, "-m", "app.cli", "worker", "--once"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    db.expire_all()
+    assert upkeep.waiting(db, campaign.project.id, 10) == 0 and upkeep.rankings(db, campaign.project.id) == 2
+    campaign.check()
 
 
 def test_a_view_leaves_groups_of_many_rankings_to_the_drain_job(
