@@ -489,16 +489,12 @@ def tier_items(tiers: list[list[Any]], allowed: set[int], *, allow_ties: bool = 
 def validate_flags(flags: object, allowed_ids: set[int], allowed_flags: set[str]) -> dict[str, list[str]]:
     if not flags:
         return {}
-    if not isinstance(flags, dict):
-        raise Invalid("must map completion ids to lists of flags", field="flags")
     out: dict[str, list[str]] = {}
-    for key, names in flags.items():
-        try:
-            cid = int(key)
-        except (TypeError, ValueError):
-            raise Invalid("keys must be completion ids", field=f"flags.{key}") from None
-        if cid not in allowed_ids:
-            raise Invalid(f"completion {cid} is not one of this prompt's completions", field=f"flags.{key}")
+    entries = steps.by_completion(
+        flags, allowed_ids, field="flags", values="lists of flags", of="this prompt's",
+        bad_key=lambda key: Invalid("keys must be completion ids", field=f"flags.{key}"),
+        entry_field=lambda key, cid: f"flags.{key}")
+    for key, cid, names in entries:
         if not isinstance(names, list) or any(n not in allowed_flags for n in names):
             raise Invalid(f"flags must be among: {', '.join(sorted(allowed_flags))}", field=f"flags.{key}")
         if names:

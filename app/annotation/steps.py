@@ -9,7 +9,7 @@ re-splits only completions nobody has labelled a step of yet.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -172,6 +172,25 @@ def _label_list(cid: int, raw: object, n_steps: int, *, draft: bool) -> list[Any
     return list(raw)
 
 
+def by_completion(raw: object, allowed: Container[int], *, field: str, values: str, of: str,
+                  bad_key: Callable[[object], Invalid], entry_field: Callable[[object, int], str]
+                  ) -> Iterator[tuple[object, int, Any]]:
+    """(key, completion id, value) for each entry of a request field that maps completion ids (JSON keys, so
+    strings) to values, each id one of `allowed`; or Invalid: "must map completion ids to <values>" on `field`,
+    `bad_key(key)` for a key that is not a number, "completion N is not one of <of> completions" on
+    `entry_field(key, N)`. Each caller keeps its own wording and field names."""
+    if not isinstance(raw, dict):
+        raise Invalid(f"must map completion ids to {values}", field=field)
+    for key, value in raw.items():
+        try:
+            cid = int(key)
+        except (TypeError, ValueError):
+            raise bad_key(key) from None
+        if cid not in allowed:
+            raise Invalid(f"completion {cid} is not one of {of} completions", field=entry_field(key, cid))
+        yield key, cid, value
+
+
 def validate(raw: object, steps: Mapping[int, list[str]], *, enabled: bool, draft: bool = False
              ) -> dict[int, list[Any]]:
     """Step labels as {completion id: labels}, checked against the task's steps, or Invalid naming
@@ -180,16 +199,12 @@ def validate(raw: object, steps: Mapping[int, list[str]], *, enabled: bool, draf
         return {}
     if not enabled:
         raise Invalid("this project does not label steps", field="step_labels")
-    if not isinstance(raw, dict):
-        raise Invalid("must map completion ids to lists of step labels", field="step_labels")
     out: dict[int, list[Any]] = {}
-    for key, labels in raw.items():
-        try:
-            cid = int(key)
-        except (TypeError, ValueError):
-            raise Invalid(f"key {key!r} is not a completion id", field="step_labels") from None
-        if cid not in steps:
-            raise Invalid(f"completion {cid} is not one of this task's completions", field=f"step_labels.{cid}")
+    entries = by_completion(
+        raw, steps, field="step_labels", values="lists of step labels", of="this task's",
+        bad_key=lambda key: Invalid(f"key {key!r} is not a completion id", field="step_labels"),
+        entry_field=lambda key, cid: f"step_labels.{cid}")
+    for _, cid, labels in entries:
         clean = _label_list(cid, labels, len(steps[cid]), draft=draft)
         if clean:
             out[cid] = clean
