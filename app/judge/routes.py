@@ -212,7 +212,11 @@ def mc_step_labels_from_page(request: Request, project_id: Id, db: SessionDep, u
 # --- supervised CAI stage: critique → revision --------------------------------------------------
 
 @router.post("/api/projects/{project_id}/revision-jobs", status_code=202, tags=["judge"],
-             summary="Critique and revise completions under the constitution (supervised CAI stage)")
+             summary="Critique and revise completions under the constitution (supervised CAI stage)",
+             description="Each completion without a revision yet (oldest first, at most `limit`) is critiqued under "
+                         "one principle and rewritten; a lead accepts it (an SFT row in exports) or rejects it.",
+             responses={422: {"description": "A bad field, named in `detail`; `constitution_version` when no "
+                                             "principle has both a critique and a revision request"}})
 def create_revision_job(project_id: Id, body: RevisionJobIn, db: SessionDep, user: CurrentUser) -> JobAccepted:
     project = projects.get_visible(db, project_id, user)
     return JobAccepted(job_id=_request_revisions(db, project, user, body).id)
