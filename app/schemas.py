@@ -104,9 +104,9 @@ class ProjectOut(BaseModel):
     id: int
     name: str
     description: str
-    completions_per_prompt: int
-    overlap: int
-    rubric_version: int | None
+    completions_per_prompt: int = Field(description="K: completions ranked per prompt.")
+    overlap: int = Field(description="Independent rankings wanted per prompt.")
+    rubric_version: int | None = Field(description="The current rubric's version; null while there is none.")
     step_labels: bool = Field(False, description="Annotators label each step of each completion (+1, 0, -1).")
     step_separator: str | None = Field(None, description="The regular expression that ends a step; null: one step "
                                                          "per non-empty line.")
@@ -142,13 +142,14 @@ class RubricVersionIn(Strict):
 
 
 class RubricOut(BaseModel):
-    version: int
+    version: int = Field(description="1 for the project's first rubric, one more for each edit.")
     text: str
-    criteria: list[str]
-    note: str
-    author: str | None
+    criteria: list[str] = Field(description="The named criteria annotators judge by, in order.")
+    note: str = Field(description="What the edit changed, as its author wrote it (empty when none was given).")
+    author: str | None = Field(description="The author's email; null when no author account is recorded (or it "
+                                           "was deleted).")
     created_at: datetime
-    current: bool
+    current: bool = Field(description="Whether annotators rank under this version now.")
 
     @classmethod
     def from_model(cls, rubric: Rubric, current_id: int | None) -> RubricOut:
@@ -866,11 +867,13 @@ class StepStatsOut(BaseModel):
 
 class TrainingRunOut(BaseModel):
     id: int
-    kind: str
-    state: str
-    export_id: int | None
-    parent_run_id: int | None
-    base_model: str | None
+    kind: str = Field(description="The training method, as requested (TrainingRunIn.kind).")
+    state: str = Field(description="queued | running | succeeded | failed | cancelled")
+    export_id: int | None = Field(description="The export it trains on; null once that export's record is purged.")
+    parent_run_id: int | None = Field(description="The reward-model run it optimises, or a reward run is "
+                                                  "retrained from; null when none.")
+    base_model: str | None = Field(description="The model directory it starts from; null: a reward model on the "
+                                               "default base.")
     job_id: int | None
     created_at: datetime
     metrics: list[dict]
@@ -966,16 +969,17 @@ class ExportAccepted(BaseModel):
 class ExportOut(BaseModel):
     id: int
     project_id: int
-    kind: str
+    kind: str = Field(description="What each row holds, as requested (ExportIn.kind).")
     format: str
-    filters: dict[str, Any]
+    filters: dict[str, Any] = Field(description="The filters the rows were selected by, as requested.")
     status: str
     """queued | running | ready | failed | cancelled | deleted"""
     row_count: int
-    row_counts: dict[str, int]
-    empty: bool
-    sha256: str | None
-    files: dict[str, str]
+    row_counts: dict[str, int] = Field(description="Rows per labeller (`source.<name>`) and per split "
+                                                   "(`split.<name>`); empty until the export is written.")
+    empty: bool = Field(description="Ready with no row: the filters matched nothing.")
+    sha256: str | None = Field(description="One hash over every file's sha256 (`files`); null until written.")
+    files: dict[str, str] = Field(description="File name → sha256, every file of the export, its card included.")
     snapshot: str | None = Field(description="The database snapshot the export read (Postgres: pg_current_snapshot())")
     job_id: int | None
     created_by_id: int | None
