@@ -75,6 +75,8 @@ def annotator_pseudonym(secret: str, project_id: int, user_id: int) -> str:
 
 @dataclass
 class WriteResult:
+    """What one write made: the export's directory, its files and hashes, its row counts, the snapshot it read."""
+
     path: Path
     files: dict[str, str]
     """Relative file name → sha256, every file of the export (card included)."""
@@ -82,6 +84,8 @@ class WriteResult:
     """sha256 over the sorted "name  sha256" lines of `files`: one hash for the whole export."""
     row_count: int
     row_counts: dict[str, int]
+    """Rows per labeller (`source.human`, `source.ai`, `source.mixed`, …) and, for steps exports, per split
+    (`split.<name>`), as the export's record keeps them."""
     snapshot: str
     """The database snapshot read (Postgres `pg_current_snapshot()`), for the record."""
 

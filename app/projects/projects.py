@@ -121,10 +121,15 @@ def list_members(db: Session, project: Project) -> list[MemberRow]:
 
 @dataclass(frozen=True)
 class ProjectCounts:
+    """The project page's counts."""
+
     prompts: int
     completions: int
     rankings: int
+    """Rankings by annotators and the judge; Monte-Carlo step labels, kept in rankings that order nothing, are not
+    counted."""
     pairs: int
+    """chosen ≻ rejected pairs the rankings expand to."""
     rubric_versions: int
     as_of: datetime | None = None
     """None: counted on this view; else when the rollup job counted them (a large project)."""

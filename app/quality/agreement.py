@@ -529,13 +529,20 @@ class _Person:
     ties: int = 0
     seconds: array[int] = field(default_factory=lambda: array("q"))
     agreement_sum: float = 0.0
+    """Summed pairwise agreement with other annotators' rankings of the same prompt and round; over `comparisons`."""
     comparisons: int = 0
     tau_sum: float = 0.0
+    """Summed Kendall τ-b of those comparisons where it is defined; over `taus`."""
     taus: int = 0
     position_n: int = 0
+    """Rankings the position-bias figures count: those with a display order and a top tier (skips are left out);
+    `position_hits` and `position_expected` are out of these."""
     position_hits: int = 0
+    """Rankings whose first-shown completion landed in the top tier."""
     position_expected: float = 0.0
+    """How many would by chance: the sum of |top tier| / completions shown."""
     gold_seen: int = 0
+    """Rankings of gold prompts (skips left out)."""
     gold_agreed: int = 0
     gold_pairs: int = 0
 
@@ -580,11 +587,16 @@ class _Bucket:
     """One point of the trend while it is summed."""
 
     rankings: int = 0
+    """Rankings made in this period."""
     agreement_sum: float = 0.0
+    """Summed agreement of the comparisons whose later ranking was made in this period; the point shows it over
+    `comparisons`."""
     comparisons: int = 0
     gold_agreed: int = 0
+    """Gold pairs this period's rankings ordered as the gold order does, of `gold_pairs` scored."""
     gold_pairs: int = 0
     seconds: array[int] = field(default_factory=lambda: array("q"))
+    """Time spent on each answered (not skipped) ranking, in tenths of a second, for the median."""
 
 
 class ReportBuilder:

@@ -113,8 +113,12 @@ def _gold_of(db: Session, project: Project, prompt_ids: set[int] | None = None) 
 
 @dataclass(frozen=True)
 class Disagreement:
+    """One prompt annotators disagree on, in one round: the prompt and its completions as letters, and each
+    annotator's order of them, so the orders can be compared at a glance."""
+
     letters: Letters
     round: int
+    """The annotation round the rankings were made in."""
     agreement: float
     """Mean pairwise agreement over the prompt's comparisons (1 = everyone ordered every pair alike)."""
     rankings: list[tuple[str, str]]

@@ -103,6 +103,8 @@ def mark_prompts(db: Session, project: Project, prompt_ids: Iterable[int]) -> No
 
 @dataclass(frozen=True)
 class Drained:
+    """What one drain did (the rollup job adds these up in its result)."""
+
     marks: int
     """Marks read (and deleted)."""
     groups: int

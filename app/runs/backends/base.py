@@ -112,8 +112,12 @@ class Submission:
     """How a backend finds one submitted run again (after a worker restart too): stored in the run's directory."""
 
     backend: str
+    """The backend's kind (`local`, `slurm`, `ray`)."""
     id: str
+    """The backend's own id for it: a process id, a Slurm job id, a Ray submission id."""
     attempt: int
+    """The launch's attempt, 1 first; a launch made again (`cluster_job.again`) is the next one, submitted under the
+    name `{prefix}-{job}-{attempt}`."""
     log_offset: int = 0
     """How much of the backend's log is already copied into the job's log."""
     log_file: str | None = None
