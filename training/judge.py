@@ -18,12 +18,13 @@ untrusted text goes into them verbatim (see there why that cannot be sanitised).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import hashlib
 import inspect
 import math
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -392,17 +393,24 @@ class Judge:
 
     # -- the judge model's context ---------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def _local_context(self) -> Iterator[int | None]:
+        """A local judge model's context length in tokens, the model loaded and held (under its lock) while the
+        caller counts tokens against it; None for a server (it keeps its own limit) or a model that does not say."""
+        gen = self.generator
+        if not isinstance(gen, HFGenerator):
+            yield None
+            return
+        with gen._lock:
+            gen._load()
+            yield gen.context_length()
+
     def _fit(self, items: Sequence[Item], principles: Sequence[dict[str, Any]], chosen: list[list[int]]
              ) -> list[tuple[str, str, list[int] | None] | Skipped]:
         """Per item its two answers as the judge will see them, with the tokens cut from each (None: shown whole),
         or Skipped. Only a local model's context can be counted against; a server keeps its own limit."""
         whole: list[tuple[str, str, list[int] | None] | Skipped] = [(a, b, None) for _, a, b in items]
-        gen = self.generator
-        if not isinstance(gen, HFGenerator):
-            return whole
-        with gen._lock:
-            gen._load()
-            context = gen.context_length()
+        with self._local_context() as context:
             if context is None:
                 return whole
             tail, reserve = ANSWER_PREFIX, FIT_SLACK
@@ -448,12 +456,7 @@ class Judge:
     def _fitting_steps(self, jobs: list[_Job]) -> list[_Job]:
         """The step questions that fit the judge model's context; an item's first one that does not ends its list
         (every later question shows one step more)."""
-        gen = self.generator
-        if not isinstance(gen, HFGenerator):
-            return jobs
-        with gen._lock:
-            gen._load()
-            context = gen.context_length()
+        with self._local_context() as context:
             if context is None:
                 return jobs
             kept, ended = [], set()
