@@ -234,7 +234,10 @@ class HFGenerator:
                  use_chat_template: bool | None = None, max_k: int = DEFAULT_MAX_K) -> None:
         self.path = Path(model).expanduser()
         self.device_option = device
+        """As given: "auto" (CUDA when present, else the CPU) or a torch device; resolved on first load."""
         self.dtype_option = dtype
+        """As given: "auto" (float32 on the CPU, the checkpoint's own dtype on a GPU) or a torch dtype's name such as
+        "bfloat16"."""
         self.batch_size = batch_size
         self.use_chat_template = use_chat_template
         self.max_k = max_k
