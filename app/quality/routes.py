@@ -21,7 +21,7 @@ from app.quality import rows as agreement_rows
 from app.quality.charts import line_chart
 from app.quality.report import AgreementReport
 from app.schemas import AgreementOut, AnnotatorRemovedOut, GoldIn, GoldOut, StepAgreementOut
-from app.web.deps import MAX_ID, CurrentUser, Id, PageUser, SessionDep
+from app.web.deps import MAX_ID, CurrentUser, FiguresTurn, Id, PageUser, SessionDep
 from app.web.forms import GoldFromMetadataForm
 from app.web.rendering import prerendered, render, render_fragment
 
@@ -43,7 +43,7 @@ def _readable_project(db, project_id: Id, user):
                        404: {"description": "No such project, or not a member"},
                        422: {"description": "No such rubric version"},
                        503: {"description": "A large project's first rollup is still being computed: retry"}})
-def get_agreement(request: Request, project_id: Id, db: SessionDep, user: CurrentUser,
+def get_agreement(request: Request, _turn: FiguresTurn, project_id: Id, db: SessionDep, user: CurrentUser,
                   rubric_version: RubricVersionQuery = None) -> AgreementOut | Response:
     project = _readable_project(db, project_id, user)  # before the cache is read: it holds every viewer's figures
     view = rollups.report_view(db, project, user, rubric_version=rubric_version)
@@ -138,7 +138,7 @@ ANNOTATOR_ROWS = 50
 
 
 @router.get("/projects/{project_id}/agreement", include_in_schema=False)
-def agreement_page(request: Request, project_id: Id, db: SessionDep, user: PageUser,
+def agreement_page(request: Request, _turn: FiguresTurn, project_id: Id, db: SessionDep, user: PageUser,
                    rubric_version: Annotated[str | None, Query()] = None,
                    marked: Annotated[int | None, Query()] = None,
                    annotators: Annotated[str | None, Query()] = None) -> Response:

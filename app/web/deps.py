@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import asyncio
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Annotated
 from urllib.parse import quote, urlsplit
@@ -42,6 +44,39 @@ def get_db(request: Request) -> Iterator[Session]:
 
 # scope="function": commit before the response is sent, so a failed commit is never reported as success.
 SessionDep = Annotated[Session, Depends(get_db, scope="function")]
+
+
+class Turns:
+    """At most `n` requests of one kind at a time in this process; the others wait for a turn in the event loop,
+    holding no thread and no database connection."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary())
+
+    def semaphore(self) -> asyncio.Semaphore:
+        # One per event loop: a semaphore belongs to the loop it first waited in (a test client may run several).
+        loop = asyncio.get_running_loop()
+        sem = self._by_loop.get(loop)
+        if sem is None:
+            sem = self._by_loop[loop] = asyncio.Semaphore(self.n)
+        return sem
+
+
+FIGURE_VIEWS = Turns(1)
+"""Views of the agreement figures (page and API) that one server process computes at once. Leads reloading the page
+take turns, so however many there are they take at most one request's share of the process from the annotators;
+each view costs about a dozen ms, so a lead waits that long per lead ahead of them."""
+
+
+async def figures_turn() -> AsyncIterator[None]:
+    async with FIGURE_VIEWS.semaphore():
+        yield
+
+
+# Declared before the session and the caller: a view waiting for its turn holds no connection and runs no query.
+FiguresTurn = Annotated[None, Depends(figures_turn, scope="function")]
 
 
 def get_keyring(request: Request) -> Keyring:
