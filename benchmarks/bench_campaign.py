@@ -7,16 +7,17 @@ view queues the project rollup and the bench waits for the worker to finish it (
 peak RSS are reported). Then, for each page, `--views` sequential views by a logged-in lead after two warm-ups:
 p50/p95/max and the server's RSS after them. Last, side by side in one run: 32 annotators doing next → submit without
 think time, alone and then beside 5 leads reloading the agreement page in a loop, in turn `--rounds` times
-(`--seconds` measured per side in all); the p95 rise of next and submit over the pooled turns. Then 20 rankings
-submitted through the API one at a time, each followed by the lead's agreement API every 0.1 s until the figures
-count it: the time from submit to visible.
+(`--seconds` measured per side in all); the p95 rise of next and submit over the pooled turns, and each side's CPU
+seconds (server, worker, every Postgres process, the load generator), which say what the leads' views and the
+worker's upkeep of the figures cost. Then 20 rankings submitted through the API one at a time, each followed by the
+lead's agreement API every 0.1 s until the figures count it: the time from submit to visible.
 
 Budget, checked at the end (the last JSON line; the exit status is 1 when it is missed): the leads raise the
 annotators' p95 of next and of submit by at most `--max-rise-pct` (10 %), and every ranking is visible in the
 figures within `--max-visible-s` (10 s) of its submit.
 
     PREFLAB_BENCH_DATABASE_URL=postgresql://postgres@127.0.0.1:5432/preflab_campaign \\
-        .venv/bin/python benchmarks/bench_campaign.py --rankings 1000000 [--views 20] [--seconds 20] \\
+        .venv/bin/python benchmarks/bench_campaign.py --rankings 1000000 [--views 20] [--seconds 40] [--rounds 8] \\
         [--template preflab_campaign_1m]
 
 Prints one JSON line per page, one for the rollup, one for the side-by-side (and the machine's load average), one
@@ -346,9 +347,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rankings", type=int, default=1_000_000)
     parser.add_argument("--views", type=int, default=20)
-    parser.add_argument("--seconds", type=float, default=20.0,
+    parser.add_argument("--seconds", type=float, default=40.0,
                         help="annotators' measured time per side of the side-by-side, over all its turns")
-    parser.add_argument("--rounds", type=int, default=4,
+    parser.add_argument("--rounds", type=int, default=8,
                         help="turns of each side of the side-by-side, alone and beside the leads in turn")
     parser.add_argument("--open-prompts", type=int, default=20_000)
     parser.add_argument("--rollup-deadline", type=float, default=1800.0)
