@@ -12,16 +12,19 @@ seconds (server, worker, every Postgres process, the load generator), which say 
 worker's upkeep of the figures cost. Then 20 rankings submitted through the API one at a time, each followed by the
 lead's agreement API every 0.1 s until the figures count it: the time from submit to visible.
 
+Last, once nothing waits to be folded in, the kept figures of every scope are compared with a recomputation from the
+rankings table (to 1e-9).
+
 Budget, checked at the end (the last JSON line; the exit status is 1 when it is missed): the leads raise the
-annotators' p95 of next and of submit by at most `--max-rise-pct` (10 %), and every ranking is visible in the
-figures within `--max-visible-s` (10 s) of its submit.
+annotators' p95 of next and of submit by at most `--max-rise-pct` (10 %), every ranking is visible in the figures
+within `--max-visible-s` (10 s) of its submit, and the kept figures equal the recomputation.
 
     PREFLAB_BENCH_DATABASE_URL=postgresql://postgres@127.0.0.1:5432/preflab_campaign \\
         .venv/bin/python benchmarks/bench_campaign.py --rankings 1000000 [--views 20] [--seconds 40] [--rounds 8] \\
         [--template preflab_campaign_1m]
 
 Prints one JSON line per page, one for the rollup, one for the side-by-side (and the machine's load average), one
-for submit-to-visible and one for the budget.
+for submit-to-visible, one for the figures check and one for the budget.
 """
 
 from __future__ import annotations
@@ -268,14 +271,17 @@ def submit_to_visible(client: httpx.Client, base: str, database_url: str, projec
             "max_s": round(max(seen), 2) if seen else None, "load_avg": os.getloadavg()}
 
 
-def budget(side: dict[str, Any], visible: dict[str, Any], max_rise_pct: float, max_visible_s: float
-           ) -> dict[str, Any]:
-    """The run's budget, each figure with its limit and whether it was met."""
+def budget(side: dict[str, Any], visible: dict[str, Any], max_rise_pct: float, max_visible_s: float,
+           same: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The run's budget, each figure with its limit and whether it was met (and, given the figures check, whether the
+    kept figures equal the recomputation)."""
     checks = {f"{key}_p95_rise_pct": (side["p95_rise_pct"][key], max_rise_pct) for key in ("next", "submit")}
     checks["submit_to_visible_max_s"] = (visible["max_s"], max_visible_s)
     out = {name: {"value": value, "limit": limit, "met": value is not None and value <= limit}
            for name, (value, limit) in checks.items()}
     out["submit_to_visible_errors"] = {"value": visible["errors"], "limit": 0, "met": visible["errors"] == 0}
+    if same is not None:
+        out["figures_equal_recomputation"] = {"value": len(same["differences"]), "limit": 0, "met": same["equal"]}
     return {"bench": "campaign", "case": "budget", "rankings": side["rankings"], "checks": out,
             "met": all(c["met"] for c in out.values())}
 
@@ -308,6 +314,71 @@ def _check(url: str, project_id: int) -> dict[str, int]:
             " GROUP BY r.prompt_id, r.round HAVING count(*) > 3) x"), {"p": project_id}).scalar_one()
     engine.dispose()
     return out
+
+
+def _differences(a: Any, b: Any, path: str, out: list[str]) -> None:
+    """Where two reports differ: floats beyond 1e-9 relative (the same terms summed in another order), else any."""
+    import dataclasses
+    import math
+
+    if len(out) >= 10:
+        return
+    if dataclasses.is_dataclass(a) and dataclasses.is_dataclass(b):
+        for f in dataclasses.fields(a):
+            _differences(getattr(a, f.name), getattr(b, f.name), f"{path}.{f.name}", out)
+    elif isinstance(a, dict) and isinstance(b, dict):
+        if a.keys() != b.keys():
+            out.append(f"{path}: keys differ")
+            return
+        for key in a:
+            _differences(a[key], b[key], f"{path}[{key!r}]", out)
+    elif isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        if len(a) != len(b):
+            out.append(f"{path}: {len(a)} != {len(b)} items")
+            return
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _differences(x, y, f"{path}[{i}]", out)
+    elif isinstance(a, float) and isinstance(b, float):
+        if not math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12):
+            out.append(f"{path}: {a!r} != {b!r}")
+    elif a != b:
+        out.append(f"{path}: {a!r} != {b!r}")
+
+
+def figures_check(url: str, project_id: int, deadline_s: float = 120.0) -> dict[str, Any]:
+    """Once nothing waits to be folded in, the kept figures of every scope (all rubric versions, and each) against a
+    recomputation from the rankings table (`agreement.project_reports`, one streamed pass over every ranking), with
+    the project's drain lock held so the figures cannot move meanwhile."""
+    from app.models import Project
+    from app.platform.db import make_engine, make_session_factory, session_scope
+    from app.quality import agreement, kept_report, upkeep
+
+    engine = make_engine(url)
+    t0 = time.perf_counter()
+    try:
+        with session_scope(make_session_factory(engine)) as db:
+            while upkeep.waiting(db, project_id, 1):
+                if time.perf_counter() - t0 > deadline_s:
+                    raise RuntimeError(f"changes still waiting to be folded in after {deadline_s:.0f} s")
+                db.rollback()
+                time.sleep(0.2)
+            state = upkeep.lock(db, project_id)
+            project = db.get(Project, project_id)
+            versions = agreement.rubric_versions(db, project)
+            started = time.perf_counter()
+            expected = agreement.project_reports(db, project, versions=versions)
+            seconds = time.perf_counter() - started
+            differences: list[str] = []
+            for version in [None, *versions]:
+                _differences(kept_report.report(db, project, version, versions, state), expected[version],
+                             f"v{version or 'all'}", differences)
+            rankings = expected[None].human_rankings
+            db.rollback()
+    finally:
+        engine.dispose()
+    return {"bench": "campaign", "case": "figures_equal_recomputation", "human_rankings": rankings,
+            "scopes": 1 + len(versions), "recompute_s": round(seconds, 1), "equal": not differences,
+            "differences": differences}
 
 
 def _tokens(url: str, n: int) -> list[str]:
@@ -390,7 +461,9 @@ def main() -> None:
             print(json.dumps(result), flush=True)
             visible = submit_to_visible(client, base, url, project_id, tokens[0], 20, 3 * args.max_visible_s)
             print(json.dumps(visible), flush=True)
-            verdict = budget(result, visible, args.max_rise_pct, args.max_visible_s)
+            same = figures_check(url, project_id)
+            print(json.dumps(same), flush=True)
+            verdict = budget(result, visible, args.max_rise_pct, args.max_visible_s, same)
             print(json.dumps(verdict), flush=True)
         finally:
             for proc in (worker, server):
