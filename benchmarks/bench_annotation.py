@@ -2,9 +2,10 @@
 
 For each server shape (one uvicorn process, then `--workers 2`), the database is rebuilt and seeded (K=4, 20k prompts
 of ~300-character completions, 32 annotators with API tokens), the server is started on a free port as its own
-process, and every client loops next-task → submit for a fixed time after a warm-up. Afterwards the database is
-checked: no prompt over its overlap, six pairs per K=4 ranking. Then the ranking page's server time is measured
-in-process (an ASGI wrapper times each request, no network) for K=4 completions of 2,000 characters.
+process beside one `preflab worker` (which keeps the agreement figures up to date as rankings arrive; leave it out
+with `--no-job-worker`), and every client loops next-task → submit for a fixed time after a warm-up. Afterwards the
+database is checked: no prompt over its overlap, six pairs per K=4 ranking. Then the ranking page's server time is
+measured in-process (an ASGI wrapper times each request, no network) for K=4 completions of 2,000 characters.
 
     PREFLAB_BENCH_DATABASE_URL=postgresql://postgres@127.0.0.1:5432/preflab_bench \\
         .venv/bin/python benchmarks/bench_annotation.py [--seconds 20] [--workers 1 2]
@@ -227,6 +228,14 @@ def start_server(url: str, workers: int, data_dir: str,
     raise RuntimeError("server did not start")
 
 
+def start_job_worker(url: str, data_dir: str) -> subprocess.Popen[bytes]:
+    """`preflab worker` against the database, as a deployment runs one beside the server."""
+    env = os.environ | {"PREFLAB_DATABASE_URL": url, "PREFLAB_SECRET_KEY": SECRET, "PREFLAB_ENV": "dev",
+                        "PREFLAB_DATA_DIR": data_dir}
+    return subprocess.Popen([sys.executable, "-m", "app.cli", "worker"], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 async def load(base: str | list[str], project_id: int, tokens: list[str], *, warmup: float,
                seconds: float, run_id: str = "", probe: Callable[[], Any] | None = None,
                settle: Callable[[], Any] | None = None, raw: dict[str, list[float]] | None = None) -> dict[str, Any]:
@@ -397,6 +406,9 @@ def main() -> None:
     parser.add_argument("--overlap", type=int, default=2)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--job-worker", action=argparse.BooleanOptionalAction, default=True,
+                        help="run one `preflab worker` beside the server, as a deployment does: it keeps the "
+                             "agreement figures up to date as the rankings arrive, on the same cores")
     parser.add_argument("--renders", type=int, default=200)
     parser.add_argument("--render-prompts", type=int, default=2_000)
     parser.add_argument("--selection", default="random", choices=("random", "uncertainty", "disagreement"),
@@ -417,7 +429,9 @@ def main() -> None:
                                          annotators=args.clients, name="bench", selection=args.selection,
                                          extra_share=args.extra_share)
             proc, base = start_server(url, workers, data_dir)
+            jobs = start_job_worker(url, data_dir) if args.job_worker else None
             try:
+                jobs_cpu0 = _cpu_seconds(jobs.pid) if jobs else 0.0
                 cpu0, t0, db_cpu0 = _cpu_seconds(proc.pid), time.perf_counter(), _postgres_cpu_seconds()
                 client_cpu0 = time.process_time()
                 port = int(base.rsplit(":", 1)[1])
@@ -435,9 +449,14 @@ def main() -> None:
                 run["server_cpu_share"] = round(server_cpu / wall, 2)
                 if db_cpu is not None and db_cpu0 is not None:  # a local Postgres: its share of the cores
                     run["database_cpu_ms_per_ranking"] = round((db_cpu - db_cpu0) / max(made, 1) * 1e3, 2)
+                if jobs is not None:  # the worker's upkeep of the agreement figures (its Postgres part is above)
+                    run["job_worker_cpu_ms_per_ranking"] = round((_cpu_seconds(jobs.pid) - jobs_cpu0)
+                                                                 / max(made, 1) * 1e3, 2)
             finally:
-                proc.terminate()
-                proc.wait(timeout=30)
+                for running in (proc, jobs):
+                    if running is not None:
+                        running.terminate()
+                        running.wait(timeout=30)
             run["load_1min_after"] = os.getloadavg()[0]
             run["database"] = check_database(url, project_id, args.overlap)
             result["runs"][f"workers_{workers}"] = run
