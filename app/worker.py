@@ -298,7 +298,10 @@ def run_worker(settings: Settings, *, kinds: tuple[str, ...] | None = None, poll
         if sweeper is not None:
             sweeper.stop()
             if exit_when_idle:  # idle means the figures too: what waits is folded in before the worker exits
-                sweeper.sweep()
+                try:
+                    sweeper.sweep()
+                except Exception:  # the jobs ran; the figures are folded in by the next worker or view
+                    log.exception("worker %s: the last agreement sweep failed", worker.worker_id)
         forget_worker(settings.data_dir, worker.worker_id)  # stopped on purpose: no longer counts as seen
     ran += sum(counts)
     log.info("worker %s stopped after %d job(s)", worker.worker_id, ran)
