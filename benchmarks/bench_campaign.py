@@ -1,16 +1,16 @@
 """A lead's pages on a campaign-sized project, and whether a lead slows the annotators.
 
-The database is rebuilt and seeded by benchmarks/seed_campaign.py (`--rankings` human rankings, 3 per prompt, K=4,
-200 annotators, gold, three rubric versions, a judge run) plus open prompts for annotators to draw from. One server
-process (uvicorn, as `preflab serve` runs it) and one `preflab worker` are started against it; the first agreement
-view queues the project rollup and the bench waits for the worker to finish it (the rollup's time and the worker's
-peak RSS are reported). Then, for each page, `--views` sequential views by a logged-in lead after two warm-ups:
-p50/p95/max and the server's RSS after them. Last, side by side in one run: 32 annotators doing next → submit without
-think time, alone and then beside 5 leads reloading the agreement page in a loop, in turn `--rounds` times
-(`--seconds` measured per side in all); the p95 rise of next and submit over the pooled turns, and each side's CPU
-seconds (server, worker, every Postgres process, the load generator), which say what the leads' views and the
-worker's upkeep of the figures cost. Then 20 rankings submitted through the API one at a time, each followed by the
-lead's agreement API every 0.1 s until the figures count it: the time from submit to visible.
+The database is rebuilt and seeded by benchmarks/seed_campaign.py (`--rankings` human rankings, 3 per prompt, K=4, 200
+annotators, gold, three rubric versions, a judge run) plus open prompts for annotators to draw from. One server
+process (uvicorn, as `preflab serve` runs it) and one `preflab worker` are started against it; the bench waits for the
+kept agreement figures and for the project's rollup of counts and judge figures, which the first project view queues
+(both times and the worker's peak RSS are reported). Then, for each page, `--views` sequential views by a logged-in
+lead after two warm-ups: p50/p95/max and the server's RSS after them. Last, side by side in one run: 32 annotators
+doing next → submit without think time, alone and then beside 5 leads reloading the agreement page in a loop, in turn
+`--rounds` times (`--seconds` measured per side in all); the p95 rise of next and submit over the pooled turns, and
+each side's CPU seconds (server, worker, every Postgres process, the load generator), which say what the leads' views
+and the worker's upkeep of the figures cost. Then 20 rankings submitted through the API one at a time, each followed
+by the lead's agreement API every 0.1 s until the figures count it: the time from submit to visible.
 
 Last, once nothing waits to be folded in, the kept figures of every scope are compared with a recomputation from the
 rankings table (to 1e-9).
@@ -51,6 +51,8 @@ from _http import KeepAliveClient  # noqa: E402
 from bench_annotation import SECRET, _ms, _percentile, check_database, load, start_server  # noqa: E402
 from seed_campaign import PASSWORD, seed_campaign  # noqa: E402
 
+from app.quality.rollups import COUNT_LIVE_LIMIT  # noqa: E402
+
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/preflab_campaign"
 LEAD = "lead@campaign.example"
 PAGES = (("agreement_page", "/projects/{id}/agreement"), ("agreement_api", "/api/projects/{id}/agreement"),
@@ -77,15 +79,35 @@ def _login(base: str) -> httpx.Client:
     return client
 
 
-def _wait_for_rollup(client: httpx.Client, project_id: int, deadline_s: float) -> float:
-    """Seconds until the agreement API answers 200 (the first rollup has finished)."""
+def _wait_for_rollup(client: httpx.Client, url: str, project_id: int, deadline_s: float,
+                     rollup: bool) -> tuple[float, float | None]:
+    """Seconds until the agreement API answers 200 (the kept figures are there), and until the project's rollup of
+    counts and judge figures is stored (the project page queues it; `rollup` False: a project small enough to be
+    counted on each view has none, None): the pages are then timed as they answer every day, not while a large
+    project's first rollup is computed on the view."""
+    from sqlalchemy import create_engine, text
+
     t0 = time.perf_counter()
-    while time.perf_counter() - t0 < deadline_s:
-        r = client.get(f"/api/projects/{project_id}/agreement")
-        if r.status_code == 200:
-            return time.perf_counter() - t0
-        assert r.status_code == 503, f"agreement API: {r.status_code} {r.text[:200]}"
-        time.sleep(1.0)
+    figures, queued = None, False
+    engine = create_engine(url)
+    try:
+        while time.perf_counter() - t0 < deadline_s:
+            if figures is None:
+                r = client.get(f"/api/projects/{project_id}/agreement")
+                assert r.status_code in (200, 503), f"agreement API: {r.status_code} {r.text[:200]}"
+                figures = time.perf_counter() - t0 if r.status_code == 200 else None
+            if figures is not None and not rollup:
+                return figures, None
+            if figures is not None:
+                if not queued:  # the project page queues the rollup of counts (it counts live until then)
+                    queued = client.get(f"/projects/{project_id}").status_code == 200
+                with engine.connect() as conn:
+                    if conn.execute(text("SELECT count(*) FROM project_rollups WHERE project_id = :p"),
+                                    {"p": project_id}).scalar_one():
+                        return figures, time.perf_counter() - t0
+            time.sleep(1.0)
+    finally:
+        engine.dispose()
     raise RuntimeError(f"no rollup after {deadline_s:.0f} s: is the worker running?")
 
 
@@ -446,10 +468,13 @@ def main() -> None:
         worker = subprocess.Popen([sys.executable, "-m", "app.cli", "worker"], cwd=REPO, env=env)
         try:
             client = _login(base)
-            waited = _wait_for_rollup(client, project_id, args.rollup_deadline)
+            figures, counts = _wait_for_rollup(client, url, project_id, args.rollup_deadline,
+                                               seeded["human_rankings"] > COUNT_LIVE_LIMIT)
             print(json.dumps({"bench": "campaign", "case": "first_rollup", "rankings": args.rankings,
-                              "ready_after_s": round(waited, 1), "worker_peak_rss_mb": _rss_mb(worker.pid, "VmHWM"),
-                              "load_avg": os.getloadavg()}), flush=True)
+                              "ready_after_s": round(figures, 1),
+                              "counts_after_s": None if counts is None else round(counts, 1),
+                              "worker_peak_rss_mb": _rss_mb(worker.pid, "VmHWM"), "load_avg": os.getloadavg()}),
+                  flush=True)
             for line in measure_pages(client, project_id, server.pid, args.views, args.rankings):
                 print(json.dumps(line), flush=True)
             result = side_by_side(base, client, project_id, tokens, args.seconds, args.rankings, url, args.rounds,
