@@ -9,6 +9,13 @@ transaction per request (next task, then its ranking) as the API's routes have i
 export and the worker's own code (`Worker.run_one`) writes it. The exported JSONL file is what the process reward
 model trains on.
 
+`mc_label_through_project` makes the same export from Monte-Carlo step labels instead of an annotator's: the prompts
+are imported with their `reference` answers, an engineer starts a Monte-Carlo run through the service the API's
+`POST /api/projects/{id}/mc-step-labels` calls (`monte_carlo.request_mc_labels`, its body checked by the route's own
+`MCStepLabelsIn`) with a local policy directory, the worker runs its `mc_step_labels` job, and the engineer requests
+a steps export whose `source` filter names `mc` with `every_step` on (every labelled step of every completion, the
+right ones after a wrong one included, as a dense process reward needs them).
+
 No HTTP server: the routes only parse, call these services and render.
 """
 
@@ -26,11 +33,13 @@ from app.annotation import queue, rankings, steps
 from app.annotation import tasks as annotation
 from app.exports import service as exports
 from app.imports import service as imports
-from app.models import Export, Project, User
+from app.judge import monte_carlo
+from app.models import Export, Job, JudgeRun, Project, User
 from app.platform.db import make_engine, make_session_factory
 from app.platform.migrate import upgrade
 from app.platform.settings import Settings
 from app.projects import projects
+from app.schemas import MCStepLabelsIn
 from app.worker import Worker
 
 PASSWORD = "scripted annotator password 0123456789"
@@ -52,7 +61,8 @@ class Item:
 
 @dataclass
 class Labelled:
-    """What the project made: the steps export's JSONL file and the counts along the way."""
+    """What the project made: the steps export's JSONL file and the counts along the way (`tasks`: the rankings
+    that hold the labels, one per prompt; `mc_run_id` and `continuations` only for Monte-Carlo labels)."""
 
     path: Path
     rows: int
@@ -60,6 +70,8 @@ class Labelled:
     step_labels: int
     export_id: int
     row_counts: dict[str, int] = field(default_factory=dict)
+    mc_run_id: int | None = None
+    continuations: int = 0
 
 
 def _import_bytes(items: Sequence[Item]) -> bytes:
@@ -136,15 +148,21 @@ def _annotate(factory: Any, project_id: int, annotator_id: int, check: Checker, 
         labels += sum(len(v) for v in step_labels.values())
 
 
-def _export(factory: Any, settings: Settings, project_id: int, engineer_id: int) -> Export:
+def _run_job(factory: Any, settings: Settings, what: str) -> None:
+    """Run the next queued job with the worker's own code."""
+    if not Worker(settings, session_factory=factory, heartbeat_s=0.5).run_one():
+        raise RuntimeError(f"the worker found no {what} job")
+
+
+def _export(factory: Any, settings: Settings, project_id: int, engineer_id: int,
+            filters: dict[str, Any] | None = None, every_step: bool = False) -> Export:
     with factory() as db:
         project = db.get(Project, project_id)
-        export = exports.request_export(db, project, db.get(User, engineer_id), "steps", "jsonl")
+        export = exports.request_export(db, project, db.get(User, engineer_id), "steps", "jsonl", filters=filters,
+                                        every_step=every_step)
         db.commit()
         export_id = export.id
-    # The export job, run by the worker's own code.
-    if not Worker(settings, session_factory=factory, heartbeat_s=0.5).run_one():
-        raise RuntimeError("the worker found no export job")
+    _run_job(factory, settings, "export")
     with factory() as db:
         export = db.get(Export, export_id)
         state = exports.status(db, export)
@@ -154,22 +172,42 @@ def _export(factory: Any, settings: Settings, project_id: int, engineer_id: int)
         return export
 
 
-def label_through_project(items: Sequence[Item], k: int, check: Checker, right: Judge,
-                          workdir: Path | None = None) -> Labelled:
-    """Make the steps export of `items` (see the module's docstring) in `workdir` (database and export files; a new
-    temporary directory when None). Raises when any task, row or label is missing."""
-    if k < 2:
-        raise ValueError(f"k must be at least 2 (a task ranks K completions), got {k}")
-    for n, item in enumerate(items):
-        if len(item.completions) != k or len(set(item.completions)) != k:
-            raise ValueError(f"items[{n}].completions: need {k} distinct completions, got {len(item.completions)}")
+def _open(workdir: Path | None) -> tuple[Settings, Any]:
+    """Settings and an engine on a fresh SQLite database migrated to head, in `workdir` (a new temporary directory
+    when None)."""
     root = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="preflab-steps-"))
     root.mkdir(parents=True, exist_ok=True)
     url = f"sqlite:///{root / 'preflab.db'}"
     upgrade(url)
     settings = Settings(env="dev", database_url=url, data_dir=root / "data",
                         secret_key="bench-secret-key-that-is-long-enough-0123456789abcdef")
-    engine = make_engine(url)
+    return settings, make_engine(url)
+
+
+def _check_items(items: Sequence[Item], k: int) -> None:
+    if k < 2:
+        raise ValueError(f"k must be at least 2 (a task ranks K completions), got {k}")
+    for n, item in enumerate(items):
+        if len(item.completions) != k or len(set(item.completions)) != k:
+            raise ValueError(f"items[{n}].completions: need {k} distinct completions, got {len(item.completions)}")
+
+
+def _export_rows(export: Export, expected: int) -> tuple[Path, list[dict[str, Any]]]:
+    """The export's file and rows; RuntimeError unless it holds one row per labelled completion."""
+    path = exports.file_path(export, "steps.jsonl")
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if len(rows) != expected or export.row_count != expected:
+        raise RuntimeError(f"steps export {export.id} has {len(rows)} rows (row_count {export.row_count}), expected "
+                           f"one per labelled completion: {expected}")
+    return path, rows
+
+
+def label_through_project(items: Sequence[Item], k: int, check: Checker, right: Judge,
+                          workdir: Path | None = None) -> Labelled:
+    """Make the steps export of `items` (see the module's docstring) in `workdir` (database and export files; a new
+    temporary directory when None). Raises when any task, row or label is missing."""
+    _check_items(items, k)
+    settings, engine = _open(workdir)
     try:
         factory = make_session_factory(engine)
         project_id, annotator_id, engineer_id = _setup(factory, items, k)
@@ -179,11 +217,60 @@ def label_through_project(items: Sequence[Item], k: int, check: Checker, right: 
         export = _export(factory, settings, project_id, engineer_id)
     finally:
         engine.dispose()
-    path = exports.file_path(export, "steps.jsonl")
-    rows = sum(1 for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
-    expected = sum(len(item.completions) for item in items)
-    if rows != expected or export.row_count != expected:
-        raise RuntimeError(f"steps export {export.id} has {rows} rows (row_count {export.row_count}), expected one "
-                           f"per labelled completion: {expected}")
-    return Labelled(path=path, rows=rows, tasks=tasks, step_labels=labels, export_id=export.id,
+    path, rows = _export_rows(export, sum(len(item.completions) for item in items))
+    return Labelled(path=path, rows=len(rows), tasks=tasks, step_labels=labels, export_id=export.id,
                     row_counts=dict(export.row_counts or {}))
+
+
+def _mc_run(factory: Any, settings: Settings, project_id: int, engineer_id: int, body: MCStepLabelsIn
+            ) -> tuple[int, dict[str, Any]]:
+    """Start a Monte-Carlo run as the API's route does and run its job; (run id, the job's result)."""
+    with factory() as db:
+        project = db.get(Project, project_id)
+        run, job = monte_carlo.request_mc_labels(
+            db, project, db.get(User, engineer_id), model=body.model, n=body.n, estimate=body.estimate,
+            max_completions=body.max_completions, max_new_tokens=body.max_new_tokens, temperature=body.temperature,
+            seed=body.seed, prompt_ids=body.prompt_ids, checker=body.checker)
+        db.commit()
+        run_id, job_id = run.id, job.id
+    _run_job(factory, settings, "mc_step_labels")
+    with factory() as db:
+        job, run = db.get(Job, job_id), db.get(JudgeRun, run_id)
+        if job.state != "succeeded" or run.state != "succeeded":
+            raise RuntimeError(f"Monte-Carlo run {run_id} is {run.state}, its job {job.state}: {job.error}")
+        return run_id, dict(job.result or {})
+
+
+def mc_label_through_project(items: Sequence[Item], k: int, model_dir: Path, n: int, estimate: str = "hard", *,
+                             seed: int = 0, max_new_tokens: int = 256, temperature: float = 1.0,
+                             workdir: Path | None = None) -> Labelled:
+    """Make a steps export of Monte-Carlo step labels of `items` (each with its `reference`; see the module's
+    docstring): `n` continuations per step sampled by the policy in `model_dir`, labelled by the `estimate`, in
+    `workdir` (as `label_through_project`). Raises when any completion, label or row is missing."""
+    _check_items(items, k)
+    if any(not (item.reference or "").strip() for item in items):
+        raise ValueError("every item needs a reference answer: Monte-Carlo labels check continuations against it")
+    completions = sum(len(item.completions) for item in items)
+    body = MCStepLabelsIn(model=str(model_dir), n=n, estimate=estimate, max_completions=completions,
+                          max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+    settings, engine = _open(workdir)
+    try:
+        factory = make_session_factory(engine)
+        project_id, _, engineer_id = _setup(factory, items, k)
+        run_id, result = _mc_run(factory, settings, project_id, engineer_id, body)
+        if result.get("completions_labelled") != completions:
+            raise RuntimeError(f"Monte-Carlo run {run_id} labelled {result.get('completions_labelled')} "
+                               f"completions, expected {completions}: {result.get('message')}")
+        export = _export(factory, settings, project_id, engineer_id, filters={"source": [monte_carlo.SOURCE]},
+                         every_step=True)
+    finally:
+        engine.dispose()
+    path, rows = _export_rows(export, completions)
+    labels = int(result["step_labels_written"])
+    exported = sum(len(row["labels"]) for row in rows)
+    if exported != labels or any(row["source"] != monte_carlo.SOURCE for row in rows):
+        raise RuntimeError(f"steps export {export.id} holds {exported} step labels, the Monte-Carlo run wrote "
+                           f"{labels} (every step of every completion, source mc, expected)")
+    return Labelled(path=path, rows=len(rows), tasks=len(items), step_labels=labels, export_id=export.id,
+                    row_counts=dict(export.row_counts or {}), mc_run_id=run_id,
+                    continuations=int(result["continuations_sampled"]))

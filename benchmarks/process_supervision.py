@@ -17,9 +17,13 @@ The checkpoint is cached per seed (`--cache`), and every arm of a seed starts fr
 advantage clipped to ±`--clip`, the advantage-scale control: the sum's size grows with the steps left); `mixA`
 (outcome advantage + A·the first_error process advantage, `process_outcome_mix`; `mixA:FORM` picks another form).
 Step rewards are `checker` (each line's exact label, 1 right / 0 wrong given the sum the previous line wrote, the
-upper bound) or `prm`: a process reward model (`training.prm`) trained on Monte-Carlo step labels
-(training/step_estimates.py, hard estimate, `--mc-n` continuations per step from the SFT policy) of SFT samples of
-the training prompts; the PRM is not trained on a steps export made through the product here.
+upper bound) or `prm`: a process reward model (`training.prm`) trained on a steps export made through the app
+(benchmarks/_step_project.py, in-process on a fresh SQLite database): `--prm-k` distinct SFT samples of each of
+`--prm-prompts` training prompts per L are imported into a project with step labels on and the right sum as each
+prompt's reference, the app's Monte-Carlo job labels every step (hard estimate, `--mc-n` continuations per step from
+the SFT checkpoint as its policy), and a steps export whose source filter names `mc`, every labelled step kept, is
+what the PRM trains on (every fifth prompt its held-out split). Its report, `prm` on each process arm's line, gives
+step accuracy on the held-out split, the export's id and rows, and the rows trained on.
 
 **Measures**, per run: final greedy accuracy on held-out chains at L (`accuracy`) and at L = 12 (`accuracy_ood`);
 Pass@K and Maj@K (K = 8, 16, from 16 samples at temperature 1); `trace_error`, the share of those samples with a
@@ -75,7 +79,7 @@ from _png import Series, line_chart  # noqa: E402
 
 from tests.training.tiny import char_tokenizer, save_tiny, sft, tiny_gpt2  # noqa: E402
 from training.config import GRPOConfig, PRMConfig  # noqa: E402
-from training.data import PromptRow, StepRow  # noqa: E402
+from training.data import PromptRow  # noqa: E402
 from training.evaluate import answer_key, pass_at_k, reference_key  # noqa: E402
 from training.grpo import GRPOTrainer  # noqa: E402
 from training.policy import generate_rollouts, load_policy, prepare_tokenizer  # noqa: E402
@@ -202,39 +206,63 @@ def sft_checkpoint(args: argparse.Namespace, seed: int, tok: Any) -> Path:
     return path
 
 
-def mc_step_prm(args: argparse.Namespace, seed: int, setup_tok: Any, sft_path: Path, rows: list[PromptRow]) -> Path:
-    """A PRM trained on Monte-Carlo step labels (hard estimate) of SFT samples of the training prompts."""
-    from training.generation import GenerationParams, HFGenerator
-    from training.prm import train_prm
-    from training.step_estimates import Checker, Solution, estimate_steps
+def distinct_samples(sft_path: Path, tok: Any, prompts: list[str], k: int, seed: int, rounds: int = 3
+                     ) -> dict[str, list[str]]:
+    """K distinct non-empty SFT samples per prompt, in the order sampled (4·K a round, up to `rounds` rounds for a
+    prompt still short of K); a prompt that never gets K is left out."""
+    model, _ = load_policy(sft_path)
+    longest = max(len(operands(p)) - 1 for p in prompts)
+    pool: dict[str, dict[str, None]] = {p: {} for p in prompts}
+    for attempt in range(rounds):
+        todo = [p for p in prompts if len(pool[p]) < k]
+        if not todo:
+            break
+        out = generate_rollouts(model, tok, todo, n=4 * k, max_new_tokens=max_tokens(longest),
+                                seed=seed + 5 + 1000 * attempt)
+        for i, text in enumerate(out.texts):
+            if text.strip():  # the project stores a completion's steps, and an empty one has none
+                pool[todo[i // (4 * k)]].setdefault(text.strip(), None)
+    return {p: list(texts)[:k] for p, texts in pool.items() if len(texts) >= k}
 
-    path = args.cache / f"prm-seed{seed}-mc{args.mc_n}-{sft_path.name}"
+
+def mc_step_prm(args: argparse.Namespace, seed: int, setup_tok: Any, sft_path: Path, rows: list[PromptRow]) -> Path:
+    """A PRM trained on a steps export made through the app: K distinct SFT samples of each training prompt are
+    imported into a project with its right sum as the reference, the app's Monte-Carlo job labels every step (hard
+    estimate, `--mc-n` continuations from the SFT policy), and the PRM trains on the export of those labels (every
+    step; every fifth prompt kept is its held-out split). Cached by everything that makes it."""
+    from _step_project import Item, mc_label_through_project  # the app only here: the task's tests stay off it
+
+    from training.data import load_steps
+    from training.prm import train_prm
+
+    lengths = "-".join(map(str, sorted(set(args.lengths))))
+    path = args.cache / (f"prm-app-seed{seed}-L{lengths}-p{args.prm_prompts}-k{args.prm_k}-mc{args.mc_n}"
+                         f"-e{args.prm_epochs}-{sft_path.name}")
     if (path / "model" / "mc_labels.json").exists():
         return path / "model"
-    model, _ = load_policy(sft_path)
     prompts = [str(r.prompt) for r in rows]
-    longest = max(len(operands(p)) - 1 for p in prompts)
-    samples = generate_rollouts(model, setup_tok, prompts, n=2, max_new_tokens=max_tokens(longest), seed=seed + 5)
-    solutions = []
-    for i, text in enumerate(samples.texts):
-        row = rows[i // 2]
-        ends = split_steps(text)
-        steps = [text[start:end].rstrip("\n") for start, end in zip([0, *ends[:-1]], ends, strict=True)]
-        if text.strip():
-            solutions.append(Solution(prompt=str(row.prompt), text=text, steps=steps, reference=str(row.reference)))
-    params = GenerationParams(temperature=1.0, max_new_tokens=max_tokens(longest), seed=seed + 9)
-    tallies = estimate_steps(HFGenerator(sft_path, device="cpu"), solutions, args.mc_n, params,
-                             Checker("gsm8k_exact_match"))
-    step_rows = [StepRow(prompt=s.prompt, completions=list(s.steps), labels=[t.label("hard") == 1 for t in tally],
-                         split="train" if k % 5 else "heldout")
-                 for k, (s, tally) in enumerate(zip(solutions, tallies, strict=True))]
+    picked = distinct_samples(sft_path, setup_tok, prompts, args.prm_k, seed)
+    references = {str(r.prompt): str(r.reference) for r in rows}
+    kept = [p for p in prompts if p in picked]
+    if len(kept) < 2:
+        raise RuntimeError(f"only {len(kept)} of {len(prompts)} prompts got {args.prm_k} distinct SFT samples: "
+                           "too few to train and score a PRM")
+    items = [Item(prompt=p, completions=picked[p], split="heldout" if i % 5 == 0 else "train",
+                  reference=references[p]) for i, p in enumerate(kept)]
+    longest = max(len(operands(p)) - 1 for p in kept)
+    labelled = mc_label_through_project(items, args.prm_k, sft_path, args.mc_n, "hard", seed=seed + 9,
+                                        max_new_tokens=max_tokens(longest), workdir=path / "project")
+    step_rows = load_steps(labelled.path)
     train = [r for r in step_rows if r.split == "train"]
     heldout = [r for r in step_rows if r.split == "heldout"]
     result = train_prm(PRMConfig(model=str(sft_path), out=str(path), epochs=args.prm_epochs, batch_size=32, lr=3e-3,
                                  max_length=160, eval_every=0, seed=seed, progress=False), train, heldout)
     report = {k: result.eval.get(k) for k in ("step_accuracy", "first_error_accuracy")}
     report |= {"train_rows": len(train), "heldout_rows": len(heldout),
-               "wrong_step_share": statistics.fmean(1 - statistics.fmean(r.labels) for r in step_rows)}
+               "wrong_step_share": statistics.fmean(1 - statistics.fmean(r.labels) for r in step_rows),
+               "export_id": labelled.export_id, "export_rows": labelled.rows, "mc_run_id": labelled.mc_run_id,
+               "step_labels": labelled.step_labels, "continuations": labelled.continuations,
+               "prompts": len(kept), "prompts_left_out": len(prompts) - len(kept)}
     (path / "model" / "mc_labels.json").write_text(json.dumps(report), encoding="utf-8")
     return path / "model"
 
@@ -521,6 +549,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--n-embd", type=int, default=64)
     parser.add_argument("--mc-n", type=int, default=4, help="prm: continuations per step for the Monte-Carlo labels")
     parser.add_argument("--prm-prompts", type=int, default=48, help="prm: training prompts per L sampled for labels")
+    parser.add_argument("--prm-k", type=int, default=2,
+                        help="prm: distinct SFT samples per prompt imported into the project (K, at least 2)")
     parser.add_argument("--prm-epochs", type=int, default=8)
     parser.add_argument("--cache", type=Path, default=CACHE, help="where the SFT checkpoints (and PRMs) are kept")
     parser.add_argument("--from-lines", type=Path, nargs="+", default=None,
