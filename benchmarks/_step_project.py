@@ -26,7 +26,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from app.accounts import users
 from app.annotation import queue, rankings, steps
@@ -241,7 +241,8 @@ def _mc_run(factory: Any, settings: Settings, project_id: int, engineer_id: int,
         return run_id, dict(job.result or {})
 
 
-def mc_label_through_project(items: Sequence[Item], k: int, model_dir: Path, n: int, estimate: str = "hard", *,
+def mc_label_through_project(items: Sequence[Item], k: int, model_dir: Path, n: int,
+                             estimate: Literal["hard", "soft"] = "hard", *,
                              seed: int = 0, max_new_tokens: int = 256, temperature: float = 1.0,
                              workdir: Path | None = None) -> Labelled:
     """Make a steps export of Monte-Carlo step labels of `items` (each with its `reference`; see the module's

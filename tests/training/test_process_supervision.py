@@ -1,5 +1,7 @@
 """benchmarks/process_supervision.py --quick: one JSON line per run with the documented fields, a summary line with
-per-arm intervals, and a policy that training moved away from its SFT checkpoint."""
+per-arm intervals, and a policy that training moved away from its SFT checkpoint; with `--step-rewards prm`, a PRM
+trained on the rows of a steps export the app made from its own Monte-Carlo step labels (the benchmark runs in a
+subprocess: these tests never import the app)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,13 +23,23 @@ RUN_FIELDS = {"bench", "arm", "L", "seed", "step_rewards", "accuracy", "accuracy
               "trace_error", "kl", "lines", "updates_to_target", "curve"}
 
 
-@pytest.mark.slow
-def test_quick_run_prints_the_documented_lines_and_trains_the_policy(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One cache for the module's runs: the quick SFT checkpoint is fitted once."""
+    return tmp_path_factory.mktemp("process-supervision-cache")
+
+
+def quick_run(cache: Path, *extra: str) -> list[dict[str, Any]]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "process_supervision.py"), "--quick",
-                          "--cache", str(tmp_path / "cache"), "--plot", str(tmp_path / "curve.png")],
+                          "--cache", str(cache), *extra],
                          capture_output=True, text=True, env=env, cwd=ROOT, check=True).stdout
-    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+@pytest.mark.slow
+def test_quick_run_prints_the_documented_lines_and_trains_the_policy(tmp_path: Path, cache: Path) -> None:
+    lines = quick_run(cache, "--plot", str(tmp_path / "curve.png"))
     runs = [line for line in lines if "arm" in line]
     assert {r["arm"] for r in runs} == {"outcome", "min"}
     for run in runs:
@@ -44,6 +57,21 @@ def test_quick_run_prints_the_documented_lines_and_trains_the_policy(tmp_path: P
     assert low <= mean <= high
     assert "accuracy_vs_outcome" in summary["by_arm"]["min"]["2"]
     assert (tmp_path / "curve-L2.png").read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.slow
+def test_the_prm_trains_on_the_apps_export_of_its_monte_carlo_step_labels(cache: Path) -> None:
+    runs = [line for line in quick_run(cache, "--step-rewards", "prm") if "arm" in line]
+    assert {r["arm"] for r in runs} == {"outcome", "min"}
+    assert all(r["step_rewards"] == "prm" for r in runs)
+    report = next(r for r in runs if r["arm"] == "min")["prm"]
+    # every kept prompt's K = 2 completions is one exported row, split by prompt into train and held-out
+    assert report["export_rows"] == 2 * report["prompts"] == report["train_rows"] + report["heldout_rows"]
+    assert report["train_rows"] > 0 and report["heldout_rows"] > 0
+    assert report["export_id"] >= 1 and report["mc_run_id"] >= 1
+    assert report["step_labels"] >= report["export_rows"]  # every step of every completion, one at least each
+    assert report["continuations"] > 0 and 0.0 <= report["step_accuracy"] <= 1.0
+    assert "prm" not in next(r for r in runs if r["arm"] == "outcome")
 
 
 def test_the_line_checker_judges_each_line_given_the_sum_written_before_it() -> None:
