@@ -40,7 +40,7 @@ accuracy against updates (mean over seeds; PATH gets `-L2`, `-L8` … before its
 
     .venv/bin/python benchmarks/process_supervision.py [--lengths 2 4 8] [--seeds 0 1 2 3 4]
         [--arms outcome sum mean min first_error progress mix0.1 mix0.3] [--step-rewards checker|prm] [--quick]
-        [--plot PATH]
+        [--plot PATH] [--prm-k K] [--mc-n N]
 
 **Cost.** A run costs about `updates` × (sampling G × prompts_per_step chains + one optimisation pass) plus a greedy
 curve point every `--curve-every` updates, so it grows with L. How the defaults were sized: a slice of 10 updates
@@ -50,6 +50,8 @@ L = 8 (less for an arm whose answers shrink), so with about 10 s at L = 4 the de
 9 arms × 35 s × 5 seeds + 5 × 80 s ≈ 33 min of CPU on one idle core, under the 90 minutes allowed for 2 idle cores
 even at twice these figures. Two worker processes with the seeds split between them (`--seeds 0 1 2` and
 `--seeds 3 4`, each to a file, then `--from-lines FILE FILE` to summarise both) use both cores.
+With `--step-rewards prm`, each seed first makes its PRM through the app: at L = 8 (48 prompts, K = 2, N = 4: 2,704
+continuations, 772 step labels, 8 epochs) about 17 s of CPU on one thread, cached like the SFT checkpoint.
 `--quick` is a one-seed, L = 2, two-arm, six-update version for CI (about a minute, its SFT fit included).
 """
 
