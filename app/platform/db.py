@@ -202,6 +202,10 @@ def get_or_missing(db: Session, model: type[T], key: int, message: str) -> T:
     return row
 
 
+SessionFactory = sessionmaker[Session]
+"""What makes a process's sessions (a job handler names it without importing SQLAlchemy's machinery)."""
+
+
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(bind=engine, expire_on_commit=False, autoflush=True)
 

@@ -20,10 +20,10 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from app.jobs.context import JobContext, JobError, job_row
-from app.platform.db import run_transaction
+from app.platform.db import SessionFactory, run_transaction
 from app.projects import projects
 from app.quality import rollups, upkeep
 
@@ -83,7 +83,7 @@ def _drain(ctx: JobContext) -> dict[str, Any]:
     return done
 
 
-def _drain_batches(factory: sessionmaker[Session], project_id: int, done: dict[str, int], most: int,
+def _drain_batches(factory: SessionFactory, project_id: int, done: dict[str, int], most: int,
                    progress: Callable[[int], None] | None = None, *, wait: bool = True) -> str:
     """Drain the project batch after batch (one transaction each) until no full batch waits, or `most` batches ran;
     adds what each folded to `done`. How it ended: "drained", "more waiting", "rebuild first", or "busy" (`wait`
@@ -123,7 +123,7 @@ class Sweeper:
     fresh as the sweep, whether or not anyone looks, and a view reads them and does nothing else. Several workers
     sweep without waiting on one another: a project another drain holds is left to it."""
 
-    def __init__(self, factory: sessionmaker[Session], every_s: float) -> None:
+    def __init__(self, factory: SessionFactory, every_s: float) -> None:
         self.factory = factory
         self.every_s = max(every_s, MIN_SWEEP_S)
         self.stopping = threading.Event()

@@ -370,7 +370,7 @@ def test_the_workers_sweeper_keeps_the_figures_up_to_date_with_nobody_looking(
     db.commit()
     pid = campaign.project.id
     assert upkeep.waiting(db, pid, 100) == ANNOTATORS and upkeep.rankings(db, pid) == 0
-    db.rollback()  # this session's read ends: SQLite lets no one commit a write while it reads
+    db.rollback()  # the test's read ends: SQLite lets no one commit a write while a transaction reads
 
     done = Sweeper(make_session_factory(clean_engine), 2.0).sweep()
 
