@@ -17,14 +17,15 @@ folded in, each compared with the ones there (O(n) per new ranking, partial.exte
 or changed, a removed ranking's id reused, a gold order set or cleared) computes the group from all its rankings. Either
 way the state equals partial.group_state of its rankings.
 
-Who drains: each worker process's sweeper (app.quality.sweeper), every PREFLAB_AGREEMENT_DRAIN_EVERY_S (2 s), at a
-lower CPU priority (nice +10), for every project with marks waiting: the figures are that fresh whether or not anyone
-looks, and a view reads the totals and nothing else. Where no worker keeps up (none running, or one behind), a view of
-the figures drains itself once the last drain is VIEW_AFTER sweeps old, when few marks wait (INLINE_MARKS, of groups
-holding at most INLINE_RANKINGS rankings: a few ms); more marks, or larger groups, and it queues a `project_rollup` job
-with `{"agreement": "drain"}` that drains batch after batch. The page says as of when its figures are. A state computed
-under older formulas (AGREEMENT_FORMULA) is rebuilt once by a job with `{"agreement": "rebuild"}`, as `preflab
-agreement rebuild` does on demand: every state and total deleted and every group drained again, in one transaction.
+Who drains: each worker process's sweeper (app.quality.rollup_job.Sweeper), every PREFLAB_AGREEMENT_DRAIN_EVERY_S
+(2 s), at a lower CPU priority (nice +10), for every project with marks waiting: the figures are that fresh whether or
+not anyone looks, and a view reads the totals and nothing else. Where no worker keeps up (none running, or one
+behind), a view of the figures drains itself once the last drain is VIEW_AFTER sweeps old, when few marks wait
+(INLINE_MARKS, of groups holding at most INLINE_RANKINGS rankings: a few ms); more marks, or larger groups, and it
+queues a `project_rollup` job with `{"agreement": "drain"}` that drains batch after batch. The page says as of when
+its figures are. A state computed under older formulas (AGREEMENT_FORMULA) is rebuilt once by a job with
+`{"agreement": "rebuild"}`, as `preflab agreement rebuild` does on demand: every state and total deleted and every
+group drained again, in one transaction.
 """
 
 from __future__ import annotations
