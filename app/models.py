@@ -667,7 +667,9 @@ class AgreementGroup(Base):
     version: Mapped[int] = mapped_column(Integer, primary_key=True)
     project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
     state: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
-    """Totals key ("p", "a:<user id>", "h:<hour>", "d:<day>", "w:<week>") → the integer counts it adds there."""
+    """Totals key ("p", "a:<user id>", "h:<hour>", "d:<day>", "w:<week>") → the integer counts it adds there. Empty in
+    a rubric version's row whose state is version 0's (every ranking of the group is of that version, the usual
+    case): that row's `state` and `folded` hold it, written once."""
     agreement: Mapped[float | None] = mapped_column(Float)
     """Mean pairwise agreement of the group's comparisons (None: none): the disagreements page's order."""
     shared: Mapped[bool] = mapped_column(Boolean, default=False)
@@ -691,21 +693,11 @@ class AgreementTotal(Base):
     key: Mapped[int] = mapped_column(Integer, primary_key=True)
     rankings: Mapped[int] = mapped_column(Integer, default=0)
     state: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    seconds: Mapped[dict[str, int] | None] = mapped_column(NullableJSON)
+    """The key's seconds as a histogram, tenth of a second → non-skipped rankings (None or {}: none): the median's
+    source, read and written by the drains alone (a page reads `median_seconds`)."""
     median_seconds: Mapped[float | None] = mapped_column(Float)
-    """The median of the key's seconds (to the tenth), read off agreement_seconds when a drain changed them."""
-
-
-class AgreementSeconds(Base):
-    """How many non-skipped rankings of one totals key took `tenth` tenths of a second: the median's histogram."""
-
-    __tablename__ = "agreement_seconds"
-
-    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), primary_key=True)
-    version: Mapped[int] = mapped_column(Integer, primary_key=True)
-    kind: Mapped[str] = mapped_column(String(1), primary_key=True)
-    key: Mapped[int] = mapped_column(Integer, primary_key=True)
-    tenth: Mapped[int] = mapped_column(Integer, primary_key=True)
-    n: Mapped[int] = mapped_column(Integer, default=0)
+    """The median of the key's seconds (to the tenth), read off `seconds` when a drain changed them."""
 
 
 class Webhook(Base):

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, delete, func, insert, literal, select, text, tuple_, update
+from sqlalchemy import bindparam, delete, func, insert, literal, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from app.jobs import queue as jobs
@@ -44,7 +44,6 @@ from app.models import (
     AGREEMENT_FORMULA,
     AgreementGroup,
     AgreementMark,
-    AgreementSeconds,
     AgreementState,
     AgreementTotal,
     Job,
@@ -77,8 +76,7 @@ REBUILD_PROMPTS = 2_000
 REBUILD_FLUSH = 25
 """Batches of prompts whose changes to the totals a rebuild sums before writing them (memory: a few tens of MB)."""
 
-_MARKS, _GROUPS, _TOTALS, _SECONDS = (AgreementMark.__table__, AgreementGroup.__table__, AgreementTotal.__table__,
-                                      AgreementSeconds.__table__)
+_MARKS, _GROUPS, _TOTALS = AgreementMark.__table__, AgreementGroup.__table__, AgreementTotal.__table__
 TotalsKey = tuple[int, str, int]
 """(rubric version, 0 for all; kind "p" | "a" | "h" | "d" | "w"; key)."""
 
@@ -142,7 +140,7 @@ def drain(db: Session, project: Project, *, limit: int = DRAIN_BATCH, wait: bool
     before = _flag_view(db, project) if groups else None
     tally: Counter[str] = Counter()
     if groups:
-        _medians(db, project.id, _apply(db, project.id, _recompute(db, project, groups, tally=tally)))
+        _apply(db, project.id, _recompute(db, project, groups, tally=tally))
         db.execute(delete(_MARKS).where(_MARKS.c.id.in_([m.id for m in marks])))
     counted = _recount(db, project, state)
     if before is not None:
@@ -275,8 +273,7 @@ def _recompute(db: Session, project: Project, groups: set[tuple[int, int]] | Non
         select(AgreementGroup.prompt_id, AgreementGroup.round, AgreementGroup.version, AgreementGroup.state,
                AgreementGroup.agreement, AgreementGroup.shared, AgreementGroup.gold_ranked, AgreementGroup.folded)
         .where(AgreementGroup.prompt_id.in_(prompt_ids)))}
-    replaced = {k: GroupState(row.state, row.agreement, row.shared, row.gold_ranked, row.folded)
-                for k, row in old.items() if (k[0], k[1]) in groups}
+    replaced = {k: _kept_state(old, k) for k in old if (k[0], k[1]) in groups}
     new = new_states(rows, groups, _gold(db, prompt_ids), replaced, tally)
     deltas: dict[int, State] = defaultdict(dict)
     for version in {k[2] for k in new} | {k[2] for k in replaced}:
@@ -285,6 +282,13 @@ def _recompute(db: Session, project: Project, groups: set[tuple[int, int]] | Non
     _distinct_prompts(deltas, new, old, groups)
     _write_groups(db, project.id, groups, new)
     return deltas
+
+
+def _kept_state(rows: dict[GroupKey, Any], key: GroupKey) -> GroupState:
+    """A group's kept state in one scope; a rubric version's row with an empty state holds version 0's."""
+    row = rows[key]
+    held = rows[(key[0], key[1], 0)] if key[2] and not row.state else row
+    return GroupState(held.state, row.agreement, row.shared, row.gold_ranked, held.folded)
 
 
 def _distinct_prompts(deltas: dict[int, State], new: dict[GroupKey, GroupState], old: dict[GroupKey, Any],
@@ -311,47 +315,68 @@ def _write_groups(db: Session, project_id: int, groups: set[tuple[int, int]],
     prompts = sorted({p for p, _ in groups})  # the primary key's first column: an index range per prompt
     db.execute(delete(_GROUPS).where(_GROUPS.c.prompt_id.in_(prompts),
                                      tuple_(_GROUPS.c.prompt_id, _GROUPS.c.round).in_(sorted(groups))))
-    rows = [{"prompt_id": p, "round": r, "version": v, "project_id": project_id, "state": s.parts,
-             "agreement": s.agreement, "shared": s.shared, "gold_ranked": s.gold_ranked, "folded": s.folded}
-            for (p, r, v), s in new.items()]
+    rows = []
+    for (p, r, v), s in new.items():
+        same = v != 0 and s is new[(p, r, 0)]  # written once, in version 0's row
+        rows.append({"prompt_id": p, "round": r, "version": v, "project_id": project_id,
+                     "state": {} if same else s.parts, "agreement": s.agreement, "shared": s.shared,
+                     "gold_ranked": s.gold_ranked, "folded": None if same else s.folded})
     if rows:
         db.execute(insert(_GROUPS), rows)
 
 
-def _apply(db: Session, project_id: int, deltas: dict[int, State]) -> set[TotalsKey]:
-    """Add each scope's delta to its totals (rows created, and deleted once no ranking is left in them, the
-    project's own kept); the keys whose seconds changed (their histograms updated here)."""
+def _apply(db: Session, project_id: int, deltas: dict[int, State]) -> None:
+    """Add each scope's delta to its totals and its histogram of seconds, and read the median off the histogram
+    where it changed (rows created, and deleted once no ranking is left in them, the project's own kept)."""
     wanted = {(v, *_split(key)): part for v, delta in deltas.items() for key, part in delta.items()}
     if not wanted:
-        return set()
-    found = {(r.version, r.kind, r.key): r.state for r in db.execute(
-        select(AgreementTotal.version, AgreementTotal.kind, AgreementTotal.key, AgreementTotal.state)
+        return
+    found = {(r.version, r.kind, r.key): r for r in db.execute(
+        select(AgreementTotal.version, AgreementTotal.kind, AgreementTotal.key, AgreementTotal.state,
+               AgreementTotal.seconds, AgreementTotal.median_seconds)
         .where(AgreementTotal.project_id == project_id,
                tuple_(AgreementTotal.version, AgreementTotal.kind, AgreementTotal.key).in_(sorted(wanted))))}
-    seconds: list[dict[str, Any]] = []
     inserts: list[dict[str, Any]] = []
     updates: list[dict[str, Any]] = []
     gone: list[TotalsKey] = []
     for key, part in wanted.items():
-        kept = {}
+        row = found.get(key)
+        total, seconds = dict(row.state if row else {}), dict(row.seconds or {}) if row else {}
+        kept, tenths = {}, {}
         for name, n in part.items():
-            if name.startswith("s."):  # the histogram has its own rows
-                seconds.append({"project_id": project_id, "version": key[0], "kind": key[1], "key": key[2],
-                                "tenth": int(name[2:]), "n": n})
+            if name.startswith("s."):  # the histogram has its own column
+                tenths[name[2:]] = n
             else:
                 kept[name] = n
-        total = dict(found.get(key) or {})
         partial.add(total, kept)
+        partial.add(seconds, tenths)
         values = {"project_id": project_id, "version": key[0], "kind": key[1], "key": key[2],
-                  "rankings": int(total.get("n", 0)), "state": total}
+                  "rankings": int(total.get("n", 0)), "state": total, "seconds": seconds or None,
+                  "median_seconds": _median(seconds) if tenths or row is None else row.median_seconds}
         if not total.get("n") and key[1] != "p":
             gone.append(key)
         else:
-            (updates if key in found else inserts).append(values)
+            (updates if row is not None else inserts).append(values)
     _write_totals(db, project_id, inserts, updates, gone)
-    if seconds:
-        _add_seconds(db, seconds)
-    return {(s["version"], s["kind"], s["key"]) for s in seconds} - set(gone)
+
+
+def _median(seconds: dict[str, int]) -> float | None:
+    """The median of a histogram of tenths (tenth → rankings), in seconds: the first tenths where the running count
+    reaches the middle one or two positions."""
+    total = sum(seconds.values())
+    if not total:
+        return None
+    lo_at, hi_at = (total + 1) // 2, total // 2 + 1
+    lo = hi = None
+    upto = 0
+    for t in sorted(int(k) for k in seconds):
+        upto += seconds[str(t)]
+        if lo is None and upto >= lo_at:
+            lo = t
+        if upto >= hi_at:
+            hi = t
+            break
+    return median_of_tenths((lo if lo is not None else hi, hi)) if hi is not None else None
 
 
 def _split(key: str) -> tuple[str, int]:
@@ -367,66 +392,16 @@ def _write_totals(db: Session, project_id: int, inserts: list[dict[str, Any]], u
         db.execute(update(_TOTALS).where(_TOTALS.c.project_id == _bound("project_id"),
                                          _TOTALS.c.version == _bound("version"), _TOTALS.c.kind == _bound("kind"),
                                          _TOTALS.c.key == _bound("key"))
-                   .values(rankings=_bound("rankings"), state=_bound("state")),
+                   .values(rankings=_bound("rankings"), state=_bound("state"), seconds=_bound("seconds"),
+                           median_seconds=_bound("median_seconds")),
                    [{f"b_{k}": v for k, v in row.items()} for row in updates])
-    for table in (_TOTALS, _SECONDS) if gone else ():
-        db.execute(delete(table).where(table.c.project_id == project_id,
-                                       tuple_(table.c.version, table.c.kind, table.c.key).in_(gone)))
+    if gone:
+        db.execute(delete(_TOTALS).where(_TOTALS.c.project_id == project_id,
+                                         tuple_(_TOTALS.c.version, _TOTALS.c.kind, _TOTALS.c.key).in_(gone)))
 
 
 def _bound(name: str) -> Any:
     return bindparam(f"b_{name}", type_=_TOTALS.c[name].type)
-
-
-_ADD_SECONDS_PG = text(
-    "INSERT INTO agreement_seconds (project_id, version, kind, key, tenth, n) "
-    "SELECT :project_id, * FROM unnest(CAST(:version AS integer[]), CAST(:kind AS varchar[]), "
-    "CAST(:key AS integer[]), CAST(:tenth AS integer[]), CAST(:n AS integer[])) "
-    "ON CONFLICT (project_id, version, kind, key, tenth) DO UPDATE SET n = agreement_seconds.n + excluded.n")
-
-
-def _add_seconds(db: Session, rows: list[dict[str, Any]]) -> None:
-    """Histogram counts added (a row created where missing), each (key, tenth) once: one statement for all of them
-    (on Postgres the rows go as five arrays, not a statement each)."""
-    if db.get_bind().dialect.name == "postgresql":
-        columns = {name: [row[name] for row in rows] for name in ("version", "kind", "key", "tenth", "n")}
-        db.execute(_ADD_SECONDS_PG, {"project_id": rows[0]["project_id"]} | columns)
-    else:
-        stmt = _dialect_insert(db, _SECONDS)
-        db.execute(stmt.on_conflict_do_update(index_elements=["project_id", "version", "kind", "key", "tenth"],
-                                              set_={"n": _SECONDS.c.n + stmt.excluded.n}), rows)
-    # A tenth whose rankings were all taken away leaves no row behind (a histogram is as long as its distinct times).
-    emptied = sorted({(r["version"], r["kind"], r["key"], r["tenth"]) for r in rows if r["n"] < 0})
-    for chunk in _chunks(emptied, 500):
-        db.execute(delete(_SECONDS).where(
-            _SECONDS.c.project_id == rows[0]["project_id"], _SECONDS.c.n <= 0,
-            tuple_(_SECONDS.c.version, _SECONDS.c.kind, _SECONDS.c.key, _SECONDS.c.tenth).in_(chunk)))
-
-
-def _medians(db: Session, project_id: int, keys: set[TotalsKey]) -> None:
-    """The median of each key's seconds, read off its histogram by the database (the keys a drain changed, only):
-    a running count over each histogram, and the first tenths where it reaches the middle one or two positions."""
-    middles: dict[TotalsKey, tuple[int, int]] = {}
-    by = (_SECONDS.c.version, _SECONDS.c.kind, _SECONDS.c.key)
-    for chunk in _chunks(sorted(keys), 500):
-        running = (select(*by, _SECONDS.c.tenth,
-                          func.sum(_SECONDS.c.n).over(partition_by=by, order_by=_SECONDS.c.tenth).label("upto"),
-                          func.sum(_SECONDS.c.n).over(partition_by=by).label("total"))
-                   .where(_SECONDS.c.project_id == project_id, _SECONDS.c.n > 0, tuple_(*by).in_(chunk))
-                   .subquery())
-        lo = func.min(running.c.tenth).filter(running.c.upto >= (running.c.total + 1) // 2)
-        hi = func.min(running.c.tenth).filter(running.c.upto >= running.c.total // 2 + 1)
-        for r in db.execute(select(running.c.version, running.c.kind, running.c.key, lo, hi)
-                            .group_by(running.c.version, running.c.kind, running.c.key)):
-            middles[(r[0], r[1], r[2])] = (r[3], r[4])
-    rows = [{"b_project_id": project_id, "b_version": v, "b_kind": kind, "b_key": key,
-             "b_median_seconds": median_of_tenths(middles[(v, kind, key)]) if (v, kind, key) in middles else None}
-            for v, kind, key in keys]
-    if rows:
-        db.execute(update(_TOTALS).where(_TOTALS.c.project_id == _bound("project_id"),
-                                         _TOTALS.c.version == _bound("version"), _TOTALS.c.kind == _bound("kind"),
-                                         _TOTALS.c.key == _bound("key"))
-                   .values(median_seconds=_bound("median_seconds")), rows)
 
 
 def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
@@ -460,11 +435,10 @@ def rebuild(db: Session, project: Project) -> Drained:
     started, t0 = utcnow(), time.perf_counter()
     before = _flag_view(db, project) if state.formula == AGREEMENT_FORMULA else None
     db.execute(delete(_MARKS).where(_MARKS.c.project_id == project.id))
-    for table in (_GROUPS, _TOTALS, _SECONDS):
+    for table in (_GROUPS, _TOTALS):
         db.execute(delete(table).where(table.c.project_id == project.id))
     ranked = select(Ranking.prompt_id).where(Ranking.project_id == project.id, Ranking.source == "human").distinct()
     prompt_ids = sorted(db.scalars(ranked))
-    touched: set[TotalsKey] = set()
     pending: dict[int, State] = defaultdict(lambda: defaultdict(dict))
     groups = 0
     for i, chunk in enumerate(_chunks(prompt_ids, REBUILD_PROMPTS)):
@@ -474,10 +448,9 @@ def rebuild(db: Session, project: Project) -> Drained:
             for key, part in delta.items():
                 partial.add(pending[version][key], part)
         if (i + 1) % REBUILD_FLUSH == 0:
-            touched |= _apply(db, project.id, pending)
+            _apply(db, project.id, pending)
             pending.clear()
-    touched |= _apply(db, project.id, pending)
-    _medians(db, project.id, touched)
+    _apply(db, project.id, pending)
     groups = int(db.scalar(select(func.count()).select_from(_GROUPS).where(_GROUPS.c.project_id == project.id,
                                                                            _GROUPS.c.version == 0)) or 0)
     _recount(db, project, state)
