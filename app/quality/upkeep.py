@@ -36,7 +36,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, delete, func, insert, literal, select, tuple_, update
+from sqlalchemy import Integer, any_, bindparam, delete, func, insert, literal, select, tuple_, update
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
 from app.jobs import queue as jobs
@@ -141,7 +142,7 @@ def drain(db: Session, project: Project, *, limit: int = DRAIN_BATCH, wait: bool
     tally: Counter[str] = Counter()
     if groups:
         _apply(db, project.id, _recompute(db, project, groups, tally=tally))
-        db.execute(delete(_MARKS).where(_MARKS.c.id.in_([m.id for m in marks])))
+        db.execute(delete(_MARKS).where(_among(db, _MARKS.c.id, [m.id for m in marks])))
     counted = _recount(db, project, state)
     if before is not None:
         _announce(db, project, before, _flag_view(db, project))
@@ -205,8 +206,8 @@ def _recount(db: Session, project: Project, state: AgreementState) -> bool:
 
 def _gold(db: Session, prompt_ids: Any) -> dict[int, Any]:
     """prompt id → gold tiers, for the gold prompts among `prompt_ids` (a list or a subquery)."""
-    rows = db.execute(select(Prompt.id, Prompt.gold_tiers)
-                      .where(Prompt.id.in_(prompt_ids), Prompt.gold_tiers.is_not(None)))
+    among = _among(db, Prompt.id, prompt_ids) if isinstance(prompt_ids, list) else Prompt.id.in_(prompt_ids)
+    rows = db.execute(select(Prompt.id, Prompt.gold_tiers).where(among, Prompt.gold_tiers.is_not(None)))
     return {pid: tiers for pid, tiers in rows if tiers}  # JSON null reads back as None too
 
 
@@ -217,7 +218,7 @@ def _rankings(db: Session, prompt_ids: list[int]) -> Iterator[Any]:
                Ranking.display_order, Ranking.skipped, Ranking.seconds_spent, Ranking.created_at,
                Rubric.version.label("rubric_version"))
         .outerjoin(Rubric, Ranking.rubric_id == Rubric.id)
-        .where(Ranking.prompt_id.in_(prompt_ids), Ranking.source == "human")
+        .where(_among(db, Ranking.prompt_id, prompt_ids), Ranking.source == "human")
         .order_by(Ranking.prompt_id, Ranking.round, Ranking.id)))
 
 
@@ -272,7 +273,7 @@ def _recompute(db: Session, project: Project, groups: set[tuple[int, int]] | Non
     old = {(row.prompt_id, row.round, row.version): row for row in db.execute(
         select(AgreementGroup.prompt_id, AgreementGroup.round, AgreementGroup.version, AgreementGroup.state,
                AgreementGroup.agreement, AgreementGroup.shared, AgreementGroup.gold_ranked, AgreementGroup.folded)
-        .where(AgreementGroup.prompt_id.in_(prompt_ids)))}
+        .where(_among(db, AgreementGroup.prompt_id, prompt_ids)))}
     replaced = {k: _kept_state(old, k) for k in old if (k[0], k[1]) in groups}
     new = new_states(rows, groups, _gold(db, prompt_ids), replaced, tally)
     deltas: dict[int, State] = defaultdict(dict)
@@ -313,8 +314,9 @@ def _distinct_prompts(deltas: dict[int, State], new: dict[GroupKey, GroupState],
 def _write_groups(db: Session, project_id: int, groups: set[tuple[int, int]],
                   new: dict[GroupKey, GroupState]) -> None:
     prompts = sorted({p for p, _ in groups})  # the primary key's first column: an index range per prompt
-    db.execute(delete(_GROUPS).where(_GROUPS.c.prompt_id.in_(prompts),
-                                     tuple_(_GROUPS.c.prompt_id, _GROUPS.c.round).in_(sorted(groups))))
+    pairs = sorted(groups)
+    db.execute(delete(_GROUPS).where(_among(db, _GROUPS.c.prompt_id, prompts),
+                                     _pairs_among(db, _GROUPS.c.prompt_id, _GROUPS.c.round, pairs)))
     rows = []
     for (p, r, v), s in new.items():
         same = v != 0 and s is new[(p, r, 0)]  # written once, in version 0's row
@@ -402,6 +404,22 @@ def _write_totals(db: Session, project_id: int, inserts: list[dict[str, Any]], u
 
 def _bound(name: str) -> Any:
     return bindparam(f"b_{name}", type_=_TOTALS.c[name].type)
+
+
+def _among(db: Session, column: Any, values: list[int]) -> Any:
+    """`column IN values`; on Postgres `column = ANY(array)`: one parameter, so the statement's text is the same
+    whatever the count, and the driver parses it once rather than a placeholder per value each drain."""
+    if db.get_bind().dialect.name == "postgresql":
+        return column == any_(bindparam(None, list(values), type_=ARRAY(Integer)))
+    return column.in_(values)
+
+
+def _pairs_among(db: Session, first: Any, second: Any, pairs: list[tuple[int, int]]) -> Any:
+    """`(first, second) IN pairs`; on Postgres against two unnested arrays (as `_among`)."""
+    if db.get_bind().dialect.name == "postgresql":
+        arrays = [bindparam(None, [pair[i] for pair in pairs], type_=ARRAY(Integer)) for i in (0, 1)]
+        return tuple_(first, second).in_(select(func.unnest(arrays[0]), func.unnest(arrays[1])))
+    return tuple_(first, second).in_(pairs)
 
 
 def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
