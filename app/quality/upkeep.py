@@ -78,6 +78,8 @@ REBUILD_FLUSH = 25
 """Batches of prompts whose changes to the totals a rebuild sums before writing them (memory: a few tens of MB)."""
 
 _MARKS, _GROUPS, _TOTALS = AgreementMark.__table__, AgreementGroup.__table__, AgreementTotal.__table__
+FLAGGED = "annotator.flagged"
+"""The webhook event a drain fires for each flag its figures raise that they did not before."""
 TotalsKey = tuple[int, str, int]
 """(rubric version, 0 for all; kind "p" | "a" | "h" | "d" | "w"; key)."""
 
@@ -138,7 +140,8 @@ def drain(db: Session, project: Project, *, limit: int = DRAIN_BATCH, wait: bool
     marks = list(db.execute(select(AgreementMark.id, AgreementMark.prompt_id, AgreementMark.round)
                             .where(AgreementMark.project_id == project.id).order_by(AgreementMark.id).limit(limit)))
     groups = {(m.prompt_id, m.round) for m in marks}
-    before = _flag_view(db, project) if groups else None
+    # The flags are compared before and after only where a webhook listens for new ones (two reports' work).
+    before = _flag_view(db, project) if groups and webhooks.wanted(db, project.id, FLAGGED) else None
     tally: Counter[str] = Counter()
     if groups:
         _apply(db, project.id, _recompute(db, project, groups, tally=tally))
@@ -451,7 +454,8 @@ def rebuild(db: Session, project: Project) -> Drained:
     state = lock(db, project.id)
     assert state is not None  # waited for
     started, t0 = utcnow(), time.perf_counter()
-    before = _flag_view(db, project) if state.formula == AGREEMENT_FORMULA else None
+    before = (_flag_view(db, project) if state.formula == AGREEMENT_FORMULA and webhooks.wanted(db, project.id, FLAGGED)
+              else None)
     db.execute(delete(_MARKS).where(_MARKS.c.project_id == project.id))
     for table in (_GROUPS, _TOTALS):
         db.execute(delete(table).where(table.c.project_id == project.id))
@@ -571,6 +575,6 @@ def _announce(db: Session, project: Project, before: dict[int, tuple[Any, set[st
     names = dict(db.execute(select(User.id, User.name).where(User.id.in_(list(fresh)))).all())
     for uid, kinds in sorted(fresh.items()):
         stats = after[uid][0]
-        webhooks.fire(db, project.id, "annotator.flagged", {
+        webhooks.fire(db, project.id, FLAGGED, {
             "user_id": uid, "name": names.get(uid, ""), "flags": kinds, "rankings": stats.rankings,
             "url": f"/projects/{project.id}/agreement/annotators/{uid}"})

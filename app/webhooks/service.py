@@ -124,11 +124,21 @@ def list_deliveries(db: Session, actor: User, project: Project, hook: Webhook,
                            .order_by(WebhookDelivery.id.desc()).limit(limit)))
 
 
-def fire(db: Session, project_id: int, event: str, data: dict[str, Any]) -> list[WebhookDelivery]:
-    """A delivery (and its job) for every hook of the project that wants `event`, in the caller's transaction."""
+def wanted(db: Session, project_id: int, event: str) -> bool:
+    """Whether any hook of the project wants `event`: a caller whose event costs work to find skips that work
+    where nobody listens."""
+    return bool(_hooks(db, project_id, event))
+
+
+def _hooks(db: Session, project_id: int, event: str) -> list[Webhook]:
     if event not in EVENTS:
         raise ValueError(f"unknown webhook event {event!r}")
-    hooks = [h for h in db.scalars(select(Webhook).where(Webhook.project_id == project_id)) if event in h.events]
+    return [h for h in db.scalars(select(Webhook).where(Webhook.project_id == project_id)) if event in h.events]
+
+
+def fire(db: Session, project_id: int, event: str, data: dict[str, Any]) -> list[WebhookDelivery]:
+    """A delivery (and its job) for every hook of the project that wants `event`, in the caller's transaction."""
+    hooks = _hooks(db, project_id, event)
     if not hooks:
         return []
     project = db.get(Project, project_id)
