@@ -366,22 +366,18 @@ def _apply(db: Session, project_id: int, deltas: dict[int, State]) -> None:
 
 
 def _median(seconds: dict[str, int]) -> float | None:
-    """The median of a histogram of tenths (tenth → rankings), in seconds: the first tenths where the running count
-    reaches the middle one or two positions."""
+    """The median of a histogram of tenths (tenth → rankings), in seconds: the tenths at the middle one or two
+    positions of the running count."""
     total = sum(seconds.values())
-    if not total:
-        return None
-    lo_at, hi_at = (total + 1) // 2, total // 2 + 1
-    lo = hi = None
-    upto = 0
+    positions, upto = ((total + 1) // 2, total // 2 + 1), 0
+    middle: list[int] = []
     for t in sorted(int(k) for k in seconds):
         upto += seconds[str(t)]
-        if lo is None and upto >= lo_at:
-            lo = t
-        if upto >= hi_at:
-            hi = t
-            break
-    return median_of_tenths((lo if lo is not None else hi, hi)) if hi is not None else None
+        while len(middle) < 2 and upto >= positions[len(middle)]:
+            middle.append(t)
+        if len(middle) == 2:
+            return median_of_tenths(middle)
+    return None
 
 
 def _split(key: str) -> tuple[str, int]:
