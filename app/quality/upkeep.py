@@ -346,7 +346,8 @@ def _apply(db: Session, project_id: int, deltas: dict[int, State]) -> None:
     gone: list[TotalsKey] = []
     for key, part in wanted.items():
         row = found.get(key)
-        total, seconds = dict(row.state if row else {}), dict(row.seconds or {}) if row else {}
+        total = dict(row.state) if row else {}
+        seconds = dict(row.seconds or {}) if row else {}
         kept, tenths = {}, {}
         for name, n in part.items():
             if name.startswith("s."):  # the histogram has its own column
@@ -426,18 +427,15 @@ def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
         yield items[i:i + size]
 
 
-def _dialect_insert(db: Session, table: Any) -> Any:
+def _insert_ignore(db: Session, table: Any, keys: list[str]) -> Any:
+    """INSERT … ON CONFLICT DO NOTHING, in the dialect's own construct (Postgres or SQLite)."""
     if db.get_bind().dialect.name == "postgresql":
         from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-        return pg_insert(table)
+        return pg_insert(table).on_conflict_do_nothing(index_elements=keys)
     from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-    return sqlite_insert(table)
-
-
-def _insert_ignore(db: Session, table: Any, keys: list[str]) -> Any:
-    return _dialect_insert(db, table).on_conflict_do_nothing(index_elements=keys)
+    return sqlite_insert(table).on_conflict_do_nothing(index_elements=keys)
 
 
 # --- the rebuild ---------------------------------------------------------------------------------------------
